@@ -1,0 +1,27 @@
+# toolgate: the two commands are `make demo` and `make test`.
+SHELL := /bin/bash
+CARGO ?= cargo
+# Tests, binaries and demo all use the release profile, so dependencies compile once.
+PROFILE := --release
+
+.PHONY: setup build lint test demo clean
+
+setup:
+	@bash scripts/setup.sh
+
+build: setup
+	$(CARGO) build $(PROFILE) --workspace --bins
+
+lint: setup
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy $(PROFILE) --workspace --all-targets -- -D warnings
+
+test: build lint
+	$(CARGO) test $(PROFILE) --workspace -- --test-threads=$${TEST_THREADS:-2}
+
+demo: build
+	@bash scripts/demo.sh
+
+clean:
+	$(CARGO) clean
+	rm -rf tests/logs .toolgate

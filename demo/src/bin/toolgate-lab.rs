@@ -1,0 +1,100 @@
+//! `toolgate-lab`: a configurable MCP server for tests. Its latency, failure
+//! modes and health can be set at start and changed at run time via /control.
+
+use std::{net::SocketAddr, sync::Arc};
+
+use clap::{error::ErrorKind, CommandFactory, Parser};
+use toolgate_demo::{
+    http,
+    lab::{
+        self,
+        knobs::{self, FailureMode, Knobs},
+        state::LabState,
+    },
+    logging,
+    mcp::TransportArgs,
+    shutdown,
+};
+
+#[derive(Debug, Parser)]
+#[command(name = "toolgate-lab", version, about)]
+/// Configurable MCP server for tests: MCP at /mcp, GET /health, and a control
+/// API (GET/POST /control, POST /control/reset-counters) that changes every
+/// knob below at run time. Prints `listening on ADDR` once bound.
+struct Cli {
+    /// Address to listen on; port 0 lets the OS pick (the bound address is printed).
+    #[arg(long, default_value = "127.0.0.1:8090")]
+    listen: SocketAddr,
+    /// Put in every tool result and in GET /control [default: lab-PID].
+    #[arg(long)]
+    instance_id: Option<String>,
+    /// Tools to serve; each takes any JSON object and echoes it.
+    #[arg(long, value_delimiter = ',', default_value = knobs::DEFAULT_TOOLS, value_parser = knobs::parse_tool_name)]
+    tools: Vec<String>,
+    /// Delay before answering every tools/call, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    latency_ms: u64,
+    /// Per-tool delay replacing --latency-ms for that tool (repeatable).
+    #[arg(long = "tool-latency", value_name = "TOOL=MS", value_parser = knobs::parse_tool_latency)]
+    tool_latency: Vec<(String, u64)>,
+    /// Failure mode of a tool (repeatable): none, http500, reset, hang,
+    /// jsonrpc_error or is_error.
+    #[arg(long = "fail", value_name = "TOOL=MODE", value_parser = knobs::parse_fail_spec)]
+    fail: Vec<(String, FailureMode)>,
+    /// Probability (0.0 to 1.0) that a call to a tool with a failure mode fails.
+    #[arg(long, default_value = "1.0", value_parser = knobs::parse_fail_rate)]
+    fail_rate: f64,
+    /// Make /health answer 503.
+    #[arg(long)]
+    health_fail: bool,
+    #[command(flatten)]
+    transport: TransportArgs,
+}
+
+impl Cli {
+    /// The starting knobs. Checks what the flag parsers alone cannot (that
+    /// --fail and --tool-latency name served tools), exiting with clap's
+    /// usage error, code 2, like any other bad flag.
+    fn knobs(&self) -> Knobs {
+        let mut knobs = Knobs::new(&self.tools);
+        let mut checks = Vec::new();
+        checks.push(("--latency-ms", knobs.set_latency(self.latency_ms)));
+        for (tool, ms) in &self.tool_latency {
+            checks.push(("--tool-latency", knobs.set_tool_latency(tool, Some(*ms))));
+        }
+        for (tool, mode) in &self.fail {
+            checks.push(("--fail", knobs.set_fail(tool, *mode)));
+        }
+        checks.push(("--fail-rate", knobs.set_fail_rate(self.fail_rate)));
+        knobs.health_fail = self.health_fail;
+        for (flag, check) in checks {
+            if let Err(error) = check {
+                Cli::command()
+                    .error(ErrorKind::ValueValidation, format!("{flag}: {error}"))
+                    .exit();
+            }
+        }
+        knobs
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let knobs = cli.knobs();
+    logging::init();
+    let shutdown = shutdown::on_signal()?;
+    let instance_id = cli
+        .instance_id
+        .clone()
+        .unwrap_or_else(|| format!("lab-{}", std::process::id()));
+    tracing::info!(instance = %instance_id, tools = ?cli.tools, ?knobs, "starting");
+    let lab = Arc::new(LabState::new(
+        instance_id,
+        cli.tools.clone(),
+        knobs,
+        cli.transport.options(),
+        shutdown.clone(),
+    ));
+    http::serve(cli.listen, lab::app(lab), shutdown).await
+}

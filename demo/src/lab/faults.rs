@@ -1,0 +1,106 @@
+//! The lab's fault layer in front of `/mcp`: counts every `tools/call` on
+//! arrival, adds the configured latency, and injects the failures that live
+//! below JSON-RPC (HTTP 500, TCP reset, hang). rmcp never sees a request this
+//! layer fails; JSON-RPC-level failures are left to the tools themselves.
+
+use std::sync::Arc;
+
+use axum::{
+    body::{to_bytes, Body},
+    extract::{ConnectInfo, Request, State},
+    http::{header, Method, StatusCode},
+    middleware::Next,
+    response::{IntoResponse, Response},
+};
+
+use super::{
+    jsonrpc,
+    knobs::{FailureMode, Layer},
+    state::LabState,
+};
+use crate::http::reset::ResetHandle;
+
+/// The most body this layer buffers to find the tool name: rmcp's own request
+/// limit, so nothing rmcp would accept is refused here.
+const MAX_INSPECTED_BODY: usize = 4 * 1024 * 1024;
+
+pub async fn inject(State(lab): State<Arc<LabState>>, request: Request, next: Next) -> Response {
+    if request.method() != Method::POST {
+        return next.run(request).await;
+    }
+    let (parts, body) = request.into_parts();
+    let bytes = match to_bytes(body, MAX_INSPECTED_BODY).await {
+        Ok(bytes) => bytes,
+        Err(error) => {
+            return (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("request body unreadable or above {MAX_INSPECTED_BODY} bytes: {error}"),
+            )
+                .into_response()
+        }
+    };
+    let tools = jsonrpc::called_tools(&bytes);
+    let reset = parts
+        .extensions
+        .get::<ConnectInfo<ResetHandle>>()
+        .map(|ConnectInfo(handle)| handle.clone());
+    let request = Request::from_parts(parts, Body::from(bytes));
+    if tools.is_empty() {
+        return next.run(request).await;
+    }
+
+    for tool in &tools {
+        lab.record_call(tool);
+    }
+    let delay = tools
+        .iter()
+        .map(|tool| lab.latency_for(tool))
+        .max()
+        .unwrap_or_default();
+    if !delay.is_zero() {
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = lab.shutdown.cancelled() => return tear_down(reset.as_ref()),
+        }
+    }
+
+    let failure = tools
+        .iter()
+        .find_map(|tool| Some((tool, lab.draw_failure(tool, Layer::Http)?)));
+    let Some((tool, mode)) = failure else {
+        return next.run(request).await;
+    };
+    tracing::info!(tool = %tool, mode = %mode, "injecting failure");
+    match mode {
+        FailureMode::Http500 => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+            format!(
+                "injected failure: http500 for tool {tool} on instance {}\n",
+                lab.instance_id
+            ),
+        )
+            .into_response(),
+        FailureMode::Reset => tear_down(reset.as_ref()),
+        FailureMode::Hang => {
+            // Parked until the client gives up (hyper then drops this future)
+            // or the lab stops.
+            lab.shutdown.cancelled().await;
+            tear_down(reset.as_ref())
+        }
+        FailureMode::None | FailureMode::JsonrpcError | FailureMode::IsError => {
+            next.run(request).await
+        }
+    }
+}
+
+/// Resets the connection. The returned response is never written: the reset
+/// connection fails hyper's write and is closed with RST.
+fn tear_down(reset: Option<&ResetHandle>) -> Response {
+    match reset {
+        Some(handle) => handle.reset(),
+        // Only when served without http::serve's listener (which always adds it).
+        None => tracing::warn!("connection cannot be reset; answering 500 instead"),
+    }
+    StatusCode::INTERNAL_SERVER_ERROR.into_response()
+}

@@ -1,0 +1,59 @@
+//! Just enough JSON-RPC to see which tools a request body calls, before rmcp
+//! parses it. Tolerant by design: anything it does not recognise is rmcp's to
+//! answer, so it yields nothing rather than an error.
+
+use serde_json::Value;
+
+/// Tool names of the `tools/call` requests in `body` (a single message or a
+/// batch), in order.
+pub fn called_tools(body: &[u8]) -> Vec<String> {
+    let Ok(message) = serde_json::from_slice::<Value>(body) else {
+        return Vec::new();
+    };
+    match &message {
+        Value::Array(batch) => batch.iter().filter_map(tool_call_name).collect(),
+        single => tool_call_name(single).into_iter().collect(),
+    }
+}
+
+fn tool_call_name(message: &Value) -> Option<String> {
+    // A response or notification has no `id`-bearing `tools/call` to fail.
+    if message.get("method")?.as_str()? != "tools/call" || message.get("id").is_none() {
+        return None;
+    }
+    let name = message.get("params")?.get("name")?.as_str()?;
+    Some(name.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_tool_of_a_call() {
+        let body = br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"write_order","arguments":{}}}"#;
+        assert_eq!(called_tools(body), vec!["write_order"]);
+    }
+
+    #[test]
+    fn finds_every_call_in_a_batch() {
+        let body = br#"[{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a"}},
+                       {"jsonrpc":"2.0","id":2,"method":"tools/list"},
+                       {"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"b"}}]"#;
+        assert_eq!(called_tools(body), vec!["a", "b"]);
+    }
+
+    #[test]
+    fn ignores_everything_else() {
+        for body in [
+            &b"not json"[..],
+            br#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#,
+            br#"{"jsonrpc":"2.0","method":"tools/call","params":{"name":"no_id"}}"#,
+            br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":42}}"#,
+            br#"{"jsonrpc":"2.0","id":1,"method":"tools/call"}"#,
+            br#""tools/call""#,
+        ] {
+            assert!(called_tools(body).is_empty(), "{}", String::from_utf8_lossy(body));
+        }
+    }
+}

@@ -1,0 +1,123 @@
+//! The etcd key layout under a configurable prefix (default `/mcp/`).
+
+use crate::names::{validate_name, NameError};
+
+pub const DEFAULT_PREFIX: &str = "/mcp/";
+
+/// Builds and parses keys under one prefix; the prefix always ends with `/`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyLayout {
+    prefix: String,
+}
+
+/// The (service, instance) a key under `services/` names.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServiceKey {
+    pub service: String,
+    pub instance: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    #[error("key {0:?} is not under the services prefix")]
+    NotAService(String),
+    #[error("key {key:?} is not <prefix>services/<service>/<instance>")]
+    Shape { key: String },
+    #[error("key {key:?}: {source}")]
+    Name { key: String, source: NameError },
+}
+
+impl Default for KeyLayout {
+    fn default() -> Self {
+        KeyLayout::new(DEFAULT_PREFIX)
+    }
+}
+
+impl KeyLayout {
+    pub fn new(prefix: &str) -> Self {
+        let mut prefix = prefix.to_string();
+        if !prefix.ends_with('/') {
+            prefix.push('/');
+        }
+        KeyLayout { prefix }
+    }
+
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// `<prefix>services/`: the prefix every instance key lives under.
+    pub fn services_prefix(&self) -> String {
+        format!("{}services/", self.prefix)
+    }
+
+    pub fn service_prefix(&self, service: &str) -> String {
+        format!("{}services/{}/", self.prefix, service)
+    }
+
+    pub fn instance_key(&self, service: &str, instance: &str) -> String {
+        format!("{}services/{}/{}", self.prefix, service, instance)
+    }
+
+    /// Splits an instance key into its service and instance, validating both names.
+    pub fn parse_instance_key(&self, key: &str) -> Result<ServiceKey, KeyError> {
+        let services = self.services_prefix();
+        let rest = key
+            .strip_prefix(services.as_str())
+            .ok_or_else(|| KeyError::NotAService(key.to_string()))?;
+        let (service, instance) = rest.split_once('/').ok_or_else(|| KeyError::Shape {
+            key: key.to_string(),
+        })?;
+        let name_err = |source| KeyError::Name {
+            key: key.to_string(),
+            source,
+        };
+        validate_name("service", service).map_err(name_err)?;
+        validate_name("instance", instance).map_err(name_err)?;
+        Ok(ServiceKey {
+            service: service.to_string(),
+            instance: instance.to_string(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builds_and_parses_instance_keys() {
+        let k = KeyLayout::new("/mcp");
+        assert_eq!(k.prefix(), "/mcp/");
+        let key = k.instance_key("inventory", "i-1");
+        assert_eq!(key, "/mcp/services/inventory/i-1");
+        assert_eq!(
+            k.parse_instance_key(&key).unwrap(),
+            ServiceKey {
+                service: "inventory".into(),
+                instance: "i-1".into()
+            }
+        );
+    }
+
+    #[test]
+    fn rejects_foreign_and_malformed_keys() {
+        let k = KeyLayout::default();
+        assert!(matches!(
+            k.parse_instance_key("/other/services/a/b"),
+            Err(KeyError::NotAService(_))
+        ));
+        assert!(matches!(
+            k.parse_instance_key("/mcp/services/a"),
+            Err(KeyError::Shape { .. })
+        ));
+        assert!(matches!(
+            k.parse_instance_key("/mcp/services/a/b/c"),
+            Err(KeyError::Name { .. })
+        ));
+        assert!(matches!(
+            k.parse_instance_key("/mcp/services//b"),
+            Err(KeyError::Name { .. })
+        ));
+    }
+}

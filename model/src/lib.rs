@@ -1,0 +1,13 @@
+//! The contracts shared by every toolgate program (see DESIGN.md, "Contracts").
+//!
+//! Only serde and std: the wasm filter links this crate too.
+
+pub mod endpoint;
+pub mod instance;
+pub mod keys;
+pub mod names;
+
+pub use endpoint::{Endpoint, EndpointError};
+pub use instance::{InstanceError, InstanceMetadata, MAX_WEIGHT};
+pub use keys::{KeyError, KeyLayout, ServiceKey, DEFAULT_PREFIX};
+pub use names::{validate_name, NameError, MAX_NAME_LEN};

