@@ -6,10 +6,10 @@ use std::{net::SocketAddr, sync::Arc};
 use clap::Parser;
 use toolgate_demo::{http, logging, mcp::TransportArgs, services, services::Service, shutdown};
 
-#[derive(Debug, Parser)]
-#[command(name = "toolgate-demo", version, about)]
 /// Sample MCP service for toolgate demos: serves MCP at /mcp and GET /health,
 /// prints `listening on ADDR` once bound, stops cleanly on SIGTERM/SIGINT.
+#[derive(Debug, Parser)]
+#[command(name = "toolgate-demo", version)]
 struct Cli {
     /// Which sample service to run.
     #[arg(long, value_enum)]

@@ -41,7 +41,9 @@ pub struct TransportArgs {
 impl TransportArgs {
     pub fn options(self) -> TransportOptions {
         if self.json_response && !self.stateless {
-            tracing::warn!("--json-response has no effect without --stateless: session replies are SSE");
+            tracing::warn!(
+                "--json-response has no effect without --stateless: session replies are SSE"
+            );
         }
         TransportOptions {
             stateful: !self.stateless,

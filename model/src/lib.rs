@@ -2,11 +2,13 @@
 //!
 //! Only serde and std: the wasm filter links this crate too.
 
+pub mod backoff;
 pub mod endpoint;
 pub mod instance;
 pub mod keys;
 pub mod names;
 
+pub use backoff::Backoff;
 pub use endpoint::{Endpoint, EndpointError};
 pub use instance::{InstanceError, InstanceMetadata, MAX_WEIGHT};
 pub use keys::{KeyError, KeyLayout, ServiceKey, DEFAULT_PREFIX};

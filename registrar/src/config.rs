@@ -6,7 +6,7 @@ use etcd_client::{Client, ConnectOptions, PutOptions};
 use toolgate_model::{validate_name, Endpoint, InstanceMetadata, KeyLayout};
 use tracing::{info, warn};
 
-use crate::backoff::Backoff;
+use toolgate_model::Backoff;
 use crate::error::RegisterError;
 use crate::keepalive::{Lease, Registration};
 
@@ -142,7 +142,7 @@ impl Registrar {
                     }
                 }
             }
-            tokio::time::sleep(backoff.next_delay()).await;
+            tokio::time::sleep(backoff.next_delay(rand::random())).await;
         }
     }
 

@@ -8,7 +8,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use crate::backoff::Backoff;
+use toolgate_model::Backoff;
 use crate::config::{Registrar, RPC_TIMEOUT};
 use crate::error::RegisterError;
 
@@ -138,7 +138,7 @@ async fn keep_registered(
                 }
                 tokio::select! {
                     _ = &mut stop => break,
-                    _ = tokio::time::sleep(backoff.next_delay()) => {}
+                    _ = tokio::time::sleep(backoff.next_delay(rand::random())) => {}
                 }
             }
             StreamEnd::LeaseLost => {
@@ -212,7 +212,7 @@ async fn reregister(registrar: &Registrar, client: &Client) -> Lease {
             Ok(Err(e)) => warn!(error = %e, "registering again failed; retrying"),
             Err(_) => warn!("registering again timed out; retrying"),
         }
-        tokio::time::sleep(backoff.next_delay()).await;
+        tokio::time::sleep(backoff.next_delay(rand::random())).await;
     }
 }
 

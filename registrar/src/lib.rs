@@ -16,7 +16,6 @@
 //! # Ok(()) }
 //! ```
 
-mod backoff;
 mod config;
 mod error;
 pub mod health;

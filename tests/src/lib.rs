@@ -2,18 +2,25 @@
 //! loopback ports, each in its own process group, stopped on drop (also when a test panics),
 //! with per-test log files that are printed when the test fails.
 
+pub mod envoy;
 pub mod etcd;
 pub mod faultproxy;
+pub mod mcp;
 pub mod paths;
 pub mod process;
+pub mod rmcp_client;
 pub mod servers;
 pub mod testenv;
 pub mod wait;
+pub mod xds;
 
+pub use envoy::{Envoy, EnvoyHost};
 pub use etcd::Etcd;
+pub use mcp::{McpSession, Reply};
+pub use xds::{parse_metric, Xds};
 pub use faultproxy::FaultProxy;
 pub use paths::{free_port, project_bin, tool_bin};
 pub use process::Proc;
-pub use servers::{McpServer, Registrant};
+pub use servers::{McpServer, Member, Registrant};
 pub use testenv::TestEnv;
 pub use wait::{wait_for, wait_until};

@@ -169,3 +169,34 @@ impl Registrant {
         )
     }
 }
+
+/// A lab server and the `toolgate-register` that registers it (as separate processes, so a
+/// test can kill either).
+pub struct Member {
+    pub server: McpServer,
+    pub registrar: Proc,
+    pub key: String,
+}
+
+impl Member {
+    pub async fn start(
+        env: &TestEnv,
+        etcd: &str,
+        service: &str,
+        instance_id: &str,
+        lab_args: &[&str],
+        ttl: u32,
+    ) -> Member {
+        let server = McpServer::lab(env, instance_id, lab_args).await;
+        let registrar = Registrant::new(etcd, service, &server.endpoint())
+            .arg("--instance-id", instance_id)
+            .arg("--tools", "read_order,write_order,echo")
+            .arg("--ttl", &ttl.to_string())
+            .spawn(env, &format!("{instance_id}.registrar"));
+        Member {
+            server,
+            registrar,
+            key: format!("/mcp/services/{service}/{instance_id}"),
+        }
+    }
+}

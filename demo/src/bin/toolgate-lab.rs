@@ -16,11 +16,11 @@ use toolgate_demo::{
     shutdown,
 };
 
-#[derive(Debug, Parser)]
-#[command(name = "toolgate-lab", version, about)]
 /// Configurable MCP server for tests: MCP at /mcp, GET /health, and a control
 /// API (GET/POST /control, POST /control/reset-counters) that changes every
 /// knob below at run time. Prints `listening on ADDR` once bound.
+#[derive(Debug, Parser)]
+#[command(name = "toolgate-lab", version)]
 struct Cli {
     /// Address to listen on; port 0 lets the OS pick (the bound address is printed).
     #[arg(long, default_value = "127.0.0.1:8090")]
@@ -52,11 +52,22 @@ struct Cli {
 }
 
 impl Cli {
+    /// `--tools` in order, each once: a repeated name would list the tool twice.
+    fn tools(&self) -> Vec<String> {
+        let mut tools: Vec<String> = Vec::with_capacity(self.tools.len());
+        for tool in &self.tools {
+            if !tools.contains(tool) {
+                tools.push(tool.clone());
+            }
+        }
+        tools
+    }
+
     /// The starting knobs. Checks what the flag parsers alone cannot (that
     /// --fail and --tool-latency name served tools), exiting with clap's
     /// usage error, code 2, like any other bad flag.
     fn knobs(&self) -> Knobs {
-        let mut knobs = Knobs::new(&self.tools);
+        let mut knobs = Knobs::new(&self.tools());
         let mut checks = Vec::new();
         checks.push(("--latency-ms", knobs.set_latency(self.latency_ms)));
         for (tool, ms) in &self.tool_latency {
@@ -88,10 +99,11 @@ async fn main() -> anyhow::Result<()> {
         .instance_id
         .clone()
         .unwrap_or_else(|| format!("lab-{}", std::process::id()));
-    tracing::info!(instance = %instance_id, tools = ?cli.tools, ?knobs, "starting");
+    let tools = cli.tools();
+    tracing::info!(instance = %instance_id, ?tools, ?knobs, "starting");
     let lab = Arc::new(LabState::new(
         instance_id,
-        cli.tools.clone(),
+        tools,
         knobs,
         cli.transport.options(),
         shutdown.clone(),

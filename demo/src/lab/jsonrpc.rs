@@ -53,7 +53,11 @@ mod tests {
             br#"{"jsonrpc":"2.0","id":1,"method":"tools/call"}"#,
             br#""tools/call""#,
         ] {
-            assert!(called_tools(body).is_empty(), "{}", String::from_utf8_lossy(body));
+            assert!(
+                called_tools(body).is_empty(),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
         }
     }
 }

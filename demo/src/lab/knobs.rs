@@ -360,7 +360,10 @@ mod tests {
         assert_eq!(knobs.mode_for("read_order"), FailureMode::None);
         assert_eq!(knobs.fail_rate, 1.0);
 
-        assert_eq!(knobs.apply(&json!({"tool_latency_ms": {"read_order": null}})), Ok(()));
+        assert_eq!(
+            knobs.apply(&json!({"tool_latency_ms": {"read_order": null}})),
+            Ok(())
+        );
         assert_eq!(knobs.latency_for("read_order"), Duration::from_millis(300));
     }
 

@@ -85,15 +85,16 @@ impl ServerHandler for EchoTools {
             Some(FailureMode::JsonrpcError) => {
                 tracing::info!(tool = name, "injecting failure: jsonrpc_error");
                 return Err(ErrorData::internal_error(
-                    format!("injected failure: jsonrpc_error for tool {name} on instance {instance_id}"),
+                    format!(
+                        "injected failure: jsonrpc_error for tool {name} on instance {instance_id}"
+                    ),
                     None,
                 ));
             }
             Some(FailureMode::IsError) => {
                 tracing::info!(tool = name, "injecting failure: is_error");
-                let text = format!(
-                    "injected failure: is_error for tool {name} on instance {instance_id}"
-                );
+                let text =
+                    format!("injected failure: is_error for tool {name} on instance {instance_id}");
                 return Ok(CallToolResult::error(vec![ContentBlock::text(text)]).into());
             }
             _ => {}

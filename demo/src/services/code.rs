@@ -96,7 +96,10 @@ pub fn summarize(source: &str) -> Summary {
             c if c.is_alphabetic() || c == '_' => {
                 summary.identifiers += 1;
                 summary.tokens += 1;
-                while chars.peek().is_some_and(|&c| c.is_alphanumeric() || c == '_') {
+                while chars
+                    .peek()
+                    .is_some_and(|&c| c.is_alphanumeric() || c == '_')
+                {
                     next(&mut chars);
                 }
             }
@@ -210,7 +213,7 @@ mod tests {
     fn counts_tokens_by_kind() {
         let summary = summarize("fn main() {\n    let x = 42; // answer\n    print(\"a(b\");\n}\n");
         assert_eq!(summary.lines, 4);
-        assert_eq!(summary.identifiers, 4);
+        assert_eq!(summary.identifiers, 5);
         assert_eq!(summary.numbers, 1);
         assert_eq!(summary.strings, 1);
         assert_eq!(summary.comments, 1);

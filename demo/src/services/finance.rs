@@ -44,7 +44,9 @@ impl Finance {
         let instance_id = &*self.instance_id;
         if !amount.is_finite() || amount < 0.0 {
             return refuse(
-                format!("amount must be a non-negative number, got {amount} (instance {instance_id})"),
+                format!(
+                    "amount must be a non-negative number, got {amount} (instance {instance_id})"
+                ),
                 json!({"error": "invalid_amount", "instance_id": instance_id}),
             );
         }

@@ -1,0 +1,251 @@
+//! A real Envoy configured by the bootstrap that `toolgate-xds bootstrap` prints.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::paths::{free_port, project_bin, tool_bin};
+use crate::process::Proc;
+use crate::testenv::TestEnv;
+use crate::wait::wait_until;
+
+pub struct Envoy {
+    pub name: String,
+    pub port: u16,
+    pub admin_port: u16,
+    bootstrap: std::path::PathBuf,
+    concurrency: u32,
+    pub proc: Option<Proc>,
+    http: reqwest::Client,
+}
+
+/// One endpoint as Envoy's admin `/clusters` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnvoyHost {
+    pub address: String,
+    pub health: String,
+    pub weight: u64,
+}
+
+impl Envoy {
+    /// Starts Envoy with `--concurrency 1`; ready when its admin says LIVE.
+    pub async fn start(env: &TestEnv, name: &str, xds_addr: &str) -> Envoy {
+        Self::start_with(env, name, xds_addr, 1, &[]).await
+    }
+
+    /// `bootstrap_extra` is passed to `toolgate-xds bootstrap` (e.g. `--filter path.wasm`).
+    pub async fn start_with(
+        env: &TestEnv,
+        name: &str,
+        xds_addr: &str,
+        concurrency: u32,
+        bootstrap_extra: &[&str],
+    ) -> Envoy {
+        let (port, admin_port) = (free_port(), free_port());
+        let mut args: Vec<String> = vec![
+            "bootstrap".into(),
+            "--node-id".into(),
+            name.into(),
+            "--listen".into(),
+            format!("127.0.0.1:{port}"),
+            "--xds".into(),
+            xds_addr.into(),
+            "--admin".into(),
+            format!("127.0.0.1:{admin_port}"),
+        ];
+        args.extend(bootstrap_extra.iter().map(|s| s.to_string()));
+        let out = std::process::Command::new(project_bin("toolgate-xds"))
+            .args(&args)
+            .output()
+            .expect("running toolgate-xds bootstrap");
+        assert!(
+            out.status.success(),
+            "toolgate-xds bootstrap failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let bootstrap = env.path(&format!("{name}.bootstrap.json"));
+        std::fs::write(&bootstrap, &out.stdout).expect("writing the bootstrap");
+        let mut envoy = Envoy {
+            name: name.to_string(),
+            port,
+            admin_port,
+            bootstrap,
+            concurrency,
+            proc: None,
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(5))
+                .no_proxy()
+                .build()
+                .expect("http client"),
+        };
+        envoy.launch(env).await;
+        envoy
+    }
+
+    async fn launch(&mut self, env: &TestEnv) {
+        let args: Vec<String> = vec![
+            "-c".into(),
+            self.bootstrap.to_string_lossy().into_owned(),
+            "--concurrency".into(),
+            self.concurrency.to_string(),
+            // Several Envoys per machine (parallel tests) need distinct shared-memory ids.
+            "--use-dynamic-base-id".into(),
+            "--log-level".into(),
+            "info".into(),
+            "--drain-time-s".into(),
+            "1".into(),
+        ];
+        self.proc = Some(env.spawn(&self.name, &tool_bin("envoy"), &args));
+        let url = format!("{}/ready", self.admin_url());
+        let http = self.http.clone();
+        wait_until(
+            &format!("envoy {} is LIVE", self.name),
+            Duration::from_secs(30),
+            || {
+                let http = http.clone();
+                let url = url.clone();
+                async move {
+                    match http.get(&url).send().await {
+                        Ok(r) => r.text().await.is_ok_and(|t| t.trim() == "LIVE"),
+                        Err(_) => false,
+                    }
+                }
+            },
+        )
+        .await;
+    }
+
+    pub fn admin_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.admin_port)
+    }
+
+    /// The gateway URL of one service: `http://127.0.0.1:<port>/mcp/<service>`.
+    pub fn url(&self, service: &str) -> String {
+        format!("http://127.0.0.1:{}/mcp/{service}", self.port)
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut p) = self.proc.take() {
+            p.kill();
+        }
+    }
+
+    pub async fn restart(&mut self, env: &TestEnv) {
+        if let Some(mut p) = self.proc.take() {
+            p.stop(Duration::from_secs(5)).await;
+        }
+        self.launch(env).await;
+    }
+
+    /// Endpoints per cluster from admin `/clusters?format=json` (clusters `mcp.<service>` only).
+    pub async fn hosts(&self) -> BTreeMap<String, Vec<EnvoyHost>> {
+        self.admin().hosts().await
+    }
+
+    /// A handle on the admin API that can move into a task.
+    pub fn admin(&self) -> AdminView {
+        AdminView::new(self.admin_url())
+    }
+
+    /// The sorted addresses of `service`'s endpoints in Envoy.
+    pub async fn addresses(&self, service: &str) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .hosts()
+            .await
+            .remove(service)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|h| h.address)
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Envoy's own stat (admin `/stats?filter=`), summed.
+    pub async fn stat(&self, name: &str) -> u64 {
+        let Ok(resp) = self
+            .http
+            .get(format!("{}/stats?filter=^{}$", self.admin_url(), regex_escape(name)))
+            .send()
+            .await
+        else {
+            return 0;
+        };
+        resp.text()
+            .await
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.rsplit_once(": ")?.1.trim().parse::<u64>().ok())
+            .sum()
+    }
+}
+
+fn regex_escape(s: &str) -> String {
+    s.replace('.', "\\.")
+}
+
+/// Envoy's admin API, detached from the process handle.
+#[derive(Clone)]
+pub struct AdminView {
+    url: String,
+    http: reqwest::Client,
+}
+
+impl AdminView {
+    pub fn new(url: String) -> AdminView {
+        AdminView {
+            url,
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(5))
+                .no_proxy()
+                .build()
+                .expect("http client"),
+        }
+    }
+
+    pub async fn hosts(&self) -> BTreeMap<String, Vec<EnvoyHost>> {
+        let Ok(resp) = self
+            .http
+            .get(format!("{}/clusters?format=json", self.url))
+            .send()
+            .await
+        else {
+            return BTreeMap::new();
+        };
+        let Ok(v) = resp.json::<Value>().await else {
+            return BTreeMap::new();
+        };
+        let mut out = BTreeMap::new();
+        for c in v["cluster_statuses"].as_array().into_iter().flatten() {
+            let name = c["name"].as_str().unwrap_or_default();
+            let Some(service) = name.strip_prefix("mcp.") else {
+                continue;
+            };
+            let hosts = c["host_statuses"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|h| EnvoyHost {
+                    address: format!(
+                        "{}:{}",
+                        h["address"]["socket_address"]["address"].as_str().unwrap_or(""),
+                        h["address"]["socket_address"]["port_value"].as_u64().unwrap_or(0)
+                    ),
+                    health: h["health_status"]["eds_health_status"]
+                        .as_str()
+                        .unwrap_or("HEALTHY")
+                        .to_string(),
+                    weight: h["weight"].as_u64().unwrap_or(1),
+                })
+                .collect();
+            out.insert(service.to_string(), hosts);
+        }
+        out
+    }
+
+    /// How many endpoints Envoy has for `service`.
+    pub async fn count(&self, service: &str) -> usize {
+        self.hosts().await.get(service).map_or(0, Vec::len)
+    }
+}

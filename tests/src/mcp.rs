@@ -1,0 +1,168 @@
+//! A small MCP client over Streamable HTTP that shows the HTTP layer (status codes, session
+//! headers), for assertions a full SDK client hides. Tests that need "a real MCP client" use
+//! rmcp's client as well.
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+pub const PROTOCOL_VERSION: &str = "2025-06-18";
+
+/// What one POST returned.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub session: Option<String>,
+    pub content_type: String,
+    /// The JSON-RPC response with the request's id (from JSON or from the SSE stream).
+    pub message: Option<Value>,
+    pub body: String,
+}
+
+impl Reply {
+    /// The `result` of a successful JSON-RPC response.
+    pub fn result(&self) -> Option<&Value> {
+        self.message.as_ref()?.get("result")
+    }
+
+    /// The text of the first content block of a tool result.
+    pub fn text(&self) -> String {
+        self.result()
+            .and_then(|r| r["content"][0]["text"].as_str())
+            .unwrap_or_default()
+            .to_string()
+    }
+}
+
+pub struct McpSession {
+    http: reqwest::Client,
+    pub url: String,
+    pub session: Option<String>,
+    next_id: u64,
+}
+
+impl McpSession {
+    /// initialize + notifications/initialized. Panics if the server does not accept it.
+    pub async fn connect(url: &str) -> McpSession {
+        let mut s = Self::unconnected(url);
+        let reply = s.initialize().await;
+        assert_eq!(reply.status, StatusCode::OK, "initialize at {url}: {}", reply.body);
+        s
+    }
+
+    pub fn unconnected(url: &str) -> McpSession {
+        McpSession {
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(15))
+                .no_proxy()
+                .build()
+                .expect("http client"),
+            url: url.to_string(),
+            session: None,
+            next_id: 1,
+        }
+    }
+
+    /// Starts a new session (dropping any old one).
+    pub async fn initialize(&mut self) -> Reply {
+        self.session = None;
+        let reply = self
+            .request(
+                "initialize",
+                json!({
+                    "protocolVersion": PROTOCOL_VERSION,
+                    "capabilities": {},
+                    "clientInfo": {"name": "toolgate-tests", "version": "0"}
+                }),
+            )
+            .await;
+        if reply.status == StatusCode::OK {
+            self.session = reply.session.clone();
+            self.notify("notifications/initialized").await;
+        }
+        reply
+    }
+
+    pub async fn notify(&self, method: &str) -> StatusCode {
+        self.post(&json!({"jsonrpc": "2.0", "method": method}))
+            .await
+            .map(|r| r.status)
+            .unwrap_or(StatusCode::BAD_GATEWAY)
+    }
+
+    pub async fn call_tool(&mut self, name: &str, arguments: Value) -> Reply {
+        self.request("tools/call", json!({"name": name, "arguments": arguments}))
+            .await
+    }
+
+    pub async fn list_tools(&mut self) -> Reply {
+        self.request("tools/list", json!({})).await
+    }
+
+    /// One JSON-RPC request; transport errors come back as status 599 with the error text.
+    pub async fn request(&mut self, method: &str, params: Value) -> Reply {
+        let id = self.next_id;
+        self.next_id += 1;
+        let body = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        match self.post(&body).await {
+            Ok(mut reply) => {
+                reply.message = find_response(&reply.body, &reply.content_type, id);
+                reply
+            }
+            Err(e) => Reply {
+                status: StatusCode::from_u16(599).unwrap_or(StatusCode::BAD_GATEWAY),
+                session: None,
+                content_type: String::new(),
+                message: None,
+                body: e.to_string(),
+            },
+        }
+    }
+
+    async fn post(&self, body: &Value) -> Result<Reply, reqwest::Error> {
+        let mut req = self
+            .http
+            .post(&self.url)
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", PROTOCOL_VERSION)
+            .json(body);
+        if let Some(s) = &self.session {
+            req = req.header("mcp-session-id", s);
+        }
+        let resp = req.send().await?;
+        let status = resp.status();
+        let session = resp
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+            .map(String::from);
+        let content_type = resp
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        let body = resp.text().await?;
+        Ok(Reply {
+            status,
+            session,
+            content_type,
+            message: None,
+            body,
+        })
+    }
+}
+
+/// The JSON-RPC response with `id` in a JSON body or an SSE stream.
+pub fn find_response(body: &str, content_type: &str, id: u64) -> Option<Value> {
+    let matches = |v: &Value| v.get("id").and_then(Value::as_u64) == Some(id);
+    if content_type.starts_with("text/event-stream") {
+        body.lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+            .find(matches)
+    } else {
+        serde_json::from_str::<Value>(body).ok().filter(matches)
+    }
+}

@@ -1,0 +1,503 @@
+//! Discovery to Envoy, end to end: real etcd, toolgate-xds, Envoy, lab MCP servers and MCP
+//! clients over HTTP.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use etcd_client::{EventType, GetOptions, PutOptions, WatchOptions};
+use nix::sys::signal::Signal;
+use reqwest::StatusCode;
+use serde_json::json;
+use toolgate_tests::{
+    rmcp_client, wait_until, Envoy, Etcd, FaultProxy, McpServer, McpSession, Member, TestEnv, Xds,
+};
+
+const TTL: u32 = 10;
+
+struct Stack {
+    etcd: Etcd,
+    xds: Xds,
+    envoy: Envoy,
+}
+
+impl Stack {
+    async fn start(env: &TestEnv) -> Stack {
+        let etcd = Etcd::start(env).await;
+        let xds = Xds::start(env, "xds", &etcd.endpoint(), &[]).await;
+        let envoy = Envoy::start(env, "envoy", &xds.xds_addr()).await;
+        Stack { etcd, xds, envoy }
+    }
+}
+
+/// The sorted endpoints etcd holds for `service`.
+async fn etcd_endpoints(etcd: &Etcd, service: &str) -> Vec<String> {
+    let mut c = etcd.client().await;
+    let resp = c
+        .get(
+            format!("/mcp/services/{service}/"),
+            Some(GetOptions::new().with_prefix()),
+        )
+        .await
+        .expect("etcd get");
+    let mut v: Vec<String> = resp
+        .kvs()
+        .iter()
+        .filter_map(|kv| {
+            let m: serde_json::Value = serde_json::from_slice(kv.value()).ok()?;
+            Some(m["endpoint"].as_str()?.to_string())
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+async fn wait_envoy_has(envoy: &Envoy, service: &str, want: &[String], timeout: Duration) -> Duration {
+    let mut want = want.to_vec();
+    want.sort();
+    wait_until(
+        &format!("envoy has exactly {want:?} for {service}"),
+        timeout,
+        || {
+            let want = want.clone();
+            async move { envoy.addresses(service).await == want }
+        },
+    )
+    .await
+}
+
+fn endpoints(members: &[&Member]) -> Vec<String> {
+    members.iter().map(|m| m.server.endpoint()).collect()
+}
+
+#[tokio::test]
+async fn mcp_clients_call_tools_through_envoy_in_every_transport_mode() {
+    let env = TestEnv::new("mcp_clients_call_tools_through_envoy_in_every_transport_mode");
+    let stack = Stack::start(&env).await;
+    let ep = stack.etcd.endpoint();
+    let sse = Member::start(&env, &ep, "sse", "sse-1", &[], TTL).await;
+    // rmcp answers JSON only without sessions; stateful sessions always stream SSE.
+    let json_m = Member::start(&env, &ep, "json", "json-1", &["--stateless", "--json-response"], TTL).await;
+    let stateless = Member::start(&env, &ep, "stateless", "stateless-1", &["--stateless"], TTL).await;
+    for (svc, m) in [("sse", &sse), ("json", &json_m), ("stateless", &stateless)] {
+        wait_envoy_has(&stack.envoy, svc, &endpoints(&[m]), Duration::from_secs(20)).await;
+    }
+
+    for svc in ["sse", "json", "stateless"] {
+        // rmcp's own client: initialize, tools/list, tools/call.
+        let client = rmcp_client::connect(&stack.envoy.url(svc)).await;
+        let tools = rmcp_client::list_tools(&client).await;
+        assert!(tools.contains(&"read_order".to_string()), "{svc}: tools {tools:?}");
+        let text = rmcp_client::call_text(&client, "read_order", json!({"order": 7})).await;
+        assert!(text.contains(&format!("{svc}-1")), "{svc}: answered by the lab: {text}");
+        let _ = client.cancel().await;
+
+        // The raw client sees the transport: SSE or JSON framing as the server chose.
+        let mut s = McpSession::connect(&stack.envoy.url(svc)).await;
+        let r = s.call_tool("echo", json!({"x": 1})).await;
+        assert_eq!(r.status, StatusCode::OK, "{svc}: {}", r.body);
+        let expect_sse = svc != "json";
+        assert_eq!(r.content_type.starts_with("text/event-stream"), expect_sse, "{svc}: {}", r.content_type);
+        assert!(r.text().contains("echo"), "{svc}: {}", r.body);
+    }
+    assert!(sse.server.calls("read_order").await >= 1);
+}
+
+#[tokio::test]
+async fn a_session_sticks_to_its_instance_and_moves_with_a_404_when_it_dies() {
+    let env = TestEnv::new("a_session_sticks_to_its_instance_and_moves_with_a_404_when_it_dies");
+    let stack = Stack::start(&env).await;
+    let ep = stack.etcd.endpoint();
+    let mut members = Vec::new();
+    for i in 0..5 {
+        members.push(Member::start(&env, &ep, "aff", &format!("aff-{i}"), &[], TTL).await);
+    }
+    let all: Vec<String> = members.iter().map(|m| m.server.endpoint()).collect();
+    wait_envoy_has(&stack.envoy, "aff", &all, Duration::from_secs(20)).await;
+
+    let mut session = McpSession::connect(&stack.envoy.url("aff")).await;
+    for i in 0..100 {
+        let r = session.call_tool("echo", json!({"i": i})).await;
+        assert_eq!(r.status, StatusCode::OK, "call {i}: {}", r.body);
+    }
+    let mut owner = None;
+    for (idx, m) in members.iter().enumerate() {
+        let n = m.server.calls("echo").await;
+        if n > 0 {
+            assert_eq!(n, 100, "{} got {n} of the session's calls", m.server.instance_id);
+            assert!(owner.replace(idx).is_none(), "calls went to more than one instance");
+        }
+    }
+    let owner = owner.expect("some instance served the session");
+    println!("session pinned to {}", members[owner].server.instance_id);
+
+    // The instance dies (its registrar too: nothing revokes, the lease is still alive).
+    members[owner].server.proc.kill();
+    let r = session.call_tool("echo", json!({"after": "death"})).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "a session whose instance is gone ends in 404: {}", r.body);
+    let init = session.initialize().await;
+    assert_eq!(init.status, StatusCode::OK, "re-initialize: {}", init.body);
+    let r = session.call_tool("echo", json!({"after": "reinit"})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert!(!r.text().contains(&members[owner].server.instance_id), "served by a live instance: {}", r.text());
+}
+
+#[tokio::test]
+async fn scale_out_from_5_to_50_instances_reaches_envoy() {
+    let env = TestEnv::new("scale_out_from_5_to_50_instances_reaches_envoy");
+    let stack = Stack::start(&env).await;
+    let ep = stack.etcd.endpoint();
+    let mut servers = Vec::new();
+    for i in 0..50 {
+        servers.push(McpServer::lab(&env, &format!("s-{i}"), &["--stateless", "--json-response"]).await);
+    }
+    let register = |i: usize| {
+        toolgate_tests::Registrant::new(&ep, "scale", &servers[i].endpoint())
+            .arg("--instance-id", &format!("s-{i}"))
+            .arg("--tools", "echo")
+            .spawn(&env, &format!("s-{i}.registrar"))
+    };
+    let mut registrars: Vec<_> = (0..5).map(register).collect();
+    let first5: Vec<String> = servers[..5].iter().map(|s| s.endpoint()).collect();
+    wait_envoy_has(&stack.envoy, "scale", &first5, Duration::from_secs(20)).await;
+
+    // Watch etcd to know when the last registration landed.
+    let mut client = stack.etcd.client().await;
+    let mut watch = client
+        .watch("/mcp/services/scale/", Some(WatchOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    registrars.extend((5..50).map(register));
+    let mut puts = 0;
+    let mut last_put = Instant::now();
+    while puts < 45 {
+        let resp = tokio::time::timeout(Duration::from_secs(30), watch.message())
+            .await
+            .expect("45 registrations within 30 s")
+            .unwrap()
+            .unwrap();
+        for e in resp.events() {
+            if e.event_type() == EventType::Put {
+                puts += 1;
+                last_put = Instant::now();
+            }
+        }
+    }
+    let all: Vec<String> = servers.iter().map(|s| s.endpoint()).collect();
+    wait_envoy_has(&stack.envoy, "scale", &all, Duration::from_secs(20)).await;
+    println!(
+        "last of 45 registrations -> Envoy has all 50: {:.1} ms (includes admin polling every 10 ms)",
+        last_put.elapsed().as_secs_f64() * 1e3
+    );
+
+    // Every instance receives calls (round robin over 50).
+    let http = reqwest::Client::new();
+    for i in 0..150 {
+        let r = http
+            .post(stack.envoy.url("scale"))
+            .header("accept", "application/json, text/event-stream")
+            .json(&json!({"jsonrpc":"2.0","id":i,"method":"tools/call","params":{"name":"echo","arguments":{}}}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "{}", r.text().await.unwrap_or_default());
+    }
+    for s in &servers {
+        assert!(s.calls("echo").await > 0, "{} received no call", s.instance_id);
+    }
+    drop(registrars);
+}
+
+#[tokio::test]
+async fn a_revoked_instance_leaves_envoy_and_gets_no_more_calls() {
+    let env = TestEnv::new("a_revoked_instance_leaves_envoy_and_gets_no_more_calls");
+    let stack = Stack::start(&env).await;
+    let ep = stack.etcd.endpoint();
+    let a = Member::start(&env, &ep, "rev", "rev-a", &["--stateless", "--json-response"], TTL).await;
+    let b = Member::start(&env, &ep, "rev", "rev-b", &["--stateless", "--json-response"], TTL).await;
+    wait_envoy_has(&stack.envoy, "rev", &endpoints(&[&a, &b]), Duration::from_secs(20)).await;
+
+    let mut client = stack.etcd.client().await;
+    let mut watch = client.watch(b.key.as_str(), None).await.unwrap();
+    b.registrar.signal(Signal::SIGTERM);
+    let revoked = loop {
+        let resp = tokio::time::timeout(Duration::from_secs(5), watch.message()).await.unwrap().unwrap().unwrap();
+        if resp.events().iter().any(|e| e.event_type() == EventType::Delete) {
+            break Instant::now();
+        }
+    };
+    wait_envoy_has(&stack.envoy, "rev", &endpoints(&[&a]), Duration::from_secs(5)).await;
+    println!("revoke seen in etcd -> gone from Envoy: {:.1} ms (admin polled every 10 ms)", revoked.elapsed().as_secs_f64() * 1e3);
+
+    let before = b.server.calls("echo").await;
+    let mut s = McpSession::connect(&stack.envoy.url("rev")).await;
+    for _ in 0..50 {
+        let r = s.call_tool("echo", json!({})).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    }
+    assert_eq!(b.server.calls("echo").await, before, "no call reached the revoked instance");
+    assert!(a.server.calls("echo").await >= 50);
+}
+
+#[tokio::test]
+async fn a_killed_instance_leaves_envoy_when_its_lease_expires() {
+    let env = TestEnv::new("a_killed_instance_leaves_envoy_when_its_lease_expires");
+    let stack = Stack::start(&env).await;
+    let ep = stack.etcd.endpoint();
+    let a = Member::start(&env, &ep, "crash", "crash-a", &[], 3).await;
+    let mut b = Member::start(&env, &ep, "crash", "crash-b", &[], 3).await;
+    wait_envoy_has(&stack.envoy, "crash", &endpoints(&[&a, &b]), Duration::from_secs(20)).await;
+    let killed = Instant::now();
+    b.registrar.kill();
+    b.server.proc.kill();
+    wait_envoy_has(&stack.envoy, "crash", &endpoints(&[&a]), Duration::from_secs(8)).await;
+    let took = killed.elapsed();
+    println!("SIGKILL of instance and registrar -> out of Envoy: {:.2} s (TTL 3 s)", took.as_secs_f64());
+    assert!(took >= Duration::from_secs(1), "left before its lease could expire: {took:?}");
+}
+
+async fn partition_scenario(name: &str, compact: bool) {
+    let env = TestEnv::new(name);
+    let etcd = Etcd::start(&env).await;
+    let proxy = FaultProxy::start(format!("127.0.0.1:{}", etcd.port()).parse().unwrap());
+    let xds = Xds::start(&env, "xds", &proxy.endpoint(), &[]).await;
+    let envoy = Envoy::start(&env, "envoy", &xds.xds_addr()).await;
+    let ep = etcd.endpoint();
+    let mut old = Vec::new();
+    for i in 0..3 {
+        old.push(Member::start(&env, &ep, "part", &format!("old-{i}"), &[], TTL).await);
+    }
+    wait_until("etcd holds 3 instances", Duration::from_secs(10), || async {
+        etcd_endpoints(&etcd, "part").await.len() == 3
+    })
+    .await;
+    wait_envoy_has(&envoy, "part", &etcd_endpoints(&etcd, "part").await, Duration::from_secs(20)).await;
+    let resyncs_before = xds.metric("toolgate_etcd_full_resyncs_total", "").await;
+
+    proxy.cut();
+    let cut = Instant::now();
+    wait_until("toolgate_etcd_up is 0", Duration::from_secs(10), || async {
+        xds.metric("toolgate_etcd_up", "").await == 0.0
+    })
+    .await;
+    let mut new = Vec::new();
+    for i in 0..3 {
+        new.push(Member::start(&env, &ep, "part", &format!("new-{i}"), &[], TTL).await);
+    }
+    for m in old.iter_mut().take(2) {
+        m.registrar.signal(Signal::SIGTERM);
+        m.registrar.wait_exit(Duration::from_secs(5)).await.expect("registrar exits");
+    }
+    wait_until("etcd holds the new set", Duration::from_secs(10), || async {
+        etcd_endpoints(&etcd, "part").await.len() == 4
+    })
+    .await;
+    assert_eq!(envoy.addresses("part").await.len(), 3, "Envoy keeps the last known set while cut");
+    if compact {
+        // Push the compaction past the revision toolgate-xds last applied.
+        let mut c = etcd.client().await;
+        c.put("/unrelated", "x", Some(PutOptions::new())).await.unwrap();
+        etcd.compact().await;
+    }
+    let left = Duration::from_secs(3).saturating_sub(cut.elapsed());
+    tokio::time::sleep(left).await;
+    proxy.restore();
+
+    let want = etcd_endpoints(&etcd, "part").await;
+    let took = wait_envoy_has(&envoy, "part", &want, Duration::from_secs(15)).await;
+    println!("partition healed -> Envoy equals etcd in {:.0} ms", took.as_secs_f64() * 1e3);
+    wait_until("toolgate_etcd_up is 1", Duration::from_secs(10), || async {
+        xds.metric("toolgate_etcd_up", "").await == 1.0
+    })
+    .await;
+    let resyncs = xds.metric("toolgate_etcd_full_resyncs_total", "").await;
+    if compact {
+        assert!(resyncs > resyncs_before, "a compaction forces a full resync");
+    } else {
+        assert_eq!(resyncs, resyncs_before, "the watch resumed; no full resync");
+        assert!(xds.metric("toolgate_etcd_watch_resumes_total", "").await >= 1.0);
+    }
+}
+
+#[tokio::test]
+async fn a_partition_from_etcd_heals_by_resuming_the_watch() {
+    partition_scenario("a_partition_from_etcd_heals_by_resuming_the_watch", false).await;
+}
+
+#[tokio::test]
+async fn a_compaction_during_a_partition_forces_a_full_resync() {
+    partition_scenario("a_compaction_during_a_partition_forces_a_full_resync", true).await;
+}
+
+/// Calls `service` through Envoy until stopped; returns (ok, failed).
+fn steady_calls(url: String) -> (tokio::task::JoinHandle<(u32, u32, Vec<String>)>, tokio::sync::watch::Sender<bool>) {
+    let (stop, mut stopped) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(async move {
+        let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
+        let (mut ok, mut failed, mut errors) = (0, 0, Vec::new());
+        let mut i = 0u64;
+        while !*stopped.borrow_and_update() {
+            i += 1;
+            let r = http
+                .post(&url)
+                .header("accept", "application/json, text/event-stream")
+                .json(&json!({"jsonrpc":"2.0","id":i,"method":"tools/call","params":{"name":"echo","arguments":{}}}))
+                .send()
+                .await;
+            match r {
+                Ok(r) if r.status() == StatusCode::OK => ok += 1,
+                Ok(r) => {
+                    failed += 1;
+                    errors.push(format!("HTTP {}: {}", r.status(), r.text().await.unwrap_or_default()));
+                }
+                Err(e) => {
+                    failed += 1;
+                    errors.push(e.to_string());
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        (ok, failed, errors)
+    });
+    (task, stop)
+}
+
+#[tokio::test]
+async fn with_etcd_gone_the_gateway_keeps_routing_even_across_a_control_plane_restart() {
+    let env = TestEnv::new("with_etcd_gone_the_gateway_keeps_routing_even_across_a_control_plane_restart");
+    let mut stack = Stack::start(&env).await;
+    let ep = stack.etcd.endpoint();
+    let a = Member::start(&env, &ep, "keep", "keep-a", &["--stateless", "--json-response"], TTL).await;
+    let b = Member::start(&env, &ep, "keep", "keep-b", &["--stateless", "--json-response"], TTL).await;
+    wait_envoy_has(&stack.envoy, "keep", &endpoints(&[&a, &b]), Duration::from_secs(20)).await;
+    tokio::time::sleep(Duration::from_millis(600)).await; // let the state dir catch up
+
+    let (calls, stop) = steady_calls(stack.envoy.url("keep"));
+    stack.etcd.kill();
+    wait_until("toolgate_etcd_up is 0", Duration::from_secs(10), || async {
+        stack.xds.metric("toolgate_etcd_up", "").await == 0.0
+    })
+    .await;
+    assert_eq!(stack.envoy.addresses("keep").await.len(), 2, "last known endpoints kept");
+
+    stack.xds.restart(&env).await;
+    wait_until("the restarted toolgate-xds serves its state-dir snapshot", Duration::from_secs(15), || async {
+        stack.xds.log().contains("serving the state-dir snapshot")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(stack.envoy.addresses("keep").await.len(), 2, "Envoy keeps both endpoints");
+    assert_eq!(stack.xds.metric("toolgate_etcd_up", "").await, 0.0);
+    let reg = stack.xds.registry().await;
+    assert_eq!(reg["instances"], 2, "registry from the snapshot: {reg}");
+
+    stack.etcd.restart(&env).await;
+    let c = Member::start(&env, &ep, "keep", "keep-c", &["--stateless", "--json-response"], TTL).await;
+    wait_envoy_has(&stack.envoy, "keep", &endpoints(&[&a, &b, &c]), Duration::from_secs(30)).await;
+    let _ = stop.send(true);
+    let (ok, failed, errors) = calls.await.unwrap();
+    println!("calls during the outage: {ok} ok, {failed} failed");
+    assert!(ok > 20, "calls kept flowing: {ok}");
+    assert_eq!(failed, 0, "no call failed: {errors:?}");
+}
+
+#[tokio::test]
+async fn a_control_plane_restart_never_empties_envoy() {
+    let env = TestEnv::new("a_control_plane_restart_never_empties_envoy");
+    let mut stack = Stack::start(&env).await;
+    let ep = stack.etcd.endpoint();
+    let a = Member::start(&env, &ep, "cp", "cp-a", &["--stateless", "--json-response"], TTL).await;
+    let b = Member::start(&env, &ep, "cp", "cp-b", &["--stateless", "--json-response"], TTL).await;
+    wait_envoy_has(&stack.envoy, "cp", &endpoints(&[&a, &b]), Duration::from_secs(20)).await;
+
+    let (calls, stop) = steady_calls(stack.envoy.url("cp"));
+    stack.xds.kill();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(stack.envoy.addresses("cp").await.len(), 2, "Envoy keeps routing without its control plane");
+
+    // Watch Envoy's view continuously across the restart.
+    let (seen_tx, seen_rx) = tokio::sync::oneshot::channel();
+    let (done_tx, mut done_rx) = tokio::sync::watch::channel(false);
+    let admin = stack.envoy.admin_url();
+    let watcher = tokio::spawn(async move {
+        let envoy_view = toolgate_tests::envoy::AdminView::new(admin);
+        let mut min = usize::MAX;
+        while !*done_rx.borrow_and_update() {
+            min = min.min(envoy_view.count("cp").await);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let _ = seen_tx.send(min);
+    });
+    stack.xds.restart(&env).await;
+    let c = Member::start(&env, &ep, "cp", "cp-c", &["--stateless", "--json-response"], TTL).await;
+    wait_envoy_has(&stack.envoy, "cp", &endpoints(&[&a, &b, &c]), Duration::from_secs(20)).await;
+    let _ = done_tx.send(true);
+    watcher.await.unwrap();
+    let min = seen_rx.await.unwrap();
+    assert!(min >= 2, "Envoy's endpoints dropped to {min} during the restart");
+    let _ = stop.send(true);
+    let (ok, failed, errors) = calls.await.unwrap();
+    assert!(ok > 10);
+    assert_eq!(failed, 0, "{errors:?}");
+}
+
+#[tokio::test]
+async fn a_restarted_envoy_and_a_second_envoy_both_converge() {
+    let env = TestEnv::new("a_restarted_envoy_and_a_second_envoy_both_converge");
+    let mut stack = Stack::start(&env).await;
+    let ep = stack.etcd.endpoint();
+    let a = Member::start(&env, &ep, "two", "two-a", &[], TTL).await;
+    let b = Member::start(&env, &ep, "other", "other-a", &[], TTL).await;
+    wait_envoy_has(&stack.envoy, "two", &endpoints(&[&a]), Duration::from_secs(20)).await;
+    stack.envoy.restart(&env).await;
+    wait_envoy_has(&stack.envoy, "two", &endpoints(&[&a]), Duration::from_secs(20)).await;
+    wait_envoy_has(&stack.envoy, "other", &endpoints(&[&b]), Duration::from_secs(20)).await;
+
+    let second = Envoy::start(&env, "envoy2", &stack.xds.xds_addr()).await;
+    wait_envoy_has(&second, "two", &endpoints(&[&a]), Duration::from_secs(20)).await;
+    let c = Member::start(&env, &ep, "two", "two-c", &[], TTL).await;
+    for envoy in [&stack.envoy, &second] {
+        wait_envoy_has(envoy, "two", &endpoints(&[&a, &c]), Duration::from_secs(20)).await;
+        let mut s = McpSession::connect(&envoy.url("other")).await;
+        assert_eq!(s.call_tool("echo", json!({})).await.status, StatusCode::OK);
+    }
+    assert_eq!(stack.xds.metric("toolgate_xds_connected_envoys", "").await, 2.0);
+}
+
+#[tokio::test]
+async fn garbage_in_the_registry_is_ignored_counted_and_harmless() {
+    let env = TestEnv::new("garbage_in_the_registry_is_ignored_counted_and_harmless");
+    let stack = Stack::start(&env).await;
+    let ep = stack.etcd.endpoint();
+    let a = Member::start(&env, &ep, "inv", "inv-a", &[], TTL).await;
+    wait_envoy_has(&stack.envoy, "inv", &endpoints(&[&a]), Duration::from_secs(20)).await;
+
+    let mut c = stack.etcd.client().await;
+    let garbage: [(&str, &str); 5] = [
+        ("/mcp/services/inv/broken", "{not json"),
+        ("/mcp/services/inv/bad-ep", r#"{"instance_id":"bad-ep","endpoint":"not-an-endpoint"}"#),
+        ("/mcp/services/in v/x", r#"{"instance_id":"x","endpoint":"127.0.0.1:1"}"#),
+        ("/mcp/services/inv/a/b", r#"{"instance_id":"b","endpoint":"127.0.0.1:1"}"#),
+        ("/mcp/services/inv/zero", r#"{"instance_id":"zero","endpoint":"0.0.0.0:9"}"#),
+    ];
+    for (k, v) in garbage {
+        c.put(k, v, None).await.unwrap();
+    }
+    wait_until("five invalid values counted", Duration::from_secs(10), || async {
+        stack.xds.metric("toolgate_registry_invalid_values_total", "").await >= 5.0
+    })
+    .await;
+    let log = stack.xds.log();
+    for (k, _) in garbage {
+        assert!(log.contains(k), "the log names the key {k}");
+    }
+    assert_eq!(stack.envoy.addresses("inv").await, endpoints(&[&a]), "the valid instance keeps serving");
+    assert!(!stack.envoy.hosts().await.contains_key("in v"));
+    let mut s = McpSession::connect(&stack.envoy.url("inv")).await;
+    assert_eq!(s.call_tool("echo", json!({})).await.status, StatusCode::OK);
+    // A valid instance overwritten with garbage keeps its last good value.
+    c.put(a.key.as_str(), "garbage", None).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(stack.envoy.addresses("inv").await, endpoints(&[&a]));
+    let names: BTreeSet<String> = stack.envoy.hosts().await.into_keys().collect();
+    assert_eq!(names, BTreeSet::from(["inv".to_string()]));
+}

@@ -1,0 +1,253 @@
+//! The Envoy bootstrap printed by `toolgate-xds bootstrap`: everything static an Envoy needs to
+//! join toolgate. The only static parts are the listener, the HTTP filters and the way to reach
+//! toolgate-xds; clusters, endpoints and routes all come over ADS.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde_json::{json, Value};
+
+use crate::xds::resources::ROUTE_CONFIG_NAME;
+
+/// Name of the static cluster that reaches toolgate-xds.
+pub const XDS_CLUSTER: &str = "toolgate_xds";
+/// Name of the static listener agents connect to.
+pub const LISTENER_NAME: &str = "toolgate_mcp";
+/// `stat_prefix` of the HTTP connection manager (`http.toolgate.*` stats).
+pub const STAT_PREFIX: &str = "toolgate";
+/// MCP's session header (Streamable HTTP, protocol versions up to 2025-11-25).
+pub const SESSION_HEADER: &str = "Mcp-Session-Id";
+
+/// What `render` needs to know.
+#[derive(Debug, Clone)]
+pub struct BootstrapOptions {
+    /// `node.id`: names this Envoy in toolgate-xds's logs.
+    pub node_id: String,
+    /// `node.cluster`: the Envoy fleet this one belongs to.
+    pub cluster: String,
+    /// Where agents connect (the MCP listener).
+    pub listen: SocketAddr,
+    /// Where toolgate-xds serves ADS.
+    pub xds: SocketAddr,
+    /// Envoy's admin interface; keep it on loopback, it can change Envoy's state.
+    pub admin: SocketAddr,
+    /// The toolgate wasm filter (not wired in yet).
+    pub filter: Option<PathBuf>,
+}
+
+/// A complete Envoy bootstrap (pretty JSON, which Envoy reads as YAML too).
+pub fn render(opts: &BootstrapOptions) -> String {
+    let value = bootstrap(opts);
+    // Serializing a `serde_json::Value` cannot fail.
+    serde_json::to_string_pretty(&value).unwrap_or_default()
+}
+
+fn socket_address(addr: SocketAddr) -> Value {
+    json!({ "socket_address": { "address": addr.ip().to_string(), "port_value": addr.port() } })
+}
+
+/// "Fetch this over the ADS stream."
+fn ads_source() -> Value {
+    json!({ "ads": {}, "resource_api_version": "V3" })
+}
+
+fn bootstrap(opts: &BootstrapOptions) -> Value {
+    json!({
+        "node": { "id": opts.node_id, "cluster": opts.cluster },
+        "admin": { "address": socket_address(opts.admin) },
+        "dynamic_resources": {
+            "ads_config": {
+                "api_type": "GRPC",
+                "transport_api_version": "V3",
+                // The node is sent once per stream, not in every request.
+                "set_node_on_first_message_only": true,
+                "grpc_services": [{ "envoy_grpc": { "cluster_name": XDS_CLUSTER } }]
+            },
+            "cds_config": ads_source()
+        },
+        "static_resources": {
+            "clusters": [xds_cluster(opts.xds)],
+            "listeners": [listener(opts)]
+        }
+    })
+}
+
+/// toolgate-xds itself: gRPC needs HTTP/2. The keepalive PINGs find a dead control plane
+/// behind a connection that still looks open, so Envoy reconnects (to a restarted one) instead
+/// of waiting on a silent stream.
+fn xds_cluster(xds: SocketAddr) -> Value {
+    json!({
+        "name": XDS_CLUSTER,
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {
+                    "http2_protocol_options": {
+                        "connection_keepalive": { "interval": "30s", "timeout": "10s" }
+                    }
+                }
+            }
+        },
+        "load_assignment": {
+            "cluster_name": XDS_CLUSTER,
+            "endpoints": [{ "lb_endpoints": [{ "endpoint": { "address": socket_address(xds) } }] }]
+        }
+    })
+}
+
+fn listener(opts: &BootstrapOptions) -> Value {
+    // TODO(wasm filter, later issue): when `opts.filter` is Some, insert the toolgate wasm
+    // filter (`envoy.filters.http.wasm`, configured over ECDS) between the stateful session
+    // filter and the router. Until then `filter` is accepted and ignored.
+    let http_filters = vec![session_affinity_filter(), router_filter()];
+    json!({
+        "name": LISTENER_NAME,
+        "address": socket_address(opts.listen),
+        "filter_chains": [{
+            "filters": [{
+                "name": "envoy.filters.network.http_connection_manager",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                    "stat_prefix": STAT_PREFIX,
+                    "codec_type": "AUTO",
+                    "rds": { "config_source": ads_source(), "route_config_name": ROUTE_CONFIG_NAME },
+                    // MCP's GET stream (SSE) may stay silent for long stretches. The default 5
+                    // minutes would cut it; disabling the timeout would leak streams whose peer
+                    // vanished. One hour, after which the client reconnects its stream.
+                    "stream_idle_timeout": "3600s",
+                    // Agents connect directly: their address is the real client address.
+                    "use_remote_address": true,
+                    // `/mcp/a/../b` must not reach service b's route by way of service a.
+                    "normalize_path": true,
+                    "merge_slashes": true,
+                    "http_filters": http_filters
+                }
+            }]
+        }]
+    })
+}
+
+/// Session affinity for MCP sessions: Envoy's stateful session filter with the envelope
+/// session state. On a response carrying `Mcp-Session-Id`, Envoy wraps the server's value with
+/// the upstream address; on a request, it unwraps it, routes to that address and hands the
+/// server its own value back. Not strict: when the pinned instance is gone, Envoy load-balances
+/// to another instance, which does not know the session and answers 404, so the client
+/// re-initializes as the MCP spec requires.
+fn session_affinity_filter() -> Value {
+    json!({
+        "name": "envoy.filters.http.stateful_session",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.stateful_session.v3.StatefulSession",
+            "session_state": {
+                "name": "envoy.http.stateful_session.envelope",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.http.stateful_session.envelope.v3.EnvelopeSessionState",
+                    "header": { "name": SESSION_HEADER }
+                }
+            },
+            "strict": false,
+            "stat_prefix": "mcp_session"
+        }
+    })
+}
+
+fn router_filter() -> Value {
+    json!({
+        "name": "envoy.filters.http.router",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options() -> BootstrapOptions {
+        BootstrapOptions {
+            node_id: "envoy-1".into(),
+            cluster: "toolgate".into(),
+            listen: "127.0.0.1:10000".parse().expect("addr"),
+            xds: "127.0.0.1:18000".parse().expect("addr"),
+            admin: "127.0.0.1:9901".parse().expect("addr"),
+            filter: None,
+        }
+    }
+
+    fn parsed() -> Value {
+        serde_json::from_str(&render(&options())).expect("render prints valid JSON")
+    }
+
+    #[test]
+    fn node_admin_and_ads_point_where_asked() {
+        let b = parsed();
+        assert_eq!(b["node"]["id"], "envoy-1");
+        assert_eq!(b["node"]["cluster"], "toolgate");
+        assert_eq!(b["admin"]["address"]["socket_address"]["port_value"], 9901);
+        let ads = &b["dynamic_resources"]["ads_config"];
+        assert_eq!(ads["api_type"], "GRPC");
+        assert_eq!(ads["transport_api_version"], "V3");
+        assert_eq!(ads["set_node_on_first_message_only"], true);
+        assert_eq!(
+            ads["grpc_services"][0]["envoy_grpc"]["cluster_name"],
+            XDS_CLUSTER
+        );
+        assert_eq!(b["dynamic_resources"]["cds_config"], ads_source());
+
+        let xds = &b["static_resources"]["clusters"][0];
+        assert_eq!(xds["name"], XDS_CLUSTER);
+        assert_eq!(xds["type"], "STATIC");
+        let ep = &xds["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"];
+        assert_eq!(ep["address"]["socket_address"]["address"], "127.0.0.1");
+        assert_eq!(ep["address"]["socket_address"]["port_value"], 18000);
+        assert!(xds["typed_extension_protocol_options"]
+            ["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]["explicit_http_config"]
+            ["http2_protocol_options"]
+            .is_object());
+    }
+
+    #[test]
+    fn listener_routes_over_rds_with_session_affinity_then_router() {
+        let b = parsed();
+        let l = &b["static_resources"]["listeners"][0];
+        assert_eq!(l["name"], LISTENER_NAME);
+        assert_eq!(l["address"]["socket_address"]["port_value"], 10000);
+        let hcm = &l["filter_chains"][0]["filters"][0]["typed_config"];
+        assert_eq!(hcm["stat_prefix"], STAT_PREFIX);
+        assert_eq!(hcm["rds"]["route_config_name"], ROUTE_CONFIG_NAME);
+        assert_eq!(hcm["rds"]["config_source"], ads_source());
+        let filters = hcm["http_filters"].as_array().expect("filter list");
+        let names: Vec<&str> = filters.iter().filter_map(|f| f["name"].as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "envoy.filters.http.stateful_session",
+                "envoy.filters.http.router"
+            ]
+        );
+        let session = &filters[0]["typed_config"];
+        assert_eq!(session["strict"], false);
+        assert_eq!(
+            session["session_state"]["name"],
+            "envoy.http.stateful_session.envelope"
+        );
+        assert_eq!(
+            session["session_state"]["typed_config"]["header"]["name"],
+            SESSION_HEADER
+        );
+    }
+
+    #[test]
+    fn ipv6_addresses_render_without_brackets() {
+        let mut o = options();
+        o.listen = "[::1]:10000".parse().expect("addr");
+        let b: Value = serde_json::from_str(&render(&o)).expect("valid JSON");
+        assert_eq!(
+            b["static_resources"]["listeners"][0]["address"]["socket_address"]["address"],
+            "::1"
+        );
+    }
+}

@@ -1,0 +1,46 @@
+//! The etcd side: one Get of the prefix, then a Watch from the next revision, resumed after a
+//! break and rebuilt after a compaction. Nothing here polls.
+
+pub mod watch;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use etcd_client::{Client, ConnectOptions};
+
+/// How toolgate-xds reaches etcd.
+#[derive(Debug, Clone)]
+pub struct EtcdConfig {
+    pub endpoints: Vec<String>,
+    /// How long one request (Get, watch creation) may take before it counts as failed.
+    pub request_timeout: Duration,
+}
+
+impl EtcdConfig {
+    /// The channel connects lazily and reconnects by itself; HTTP/2 pings find a silent
+    /// partition within a few seconds even when no event flows.
+    pub async fn connect(&self) -> Result<Client, etcd_client::Error> {
+        let opts = ConnectOptions::new()
+            .with_connect_timeout(self.request_timeout)
+            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
+            .with_keep_alive_while_idle(true)
+            .with_require_leader(true);
+        Client::connect(&self.endpoints, Some(opts)).await
+    }
+}
+
+/// Whether etcd is reachable now, for the admin API (the metric mirrors it).
+#[derive(Debug, Default)]
+pub struct EtcdStatus {
+    up: AtomicBool,
+}
+
+impl EtcdStatus {
+    pub fn is_up(&self) -> bool {
+        self.up.load(Ordering::Relaxed)
+    }
+    /// Returns whether the state changed.
+    pub(crate) fn set(&self, up: bool) -> bool {
+        self.up.swap(up, Ordering::Relaxed) != up
+    }
+}

@@ -1,0 +1,287 @@
+//! Keeps the registry equal to etcd: Get once, Watch from `revision + 1`, resume from the last
+//! applied revision after a break, full resync after a compaction, and while etcd is away keep
+//! the last state (never an empty table).
+
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, EventType, GetOptions, WatchOptions, WatchResponse};
+use futures::FutureExt;
+use toolgate_model::Backoff;
+use tracing::{debug, error, info, warn};
+
+use super::{EtcdConfig, EtcdStatus};
+use crate::metrics::{Metrics, ReasonLabel};
+use crate::registry::persist::PersistedRegistry;
+use crate::registry::publish::Publisher;
+use crate::registry::{Registry, Rejected};
+
+pub struct Watcher {
+    pub config: EtcdConfig,
+    pub registry: Arc<RwLock<Registry>>,
+    pub publisher: Publisher,
+    pub metrics: Arc<Metrics>,
+    pub status: Arc<EtcdStatus>,
+}
+
+enum Next {
+    FullSync,
+    /// Watch from the revision after `revision`; `resumed` when a watch broke before.
+    Watch { revision: i64, resumed: bool },
+}
+
+enum WatchEnd {
+    Compacted { compact_revision: i64 },
+    Broken { reason: String },
+}
+
+impl Watcher {
+    /// Loads a state-dir snapshot and publishes it, for a start while etcd is unreachable.
+    pub fn serve_persisted(&mut self, state: &PersistedRegistry) {
+        let rejected = {
+            let mut reg = self.registry.write().unwrap_or_else(|p| p.into_inner());
+            let rejected = reg.reset(
+                state
+                    .values
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.as_bytes(), 0, 0)),
+                state.revision,
+            );
+            self.publisher.publish(&reg, Instant::now());
+            rejected
+        };
+        self.count_rejected(&rejected);
+    }
+
+    /// Runs until the process ends. If etcd cannot be read within `startup_wait` and a
+    /// state-dir snapshot was found, that snapshot is served until etcd answers.
+    pub async fn run(mut self, mut persisted: Option<PersistedRegistry>, startup_wait: Duration) {
+        let started = Instant::now();
+        let client = match self.config.connect().await {
+            Ok(c) => c,
+            Err(e) => {
+                // Only malformed endpoints fail here: the channel connects lazily.
+                error!(error = %e, endpoints = ?self.config.endpoints, "cannot use the etcd endpoints");
+                return;
+            }
+        };
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+        let mut next = Next::FullSync;
+        loop {
+            next = match next {
+                Next::FullSync => match self.full_sync(&client).await {
+                    Ok(revision) => Next::Watch { revision, resumed: false },
+                    Err(reason) => {
+                        self.mark_down(&reason);
+                        if !self.publisher.is_ready() && started.elapsed() >= startup_wait {
+                            if let Some(state) = persisted.take() {
+                                warn!(revision = state.revision, instances = state.values.len(),
+                                    "etcd unreachable at start; serving the state-dir snapshot until it answers");
+                                self.serve_persisted(&state);
+                            }
+                        }
+                        tokio::time::sleep(backoff.next_delay(rand::random())).await;
+                        Next::FullSync
+                    }
+                },
+                Next::Watch { revision, resumed } => match self.watch_from(&client, revision, resumed, &mut backoff).await {
+                    WatchEnd::Compacted { compact_revision } => {
+                        self.metrics.full_resyncs.inc();
+                        warn!(revision, compact_revision,
+                            "etcd compacted past the last applied revision; resyncing in full");
+                        Next::FullSync
+                    }
+                    WatchEnd::Broken { reason } => {
+                        self.mark_down(&reason);
+                        tokio::time::sleep(backoff.next_delay(rand::random())).await;
+                        let revision = self.registry.read().unwrap_or_else(|p| p.into_inner()).revision();
+                        Next::Watch { revision, resumed: true }
+                    }
+                },
+            };
+        }
+    }
+
+    /// Get of the whole prefix; replaces the registry and publishes. Returns the revision.
+    async fn full_sync(&mut self, client: &Client) -> Result<i64, String> {
+        let prefix = self
+            .registry
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .layout()
+            .services_prefix();
+        let started = Instant::now();
+        let mut kv = client.kv_client();
+        let resp = tokio::time::timeout(
+            self.config.request_timeout,
+            kv.get(prefix.as_str(), Some(GetOptions::new().with_prefix())),
+        )
+        .await
+        .map_err(|_| "the Get of the prefix timed out".to_string())?
+        .map_err(|e| format!("the Get of the prefix failed: {e}"))?;
+        let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+        let rejected = {
+            let mut reg = self.registry.write().unwrap_or_else(|p| p.into_inner());
+            let kvs: Vec<(&str, &[u8], i64, i64)> = resp
+                .kvs()
+                .iter()
+                .filter_map(|kv| {
+                    Some((kv.key_str().ok()?, kv.value(), kv.lease(), kv.mod_revision()))
+                })
+                .collect();
+            let rejected = reg.reset(kvs, revision);
+            self.publisher.publish(&reg, started);
+            info!(revision, instances = reg.instance_count(), took_ms = started.elapsed().as_millis() as u64,
+                "read the registry from etcd");
+            rejected
+        };
+        self.count_rejected(&rejected);
+        self.mark_up();
+        Ok(revision)
+    }
+
+    /// Watches from `revision + 1` until the watch breaks or is compacted away.
+    async fn watch_from(
+        &mut self,
+        client: &Client,
+        revision: i64,
+        mut resumed: bool,
+        backoff: &mut Backoff,
+    ) -> WatchEnd {
+        let prefix = self
+            .registry
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .layout()
+            .services_prefix();
+        let opts = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(revision + 1)
+            .with_prev_key()
+            .with_progress_notify();
+        let mut watch_client = client.watch_client();
+        let mut stream = match tokio::time::timeout(
+            self.config.request_timeout,
+            watch_client.watch(prefix.as_str(), Some(opts)),
+        )
+        .await
+        {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return WatchEnd::Broken { reason: format!("creating the watch failed: {e}") },
+            Err(_) => return WatchEnd::Broken { reason: "creating the watch timed out".into() },
+        };
+        loop {
+            let first = match stream.message().await {
+                Ok(Some(resp)) => resp,
+                Ok(None) => return WatchEnd::Broken { reason: "etcd closed the watch stream".into() },
+                Err(e) => return WatchEnd::Broken { reason: format!("the watch stream failed: {e}") },
+            };
+            let arrived = Instant::now();
+            if first.canceled() {
+                if first.compact_revision() > 0 {
+                    return WatchEnd::Compacted { compact_revision: first.compact_revision() };
+                }
+                return WatchEnd::Broken { reason: format!("etcd canceled the watch: {}", first.cancel_reason()) };
+            }
+            if first.created() {
+                if resumed {
+                    self.metrics.watch_resumes.inc();
+                    info!(from_revision = revision + 1, "watch resumed from the last applied revision");
+                    resumed = false;
+                }
+                self.mark_up();
+                backoff.reset();
+            }
+            // Fold every response that is already waiting into one publish: a burst of
+            // registrations becomes one push, a single change goes out at once.
+            let mut batch = vec![first];
+            while let Some(Ok(Some(more))) = stream.message().now_or_never() {
+                let stop = more.canceled();
+                batch.push(more);
+                if stop {
+                    break;
+                }
+            }
+            let mut changed = false;
+            let mut rejected = Vec::new();
+            {
+                let mut reg = self.registry.write().unwrap_or_else(|p| p.into_inner());
+                for resp in &batch {
+                    if resp.canceled() {
+                        continue;
+                    }
+                    changed |= apply(&mut reg, resp, &self.metrics, &mut rejected);
+                }
+                if changed {
+                    self.publisher.publish(&reg, arrived);
+                }
+            }
+            self.count_rejected(&rejected);
+            if let Some(last) = batch.last().filter(|r| r.canceled()) {
+                if last.compact_revision() > 0 {
+                    return WatchEnd::Compacted { compact_revision: last.compact_revision() };
+                }
+                return WatchEnd::Broken { reason: format!("etcd canceled the watch: {}", last.cancel_reason()) };
+            }
+        }
+    }
+
+    fn mark_up(&self) {
+        self.metrics.etcd_up.set(1);
+        if self.status.set(true) {
+            info!("etcd reachable; the registry follows it again");
+        }
+    }
+
+    /// Logs once per outage, not once per retry.
+    fn mark_down(&self, reason: &str) {
+        self.metrics.etcd_up.set(0);
+        if self.status.set(false) {
+            error!(reason, "etcd unreachable; serving the last known endpoints and retrying with backoff");
+        } else {
+            debug!(reason, "etcd still unreachable");
+        }
+    }
+
+    fn count_rejected(&self, rejected: &[Rejected]) {
+        for r in rejected {
+            warn!(key = %r.key, reason = r.reason, detail = %r.detail, "ignored an invalid registration");
+            self.metrics
+                .invalid_values
+                .get_or_create(&ReasonLabel { reason: r.reason })
+                .inc();
+        }
+    }
+}
+
+/// Applies one watch response; returns whether the routing changed. Progress notifications
+/// (no events) only move the revision: they are not data.
+fn apply(reg: &mut Registry, resp: &WatchResponse, metrics: &Metrics, rejected: &mut Vec<Rejected>) -> bool {
+    let mut changed = false;
+    for event in resp.events() {
+        let Some(kv) = event.kv() else { continue };
+        let key = String::from_utf8_lossy(kv.key());
+        metrics.watch_events.inc();
+        match event.event_type() {
+            EventType::Put => match reg.put(&key, kv.value(), kv.lease(), kv.mod_revision()) {
+                Ok(c) => changed |= c,
+                Err(r) => rejected.push(r),
+            },
+            EventType::Delete => changed |= reg.delete(&key),
+        }
+    }
+    // A catching-up watcher may get its history in chunks whose header revision is already
+    // the store's current one: only the events themselves say how far we really are. A
+    // progress notification is sent to synced watchers only, so its header is safe to take.
+    match resp.events().iter().filter_map(|e| e.kv()).map(|kv| kv.mod_revision()).max() {
+        Some(rev) => reg.set_revision(rev),
+        // The creation response's header is the store's revision, not how far we are.
+        None if !resp.created() => {
+            if let Some(h) = resp.header() {
+                reg.set_revision(h.revision());
+            }
+        }
+        None => {}
+    }
+    changed
+}

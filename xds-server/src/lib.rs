@@ -1,0 +1,13 @@
+//! toolgate-xds: turns etcd registrations into Envoy configuration.
+//!
+//! `etcd/` reads and watches the key prefix, `registry/` folds what it sees into a
+//! [`routing::RoutingSnapshot`], `xds/` serves that snapshot to Envoys over ADS, `admin/`
+//! exposes health, metrics and the registry over HTTP.
+
+pub mod admin;
+pub mod bootstrap;
+pub mod etcd;
+pub mod metrics;
+pub mod registry;
+pub mod routing;
+pub mod xds;

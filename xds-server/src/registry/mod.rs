@@ -1,0 +1,353 @@
+//! The registry: every valid instance under `<prefix>services/`, folded from etcd's Get and
+//! Watch into one map, and turned into a [`RoutingSnapshot`] for the xDS side.
+//!
+//! Invalid values are rejected here with their key and a reason; they never remove a valid
+//! instance's last good value and never empty a service.
+
+pub mod persist;
+pub mod publish;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::time::Instant;
+
+use serde::Serialize;
+use toolgate_model::{InstanceMetadata, KeyLayout, ServiceKey};
+
+use crate::routing::{Bulkhead, EndpointHealth, RouteEndpoint, RoutingSnapshot, ServiceRoute};
+
+/// One valid registration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Instance {
+    pub meta: InstanceMetadata,
+    pub ip: IpAddr,
+    pub lease: i64,
+    pub mod_revision: i64,
+}
+
+/// A value that was not admitted, with the key it came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejected {
+    pub key: String,
+    /// Short, fixed reason for the metric label.
+    pub reason: &'static str,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct Registry {
+    layout: KeyLayout,
+    instances: BTreeMap<ServiceKey, Instance>,
+    /// Services stay known after their last instance leaves: Envoy then gets an empty
+    /// assignment (a clean "no healthy upstream") instead of a vanished cluster.
+    services: BTreeSet<String>,
+    revision: i64,
+}
+
+impl Registry {
+    pub fn new(layout: KeyLayout) -> Self {
+        Registry {
+            layout,
+            instances: BTreeMap::new(),
+            services: BTreeSet::new(),
+            revision: 0,
+        }
+    }
+
+    pub fn layout(&self) -> &KeyLayout {
+        &self.layout
+    }
+
+    /// The etcd revision this registry reflects.
+    pub fn revision(&self) -> i64 {
+        self.revision
+    }
+
+    pub fn set_revision(&mut self, revision: i64) {
+        self.revision = self.revision.max(revision);
+    }
+
+    pub fn instance_count(&self) -> usize {
+        self.instances.len()
+    }
+
+    /// Replaces everything with a full read of the prefix (cold start, resync after compaction).
+    /// Returns the values that were rejected.
+    pub fn reset<'a>(
+        &mut self,
+        kvs: impl IntoIterator<Item = (&'a str, &'a [u8], i64, i64)>,
+        revision: i64,
+    ) -> Vec<Rejected> {
+        self.instances.clear();
+        let mut rejected = Vec::new();
+        for (key, value, lease, mod_revision) in kvs {
+            if let Err(r) = self.put(key, value, lease, mod_revision) {
+                rejected.push(r);
+            }
+        }
+        self.revision = revision;
+        rejected
+    }
+
+    /// Applies a PUT. `Ok(true)` when the routing changed.
+    pub fn put(
+        &mut self,
+        key: &str,
+        value: &[u8],
+        lease: i64,
+        mod_revision: i64,
+    ) -> Result<bool, Rejected> {
+        let reject = |reason: &'static str, detail: String| Rejected {
+            key: key.to_string(),
+            reason,
+            detail,
+        };
+        let sk = self
+            .layout
+            .parse_instance_key(key)
+            .map_err(|e| reject("bad_key", e.to_string()))?;
+        let meta =
+            InstanceMetadata::from_json(value).map_err(|e| reject("bad_value", e.to_string()))?;
+        if meta.instance_id != sk.instance {
+            return Err(reject(
+                "id_mismatch",
+                format!(
+                    "instance_id {:?} in the value differs from {:?} in the key",
+                    meta.instance_id, sk.instance
+                ),
+            ));
+        }
+        // EDS endpoints are socket addresses; Envoy does not resolve names for them.
+        let ip = meta.endpoint.ip().ok_or_else(|| {
+            reject(
+                "bad_endpoint",
+                format!(
+                    "endpoint {} has a host name; register an IP address",
+                    meta.endpoint
+                ),
+            )
+        })?;
+        if ip.is_unspecified() {
+            return Err(reject(
+                "bad_endpoint",
+                format!("endpoint {} is an unspecified address", meta.endpoint),
+            ));
+        }
+        let instance = Instance {
+            meta,
+            ip,
+            lease,
+            mod_revision,
+        };
+        self.services.insert(sk.service.clone());
+        let routing_changed = self
+            .instances
+            .get(&sk)
+            .is_none_or(|old| !same_routing(old, &instance));
+        self.instances.insert(sk, instance);
+        Ok(routing_changed)
+    }
+
+    /// Applies a DELETE. `true` when an instance left.
+    pub fn delete(&mut self, key: &str) -> bool {
+        match self.layout.parse_instance_key(key) {
+            Ok(sk) => self.instances.remove(&sk).is_some(),
+            Err(_) => false,
+        }
+    }
+
+    /// What Envoy should route to now.
+    pub fn routing(&self, generation: u64, changed_at: Instant) -> RoutingSnapshot {
+        let mut services: BTreeMap<String, ServiceRoute> = self
+            .services
+            .iter()
+            .map(|s| {
+                (
+                    s.clone(),
+                    ServiceRoute {
+                        mcp_path: String::new(),
+                        limits: Bulkhead::default(),
+                        endpoints: Vec::new(),
+                    },
+                )
+            })
+            .collect();
+        for (sk, inst) in &self.instances {
+            let Some(route) = services.get_mut(&sk.service) else {
+                continue;
+            };
+            // Instances of one service share the MCP path; the first one (by id) decides.
+            if route.mcp_path.is_empty() {
+                route.mcp_path = inst.meta.mcp_path.clone();
+            } else if route.mcp_path != inst.meta.mcp_path {
+                tracing::warn!(service = %sk.service, instance = %sk.instance,
+                    mcp_path = %inst.meta.mcp_path, using = %route.mcp_path,
+                    "instance registered a different mcp_path than the rest of its service");
+            }
+            route.endpoints.push(RouteEndpoint {
+                instance_id: sk.instance.clone(),
+                ip: inst.ip,
+                port: inst.meta.endpoint.port,
+                weight: inst.meta.weight.max(1),
+                health: EndpointHealth::Healthy,
+            });
+        }
+        for route in services.values_mut() {
+            if route.mcp_path.is_empty() {
+                route.mcp_path = "/mcp".to_string();
+            }
+        }
+        RoutingSnapshot {
+            generation,
+            changed_at,
+            services,
+        }
+    }
+
+    /// The raw (key, value) pairs of every admitted instance, for the state-dir snapshot.
+    pub fn raw_values(&self) -> Vec<(String, String)> {
+        self.instances
+            .iter()
+            .map(|(sk, inst)| {
+                (
+                    self.layout.instance_key(&sk.service, &sk.instance),
+                    inst.meta.to_json(),
+                )
+            })
+            .collect()
+    }
+
+    /// JSON for `/v1/registry`.
+    pub fn view(&self) -> RegistryView {
+        let mut services: BTreeMap<String, Vec<InstanceView>> = self
+            .services
+            .iter()
+            .map(|s| (s.clone(), Vec::new()))
+            .collect();
+        for (sk, inst) in &self.instances {
+            services
+                .entry(sk.service.clone())
+                .or_default()
+                .push(InstanceView {
+                    instance_id: sk.instance.clone(),
+                    endpoint: inst.meta.endpoint.to_string(),
+                    weight: inst.meta.weight,
+                    tools: inst.meta.tools.clone(),
+                    mcp_path: inst.meta.mcp_path.clone(),
+                    health_path: inst.meta.health_path.clone(),
+                    version: inst.meta.version.clone(),
+                    zone: inst.meta.zone.clone(),
+                    lease: format!("{:x}", inst.lease),
+                    mod_revision: inst.mod_revision,
+                    state: "UP",
+                });
+        }
+        RegistryView {
+            revision: self.revision,
+            instances: self.instances.len(),
+            services,
+        }
+    }
+}
+
+/// Whether two registrations of one key route the same (a lease change alone does not).
+fn same_routing(a: &Instance, b: &Instance) -> bool {
+    a.ip == b.ip && a.meta == b.meta
+}
+
+#[derive(Debug, Serialize)]
+pub struct RegistryView {
+    pub revision: i64,
+    pub instances: usize,
+    pub services: BTreeMap<String, Vec<InstanceView>>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct InstanceView {
+    pub instance_id: String,
+    pub endpoint: String,
+    pub weight: u32,
+    pub tools: Vec<String>,
+    pub mcp_path: String,
+    pub health_path: String,
+    pub version: String,
+    pub zone: String,
+    pub lease: String,
+    pub mod_revision: i64,
+    pub state: &'static str,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reg() -> Registry {
+        Registry::new(KeyLayout::default())
+    }
+
+    const V1: &[u8] = br#"{"instance_id":"i-1","endpoint":"127.0.0.1:9001","tools":["a"]}"#;
+
+    #[test]
+    fn put_and_delete_drive_the_routing() {
+        let mut r = reg();
+        assert_eq!(r.put("/mcp/services/inv/i-1", V1, 7, 2), Ok(true));
+        assert_eq!(r.put("/mcp/services/inv/i-1", V1, 8, 3), Ok(false), "same routing");
+        let snap = r.routing(1, Instant::now());
+        assert_eq!(snap.services["inv"].endpoints.len(), 1);
+        assert_eq!(snap.services["inv"].mcp_path, "/mcp");
+        assert!(r.delete("/mcp/services/inv/i-1"));
+        let snap = r.routing(2, Instant::now());
+        assert!(
+            snap.services["inv"].endpoints.is_empty(),
+            "a known service keeps an empty assignment"
+        );
+    }
+
+    #[test]
+    fn garbage_is_rejected_with_its_key_and_keeps_the_last_good_value() {
+        let mut r = reg();
+        r.put("/mcp/services/inv/i-1", V1, 7, 2).unwrap();
+        for (key, value, reason) in [
+            ("/mcp/services/inv/i-1", &b"{not json"[..], "bad_value"),
+            ("/mcp/services/in v/i-1", V1, "bad_key"),
+            ("/mcp/services/inv", V1, "bad_key"),
+            ("/mcp/services/inv/i-2", V1, "id_mismatch"),
+            (
+                "/mcp/services/inv/i-3",
+                br#"{"instance_id":"i-3","endpoint":"example.com:80"}"#,
+                "bad_endpoint",
+            ),
+            (
+                "/mcp/services/inv/i-4",
+                br#"{"instance_id":"i-4","endpoint":"0.0.0.0:80"}"#,
+                "bad_endpoint",
+            ),
+        ] {
+            let err = r.put(key, value, 1, 3).unwrap_err();
+            assert_eq!(err.reason, reason, "{key}");
+            assert_eq!(err.key, key);
+        }
+        let snap = r.routing(1, Instant::now());
+        assert_eq!(snap.services.len(), 1);
+        assert_eq!(snap.services["inv"].endpoints.len(), 1, "the valid instance keeps serving");
+    }
+
+    #[test]
+    fn reset_replaces_everything() {
+        let mut r = reg();
+        r.put("/mcp/services/inv/i-1", V1, 7, 2).unwrap();
+        let v2: &[u8] = br#"{"instance_id":"i-2","endpoint":"127.0.0.1:9002"}"#;
+        let rejected = r.reset(
+            [
+                ("/mcp/services/fin/i-2", v2, 1, 5),
+                ("/mcp/services/fin/bad", &b"x"[..], 1, 5),
+            ],
+            9,
+        );
+        assert_eq!(rejected.len(), 1);
+        assert_eq!(r.revision(), 9);
+        assert_eq!(r.instance_count(), 1);
+        let snap = r.routing(1, Instant::now());
+        assert_eq!(snap.services["fin"].endpoints[0].instance_id, "i-2");
+    }
+}

@@ -1,0 +1,79 @@
+//! The routing snapshot: what the registry hands to the xDS side. It is the only type the two
+//! share, so the etcd/registry side never sees protobuf and the xDS side never sees etcd.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::time::Instant;
+
+use serde::Serialize;
+
+/// Everything Envoy must know, at one moment. Published through a `tokio::sync::watch`.
+#[derive(Debug, Clone)]
+pub struct RoutingSnapshot {
+    /// Increases with every published snapshot.
+    pub generation: u64,
+    /// When the oldest etcd event folded into this snapshot arrived (for push latency).
+    pub changed_at: Instant,
+    pub services: BTreeMap<String, ServiceRoute>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ServiceRoute {
+    /// Path of the MCP endpoint on the instances; `/mcp/<service>` is rewritten to it.
+    pub mcp_path: String,
+    /// The bulkhead: this service's own connection-pool limits in Envoy.
+    pub limits: Bulkhead,
+    /// May be empty: a known service with no instances gets an empty assignment.
+    pub endpoints: Vec<RouteEndpoint>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RouteEndpoint {
+    pub instance_id: String,
+    pub ip: IpAddr,
+    pub port: u16,
+    /// 1..=128; never 0 (Envoy rejects it).
+    pub weight: u32,
+    pub health: EndpointHealth,
+}
+
+/// How Envoy should treat an endpoint (`envoy.config.core.v3.HealthStatus`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum EndpointHealth {
+    Healthy,
+    /// No new requests; requests in flight finish.
+    Draining,
+    Unhealthy,
+}
+
+/// Envoy `circuit_breakers.thresholds` for one service's cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Bulkhead {
+    pub max_connections: u32,
+    pub max_pending_requests: u32,
+    pub max_requests: u32,
+    pub max_retries: u32,
+}
+
+impl Default for Bulkhead {
+    fn default() -> Self {
+        // Envoy's own defaults are 1024 each, 3 retries.
+        Bulkhead {
+            max_connections: 1024,
+            max_pending_requests: 1024,
+            max_requests: 1024,
+            max_retries: 3,
+        }
+    }
+}
+
+impl RoutingSnapshot {
+    pub fn empty() -> Self {
+        RoutingSnapshot {
+            generation: 0,
+            changed_at: Instant::now(),
+            services: BTreeMap::new(),
+        }
+    }
+}

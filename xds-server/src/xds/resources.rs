@@ -1,0 +1,677 @@
+//! What Envoy should hold, built from a [`RoutingSnapshot`]: pure functions, no protocol, no I/O
+//! (go-control-plane's `pkg/resource`). `cache.rs` versions what these functions build and
+//! `ads.rs` serves it; neither a new field here nor a protocol change there touches the other.
+//!
+//! The output is deterministic: services come in `BTreeMap` order, endpoints are sorted, and the
+//! only protobuf maps set hold a single entry (prost encodes `HashMap`s in iteration order). So
+//! unchanged content encodes to identical bytes and the cache can compare bytes to find changes.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+
+use envoy_types::pb::envoy::config::cluster::v3::{
+    circuit_breakers::Thresholds,
+    cluster::{ClusterDiscoveryType, CommonLbConfig, DiscoveryType, EdsClusterConfig},
+    CircuitBreakers, Cluster,
+};
+use envoy_types::pb::envoy::config::core::v3::{
+    address, config_source::ConfigSourceSpecifier, socket_address::PortSpecifier, Address,
+    AggregatedConfigSource, ApiVersion, ConfigSource, HealthStatus, Http1ProtocolOptions, Metadata,
+    RoutingPriority, SocketAddress,
+};
+use envoy_types::pb::envoy::config::endpoint::v3::{
+    lb_endpoint::HostIdentifier, ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints,
+};
+use envoy_types::pb::envoy::config::route::v3::{
+    header_matcher::HeaderMatchSpecifier, route, route_action::ClusterSpecifier,
+    route_match::PathSpecifier, HeaderMatcher, Route, RouteAction, RouteConfiguration, RouteMatch,
+    VirtualHost,
+};
+use envoy_types::pb::envoy::extensions::upstreams::http::v3::{
+    http_protocol_options::{
+        explicit_http_config::ProtocolConfig, ExplicitHttpConfig, UpstreamProtocolOptions,
+    },
+    HttpProtocolOptions,
+};
+use envoy_types::pb::envoy::r#type::matcher::v3::{string_matcher::MatchPattern, StringMatcher};
+use envoy_types::pb::envoy::r#type::v3::Percent;
+use envoy_types::pb::google::protobuf::{value::Kind, Any, Duration, Struct, UInt32Value, Value};
+use prost::{Message, Name};
+
+use crate::routing::{EndpointHealth, RouteEndpoint, RoutingSnapshot, ServiceRoute};
+
+/// The one RouteConfiguration; the bootstrap's HTTP connection manager asks for it by this name.
+pub const ROUTE_CONFIG_NAME: &str = "toolgate_routes";
+/// Prefix of every cluster name: service `inventory` is cluster `mcp.inventory`.
+pub const CLUSTER_PREFIX: &str = "mcp.";
+/// Prefix of the public path of a service: `/mcp/<service>`.
+pub const SERVICE_PATH_PREFIX: &str = "/mcp/";
+/// `filter_metadata` namespace on each endpoint, read by the wasm filter to name the instance.
+pub const ENDPOINT_METADATA_NAMESPACE: &str = "toolgate";
+/// Timeout of a request other than an MCP GET stream (`tools/call` and the other POSTs).
+pub const REQUEST_TIMEOUT_SECS: i64 = 60;
+/// Name of the only virtual host of [`ROUTE_CONFIG_NAME`].
+const VIRTUAL_HOST_NAME: &str = "toolgate";
+/// Key of the upstream protocol options in `typed_extension_protocol_options`.
+const HTTP_PROTOCOL_OPTIONS_KEY: &str = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
+
+/// An xDS resource type toolgate serves. The declaration order is the push order (derived
+/// `Ord`): clusters before their assignments, because a new cluster warms until its assignment
+/// arrives, and both before the routes that point at them, so a route never names a cluster
+/// Envoy does not have yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ResourceType {
+    /// CDS: `envoy.config.cluster.v3.Cluster`.
+    Cluster,
+    /// EDS: `envoy.config.endpoint.v3.ClusterLoadAssignment`.
+    Endpoint,
+    /// RDS: `envoy.config.route.v3.RouteConfiguration`.
+    Route,
+    /// ECDS: `envoy.config.core.v3.TypedExtensionConfig` (the wasm filter's configuration; not
+    /// built yet).
+    ExtensionConfig,
+}
+
+impl ResourceType {
+    /// Every type, in push order.
+    pub const ALL: [ResourceType; 4] = [
+        ResourceType::Cluster,
+        ResourceType::Endpoint,
+        ResourceType::Route,
+        ResourceType::ExtensionConfig,
+    ];
+
+    pub const fn type_url(self) -> &'static str {
+        match self {
+            ResourceType::Cluster => "type.googleapis.com/envoy.config.cluster.v3.Cluster",
+            ResourceType::Endpoint => {
+                "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+            }
+            ResourceType::Route => "type.googleapis.com/envoy.config.route.v3.RouteConfiguration",
+            ResourceType::ExtensionConfig => {
+                "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig"
+            }
+        }
+    }
+
+    /// `None` for a type toolgate does not serve (LDS, SDS, …).
+    pub fn from_type_url(url: &str) -> Option<ResourceType> {
+        ResourceType::ALL.into_iter().find(|t| t.type_url() == url)
+    }
+
+    /// The short name used in logs and as the `type` metrics label.
+    pub const fn short_name(self) -> &'static str {
+        match self {
+            ResourceType::Cluster => "cds",
+            ResourceType::Endpoint => "eds",
+            ResourceType::Route => "rds",
+            ResourceType::ExtensionConfig => "ecds",
+        }
+    }
+
+    /// xDS: for LDS and CDS an empty `resource_names` list is a wildcard subscription ("send me
+    /// everything"); for the other types it means "nothing".
+    pub const fn empty_names_mean_wildcard(self) -> bool {
+        matches!(self, ResourceType::Cluster)
+    }
+}
+
+/// Resources of one type by name, each encoded as `google.protobuf.Any`.
+pub type NamedResources = BTreeMap<String, Any>;
+
+/// Everything toolgate serves for `snapshot`, by type. Each of CDS, EDS and RDS is present even
+/// when empty, so "no services" is a state Envoy is told about rather than a missing answer.
+pub fn build(snapshot: &RoutingSnapshot) -> BTreeMap<ResourceType, NamedResources> {
+    let mut clusters = NamedResources::new();
+    let mut assignments = NamedResources::new();
+    for (service, route) in &snapshot.services {
+        let name = cluster_name(service);
+        clusters.insert(name.clone(), to_any(&cluster(service, route)));
+        assignments.insert(name, to_any(&load_assignment(service, route)));
+    }
+    let mut routes = NamedResources::new();
+    routes.insert(
+        ROUTE_CONFIG_NAME.to_string(),
+        to_any(&route_configuration(snapshot)),
+    );
+    BTreeMap::from([
+        (ResourceType::Cluster, clusters),
+        (ResourceType::Endpoint, assignments),
+        (ResourceType::Route, routes),
+    ])
+}
+
+/// `mcp.<service>`: the cluster and its load assignment share this name.
+pub fn cluster_name(service: &str) -> String {
+    format!("{CLUSTER_PREFIX}{service}")
+}
+
+/// The public path prefix of a service, `/mcp/<service>`.
+pub fn service_path(service: &str) -> String {
+    format!("{SERVICE_PATH_PREFIX}{service}")
+}
+
+/// Wraps a message in `google.protobuf.Any` with its canonical type URL.
+pub fn to_any<M: Message + Name>(message: &M) -> Any {
+    Any {
+        type_url: M::type_url(),
+        value: message.encode_to_vec(),
+    }
+}
+
+/// `ConfigSource { ads: {}, resource_api_version: V3 }`: "fetch this over the ADS stream".
+fn ads_config_source() -> ConfigSource {
+    ConfigSource {
+        config_source_specifier: Some(ConfigSourceSpecifier::Ads(AggregatedConfigSource {})),
+        resource_api_version: ApiVersion::V3 as i32,
+        ..Default::default()
+    }
+}
+
+fn duration_secs(seconds: i64) -> Duration {
+    Duration { seconds, nanos: 0 }
+}
+
+fn u32_value(value: u32) -> Option<UInt32Value> {
+    Some(UInt32Value { value })
+}
+
+/// The cluster of one service: EDS over ADS, plain HTTP/1.1 to the MCP servers, no panic mode,
+/// the service's own connection-pool limits.
+pub fn cluster(service: &str, route: &ServiceRoute) -> Cluster {
+    let limits = route.limits;
+    // MCP servers speak plain HTTP/1.1; saying so explicitly keeps a future Envoy default from
+    // changing the upstream protocol under us.
+    let http1 = HttpProtocolOptions {
+        upstream_protocol_options: Some(UpstreamProtocolOptions::ExplicitHttpConfig(
+            ExplicitHttpConfig {
+                protocol_config: Some(ProtocolConfig::HttpProtocolOptions(
+                    Http1ProtocolOptions::default(),
+                )),
+            },
+        )),
+        ..Default::default()
+    };
+    Cluster {
+        name: cluster_name(service),
+        cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Eds as i32)),
+        eds_cluster_config: Some(EdsClusterConfig {
+            eds_config: Some(ads_config_source()),
+            service_name: String::new(),
+        }),
+        connect_timeout: Some(duration_secs(1)),
+        // A single entry: a prost map with one entry encodes deterministically.
+        typed_extension_protocol_options: HashMap::from([(
+            HTTP_PROTOCOL_OPTIONS_KEY.to_string(),
+            to_any(&http1),
+        )]),
+        common_lb_config: Some(CommonLbConfig {
+            // Envoy's default 50% panic threshold spreads traffic over all hosts, dead ones
+            // included, once half are unhealthy. toolgate only routes to hosts it believes
+            // healthy, so panic mode is off: explicitly 0%, not absent (absent means 50%).
+            healthy_panic_threshold: Some(Percent { value: 0.0 }),
+            // Envoy merges health/weight updates of a cluster for 1 s by default, which would
+            // delay taking a draining instance out of rotation; toolgate already pushes each
+            // change at once, so merging is off.
+            update_merge_window: Some(duration_secs(0)),
+            ..Default::default()
+        }),
+        // The bulkhead: one slow MCP server fills only its own cluster's connection slots.
+        circuit_breakers: Some(CircuitBreakers {
+            thresholds: vec![Thresholds {
+                priority: RoutingPriority::Default as i32,
+                max_connections: u32_value(limits.max_connections),
+                max_pending_requests: u32_value(limits.max_pending_requests),
+                max_requests: u32_value(limits.max_requests),
+                max_retries: u32_value(limits.max_retries),
+                ..Default::default()
+            }],
+            per_host_thresholds: Vec::new(),
+        }),
+        ..Default::default()
+    }
+}
+
+/// The assignment of one service: one endpoint per instance, all in one locality. A service with
+/// no instances gets an assignment with no endpoints (Envoy then answers 503 "no healthy
+/// upstream" at once), never a missing one (its cluster would stay warming).
+pub fn load_assignment(service: &str, route: &ServiceRoute) -> ClusterLoadAssignment {
+    let mut endpoints: Vec<&RouteEndpoint> = route.endpoints.iter().collect();
+    // Canonical order, so a registry that lists the same instances differently does not look
+    // like a change.
+    endpoints.sort_by(|a, b| (&a.instance_id, a.ip, a.port).cmp(&(&b.instance_id, b.ip, b.port)));
+    let lb_endpoints: Vec<LbEndpoint> = endpoints.into_iter().map(lb_endpoint).collect();
+    ClusterLoadAssignment {
+        cluster_name: cluster_name(service),
+        endpoints: if lb_endpoints.is_empty() {
+            Vec::new()
+        } else {
+            vec![LocalityLbEndpoints {
+                lb_endpoints,
+                ..Default::default()
+            }]
+        },
+        ..Default::default()
+    }
+}
+
+fn lb_endpoint(endpoint: &RouteEndpoint) -> LbEndpoint {
+    let metadata = Metadata {
+        filter_metadata: HashMap::from([(
+            ENDPOINT_METADATA_NAMESPACE.to_string(),
+            Struct {
+                fields: HashMap::from([(
+                    "instance_id".to_string(),
+                    Value {
+                        kind: Some(Kind::StringValue(endpoint.instance_id.clone())),
+                    },
+                )]),
+            },
+        )]),
+        ..Default::default()
+    };
+    LbEndpoint {
+        health_status: health_status(endpoint.health) as i32,
+        metadata: Some(metadata),
+        // Envoy rejects a weight of 0 (and with it the whole assignment).
+        load_balancing_weight: u32_value(endpoint.weight.max(1)),
+        host_identifier: Some(HostIdentifier::Endpoint(Endpoint {
+            address: Some(socket_address(endpoint.ip, endpoint.port)),
+            // Shown in Envoy's /clusters output next to the address; not used for routing.
+            hostname: endpoint.instance_id.clone(),
+            ..Default::default()
+        })),
+    }
+}
+
+/// The registry's verdict as Envoy's `HealthStatus`. There is no active health checking in
+/// Envoy: EDS health is the only health Envoy knows.
+pub fn health_status(health: EndpointHealth) -> HealthStatus {
+    match health {
+        EndpointHealth::Healthy => HealthStatus::Healthy,
+        EndpointHealth::Draining => HealthStatus::Draining,
+        EndpointHealth::Unhealthy => HealthStatus::Unhealthy,
+    }
+}
+
+fn socket_address(ip: IpAddr, port: u16) -> Address {
+    Address {
+        address: Some(address::Address::SocketAddress(SocketAddress {
+            address: ip.to_string(),
+            port_specifier: Some(PortSpecifier::PortValue(u32::from(port))),
+            ..Default::default()
+        })),
+    }
+}
+
+/// [`ROUTE_CONFIG_NAME`]: one virtual host `*` with two routes per service, both on
+/// `/mcp/<service>` (and below it), rewritten to the service's `mcp_path`:
+/// - `GET` without a timeout: it opens MCP's long-lived server-to-client SSE stream, which a
+///   response timeout would cut;
+/// - everything else with a [`REQUEST_TIMEOUT_SECS`] response timeout.
+///
+/// Unknown paths match no route and get Envoy's own 404.
+pub fn route_configuration(snapshot: &RoutingSnapshot) -> RouteConfiguration {
+    let mut routes = Vec::with_capacity(snapshot.services.len() * 2);
+    for (service, route) in &snapshot.services {
+        // Envoy takes the first matching route: the GET route must come before the general one.
+        routes.push(service_route(service, route, true));
+        routes.push(service_route(service, route, false));
+    }
+    RouteConfiguration {
+        name: ROUTE_CONFIG_NAME.to_string(),
+        virtual_hosts: vec![VirtualHost {
+            name: VIRTUAL_HOST_NAME.to_string(),
+            domains: vec!["*".to_string()],
+            routes,
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+fn service_route(service: &str, route: &ServiceRoute, get_stream: bool) -> Route {
+    let headers = if get_stream {
+        vec![HeaderMatcher {
+            name: ":method".to_string(),
+            header_match_specifier: Some(HeaderMatchSpecifier::StringMatch(StringMatcher {
+                match_pattern: Some(MatchPattern::Exact("GET".to_string())),
+                ..Default::default()
+            })),
+            ..Default::default()
+        }]
+    } else {
+        Vec::new()
+    };
+    let (name, timeout) = if get_stream {
+        // 0s disables Envoy's route timeout (default 15 s).
+        (format!("{service}/get-stream"), duration_secs(0))
+    } else {
+        (service.to_string(), duration_secs(REQUEST_TIMEOUT_SECS))
+    };
+    Route {
+        name,
+        r#match: Some(RouteMatch {
+            // Matches `/mcp/inventory`, `/mcp/inventory/…` and `/mcp/inventory?…` but not
+            // `/mcp/inventoryX`, which a plain prefix would.
+            path_specifier: Some(PathSpecifier::PathSeparatedPrefix(service_path(service))),
+            headers,
+            ..Default::default()
+        }),
+        action: Some(route::Action::Route(RouteAction {
+            cluster_specifier: Some(ClusterSpecifier::Cluster(cluster_name(service))),
+            prefix_rewrite: route.mcp_path.clone(),
+            timeout: Some(timeout),
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::routing::Bulkhead;
+    use std::time::Instant;
+
+    fn endpoint(id: &str, last_octet: u8, weight: u32, health: EndpointHealth) -> RouteEndpoint {
+        RouteEndpoint {
+            instance_id: id.to_string(),
+            ip: IpAddr::from([10, 0, 0, last_octet]),
+            port: 8080,
+            weight,
+            health,
+        }
+    }
+
+    /// `inventory` with three instances in three states, `billing` with none.
+    fn two_services() -> RoutingSnapshot {
+        let limits = Bulkhead {
+            max_connections: 11,
+            max_pending_requests: 12,
+            max_requests: 13,
+            max_retries: 2,
+        };
+        RoutingSnapshot {
+            generation: 1,
+            changed_at: Instant::now(),
+            services: BTreeMap::from([
+                (
+                    "inventory".to_string(),
+                    ServiceRoute {
+                        mcp_path: "/rpc".to_string(),
+                        limits,
+                        endpoints: vec![
+                            endpoint("inv-c", 3, 1, EndpointHealth::Unhealthy),
+                            endpoint("inv-a", 1, 10, EndpointHealth::Healthy),
+                            endpoint("inv-b", 2, 0, EndpointHealth::Draining),
+                        ],
+                    },
+                ),
+                (
+                    "billing".to_string(),
+                    ServiceRoute {
+                        mcp_path: "/mcp".to_string(),
+                        limits: Bulkhead::default(),
+                        endpoints: Vec::new(),
+                    },
+                ),
+            ]),
+        }
+    }
+
+    fn decode<M: Message + Name + Default>(any: &Any) -> M {
+        assert_eq!(any.type_url, M::type_url());
+        M::decode(any.value.as_slice()).expect("decodes")
+    }
+
+    #[test]
+    fn type_urls_are_the_canonical_ones() {
+        assert_eq!(ResourceType::Cluster.type_url(), Cluster::type_url());
+        assert_eq!(
+            ResourceType::Endpoint.type_url(),
+            ClusterLoadAssignment::type_url()
+        );
+        assert_eq!(
+            ResourceType::Route.type_url(),
+            RouteConfiguration::type_url()
+        );
+        assert_eq!(
+            ResourceType::ExtensionConfig.type_url(),
+            envoy_types::pb::envoy::config::core::v3::TypedExtensionConfig::type_url()
+        );
+        for t in ResourceType::ALL {
+            assert_eq!(ResourceType::from_type_url(t.type_url()), Some(t));
+        }
+        assert_eq!(
+            ResourceType::from_type_url("type.googleapis.com/envoy.config.listener.v3.Listener"),
+            None
+        );
+    }
+
+    #[test]
+    fn every_service_gets_a_cluster_and_an_assignment_even_without_instances() {
+        let built = build(&two_services());
+        let names = |t| built[&t].keys().cloned().collect::<Vec<_>>();
+        assert_eq!(
+            names(ResourceType::Cluster),
+            ["mcp.billing", "mcp.inventory"]
+        );
+        assert_eq!(
+            names(ResourceType::Endpoint),
+            ["mcp.billing", "mcp.inventory"]
+        );
+        assert_eq!(names(ResourceType::Route), [ROUTE_CONFIG_NAME]);
+
+        let billing: ClusterLoadAssignment = decode(&built[&ResourceType::Endpoint]["mcp.billing"]);
+        assert_eq!(billing.cluster_name, "mcp.billing");
+        assert!(billing.endpoints.is_empty());
+    }
+
+    #[test]
+    fn cluster_is_eds_over_ads_without_panic_mode_and_with_the_service_bulkhead() {
+        let built = build(&two_services());
+        let c: Cluster = decode(&built[&ResourceType::Cluster]["mcp.inventory"]);
+        assert_eq!(
+            c.cluster_discovery_type,
+            Some(ClusterDiscoveryType::Type(DiscoveryType::Eds as i32))
+        );
+        let eds = c
+            .eds_cluster_config
+            .expect("eds config")
+            .eds_config
+            .expect("source");
+        assert!(matches!(
+            eds.config_source_specifier,
+            Some(ConfigSourceSpecifier::Ads(_))
+        ));
+        assert_eq!(eds.resource_api_version, ApiVersion::V3 as i32);
+        assert_eq!(c.connect_timeout, Some(duration_secs(1)));
+
+        let lb = c.common_lb_config.expect("common lb config");
+        assert_eq!(lb.healthy_panic_threshold, Some(Percent { value: 0.0 }));
+
+        let t = c.circuit_breakers.expect("circuit breakers").thresholds;
+        assert_eq!(t.len(), 1);
+        assert_eq!(t[0].priority, RoutingPriority::Default as i32);
+        assert_eq!(t[0].max_connections, u32_value(11));
+        assert_eq!(t[0].max_pending_requests, u32_value(12));
+        assert_eq!(t[0].max_requests, u32_value(13));
+        assert_eq!(t[0].max_retries, u32_value(2));
+
+        let opts: HttpProtocolOptions =
+            decode(&c.typed_extension_protocol_options[HTTP_PROTOCOL_OPTIONS_KEY]);
+        assert!(matches!(
+            opts.upstream_protocol_options,
+            Some(UpstreamProtocolOptions::ExplicitHttpConfig(
+                ExplicitHttpConfig {
+                    protocol_config: Some(ProtocolConfig::HttpProtocolOptions(_))
+                }
+            ))
+        ));
+    }
+
+    #[test]
+    fn endpoints_carry_health_weight_at_least_one_and_the_instance_id() {
+        let built = build(&two_services());
+        let cla: ClusterLoadAssignment = decode(&built[&ResourceType::Endpoint]["mcp.inventory"]);
+        assert_eq!(cla.endpoints.len(), 1);
+        let got: Vec<(String, String, u32, i32, u32)> = cla.endpoints[0]
+            .lb_endpoints
+            .iter()
+            .map(|e| {
+                let Some(HostIdentifier::Endpoint(ep)) = &e.host_identifier else {
+                    panic!("endpoint without address")
+                };
+                let Some(address::Address::SocketAddress(sa)) =
+                    ep.address.as_ref().and_then(|a| a.address.clone())
+                else {
+                    panic!("not a socket address")
+                };
+                let Some(PortSpecifier::PortValue(port)) = sa.port_specifier else {
+                    panic!("no port")
+                };
+                let meta = &e.metadata.as_ref().expect("metadata").filter_metadata
+                    [ENDPOINT_METADATA_NAMESPACE]
+                    .fields["instance_id"];
+                assert_eq!(meta.kind, Some(Kind::StringValue(ep.hostname.clone())));
+                (
+                    ep.hostname.clone(),
+                    sa.address,
+                    port,
+                    e.health_status,
+                    e.load_balancing_weight.expect("weight").value,
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (
+                    "inv-a".into(),
+                    "10.0.0.1".into(),
+                    8080,
+                    HealthStatus::Healthy as i32,
+                    10
+                ),
+                (
+                    "inv-b".into(),
+                    "10.0.0.2".into(),
+                    8080,
+                    HealthStatus::Draining as i32,
+                    1
+                ),
+                (
+                    "inv-c".into(),
+                    "10.0.0.3".into(),
+                    8080,
+                    HealthStatus::Unhealthy as i32,
+                    1
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn routes_rewrite_to_mcp_path_and_get_streams_have_no_timeout() {
+        let built = build(&two_services());
+        let rc: RouteConfiguration = decode(&built[&ResourceType::Route][ROUTE_CONFIG_NAME]);
+        assert_eq!(rc.name, ROUTE_CONFIG_NAME);
+        assert_eq!(rc.virtual_hosts.len(), 1);
+        let vh = &rc.virtual_hosts[0];
+        assert_eq!(vh.domains, ["*"]);
+        let summary: Vec<(String, bool, String, String, i64)> = vh
+            .routes
+            .iter()
+            .map(|r| {
+                let m = r.r#match.as_ref().expect("match");
+                let Some(PathSpecifier::PathSeparatedPrefix(prefix)) = &m.path_specifier else {
+                    panic!("not a path_separated_prefix")
+                };
+                let get_only = match m.headers.as_slice() {
+                    [] => false,
+                    [h] => {
+                        assert_eq!(h.name, ":method");
+                        assert_eq!(
+                            h.header_match_specifier,
+                            Some(HeaderMatchSpecifier::StringMatch(StringMatcher {
+                                match_pattern: Some(MatchPattern::Exact("GET".into())),
+                                ignore_case: false,
+                            }))
+                        );
+                        true
+                    }
+                    _ => panic!("unexpected header matchers"),
+                };
+                let Some(route::Action::Route(a)) = &r.action else {
+                    panic!("not a route action")
+                };
+                let Some(ClusterSpecifier::Cluster(cluster)) = &a.cluster_specifier else {
+                    panic!("no cluster")
+                };
+                assert_eq!(*prefix, format!("/mcp/{}", &cluster["mcp.".len()..]));
+                (
+                    cluster.clone(),
+                    get_only,
+                    a.prefix_rewrite.clone(),
+                    prefix.clone(),
+                    a.timeout.expect("timeout set").seconds,
+                )
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                (
+                    "mcp.billing".into(),
+                    true,
+                    "/mcp".into(),
+                    "/mcp/billing".into(),
+                    0
+                ),
+                (
+                    "mcp.billing".into(),
+                    false,
+                    "/mcp".into(),
+                    "/mcp/billing".into(),
+                    60
+                ),
+                (
+                    "mcp.inventory".into(),
+                    true,
+                    "/rpc".into(),
+                    "/mcp/inventory".into(),
+                    0
+                ),
+                (
+                    "mcp.inventory".into(),
+                    false,
+                    "/rpc".into(),
+                    "/mcp/inventory".into(),
+                    60
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn same_content_encodes_to_the_same_bytes() {
+        let a = two_services();
+        let mut b = two_services();
+        // Another generation and another order of the same instances is the same content.
+        b.generation = 7;
+        if let Some(s) = b.services.get_mut("inventory") {
+            s.endpoints.reverse();
+        }
+        assert_eq!(build(&a), build(&b));
+    }
+
+    #[test]
+    fn no_services_still_yields_an_empty_route_configuration() {
+        let built = build(&RoutingSnapshot::empty());
+        assert!(built[&ResourceType::Cluster].is_empty());
+        assert!(built[&ResourceType::Endpoint].is_empty());
+        let rc: RouteConfiguration = decode(&built[&ResourceType::Route][ROUTE_CONFIG_NAME]);
+        assert!(rc.virtual_hosts[0].routes.is_empty());
+    }
+}
