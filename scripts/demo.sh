@@ -84,7 +84,7 @@ toolgate demo is running (Ctrl-C stops it):
   logs           $RUN/logs/
 
 Call a tool through the gateway (initialize, then tools/call):
-  scripts/mcp-call.sh http://127.0.0.1:$GATEWAY_PORT/mcp/finance tax_calc '{"amount":100,"region":"eu"}'
+  scripts/mcp-call.sh http://127.0.0.1:$GATEWAY_PORT/mcp/finance tax_calc '{"amount":100,"region":"de"}'
 
 EOT
 while true; do sleep 1; done

@@ -13,10 +13,14 @@ pub fn workspace_root() -> PathBuf {
 
 /// A binary of this workspace, built by `make build` into the same profile as the tests.
 pub fn project_bin(name: &str) -> PathBuf {
-    // The test executable lives in target/<profile>/deps/; binaries in target/<profile>/.
+    // Test executables live in target/<profile>/deps/, binaries (the bench too) in
+    // target/<profile>/.
     let dir = std::env::current_exe()
         .ok()
-        .and_then(|exe| exe.parent()?.parent().map(PathBuf::from))
+        .and_then(|exe| {
+            let dir = exe.parent()?;
+            Some(if dir.ends_with("deps") { dir.parent()?.to_path_buf() } else { dir.to_path_buf() })
+        })
         .unwrap_or_else(|| workspace_root().join("target/release"));
     let path = dir.join(name);
     assert!(

@@ -25,6 +25,13 @@ use toolgate_xds::routing::{
 
 const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 const CONVERGE: Duration = Duration::from_secs(20);
+/// Not Envoy's defaults (1024, 1024, 1024, 3), so they are seen to arrive.
+const LIMITS: Bulkhead = Bulkhead {
+    max_connections: 64,
+    max_pending_requests: 32,
+    max_requests: 128,
+    max_retries: 1,
+};
 
 fn envoy_bin() -> PathBuf {
     let path = std::env::var_os("TOOLGATE_ENVOY")
@@ -227,7 +234,7 @@ fn snapshot(
                     name.to_string(),
                     ServiceRoute {
                         mcp_path: mcp_path.to_string(),
-                        limits: Bulkhead::default(),
+                        limits: LIMITS,
                         endpoints: endpoints.clone(),
                     },
                 )
@@ -236,25 +243,120 @@ fn snapshot(
     })
 }
 
-fn count(metrics: &Metrics, family: &str, ty: &'static str) -> u64 {
-    let label = TypeLabel { r#type: ty };
-    match family {
-        "pushes" => metrics.pushes.get_or_create(&label).get(),
-        "nacks" => metrics.nacks.get_or_create(&label).get(),
-        _ => unreachable!("unknown family {family}"),
-    }
+/// xDS responses sent so far: `[cds, eds, rds]`.
+fn pushes(metrics: &Metrics) -> [u64; 3] {
+    ["cds", "eds", "rds"].map(|t| metrics.pushes.get_or_create(&TypeLabel { r#type: t }).get())
 }
 
-/// `/clusters` lines of `cluster`'s hosts: `address -> health_flags`.
-fn hosts(clusters: &str, cluster: &str) -> BTreeMap<String, String> {
+fn nacks(metrics: &Metrics) -> u64 {
+    ["cds", "eds", "rds", "ecds"]
+        .map(|t| metrics.nacks.get_or_create(&TypeLabel { r#type: t }).get())
+        .iter()
+        .sum()
+}
+
+/// A reply through Envoy's listener.
+struct Reply {
+    status: u16,
+    body: String,
+    session: Option<String>,
+}
+
+async fn call(
+    client: &reqwest::Client,
+    method: reqwest::Method,
+    url: &str,
+    session: Option<&str>,
+) -> Result<Reply, String> {
+    let mut req = client.request(method.clone(), url);
+    if method == reqwest::Method::POST {
+        req = req.body("{}");
+    }
+    if let Some(s) = session {
+        req = req.header("Mcp-Session-Id", s);
+    }
+    let r = req
+        .send()
+        .await
+        .map_err(|e| format!("{method} {url}: {e}"))?;
+    let status = r.status().as_u16();
+    let session = r
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let body = r.text().await.map_err(|e| e.to_string())?;
+    Ok(Reply {
+        status,
+        body,
+        session,
+    })
+}
+
+/// Waits until `method url` answers `status`, and returns the reply.
+async fn wait_reply(
+    client: &reqwest::Client,
+    method: reqwest::Method,
+    url: &str,
+    session: Option<&str>,
+    status: u16,
+) -> Reply {
+    wait_for(&format!("{method} {url} → {status}"), CONVERGE, || async {
+        let r = call(client, method.clone(), url, session).await?;
+        if r.status == status {
+            Ok(r)
+        } else {
+            Err(format!("{}: {}", r.status, r.body))
+        }
+    })
+    .await
+}
+
+/// Waits until `/clusters` shows exactly `want` (address → health flags, weight) for
+/// `cluster`, and returns the whole `/clusters` text.
+async fn wait_hosts(
+    client: &reqwest::Client,
+    admin: &str,
+    cluster: &str,
+    want: &[(&str, &str, u32)],
+) -> String {
+    let want: BTreeMap<String, (String, u32)> = want
+        .iter()
+        .map(|(a, f, w)| (a.to_string(), (f.to_string(), *w)))
+        .collect();
+    wait_for(&format!("{cluster} hosts {want:?}"), CONVERGE, || async {
+        let text = get_text(client, &format!("{admin}/clusters"))
+            .await
+            .unwrap_or_default();
+        if hosts(&text, cluster) == want {
+            Ok(text)
+        } else {
+            Err(text)
+        }
+    })
+    .await
+}
+
+/// The hosts of `cluster` in `/clusters`: address → (health flags, weight).
+fn hosts(clusters: &str, cluster: &str) -> BTreeMap<String, (String, u32)> {
     let prefix = format!("{cluster}::");
-    clusters
-        .lines()
-        .filter_map(|l| l.strip_prefix(&prefix))
-        .filter_map(|l| {
-            let (addr, rest) = l.split_once("::")?;
-            let flags = rest.strip_prefix("health_flags::")?;
-            Some((addr.to_string(), flags.to_string()))
+    let mut flags = BTreeMap::new();
+    let mut weights = BTreeMap::new();
+    for line in clusters.lines().filter_map(|l| l.strip_prefix(&prefix)) {
+        let Some((addr, rest)) = line.split_once("::") else {
+            continue;
+        };
+        if let Some(f) = rest.strip_prefix("health_flags::") {
+            flags.insert(addr.to_string(), f.to_string());
+        } else if let Some(w) = rest.strip_prefix("weight::") {
+            weights.insert(addr.to_string(), w.parse().unwrap_or(0));
+        }
+    }
+    flags
+        .into_iter()
+        .map(|(a, f)| {
+            let w = weights.get(&a).copied().unwrap_or(0);
+            (a, (f, w))
         })
         .collect()
 }
@@ -328,9 +430,13 @@ fn rendered_bootstrap_passes_envoy_validation() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_follows_snapshots_over_ads_and_nothing_is_sent_when_nothing_changed() {
+    use reqwest::Method;
+    use EndpointHealth::{Draining, Healthy};
+
     let (inv_a, _a) = upstream("inv-a").await;
     let (inv_b, _b) = upstream("inv-b").await;
     let (bill_a, _c) = upstream("bill-a").await;
+    let addr = |port: u16| format!("127.0.0.1:{port}");
 
     let xds_listener = TcpListener::bind((LOCALHOST, 0))
         .await
@@ -339,11 +445,7 @@ async fn envoy_follows_snapshots_over_ads_and_nothing_is_sent_when_nothing_chang
     let metrics = Arc::new(Metrics::new());
     let (publish, snapshots) = watch::channel(snapshot(
         1,
-        &[(
-            "inventory",
-            "/rpc",
-            vec![instance("inv-a", inv_a, EndpointHealth::Healthy)],
-        )],
+        &[("inventory", "/rpc", vec![instance("inv-a", inv_a, Healthy)])],
     ));
     let (stop, stopped) = oneshot::channel::<()>();
     let server = tokio::spawn(toolgate_xds::xds::serve(
@@ -355,35 +457,40 @@ async fn envoy_follows_snapshots_over_ads_and_nothing_is_sent_when_nothing_chang
         },
     ));
 
-    let dir = scratch_dir("ads-envoy");
-    let opts = BootstrapOptions {
-        node_id: "envoy-under-test".into(),
+    let options = |node_id: &str| BootstrapOptions {
+        node_id: node_id.into(),
         cluster: "toolgate".into(),
         listen: SocketAddr::new(LOCALHOST, free_port()),
         xds,
         admin: SocketAddr::new(LOCALHOST, free_port()),
         filter: None,
     };
-    let envoy = Envoy::start(&dir, &opts);
+    let envoy = Envoy::start(&scratch_dir("ads-envoy"), &options("envoy-under-test"));
+    // A second Envoy on the same server: every stream gets every change.
+    let second = Envoy::start(&scratch_dir("ads-envoy-2"), &options("second-envoy"));
     let client = http();
     let admin = envoy.admin.clone();
-    let a_addr = format!("127.0.0.1:{inv_a}");
-    let b_addr = format!("127.0.0.1:{inv_b}");
-    let bill_addr = format!("127.0.0.1:{bill_a}");
+    let mcp = |path: &str| format!("{}{path}", envoy.listen);
 
-    // 1. The first snapshot: one service, one instance, and its routes.
-    wait_for("inventory's endpoint in /clusters", CONVERGE, || async {
-        let text = get_text(&client, &format!("{admin}/clusters"))
-            .await
-            .unwrap_or_default();
-        let h = hosts(&text, "mcp.inventory");
-        if h.get(&a_addr).is_some_and(|f| f == "healthy") {
-            Ok(())
-        } else {
-            Err(text)
-        }
-    })
+    // 1. The first snapshot: one service with one instance, its cluster and its routes.
+    let clusters = wait_hosts(
+        &client,
+        &admin,
+        "mcp.inventory",
+        &[(&addr(inv_a), "healthy", 1)],
+    )
     .await;
+    for limit in [
+        "max_connections::64",
+        "max_pending_requests::32",
+        "max_requests::128",
+        "max_retries::1",
+    ] {
+        assert!(
+            clusters.contains(&format!("mcp.inventory::default_priority::{limit}")),
+            "bulkhead {limit} in /clusters:\n{clusters}"
+        );
+    }
     let routes = wait_for("toolgate_routes in /config_dump", CONVERGE, || async {
         let dump = route_dump(&client, &admin).await?;
         let summary = route_summary(&dump);
@@ -409,207 +516,248 @@ async fn envoy_follows_snapshots_over_ads_and_nothing_is_sent_when_nothing_chang
                 "/rpc".into(),
                 "60s".into()
             ),
-        ]
+        ],
+        "GET streams first and without timeout, then the rest with 60 s"
     );
-    let listen = envoy.listen.clone();
-    let body = wait_for("a request through the listener", CONVERGE, || async {
-        let r = client
-            .get(format!("{listen}/mcp/inventory/x?y=1"))
-            .send()
-            .await
-            .map_err(|e| e.to_string())?;
-        let status = r.status();
-        let text = r.text().await.map_err(|e| e.to_string())?;
-        if status == 200 {
-            Ok(text)
-        } else {
-            Err(format!("{status}: {text}"))
-        }
-    })
+    let r = wait_reply(
+        &client,
+        Method::GET,
+        &mcp("/mcp/inventory/x?y=1"),
+        None,
+        200,
+    )
     .await;
-    assert_eq!(body, "inv-a GET /rpc/x?y=1", "prefix rewritten to mcp_path");
-    let post = client
-        .post(format!("{listen}/mcp/inventory"))
-        .body("{}")
-        .send()
+    assert_eq!(
+        r.body, "inv-a GET /rpc/x?y=1",
+        "prefix rewritten to mcp_path"
+    );
+    let r = call(&client, Method::POST, &mcp("/mcp/inventory"), None)
         .await
-        .expect("POST through Envoy");
-    assert_eq!(post.text().await.ok().as_deref(), Some("inv-a POST /rpc"));
+        .expect("POST");
+    assert_eq!((r.status, r.body.as_str()), (200, "inv-a POST /rpc"));
     for unknown in ["/mcp/inventoryX", "/mcp/billing", "/elsewhere"] {
-        let r = client
-            .get(format!("{listen}{unknown}"))
-            .send()
+        let r = call(&client, Method::GET, &mcp(unknown), None)
             .await
-            .expect("request through Envoy");
-        assert_eq!(r.status(), 404, "{unknown} matches no route");
+            .expect("GET");
+        assert_eq!(r.status, 404, "{unknown} matches no route: {}", r.body);
     }
 
-    // 2. One instance more, one service more (with a new cluster that must warm).
+    // 2. One instance more, one service more: the new cluster warms, gets its assignment and
+    // its route, all without restarting Envoy.
     publish.send_replace(snapshot(
         2,
         &[
-            (
-                "billing",
-                "/mcp",
-                vec![instance("bill-a", bill_a, EndpointHealth::Healthy)],
-            ),
+            ("billing", "/mcp", vec![instance("bill-a", bill_a, Healthy)]),
             (
                 "inventory",
                 "/rpc",
                 vec![
-                    instance("inv-a", inv_a, EndpointHealth::Healthy),
-                    instance("inv-b", inv_b, EndpointHealth::Healthy),
+                    instance("inv-a", inv_a, Healthy),
+                    instance("inv-b", inv_b, Healthy),
                 ],
             ),
         ],
     ));
-    wait_for("both services converged in /clusters", CONVERGE, || async {
-        let text = get_text(&client, &format!("{admin}/clusters"))
-            .await
-            .unwrap_or_default();
-        let inv = hosts(&text, "mcp.inventory");
-        let bill = hosts(&text, "mcp.billing");
-        let healthy =
-            |h: &BTreeMap<String, String>, a: &str| h.get(a).is_some_and(|f| f == "healthy");
-        if healthy(&inv, &a_addr) && healthy(&inv, &b_addr) && healthy(&bill, &bill_addr) {
-            Ok(())
-        } else {
-            Err(text)
-        }
-    })
+    wait_hosts(
+        &client,
+        &admin,
+        "mcp.inventory",
+        &[(&addr(inv_a), "healthy", 1), (&addr(inv_b), "healthy", 1)],
+    )
     .await;
-    let body = wait_for("billing routable", CONVERGE, || async {
-        let r = client
-            .post(format!("{listen}/mcp/billing"))
-            .body("{}")
-            .send()
-            .await
-            .map_err(|e| e.to_string())?;
-        let status = r.status();
-        let text = r.text().await.map_err(|e| e.to_string())?;
-        if status == 200 {
-            Ok(text)
-        } else {
-            Err(format!("{status}: {text}"))
-        }
-    })
+    wait_hosts(
+        &client,
+        &admin,
+        "mcp.billing",
+        &[(&addr(bill_a), "healthy", 1)],
+    )
     .await;
-    assert_eq!(body, "bill-a POST /mcp");
+    let r = wait_reply(&client, Method::POST, &mcp("/mcp/billing"), None, 200).await;
+    assert_eq!(r.body, "bill-a POST /mcp");
+    wait_hosts(
+        &client,
+        &second.admin,
+        "mcp.billing",
+        &[(&addr(bill_a), "healthy", 1)],
+    )
+    .await;
+    wait_hosts(
+        &client,
+        &second.admin,
+        "mcp.inventory",
+        &[(&addr(inv_a), "healthy", 1), (&addr(inv_b), "healthy", 1)],
+    )
+    .await;
+    assert_eq!(metrics.connected_envoys.get(), 2);
+    drop(second);
 
-    // 3. Session affinity: the envelope pins a session to its instance, and when that
-    // instance is gone another one answers 404 for the unknown session.
-    let first = client
-        .post(format!("{listen}/mcp/inventory"))
-        .body("{}")
-        .send()
+    wait_for("the second Envoy's stream closed", CONVERGE, || async {
+        match metrics.connected_envoys.get() {
+            1 => Ok(()),
+            n => Err(format!("{n} connected")),
+        }
+    })
+    .await;
+
+    // 3. Session affinity: the envelope pins a session to its instance...
+    let first = call(&client, Method::POST, &mcp("/mcp/inventory"), None)
         .await
-        .expect("initialize through Envoy");
-    let wrapped = first
-        .headers()
-        .get("mcp-session-id")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string)
-        .expect("a session id in the response");
-    let pinned = first.text().await.expect("body");
+        .expect("initialize");
+    let wrapped = first.session.expect("a session id in the response");
     assert!(
         wrapped.contains(";UV:"),
-        "Envoy wraps the session id with the upstream address: {wrapped}"
+        "Envoy wraps the server's session id with the upstream address: {wrapped}"
     );
-    let pinned_id = pinned.split(' ').next().unwrap_or_default().to_string();
+    let pinned = first.body.split(' ').next().unwrap_or_default().to_string();
     for _ in 0..6 {
-        let r = client
-            .post(format!("{listen}/mcp/inventory"))
-            .header("Mcp-Session-Id", &wrapped)
-            .body("{}")
-            .send()
-            .await
-            .expect("request in the session");
-        assert_eq!(r.status(), 200, "the pinned instance knows its session");
-        let text = r.text().await.expect("body");
+        let r = call(
+            &client,
+            Method::POST,
+            &mcp("/mcp/inventory"),
+            Some(&wrapped),
+        )
+        .await
+        .expect("request in the session");
+        assert_eq!(
+            r.status, 200,
+            "the pinned instance knows its session: {}",
+            r.body
+        );
         assert!(
-            text.starts_with(&pinned_id),
-            "{text} is not from {pinned_id}"
+            r.body.starts_with(&pinned),
+            "{} is not from {pinned}",
+            r.body
         );
     }
-    let (other_id, other_port) = if pinned_id == "inv-a" {
-        ("inv-b", inv_b)
+    // ...and when that instance is gone, another one answers 404 for the unknown session.
+    let ((gone_id, gone_port), (kept_id, kept_port)) = if pinned == "inv-a" {
+        (("inv-a", inv_a), ("inv-b", inv_b))
     } else {
-        ("inv-a", inv_a)
+        (("inv-b", inv_b), ("inv-a", inv_a))
     };
     publish.send_replace(snapshot(
         3,
         &[
-            (
-                "billing",
-                "/mcp",
-                vec![instance("bill-a", bill_a, EndpointHealth::Healthy)],
-            ),
+            ("billing", "/mcp", vec![instance("bill-a", bill_a, Healthy)]),
             (
                 "inventory",
                 "/rpc",
-                vec![instance(other_id, other_port, EndpointHealth::Healthy)],
+                vec![instance(kept_id, kept_port, Healthy)],
             ),
         ],
     ));
-    let gone = wait_for("the session's instance gone → 404", CONVERGE, || async {
-        let r = client
-            .post(format!("{listen}/mcp/inventory"))
-            .header("Mcp-Session-Id", &wrapped)
-            .body("{}")
-            .send()
-            .await
-            .map_err(|e| e.to_string())?;
-        let status = r.status();
-        let text = r.text().await.map_err(|e| e.to_string())?;
-        if status == 404 {
-            Ok(text)
-        } else {
-            Err(format!("{status}: {text}"))
-        }
-    })
+    let r = wait_reply(
+        &client,
+        Method::POST,
+        &mcp("/mcp/inventory"),
+        Some(&wrapped),
+        404,
+    )
     .await;
     assert!(
-        gone.starts_with(other_id),
-        "404 from the other instance: {gone}"
+        r.body.starts_with(kept_id),
+        "404 from the remaining instance: {}",
+        r.body
     );
 
-    // 4. Same content again (new generation): no xDS response at all.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let before: Vec<u64> = ["cds", "eds", "rds"]
-        .iter()
-        .map(|t| count(&metrics, "pushes", t))
-        .collect();
-    publish.send_replace(snapshot(
+    // 4. Health and weight are EDS-only changes: CDS and RDS are not sent again.
+    let before = pushes(&metrics);
+    let mut heavy = instance(kept_id, kept_port, Healthy);
+    heavy.weight = 7;
+    let mut back = instance(gone_id, gone_port, Draining);
+    back.weight = 0; // clamped to 1: Envoy rejects 0
+    let health = snapshot(
         4,
         &[
-            (
-                "billing",
-                "/mcp",
-                vec![instance("bill-a", bill_a, EndpointHealth::Healthy)],
-            ),
-            (
-                "inventory",
-                "/rpc",
-                vec![instance(other_id, other_port, EndpointHealth::Healthy)],
-            ),
+            ("billing", "/mcp", vec![instance("bill-a", bill_a, Healthy)]),
+            ("inventory", "/rpc", vec![heavy, back]),
         ],
-    ));
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let after: Vec<u64> = ["cds", "eds", "rds"]
-        .iter()
-        .map(|t| count(&metrics, "pushes", t))
-        .collect();
-    assert_eq!(before, after, "an unchanged snapshot sends nothing");
-    assert!(
-        before.iter().all(|n| *n > 0),
-        "every type was pushed: {before:?}"
     );
-    for t in ["cds", "eds", "rds"] {
-        assert_eq!(count(&metrics, "nacks", t), 0, "Envoy rejected {t}");
+    publish.send_replace(Arc::clone(&health));
+    wait_hosts(
+        &client,
+        &admin,
+        "mcp.inventory",
+        &[
+            (&addr(kept_port), "healthy", 7),
+            (&addr(gone_port), "/eds_status_draining", 1),
+        ],
+    )
+    .await;
+    let after = pushes(&metrics);
+    assert_eq!(
+        (after[0], after[2]),
+        (before[0], before[2]),
+        "no CDS or RDS for an endpoint change"
+    );
+    assert_eq!(after[1], before[1] + 1, "one EDS response");
+
+    // 5. A changed cluster (new limits, same endpoints) is re-created by Envoy and warms
+    // until it has an assignment: it gets one although EDS did not change.
+    let before = pushes(&metrics);
+    let mut bigger = (*health).clone();
+    bigger.generation = 5;
+    if let Some(inventory) = bigger.services.get_mut("inventory") {
+        inventory.limits.max_connections = 65;
     }
+    let bigger = Arc::new(bigger);
+    publish.send_replace(Arc::clone(&bigger));
+    let warmed = Instant::now();
+    wait_for(
+        "the changed cluster active with its new limit",
+        CONVERGE,
+        || async {
+            let text = get_text(&client, &format!("{admin}/clusters"))
+                .await
+                .unwrap_or_default();
+            let warming = get_text(
+                &client,
+                &format!("{admin}/config_dump?resource=dynamic_warming_clusters"),
+            )
+            .await
+            .unwrap_or_default();
+            if text.contains("mcp.inventory::default_priority::max_connections::65")
+                && !warming.contains("mcp.inventory")
+            {
+                Ok(())
+            } else {
+                Err(warming)
+            }
+        },
+    )
+    .await;
+    assert!(
+        warmed.elapsed() < Duration::from_secs(5),
+        "warming took {:?} (Envoy's initial_fetch_timeout is 15 s)",
+        warmed.elapsed()
+    );
+    let r = call(&client, Method::POST, &mcp("/mcp/inventory"), None)
+        .await
+        .expect("POST after the cluster changed");
+    assert_eq!(r.status, 200, "{}", r.body);
+    let after = pushes(&metrics);
+    assert_eq!(after[0], before[0] + 1, "one CDS response");
+    assert_eq!(after[1], before[1] + 1, "EDS follows CDS, unchanged or not");
+    assert_eq!(after[2], before[2], "no RDS");
+
+    // 6. The same content again, under a new generation: no xDS response at all.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = pushes(&metrics);
+    publish.send_replace(Arc::new(RoutingSnapshot {
+        generation: 6,
+        changed_at: Instant::now(),
+        services: bigger.services.clone(),
+    }));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        pushes(&metrics),
+        before,
+        "an unchanged snapshot sends nothing"
+    );
+    assert_eq!(nacks(&metrics), 0, "Envoy rejected a response; see its log");
     assert_eq!(metrics.connected_envoys.get(), 1);
 
-    // 5. Shutdown ends the ADS stream, so the server returns although Envoy stays connected.
+    // 7. Shutdown ends the ADS stream, so the server returns although Envoy stays connected.
     let _ = stop.send(());
     let served = tokio::time::timeout(Duration::from_secs(10), server)
         .await

@@ -7,7 +7,7 @@
 pub mod persist;
 pub mod publish;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::Instant;
 
@@ -39,8 +39,9 @@ pub struct Registry {
     layout: KeyLayout,
     instances: BTreeMap<ServiceKey, Instance>,
     /// Services stay known after their last instance leaves: Envoy then gets an empty
-    /// assignment (a clean "no healthy upstream") instead of a vanished cluster.
-    services: BTreeSet<String>,
+    /// assignment (a clean "no healthy upstream") instead of a vanished cluster, and the route
+    /// keeps the MCP path last registered (so an emptied service costs no route push).
+    services: BTreeMap<String, String>,
     revision: i64,
 }
 
@@ -49,7 +50,7 @@ impl Registry {
         Registry {
             layout,
             instances: BTreeMap::new(),
-            services: BTreeSet::new(),
+            services: BTreeMap::new(),
             revision: 0,
         }
     }
@@ -139,7 +140,8 @@ impl Registry {
             lease,
             mod_revision,
         };
-        self.services.insert(sk.service.clone());
+        self.services
+            .insert(sk.service.clone(), instance.meta.mcp_path.clone());
         let routing_changed = self
             .instances
             .get(&sk)
@@ -160,7 +162,7 @@ impl Registry {
     pub fn routing(&self, generation: u64, changed_at: Instant) -> RoutingSnapshot {
         let mut services: BTreeMap<String, ServiceRoute> = self
             .services
-            .iter()
+            .keys()
             .map(|s| {
                 (
                     s.clone(),
@@ -192,9 +194,9 @@ impl Registry {
                 health: EndpointHealth::Healthy,
             });
         }
-        for route in services.values_mut() {
+        for (service, route) in services.iter_mut() {
             if route.mcp_path.is_empty() {
-                route.mcp_path = "/mcp".to_string();
+                route.mcp_path = self.services.get(service).cloned().unwrap_or_default();
             }
         }
         RoutingSnapshot {
@@ -221,7 +223,7 @@ impl Registry {
     pub fn view(&self) -> RegistryView {
         let mut services: BTreeMap<String, Vec<InstanceView>> = self
             .services
-            .iter()
+            .keys()
             .map(|s| (s.clone(), Vec::new()))
             .collect();
         for (sk, inst) in &self.instances {
@@ -301,6 +303,7 @@ mod tests {
             snap.services["inv"].endpoints.is_empty(),
             "a known service keeps an empty assignment"
         );
+        assert_eq!(snap.services["inv"].mcp_path, "/mcp", "and its last MCP path");
     }
 
     #[test]

@@ -450,6 +450,305 @@ impl AdsStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::routing::{Bulkhead, EndpointHealth, RouteEndpoint, ServiceRoute};
+    use envoy_types::pb::envoy::config::core::v3::Node;
+    use envoy_types::pb::google::rpc::Status as RpcStatus;
+    use std::net::IpAddr;
+
+    const CDS: ResourceType = ResourceType::Cluster;
+    const EDS: ResourceType = ResourceType::Endpoint;
+    const RDS: ResourceType = ResourceType::Route;
+
+    /// Services named in `services`, each with one instance per entry of its list.
+    fn routing(generation: u64, services: &[(&str, &[u8])]) -> RoutingSnapshot {
+        RoutingSnapshot {
+            generation,
+            changed_at: Instant::now(),
+            services: services
+                .iter()
+                .map(|(name, octets)| {
+                    (
+                        name.to_string(),
+                        ServiceRoute {
+                            mcp_path: "/mcp".into(),
+                            limits: Bulkhead::default(),
+                            endpoints: octets
+                                .iter()
+                                .map(|o| RouteEndpoint {
+                                    instance_id: format!("{name}-{o}"),
+                                    ip: IpAddr::from([10, 0, 0, *o]),
+                                    port: 80,
+                                    weight: 1,
+                                    health: EndpointHealth::Healthy,
+                                })
+                                .collect(),
+                        },
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    /// A stream under test, its response queue, and the cache that feeds it.
+    struct Harness {
+        stream: AdsStream,
+        rx: mpsc::Receiver<Result<DiscoveryResponse, Status>>,
+        cache: SnapshotCache,
+        metrics: Arc<Metrics>,
+    }
+
+    impl Harness {
+        fn new() -> Harness {
+            let metrics = Arc::new(Metrics::new());
+            let (tx, rx) = mpsc::channel(64);
+            Harness {
+                stream: AdsStream {
+                    id: 1,
+                    peer: None,
+                    node: String::new(),
+                    started: Instant::now(),
+                    nonce: 0,
+                    types: BTreeMap::new(),
+                    metrics: Arc::clone(&metrics),
+                    tx,
+                },
+                rx,
+                cache: SnapshotCache::new(),
+                metrics,
+            }
+        }
+
+        fn view(&self) -> Option<Arc<CacheSnapshot>> {
+            self.cache.current()
+        }
+
+        /// Applies a routing snapshot and pushes the new view, as the stream task does.
+        async fn publish(&mut self, snapshot: RoutingSnapshot) {
+            self.cache.update(&snapshot);
+            let view = self.view().expect("a view after an update");
+            assert!(self.stream.push(&view).await.is_ok());
+        }
+
+        async fn request(&mut self, request: DiscoveryRequest) {
+            let view = self.view();
+            assert!(self
+                .stream
+                .on_request(request, view.as_deref())
+                .await
+                .is_ok());
+        }
+
+        /// The responses sent since the last call.
+        fn sent(&mut self) -> Vec<DiscoveryResponse> {
+            let mut out = Vec::new();
+            while let Ok(r) = self.rx.try_recv() {
+                out.push(r.expect("no error responses"));
+            }
+            out
+        }
+
+        fn nacks(&self, ty: ResourceType) -> u64 {
+            self.metrics
+                .nacks
+                .get_or_create(&TypeLabel {
+                    r#type: ty.short_name(),
+                })
+                .get()
+        }
+    }
+
+    fn request(ty: ResourceType, names: &[&str], version: &str, nonce: &str) -> DiscoveryRequest {
+        DiscoveryRequest {
+            version_info: version.into(),
+            node: Some(Node {
+                id: "envoy-1".into(),
+                ..Default::default()
+            }),
+            resource_names: names.iter().map(|n| n.to_string()).collect(),
+            type_url: ty.type_url().into(),
+            response_nonce: nonce.into(),
+            ..Default::default()
+        }
+    }
+
+    /// The ACK of `response`, keeping the subscription `names`.
+    fn ack(response: &DiscoveryResponse, names: &[&str]) -> DiscoveryRequest {
+        let ty = ResourceType::from_type_url(&response.type_url).expect("known type");
+        request(ty, names, &response.version_info, &response.nonce)
+    }
+
+    fn nack(response: &DiscoveryResponse, names: &[&str], kept: &str) -> DiscoveryRequest {
+        let ty = ResourceType::from_type_url(&response.type_url).expect("known type");
+        DiscoveryRequest {
+            error_detail: Some(RpcStatus {
+                code: 3,
+                message: "bad cluster".into(),
+                details: Vec::new(),
+            }),
+            ..request(ty, names, kept, &response.nonce)
+        }
+    }
+
+    fn resource_count(r: &DiscoveryResponse) -> usize {
+        r.resources.len()
+    }
+
+    #[tokio::test]
+    async fn first_request_is_answered_and_its_ack_is_not() {
+        let mut h = Harness::new();
+        h.publish(routing(1, &[("a", &[1])])).await;
+        assert!(
+            h.sent().is_empty(),
+            "nothing pushed before Envoy subscribes"
+        );
+
+        h.request(request(CDS, &[], "", "")).await;
+        let sent = h.sent();
+        assert_eq!(sent.len(), 1);
+        assert_eq!(sent[0].type_url, CDS.type_url());
+        assert_eq!(resource_count(&sent[0]), 1);
+        assert_eq!(h.stream.node, "envoy-1");
+
+        h.request(ack(&sent[0], &[])).await;
+        assert!(
+            h.sent().is_empty(),
+            "an ACK of the current version needs no answer"
+        );
+    }
+
+    #[tokio::test]
+    async fn requests_before_the_first_snapshot_are_answered_when_it_arrives() {
+        let mut h = Harness::new();
+        h.request(request(CDS, &[], "", "")).await;
+        assert!(h.sent().is_empty(), "nothing to serve yet");
+        h.publish(routing(1, &[("a", &[1])])).await;
+        let sent = h.sent();
+        assert_eq!(sent.len(), 1);
+        assert_eq!(sent[0].type_url, CDS.type_url());
+    }
+
+    #[tokio::test]
+    async fn a_stale_nonce_is_ignored() {
+        let mut h = Harness::new();
+        h.publish(routing(1, &[("a", &[1])])).await;
+        h.request(request(EDS, &["mcp.a"], "", "")).await;
+        let first = h.sent().remove(0);
+        h.publish(routing(2, &[("a", &[1, 2])])).await;
+        let second = h.sent().remove(0);
+        assert_ne!(first.version_info, second.version_info);
+        // Written before Envoy saw `second`: asks for a new name, but is stale.
+        h.request(request(EDS, &["mcp.a", "mcp.b"], "", &first.nonce))
+            .await;
+        assert!(h.sent().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_nacked_version_is_never_sent_again_but_the_next_one_is() {
+        let mut h = Harness::new();
+        h.publish(routing(1, &[("a", &[1])])).await;
+        h.request(request(CDS, &[], "", "")).await;
+        let v1 = h.sent().remove(0);
+        h.request(ack(&v1, &[])).await;
+        h.publish(routing(2, &[("a", &[1]), ("b", &[])])).await;
+        let v2 = h.sent().remove(0);
+        assert_eq!(v2.type_url, CDS.type_url());
+
+        h.request(nack(&v2, &[], &v1.version_info)).await;
+        assert_eq!(h.nacks(CDS), 1);
+        assert!(h.sent().is_empty(), "the rejected version is not resent");
+        // The same content under a new generation is the same version: still not resent.
+        h.publish(routing(3, &[("a", &[1]), ("b", &[])])).await;
+        assert!(h.sent().is_empty());
+        // Envoy asks again (e.g. after another type's update): still not resent.
+        h.request(request(CDS, &[], &v1.version_info, &v2.nonce))
+            .await;
+        assert!(h.sent().is_empty());
+
+        h.publish(routing(4, &[("a", &[1]), ("c", &[])])).await;
+        let v3 = h.sent().remove(0);
+        assert_eq!(v3.type_url, CDS.type_url());
+        assert_ne!(v3.version_info, v2.version_info);
+    }
+
+    #[tokio::test]
+    async fn new_names_are_answered_at_once_even_if_the_version_is_unchanged() {
+        let mut h = Harness::new();
+        h.publish(routing(1, &[("a", &[1]), ("b", &[2])])).await;
+        h.request(request(EDS, &["mcp.a"], "", "")).await;
+        let r = h.sent().remove(0);
+        assert_eq!(resource_count(&r), 1);
+        // A cluster started warming: its name joins the subscription.
+        h.request(request(EDS, &["mcp.a", "mcp.b"], &r.version_info, &r.nonce))
+            .await;
+        let r2 = h.sent().remove(0);
+        assert_eq!(r2.version_info, r.version_info);
+        assert_eq!(resource_count(&r2), 2);
+        // A name toolgate does not know is answered once (without it), not on every ACK.
+        h.request(request(
+            EDS,
+            &["mcp.a", "mcp.b", "mcp.x"],
+            &r2.version_info,
+            &r2.nonce,
+        ))
+        .await;
+        let r3 = h.sent().remove(0);
+        assert_eq!(resource_count(&r3), 2);
+        h.request(ack(&r3, &["mcp.a", "mcp.b", "mcp.x"])).await;
+        assert!(h.sent().is_empty());
+        // Fewer names need no answer.
+        h.request(ack(&r3, &["mcp.a"])).await;
+        assert!(h.sent().is_empty());
+    }
+
+    #[tokio::test]
+    async fn changes_are_pushed_cds_eds_rds_and_eds_follows_every_cds() {
+        let mut h = Harness::new();
+        h.publish(routing(1, &[("a", &[1])])).await;
+        h.request(request(CDS, &[], "", "")).await;
+        h.request(request(EDS, &["mcp.a"], "", "")).await;
+        h.request(request(RDS, &["toolgate_routes"], "", "")).await;
+        let initial = h.sent();
+        assert_eq!(initial.len(), 3);
+        let last: Vec<DiscoveryRequest> = initial
+            .iter()
+            .zip([&[][..], &["mcp.a"][..], &["toolgate_routes"][..]])
+            .map(|(r, names)| ack(r, names))
+            .collect();
+        for a in last {
+            h.request(a).await;
+        }
+        assert!(h.sent().is_empty());
+
+        // A new service changes all three: pushed in order.
+        h.publish(routing(2, &[("a", &[1]), ("b", &[2])])).await;
+        let pushed: Vec<String> = h.sent().into_iter().map(|r| r.type_url).collect();
+        assert_eq!(pushed, [CDS.type_url(), EDS.type_url(), RDS.type_url()]);
+
+        // Only an endpoint changes: EDS alone.
+        h.publish(routing(3, &[("a", &[1, 3]), ("b", &[2])])).await;
+        let pushed: Vec<String> = h.sent().into_iter().map(|r| r.type_url).collect();
+        assert_eq!(pushed, [EDS.type_url()]);
+
+        // Only the limits change (CDS): EDS is sent too, unchanged, because Envoy re-creates
+        // the cluster and it warms until it gets an assignment.
+        let limited = |generation| {
+            let mut r = routing(generation, &[("a", &[1, 3]), ("b", &[2])]);
+            if let Some(a) = r.services.get_mut("a") {
+                a.limits.max_connections = 7;
+            }
+            r
+        };
+        let eds_before = h.view().and_then(|v| v.version(EDS).map(str::to_string));
+        h.publish(limited(4)).await;
+        let pushed = h.sent();
+        let types: Vec<&str> = pushed.iter().map(|r| r.type_url.as_str()).collect();
+        assert_eq!(types, [CDS.type_url(), EDS.type_url()]);
+        assert_eq!(Some(pushed[1].version_info.clone()), eds_before);
+
+        // Nothing changed: nothing sent.
+        h.publish(limited(5)).await;
+        assert!(h.sent().is_empty());
+    }
 
     fn names(n: &[&str]) -> Vec<String> {
         n.iter().map(|s| s.to_string()).collect()

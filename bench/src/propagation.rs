@@ -1,0 +1,211 @@
+//! Suite 1, propagation: etcd write -> Envoy applied, seen by a request reaching the new
+//! instance (and no longer reaching a removed one), with many instances registered. etcd's own
+//! put -> watch-event latency is measured in the same run as the floor.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use etcd_client::{Client, EventType, PutOptions, WatchOptions};
+use futures::StreamExt;
+use serde::Serialize;
+use toolgate_tests::{Envoy, Etcd, McpServer, TestEnv, Xds};
+
+use crate::stats::{summarize, Summary};
+
+#[derive(Debug, Serialize)]
+pub struct Propagation {
+    pub instances: usize,
+    pub etcd_floor: Summary,
+    pub add: Summary,
+    pub remove: Summary,
+    /// 45 registrations at once (the 5 -> 50 scale-out) until Envoy has all of them.
+    pub burst_45_ms: f64,
+}
+
+const PROBES: usize = 10;
+
+pub async fn run(env: &TestEnv, instances: usize, changes: usize) -> anyhow::Result<Propagation> {
+    let etcd = Etcd::start(env).await;
+    let xds = Xds::start(env, "xds", &etcd.endpoint(), &[]).await;
+    let envoy = Envoy::start(env, "envoy", &xds.xds_addr()).await;
+    let lab = McpServer::lab(env, "probe-target", &["--stateless", "--json-response"]).await;
+    let mut client = etcd.client().await;
+
+    // One lease holds every registration of this process; kept alive in the background.
+    let lease = client.lease_grant(120, None).await?.id();
+    let (mut keeper, mut kstream) = client.lease_keep_alive(lease).await?;
+    let keepalive = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(20)).await;
+            if keeper.keep_alive().await.is_err() || kstream.message().await.is_err() {
+                return;
+            }
+        }
+    });
+    let put_opts = PutOptions::new().with_lease(lease);
+
+    // The bulk: fake endpoints in services of 10 (nothing connects to them).
+    let started = Instant::now();
+    futures::stream::iter(0..instances)
+        .map(|i| {
+            let mut c = client.clone();
+            let opts = put_opts.clone();
+            async move {
+                let key = format!("/mcp/services/svc-{}/i-{i}", i / 10);
+                let value = format!(
+                    r#"{{"instance_id":"i-{i}","endpoint":"127.0.{}.{}:{}","tools":["t"]}}"#,
+                    1 + i / 250 % 250,
+                    1 + i % 250,
+                    10000 + i % 50000
+                );
+                c.put(key, value, Some(opts)).await
+            }
+        })
+        .buffer_unordered(64)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
+    eprintln!("  registered {instances} instances in {:.1} s", started.elapsed().as_secs_f64());
+
+    // Probe services: an instance pointing at the real lab, its MCP path set to /health, so a
+    // GET through Envoy answers 200 exactly when Envoy routes to it and 503 when it has none.
+    let probe_value = |k: usize| {
+        format!(
+            r#"{{"instance_id":"p","endpoint":"{}","mcp_path":"/health","tools":["t"]}}"#,
+            lab.endpoint()
+        )
+        .replace("\"p\"", &format!("\"p{k}\""))
+    };
+    for k in 0..PROBES {
+        client
+            .put(format!("/mcp/services/probe-{k}/p{k}"), probe_value(k), Some(put_opts.clone()))
+            .await?;
+    }
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .no_proxy()
+        .pool_max_idle_per_host(4)
+        .build()?;
+    for k in 0..PROBES {
+        wait_status(&http, &envoy.url(&format!("probe-{k}")), 200, Duration::from_secs(60))
+            .await
+            .context("initial registration of the probe services")?;
+    }
+    wait_hosts(&xds, instances + PROBES, Duration::from_secs(60)).await?;
+    eprintln!("  Envoy has all {} instances", instances + PROBES);
+
+    let etcd_floor = etcd_floor(&mut client, changes).await?;
+
+    // Single changes, alternating: remove the probe instance, add it back.
+    let mut add = Vec::new();
+    let mut remove = Vec::new();
+    for i in 0..changes {
+        let k = i % PROBES;
+        let key = format!("/mcp/services/probe-{k}/p{k}");
+        let url = envoy.url(&format!("probe-{k}"));
+        let removing = (i / PROBES) % 2 == 0;
+        let t0 = Instant::now();
+        if removing {
+            client.delete(key, None).await?;
+            wait_status(&http, &url, 503, Duration::from_secs(10)).await?;
+            remove.push(t0.elapsed());
+        } else {
+            client.put(key, probe_value(k), Some(put_opts.clone())).await?;
+            wait_status(&http, &url, 200, Duration::from_secs(10)).await?;
+            add.push(t0.elapsed());
+        }
+    }
+
+    // Burst: 45 instances of a fresh service registered together, until all 45 take traffic
+    // (the lab answers for all of them: same endpoint is fine for routing, but Envoy counts
+    // hosts by address, so give each its own loopback address and check the host count).
+    let t0 = Instant::now();
+    futures::stream::iter(0..45)
+        .map(|j| {
+            let mut c = client.clone();
+            let opts = put_opts.clone();
+            async move {
+                let value = format!(
+                    r#"{{"instance_id":"b{j}","endpoint":"127.0.255.{}:9","tools":["t"]}}"#,
+                    j + 1
+                );
+                c.put(format!("/mcp/services/burst/b{j}"), value, Some(opts)).await
+            }
+        })
+        .buffer_unordered(45)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
+    wait_hosts(&xds, instances + PROBES + 45, Duration::from_secs(30)).await?;
+    let admin = envoy.admin();
+    loop {
+        if admin.count("burst").await == 45 {
+            break;
+        }
+        if t0.elapsed() > Duration::from_secs(30) {
+            bail!("Envoy did not get the 45 burst instances");
+        }
+    }
+    let burst_45_ms = t0.elapsed().as_secs_f64() * 1e3;
+
+    keepalive.abort();
+    let _ = client.lease_revoke(lease).await;
+    Ok(Propagation {
+        instances,
+        etcd_floor,
+        add: summarize(&add),
+        remove: summarize(&remove),
+        burst_45_ms,
+    })
+}
+
+/// etcd's own put -> watch event latency on this machine, now.
+async fn etcd_floor(client: &mut Client, n: usize) -> anyhow::Result<Summary> {
+    let mut watch = client
+        .watch("/bench/floor/", Some(WatchOptions::new().with_prefix()))
+        .await?;
+    // The creation response.
+    watch.message().await?;
+    let mut samples = Vec::with_capacity(n);
+    for i in 0..n {
+        let t0 = Instant::now();
+        client.put(format!("/bench/floor/{i}"), "x", None).await?;
+        loop {
+            let resp = watch.message().await?.context("floor watch ended")?;
+            if resp.events().iter().any(|e| e.event_type() == EventType::Put) {
+                break;
+            }
+        }
+        samples.push(t0.elapsed());
+    }
+    Ok(summarize(&samples))
+}
+
+/// Polls `url` through Envoy until it answers `status`.
+async fn wait_status(http: &reqwest::Client, url: &str, status: u16, timeout: Duration) -> anyhow::Result<()> {
+    let t0 = Instant::now();
+    loop {
+        if let Ok(r) = http.get(url).send().await {
+            if r.status().as_u16() == status {
+                return Ok(());
+            }
+        }
+        if t0.elapsed() > timeout {
+            bail!("{url} did not answer {status} within {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_micros(200)).await;
+    }
+}
+
+async fn wait_hosts(xds: &Xds, n: usize, timeout: Duration) -> anyhow::Result<()> {
+    let t0 = Instant::now();
+    while xds.registry().await["instances"].as_u64().unwrap_or(0) < n as u64 {
+        if t0.elapsed() > timeout {
+            bail!("toolgate-xds did not reach {n} instances");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
