@@ -10,7 +10,10 @@ use clap::Parser;
 use toolgate_tests::TestEnv;
 
 #[derive(Parser, Debug)]
-#[command(name = "toolgate-bench", about = "toolgate's speed figures, measured side by side in one run")]
+#[command(
+    name = "toolgate-bench",
+    about = "toolgate's speed figures, measured side by side in one run"
+)]
 struct Args {
     /// Instance counts for the propagation suite.
     #[arg(long, value_delimiter = ',', default_value = "1000")]
@@ -52,6 +55,9 @@ async fn main() -> anyhow::Result<()> {
     if let Some(dir) = args.json.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    std::fs::write(&args.json, serde_json::to_string_pretty(&serde_json::json!({"propagation": results}))?)?;
+    std::fs::write(
+        &args.json,
+        serde_json::to_string_pretty(&serde_json::json!({"propagation": results}))?,
+    )?;
     Ok(())
 }

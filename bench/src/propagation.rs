@@ -66,7 +66,10 @@ pub async fn run(env: &TestEnv, instances: usize, changes: usize) -> anyhow::Res
         .await
         .into_iter()
         .collect::<Result<Vec<_>, _>>()?;
-    eprintln!("  registered {instances} instances in {:.1} s", started.elapsed().as_secs_f64());
+    eprintln!(
+        "  registered {instances} instances in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
 
     // Probe services: an instance pointing at the real lab, its MCP path set to /health, so a
     // GET through Envoy answers 200 exactly when Envoy routes to it and 503 when it has none.
@@ -79,7 +82,11 @@ pub async fn run(env: &TestEnv, instances: usize, changes: usize) -> anyhow::Res
     };
     for k in 0..PROBES {
         client
-            .put(format!("/mcp/services/probe-{k}/p{k}"), probe_value(k), Some(put_opts.clone()))
+            .put(
+                format!("/mcp/services/probe-{k}/p{k}"),
+                probe_value(k),
+                Some(put_opts.clone()),
+            )
             .await?;
     }
     let http = reqwest::Client::builder()
@@ -88,9 +95,14 @@ pub async fn run(env: &TestEnv, instances: usize, changes: usize) -> anyhow::Res
         .pool_max_idle_per_host(4)
         .build()?;
     for k in 0..PROBES {
-        wait_status(&http, &envoy.url(&format!("probe-{k}")), 200, Duration::from_secs(60))
-            .await
-            .context("initial registration of the probe services")?;
+        wait_status(
+            &http,
+            &envoy.url(&format!("probe-{k}")),
+            200,
+            Duration::from_secs(60),
+        )
+        .await
+        .context("initial registration of the probe services")?;
     }
     wait_hosts(&xds, instances + PROBES, Duration::from_secs(60)).await?;
     eprintln!("  Envoy has all {} instances", instances + PROBES);
@@ -104,14 +116,16 @@ pub async fn run(env: &TestEnv, instances: usize, changes: usize) -> anyhow::Res
         let k = i % PROBES;
         let key = format!("/mcp/services/probe-{k}/p{k}");
         let url = envoy.url(&format!("probe-{k}"));
-        let removing = (i / PROBES) % 2 == 0;
+        let removing = (i / PROBES).is_multiple_of(2);
         let t0 = Instant::now();
         if removing {
             client.delete(key, None).await?;
             wait_status(&http, &url, 503, Duration::from_secs(10)).await?;
             remove.push(t0.elapsed());
         } else {
-            client.put(key, probe_value(k), Some(put_opts.clone())).await?;
+            client
+                .put(key, probe_value(k), Some(put_opts.clone()))
+                .await?;
             wait_status(&http, &url, 200, Duration::from_secs(10)).await?;
             add.push(t0.elapsed());
         }
@@ -130,7 +144,8 @@ pub async fn run(env: &TestEnv, instances: usize, changes: usize) -> anyhow::Res
                     r#"{{"instance_id":"b{j}","endpoint":"127.0.255.{}:9","tools":["t"]}}"#,
                     j + 1
                 );
-                c.put(format!("/mcp/services/burst/b{j}"), value, Some(opts)).await
+                c.put(format!("/mcp/services/burst/b{j}"), value, Some(opts))
+                    .await
             }
         })
         .buffer_unordered(45)
@@ -174,7 +189,11 @@ async fn etcd_floor(client: &mut Client, n: usize) -> anyhow::Result<Summary> {
         client.put(format!("/bench/floor/{i}"), "x", None).await?;
         loop {
             let resp = watch.message().await?.context("floor watch ended")?;
-            if resp.events().iter().any(|e| e.event_type() == EventType::Put) {
+            if resp
+                .events()
+                .iter()
+                .any(|e| e.event_type() == EventType::Put)
+            {
                 break;
             }
         }
@@ -184,7 +203,12 @@ async fn etcd_floor(client: &mut Client, n: usize) -> anyhow::Result<Summary> {
 }
 
 /// Polls `url` through Envoy until it answers `status`.
-async fn wait_status(http: &reqwest::Client, url: &str, status: u16, timeout: Duration) -> anyhow::Result<()> {
+async fn wait_status(
+    http: &reqwest::Client,
+    url: &str,
+    status: u16,
+    timeout: Duration,
+) -> anyhow::Result<()> {
     let t0 = Instant::now();
     loop {
         if let Ok(r) = http.get(url).send().await {

@@ -130,16 +130,36 @@ mod tests {
     #[test]
     fn rejects_what_is_not_host_port() {
         for bad in [
-            "", "127.0.0.1", ":80", "host:", "host:0", "host:65536", "host:+80", "::1:80",
-            "[::1]80", "[nope]:80", "a b:80", "-x:80", "x..y:80",
+            "",
+            "127.0.0.1",
+            ":80",
+            "host:",
+            "host:0",
+            "host:65536",
+            "host:+80",
+            "::1:80",
+            "[::1]80",
+            "[nope]:80",
+            "a b:80",
+            "-x:80",
+            "x..y:80",
         ] {
-            assert!(bad.parse::<Endpoint>().is_err(), "{bad:?} should be rejected");
+            assert!(
+                bad.parse::<Endpoint>().is_err(),
+                "{bad:?} should be rejected"
+            );
         }
     }
 
     #[test]
     fn error_names_the_input() {
-        let err = "localhost:http".parse::<Endpoint>().unwrap_err().to_string();
-        assert!(err.contains("localhost:http") && err.contains("\"http\""), "{err}");
+        let err = "localhost:http"
+            .parse::<Endpoint>()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("localhost:http") && err.contains("\"http\""),
+            "{err}"
+        );
     }
 }

@@ -95,8 +95,12 @@ impl InstanceMetadata {
         if !(1..=MAX_WEIGHT).contains(&self.weight) {
             return Err(InstanceError::Weight(self.weight));
         }
-        for (field, value) in [("mcp_path", &self.mcp_path), ("health_path", &self.health_path)] {
-            if !value.starts_with('/') || value.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        for (field, value) in [
+            ("mcp_path", &self.mcp_path),
+            ("health_path", &self.health_path),
+        ] {
+            if !value.starts_with('/') || value.chars().any(|c| c.is_whitespace() || c.is_control())
+            {
                 return Err(InstanceError::Path {
                     field,
                     value: value.clone(),
@@ -129,7 +133,10 @@ mod tests {
         m.tools = vec!["tax_calc".into()];
         m.labels.insert("team".into(), "finance".into());
         m.zone = "eu-1a".into();
-        assert_eq!(InstanceMetadata::from_json(m.to_json().as_bytes()).unwrap(), m);
+        assert_eq!(
+            InstanceMetadata::from_json(m.to_json().as_bytes()).unwrap(),
+            m
+        );
     }
 
     #[test]

@@ -17,7 +17,9 @@ pub enum NameError {
         name: String,
         len: usize,
     },
-    #[error("{kind} name {name:?} contains {ch:?}; only letters, digits, '_', '.' and '-' are allowed")]
+    #[error(
+        "{kind} name {name:?} contains {ch:?}; only letters, digits, '_', '.' and '-' are allowed"
+    )]
     BadChar {
         kind: &'static str,
         name: String,
@@ -82,7 +84,9 @@ mod tests {
 
     #[test]
     fn error_names_the_offending_value() {
-        let err = validate_name("service", "in ventory").unwrap_err().to_string();
+        let err = validate_name("service", "in ventory")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("\"in ventory\""), "{err}");
         assert!(err.contains("service"), "{err}");
     }

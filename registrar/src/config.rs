@@ -6,9 +6,9 @@ use etcd_client::{Client, ConnectOptions, PutOptions};
 use toolgate_model::{validate_name, Endpoint, InstanceMetadata, KeyLayout};
 use tracing::{info, warn};
 
-use toolgate_model::Backoff;
 use crate::error::RegisterError;
 use crate::keepalive::{Lease, Registration};
+use toolgate_model::Backoff;
 
 /// etcd raises any smaller TTL to its minimum: 1.5 election timeouts, 2 s with the default
 /// 1 s election timeout. Asking for less would silently give a longer-lived lease.

@@ -8,9 +8,9 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use toolgate_model::Backoff;
 use crate::config::{Registrar, RPC_TIMEOUT};
 use crate::error::RegisterError;
+use toolgate_model::Backoff;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Lease {
@@ -48,7 +48,9 @@ impl Registration {
         let key = registrar.key();
         let (events_tx, events) = watch::channel(RegistrationEvent::Alive { lease: lease.id });
         let (stop, stop_rx) = oneshot::channel();
-        let task = tokio::spawn(keep_registered(registrar, client, lease, events_tx, stop_rx));
+        let task = tokio::spawn(keep_registered(
+            registrar, client, lease, events_tx, stop_rx,
+        ));
         Registration {
             key,
             events,
@@ -179,10 +181,7 @@ async fn open_stream(client: &Client, lease: Lease) -> Result<KeepAlivePair, Str
 
 /// Sends a keepalive every TTL/3, as etcd's own clients do, until the stream breaks or the
 /// lease is gone.
-async fn run_stream(
-    (mut keeper, mut stream): KeepAlivePair,
-    lease: Lease,
-) -> StreamEnd {
+async fn run_stream((mut keeper, mut stream): KeepAlivePair, lease: Lease) -> StreamEnd {
     let every = Duration::from_millis((lease.ttl.max(1) as u64) * 1000 / 3);
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -219,8 +218,12 @@ async fn reregister(registrar: &Registrar, client: &Client) -> Lease {
 async fn revoke(client: &Client, key: &str, lease: Lease) {
     let mut lease_client = client.lease_client();
     match tokio::time::timeout(RPC_TIMEOUT, lease_client.revoke(lease.id)).await {
-        Ok(Ok(_)) => info!(key = %key, lease = format_args!("{:x}", lease.id), "lease revoked; deregistered"),
-        Ok(Err(e)) => warn!(key = %key, error = %e, "revoking the lease failed; the key expires with its TTL"),
+        Ok(Ok(_)) => {
+            info!(key = %key, lease = format_args!("{:x}", lease.id), "lease revoked; deregistered")
+        }
+        Ok(Err(e)) => {
+            warn!(key = %key, error = %e, "revoking the lease failed; the key expires with its TTL")
+        }
         Err(_) => warn!(key = %key, "revoking the lease timed out; the key expires with its TTL"),
     }
 }

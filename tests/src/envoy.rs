@@ -166,7 +166,11 @@ impl Envoy {
     pub async fn stat(&self, name: &str) -> u64 {
         let Ok(resp) = self
             .http
-            .get(format!("{}/stats?filter=^{}$", self.admin_url(), regex_escape(name)))
+            .get(format!(
+                "{}/stats?filter=^{}$",
+                self.admin_url(),
+                regex_escape(name)
+            ))
             .send()
             .await
         else {
@@ -229,8 +233,12 @@ impl AdminView {
                 .map(|h| EnvoyHost {
                     address: format!(
                         "{}:{}",
-                        h["address"]["socket_address"]["address"].as_str().unwrap_or(""),
-                        h["address"]["socket_address"]["port_value"].as_u64().unwrap_or(0)
+                        h["address"]["socket_address"]["address"]
+                            .as_str()
+                            .unwrap_or(""),
+                        h["address"]["socket_address"]["port_value"]
+                            .as_u64()
+                            .unwrap_or(0)
                     ),
                     health: h["health_status"]["eds_health_status"]
                         .as_str()

@@ -16,11 +16,11 @@ pub mod xds;
 
 pub use envoy::{Envoy, EnvoyHost};
 pub use etcd::Etcd;
-pub use mcp::{McpSession, Reply};
-pub use xds::{parse_metric, Xds};
 pub use faultproxy::FaultProxy;
+pub use mcp::{McpSession, Reply};
 pub use paths::{free_port, project_bin, tool_bin};
 pub use process::Proc;
 pub use servers::{McpServer, Member, Registrant};
 pub use testenv::TestEnv;
 pub use wait::{wait_for, wait_until};
+pub use xds::{parse_metric, Xds};

@@ -47,7 +47,12 @@ impl McpSession {
     pub async fn connect(url: &str) -> McpSession {
         let mut s = Self::unconnected(url);
         let reply = s.initialize().await;
-        assert_eq!(reply.status, StatusCode::OK, "initialize at {url}: {}", reply.body);
+        assert_eq!(
+            reply.status,
+            StatusCode::OK,
+            "initialize at {url}: {}",
+            reply.body
+        );
         s
     }
 

@@ -19,7 +19,11 @@ pub fn project_bin(name: &str) -> PathBuf {
         .ok()
         .and_then(|exe| {
             let dir = exe.parent()?;
-            Some(if dir.ends_with("deps") { dir.parent()?.to_path_buf() } else { dir.to_path_buf() })
+            Some(if dir.ends_with("deps") {
+                dir.parent()?.to_path_buf()
+            } else {
+                dir.to_path_buf()
+            })
         })
         .unwrap_or_else(|| workspace_root().join("target/release"));
     let path = dir.join(name);

@@ -31,12 +31,7 @@ impl Proc {
             .append(true)
             .open(&log)
             .unwrap_or_else(|e| panic!("opening log {}: {e}", log.display()));
-        let _ = writeln!(
-            file,
-            "=== {name}: {} {}",
-            program.display(),
-            args.join(" ")
-        );
+        let _ = writeln!(file, "=== {name}: {} {}", program.display(), args.join(" "));
         let stderr = file.try_clone().expect("cloning log file handle");
         let child = Command::new(program)
             .args(args)

@@ -61,7 +61,9 @@ impl McpServer {
         wait_until(
             &format!("{instance_id} answers {path}"),
             Duration::from_secs(20),
-            || async { matches!(server.http.get(&url).send().await, Ok(r) if r.status().is_success()) },
+            || async {
+                matches!(server.http.get(&url).send().await, Ok(r) if r.status().is_success())
+            },
         )
         .await;
         server

@@ -20,8 +20,7 @@ impl TestEnv {
     pub fn new(name: &str) -> TestEnv {
         let dir = workspace_root().join("tests/logs").join(name);
         let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir)
-            .unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
         TestEnv {
             name: name.to_string(),
             dir,

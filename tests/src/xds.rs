@@ -14,6 +14,7 @@ pub struct Xds {
     pub xds_port: u16,
     pub admin_port: u16,
     args: Vec<String>,
+    envs: Vec<(String, String)>,
     pub proc: Option<Proc>,
     http: reqwest::Client,
 }
@@ -22,6 +23,17 @@ impl Xds {
     /// Starts `toolgate-xds serve` against `etcd` with a state dir in the test's directory,
     /// plus `extra` flags; ready when `/healthz` answers.
     pub async fn start(env: &TestEnv, name: &str, etcd: &str, extra: &[&str]) -> Xds {
+        Self::start_with_env(env, name, etcd, extra, &[]).await
+    }
+
+    /// Like [`start`](Self::start), with extra environment variables (failpoints).
+    pub async fn start_with_env(
+        env: &TestEnv,
+        name: &str,
+        etcd: &str,
+        extra: &[&str],
+        envs: &[(&str, &str)],
+    ) -> Xds {
         let (xds_port, admin_port) = (free_port(), free_port());
         let mut args: Vec<String> = vec![
             "serve".into(),
@@ -32,7 +44,9 @@ impl Xds {
             "--admin-listen".into(),
             format!("127.0.0.1:{admin_port}"),
             "--state-dir".into(),
-            env.path(&format!("{name}.state")).to_string_lossy().into_owned(),
+            env.path(&format!("{name}.state"))
+                .to_string_lossy()
+                .into_owned(),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
         let mut xds = Xds {
@@ -40,6 +54,11 @@ impl Xds {
             xds_port,
             admin_port,
             args,
+            envs: envs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .chain([("RUST_LOG".to_string(), "info,toolgate_xds=debug".to_string())])
+                .collect(),
             proc: None,
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(5))
@@ -56,7 +75,7 @@ impl Xds {
             &self.name,
             &project_bin("toolgate-xds"),
             &self.args,
-            &[("RUST_LOG".into(), "info,toolgate_xds=debug".into())],
+            &self.envs,
         ));
         let url = format!("{}/healthz", self.admin_url());
         let http = self.http.clone();

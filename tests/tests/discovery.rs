@@ -51,7 +51,12 @@ async fn etcd_endpoints(etcd: &Etcd, service: &str) -> Vec<String> {
     v
 }
 
-async fn wait_envoy_has(envoy: &Envoy, service: &str, want: &[String], timeout: Duration) -> Duration {
+async fn wait_envoy_has(
+    envoy: &Envoy,
+    service: &str,
+    want: &[String],
+    timeout: Duration,
+) -> Duration {
     let mut want = want.to_vec();
     want.sort();
     wait_until(
@@ -76,8 +81,17 @@ async fn mcp_clients_call_tools_through_envoy_in_every_transport_mode() {
     let ep = stack.etcd.endpoint();
     let sse = Member::start(&env, &ep, "sse", "sse-1", &[], TTL).await;
     // rmcp answers JSON only without sessions; stateful sessions always stream SSE.
-    let json_m = Member::start(&env, &ep, "json", "json-1", &["--stateless", "--json-response"], TTL).await;
-    let stateless = Member::start(&env, &ep, "stateless", "stateless-1", &["--stateless"], TTL).await;
+    let json_m = Member::start(
+        &env,
+        &ep,
+        "json",
+        "json-1",
+        &["--stateless", "--json-response"],
+        TTL,
+    )
+    .await;
+    let stateless =
+        Member::start(&env, &ep, "stateless", "stateless-1", &["--stateless"], TTL).await;
     for (svc, m) in [("sse", &sse), ("json", &json_m), ("stateless", &stateless)] {
         wait_envoy_has(&stack.envoy, svc, &endpoints(&[m]), Duration::from_secs(20)).await;
     }
@@ -86,9 +100,15 @@ async fn mcp_clients_call_tools_through_envoy_in_every_transport_mode() {
         // rmcp's own client: initialize, tools/list, tools/call.
         let client = rmcp_client::connect(&stack.envoy.url(svc)).await;
         let tools = rmcp_client::list_tools(&client).await;
-        assert!(tools.contains(&"read_order".to_string()), "{svc}: tools {tools:?}");
+        assert!(
+            tools.contains(&"read_order".to_string()),
+            "{svc}: tools {tools:?}"
+        );
         let text = rmcp_client::call_text(&client, "read_order", json!({"order": 7})).await;
-        assert!(text.contains(&format!("{svc}-1")), "{svc}: answered by the lab: {text}");
+        assert!(
+            text.contains(&format!("{svc}-1")),
+            "{svc}: answered by the lab: {text}"
+        );
         let _ = client.cancel().await;
 
         // The raw client sees the transport: SSE or JSON framing as the server chose.
@@ -96,7 +116,12 @@ async fn mcp_clients_call_tools_through_envoy_in_every_transport_mode() {
         let r = s.call_tool("echo", json!({"x": 1})).await;
         assert_eq!(r.status, StatusCode::OK, "{svc}: {}", r.body);
         let expect_sse = svc != "json";
-        assert_eq!(r.content_type.starts_with("text/event-stream"), expect_sse, "{svc}: {}", r.content_type);
+        assert_eq!(
+            r.content_type.starts_with("text/event-stream"),
+            expect_sse,
+            "{svc}: {}",
+            r.content_type
+        );
         assert!(r.text().contains("echo"), "{svc}: {}", r.body);
     }
     assert!(sse.server.calls("read_order").await >= 1);
@@ -123,8 +148,15 @@ async fn a_session_sticks_to_its_instance_and_moves_with_a_404_when_it_dies() {
     for (idx, m) in members.iter().enumerate() {
         let n = m.server.calls("echo").await;
         if n > 0 {
-            assert_eq!(n, 100, "{} got {n} of the session's calls", m.server.instance_id);
-            assert!(owner.replace(idx).is_none(), "calls went to more than one instance");
+            assert_eq!(
+                n, 100,
+                "{} got {n} of the session's calls",
+                m.server.instance_id
+            );
+            assert!(
+                owner.replace(idx).is_none(),
+                "calls went to more than one instance"
+            );
         }
     }
     let owner = owner.expect("some instance served the session");
@@ -133,12 +165,21 @@ async fn a_session_sticks_to_its_instance_and_moves_with_a_404_when_it_dies() {
     // The instance dies (its registrar too: nothing revokes, the lease is still alive).
     members[owner].server.proc.kill();
     let r = session.call_tool("echo", json!({"after": "death"})).await;
-    assert_eq!(r.status, StatusCode::NOT_FOUND, "a session whose instance is gone ends in 404: {}", r.body);
+    assert_eq!(
+        r.status,
+        StatusCode::NOT_FOUND,
+        "a session whose instance is gone ends in 404: {}",
+        r.body
+    );
     let init = session.initialize().await;
     assert_eq!(init.status, StatusCode::OK, "re-initialize: {}", init.body);
     let r = session.call_tool("echo", json!({"after": "reinit"})).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
-    assert!(!r.text().contains(&members[owner].server.instance_id), "served by a live instance: {}", r.text());
+    assert!(
+        !r.text().contains(&members[owner].server.instance_id),
+        "served by a live instance: {}",
+        r.text()
+    );
 }
 
 #[tokio::test]
@@ -148,7 +189,9 @@ async fn scale_out_from_5_to_50_instances_reaches_envoy() {
     let ep = stack.etcd.endpoint();
     let mut servers = Vec::new();
     for i in 0..50 {
-        servers.push(McpServer::lab(&env, &format!("s-{i}"), &["--stateless", "--json-response"]).await);
+        servers.push(
+            McpServer::lab(&env, &format!("s-{i}"), &["--stateless", "--json-response"]).await,
+        );
     }
     let register = |i: usize| {
         toolgate_tests::Registrant::new(&ep, "scale", &servers[i].endpoint())
@@ -163,7 +206,10 @@ async fn scale_out_from_5_to_50_instances_reaches_envoy() {
     // Watch etcd to know when the last registration landed.
     let mut client = stack.etcd.client().await;
     let mut watch = client
-        .watch("/mcp/services/scale/", Some(WatchOptions::new().with_prefix()))
+        .watch(
+            "/mcp/services/scale/",
+            Some(WatchOptions::new().with_prefix()),
+        )
         .await
         .unwrap();
     registrars.extend((5..50).map(register));
@@ -199,10 +245,19 @@ async fn scale_out_from_5_to_50_instances_reaches_envoy() {
             .send()
             .await
             .unwrap();
-        assert_eq!(r.status(), StatusCode::OK, "{}", r.text().await.unwrap_or_default());
+        assert_eq!(
+            r.status(),
+            StatusCode::OK,
+            "{}",
+            r.text().await.unwrap_or_default()
+        );
     }
     for s in &servers {
-        assert!(s.calls("echo").await > 0, "{} received no call", s.instance_id);
+        assert!(
+            s.calls("echo").await > 0,
+            "{} received no call",
+            s.instance_id
+        );
     }
     drop(registrars);
 }
@@ -212,21 +267,60 @@ async fn a_revoked_instance_leaves_envoy_and_gets_no_more_calls() {
     let env = TestEnv::new("a_revoked_instance_leaves_envoy_and_gets_no_more_calls");
     let stack = Stack::start(&env).await;
     let ep = stack.etcd.endpoint();
-    let a = Member::start(&env, &ep, "rev", "rev-a", &["--stateless", "--json-response"], TTL).await;
-    let b = Member::start(&env, &ep, "rev", "rev-b", &["--stateless", "--json-response"], TTL).await;
-    wait_envoy_has(&stack.envoy, "rev", &endpoints(&[&a, &b]), Duration::from_secs(20)).await;
+    let a = Member::start(
+        &env,
+        &ep,
+        "rev",
+        "rev-a",
+        &["--stateless", "--json-response"],
+        TTL,
+    )
+    .await;
+    let b = Member::start(
+        &env,
+        &ep,
+        "rev",
+        "rev-b",
+        &["--stateless", "--json-response"],
+        TTL,
+    )
+    .await;
+    wait_envoy_has(
+        &stack.envoy,
+        "rev",
+        &endpoints(&[&a, &b]),
+        Duration::from_secs(20),
+    )
+    .await;
 
     let mut client = stack.etcd.client().await;
     let mut watch = client.watch(b.key.as_str(), None).await.unwrap();
     b.registrar.signal(Signal::SIGTERM);
     let revoked = loop {
-        let resp = tokio::time::timeout(Duration::from_secs(5), watch.message()).await.unwrap().unwrap().unwrap();
-        if resp.events().iter().any(|e| e.event_type() == EventType::Delete) {
+        let resp = tokio::time::timeout(Duration::from_secs(5), watch.message())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        if resp
+            .events()
+            .iter()
+            .any(|e| e.event_type() == EventType::Delete)
+        {
             break Instant::now();
         }
     };
-    wait_envoy_has(&stack.envoy, "rev", &endpoints(&[&a]), Duration::from_secs(5)).await;
-    println!("revoke seen in etcd -> gone from Envoy: {:.1} ms (admin polled every 10 ms)", revoked.elapsed().as_secs_f64() * 1e3);
+    wait_envoy_has(
+        &stack.envoy,
+        "rev",
+        &endpoints(&[&a]),
+        Duration::from_secs(5),
+    )
+    .await;
+    println!(
+        "revoke seen in etcd -> gone from Envoy: {:.1} ms (admin polled every 10 ms)",
+        revoked.elapsed().as_secs_f64() * 1e3
+    );
 
     let before = b.server.calls("echo").await;
     let mut s = McpSession::connect(&stack.envoy.url("rev")).await;
@@ -234,7 +328,11 @@ async fn a_revoked_instance_leaves_envoy_and_gets_no_more_calls() {
         let r = s.call_tool("echo", json!({})).await;
         assert_eq!(r.status, StatusCode::OK, "{}", r.body);
     }
-    assert_eq!(b.server.calls("echo").await, before, "no call reached the revoked instance");
+    assert_eq!(
+        b.server.calls("echo").await,
+        before,
+        "no call reached the revoked instance"
+    );
     assert!(a.server.calls("echo").await >= 50);
 }
 
@@ -245,14 +343,32 @@ async fn a_killed_instance_leaves_envoy_when_its_lease_expires() {
     let ep = stack.etcd.endpoint();
     let a = Member::start(&env, &ep, "crash", "crash-a", &[], 3).await;
     let mut b = Member::start(&env, &ep, "crash", "crash-b", &[], 3).await;
-    wait_envoy_has(&stack.envoy, "crash", &endpoints(&[&a, &b]), Duration::from_secs(20)).await;
+    wait_envoy_has(
+        &stack.envoy,
+        "crash",
+        &endpoints(&[&a, &b]),
+        Duration::from_secs(20),
+    )
+    .await;
     let killed = Instant::now();
     b.registrar.kill();
     b.server.proc.kill();
-    wait_envoy_has(&stack.envoy, "crash", &endpoints(&[&a]), Duration::from_secs(8)).await;
+    wait_envoy_has(
+        &stack.envoy,
+        "crash",
+        &endpoints(&[&a]),
+        Duration::from_secs(8),
+    )
+    .await;
     let took = killed.elapsed();
-    println!("SIGKILL of instance and registrar -> out of Envoy: {:.2} s (TTL 3 s)", took.as_secs_f64());
-    assert!(took >= Duration::from_secs(1), "left before its lease could expire: {took:?}");
+    println!(
+        "SIGKILL of instance and registrar -> out of Envoy: {:.2} s (TTL 3 s)",
+        took.as_secs_f64()
+    );
+    assert!(
+        took >= Duration::from_secs(1),
+        "left before its lease could expire: {took:?}"
+    );
 }
 
 async fn partition_scenario(name: &str, compact: bool) {
@@ -266,11 +382,19 @@ async fn partition_scenario(name: &str, compact: bool) {
     for i in 0..3 {
         old.push(Member::start(&env, &ep, "part", &format!("old-{i}"), &[], TTL).await);
     }
-    wait_until("etcd holds 3 instances", Duration::from_secs(10), || async {
-        etcd_endpoints(&etcd, "part").await.len() == 3
-    })
+    wait_until(
+        "etcd holds 3 instances",
+        Duration::from_secs(10),
+        || async { etcd_endpoints(&etcd, "part").await.len() == 3 },
+    )
     .await;
-    wait_envoy_has(&envoy, "part", &etcd_endpoints(&etcd, "part").await, Duration::from_secs(20)).await;
+    wait_envoy_has(
+        &envoy,
+        "part",
+        &etcd_endpoints(&etcd, "part").await,
+        Duration::from_secs(20),
+    )
+    .await;
     let resyncs_before = xds.metric("toolgate_etcd_full_resyncs_total", "").await;
 
     proxy.cut();
@@ -285,17 +409,28 @@ async fn partition_scenario(name: &str, compact: bool) {
     }
     for m in old.iter_mut().take(2) {
         m.registrar.signal(Signal::SIGTERM);
-        m.registrar.wait_exit(Duration::from_secs(5)).await.expect("registrar exits");
+        m.registrar
+            .wait_exit(Duration::from_secs(5))
+            .await
+            .expect("registrar exits");
     }
-    wait_until("etcd holds the new set", Duration::from_secs(10), || async {
-        etcd_endpoints(&etcd, "part").await.len() == 4
-    })
+    wait_until(
+        "etcd holds the new set",
+        Duration::from_secs(10),
+        || async { etcd_endpoints(&etcd, "part").await.len() == 4 },
+    )
     .await;
-    assert_eq!(envoy.addresses("part").await.len(), 3, "Envoy keeps the last known set while cut");
+    assert_eq!(
+        envoy.addresses("part").await.len(),
+        3,
+        "Envoy keeps the last known set while cut"
+    );
     if compact {
         // Push the compaction past the revision toolgate-xds last applied.
         let mut c = etcd.client().await;
-        c.put("/unrelated", "x", Some(PutOptions::new())).await.unwrap();
+        c.put("/unrelated", "x", Some(PutOptions::new()))
+            .await
+            .unwrap();
         etcd.compact().await;
     }
     let left = Duration::from_secs(3).saturating_sub(cut.elapsed());
@@ -304,14 +439,20 @@ async fn partition_scenario(name: &str, compact: bool) {
 
     let want = etcd_endpoints(&etcd, "part").await;
     let took = wait_envoy_has(&envoy, "part", &want, Duration::from_secs(15)).await;
-    println!("partition healed -> Envoy equals etcd in {:.0} ms", took.as_secs_f64() * 1e3);
+    println!(
+        "partition healed -> Envoy equals etcd in {:.0} ms",
+        took.as_secs_f64() * 1e3
+    );
     wait_until("toolgate_etcd_up is 1", Duration::from_secs(10), || async {
         xds.metric("toolgate_etcd_up", "").await == 1.0
     })
     .await;
     let resyncs = xds.metric("toolgate_etcd_full_resyncs_total", "").await;
     if compact {
-        assert!(resyncs > resyncs_before, "a compaction forces a full resync");
+        assert!(
+            resyncs > resyncs_before,
+            "a compaction forces a full resync"
+        );
     } else {
         assert_eq!(resyncs, resyncs_before, "the watch resumed; no full resync");
         assert!(xds.metric("toolgate_etcd_watch_resumes_total", "").await >= 1.0);
@@ -328,11 +469,22 @@ async fn a_compaction_during_a_partition_forces_a_full_resync() {
     partition_scenario("a_compaction_during_a_partition_forces_a_full_resync", true).await;
 }
 
-/// Calls `service` through Envoy until stopped; returns (ok, failed).
-fn steady_calls(url: String) -> (tokio::task::JoinHandle<(u32, u32, Vec<String>)>, tokio::sync::watch::Sender<bool>) {
+/// (calls that succeeded, calls that failed, what the failures said)
+type CallTally = (u32, u32, Vec<String>);
+
+/// Calls the service at `url` through Envoy until the returned sender says stop.
+fn steady_calls(
+    url: String,
+) -> (
+    tokio::task::JoinHandle<CallTally>,
+    tokio::sync::watch::Sender<bool>,
+) {
     let (stop, mut stopped) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(async move {
-        let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(5))
+            .build()
+            .unwrap();
         let (mut ok, mut failed, mut errors) = (0, 0, Vec::new());
         let mut i = 0u64;
         while !*stopped.borrow_and_update() {
@@ -347,7 +499,11 @@ fn steady_calls(url: String) -> (tokio::task::JoinHandle<(u32, u32, Vec<String>)
                 Ok(r) if r.status() == StatusCode::OK => ok += 1,
                 Ok(r) => {
                     failed += 1;
-                    errors.push(format!("HTTP {}: {}", r.status(), r.text().await.unwrap_or_default()));
+                    errors.push(format!(
+                        "HTTP {}: {}",
+                        r.status(),
+                        r.text().await.unwrap_or_default()
+                    ));
                 }
                 Err(e) => {
                     failed += 1;
@@ -363,12 +519,36 @@ fn steady_calls(url: String) -> (tokio::task::JoinHandle<(u32, u32, Vec<String>)
 
 #[tokio::test]
 async fn with_etcd_gone_the_gateway_keeps_routing_even_across_a_control_plane_restart() {
-    let env = TestEnv::new("with_etcd_gone_the_gateway_keeps_routing_even_across_a_control_plane_restart");
+    let env = TestEnv::new(
+        "with_etcd_gone_the_gateway_keeps_routing_even_across_a_control_plane_restart",
+    );
     let mut stack = Stack::start(&env).await;
     let ep = stack.etcd.endpoint();
-    let a = Member::start(&env, &ep, "keep", "keep-a", &["--stateless", "--json-response"], TTL).await;
-    let b = Member::start(&env, &ep, "keep", "keep-b", &["--stateless", "--json-response"], TTL).await;
-    wait_envoy_has(&stack.envoy, "keep", &endpoints(&[&a, &b]), Duration::from_secs(20)).await;
+    let a = Member::start(
+        &env,
+        &ep,
+        "keep",
+        "keep-a",
+        &["--stateless", "--json-response"],
+        TTL,
+    )
+    .await;
+    let b = Member::start(
+        &env,
+        &ep,
+        "keep",
+        "keep-b",
+        &["--stateless", "--json-response"],
+        TTL,
+    )
+    .await;
+    wait_envoy_has(
+        &stack.envoy,
+        "keep",
+        &endpoints(&[&a, &b]),
+        Duration::from_secs(20),
+    )
+    .await;
     tokio::time::sleep(Duration::from_millis(600)).await; // let the state dir catch up
 
     let (calls, stop) = steady_calls(stack.envoy.url("keep"));
@@ -377,22 +557,46 @@ async fn with_etcd_gone_the_gateway_keeps_routing_even_across_a_control_plane_re
         stack.xds.metric("toolgate_etcd_up", "").await == 0.0
     })
     .await;
-    assert_eq!(stack.envoy.addresses("keep").await.len(), 2, "last known endpoints kept");
+    assert_eq!(
+        stack.envoy.addresses("keep").await.len(),
+        2,
+        "last known endpoints kept"
+    );
 
     stack.xds.restart(&env).await;
-    wait_until("the restarted toolgate-xds serves its state-dir snapshot", Duration::from_secs(15), || async {
-        stack.xds.log().contains("serving the state-dir snapshot")
-    })
+    wait_until(
+        "the restarted toolgate-xds serves its state-dir snapshot",
+        Duration::from_secs(15),
+        || async { stack.xds.log().contains("serving the state-dir snapshot") },
+    )
     .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(stack.envoy.addresses("keep").await.len(), 2, "Envoy keeps both endpoints");
+    assert_eq!(
+        stack.envoy.addresses("keep").await.len(),
+        2,
+        "Envoy keeps both endpoints"
+    );
     assert_eq!(stack.xds.metric("toolgate_etcd_up", "").await, 0.0);
     let reg = stack.xds.registry().await;
     assert_eq!(reg["instances"], 2, "registry from the snapshot: {reg}");
 
     stack.etcd.restart(&env).await;
-    let c = Member::start(&env, &ep, "keep", "keep-c", &["--stateless", "--json-response"], TTL).await;
-    wait_envoy_has(&stack.envoy, "keep", &endpoints(&[&a, &b, &c]), Duration::from_secs(30)).await;
+    let c = Member::start(
+        &env,
+        &ep,
+        "keep",
+        "keep-c",
+        &["--stateless", "--json-response"],
+        TTL,
+    )
+    .await;
+    wait_envoy_has(
+        &stack.envoy,
+        "keep",
+        &endpoints(&[&a, &b, &c]),
+        Duration::from_secs(30),
+    )
+    .await;
     let _ = stop.send(true);
     let (ok, failed, errors) = calls.await.unwrap();
     println!("calls during the outage: {ok} ok, {failed} failed");
@@ -405,14 +609,40 @@ async fn a_control_plane_restart_never_empties_envoy() {
     let env = TestEnv::new("a_control_plane_restart_never_empties_envoy");
     let mut stack = Stack::start(&env).await;
     let ep = stack.etcd.endpoint();
-    let a = Member::start(&env, &ep, "cp", "cp-a", &["--stateless", "--json-response"], TTL).await;
-    let b = Member::start(&env, &ep, "cp", "cp-b", &["--stateless", "--json-response"], TTL).await;
-    wait_envoy_has(&stack.envoy, "cp", &endpoints(&[&a, &b]), Duration::from_secs(20)).await;
+    let a = Member::start(
+        &env,
+        &ep,
+        "cp",
+        "cp-a",
+        &["--stateless", "--json-response"],
+        TTL,
+    )
+    .await;
+    let b = Member::start(
+        &env,
+        &ep,
+        "cp",
+        "cp-b",
+        &["--stateless", "--json-response"],
+        TTL,
+    )
+    .await;
+    wait_envoy_has(
+        &stack.envoy,
+        "cp",
+        &endpoints(&[&a, &b]),
+        Duration::from_secs(20),
+    )
+    .await;
 
     let (calls, stop) = steady_calls(stack.envoy.url("cp"));
     stack.xds.kill();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(stack.envoy.addresses("cp").await.len(), 2, "Envoy keeps routing without its control plane");
+    assert_eq!(
+        stack.envoy.addresses("cp").await.len(),
+        2,
+        "Envoy keeps routing without its control plane"
+    );
 
     // Watch Envoy's view continuously across the restart.
     let (seen_tx, seen_rx) = tokio::sync::oneshot::channel();
@@ -428,12 +658,29 @@ async fn a_control_plane_restart_never_empties_envoy() {
         let _ = seen_tx.send(min);
     });
     stack.xds.restart(&env).await;
-    let c = Member::start(&env, &ep, "cp", "cp-c", &["--stateless", "--json-response"], TTL).await;
-    wait_envoy_has(&stack.envoy, "cp", &endpoints(&[&a, &b, &c]), Duration::from_secs(20)).await;
+    let c = Member::start(
+        &env,
+        &ep,
+        "cp",
+        "cp-c",
+        &["--stateless", "--json-response"],
+        TTL,
+    )
+    .await;
+    wait_envoy_has(
+        &stack.envoy,
+        "cp",
+        &endpoints(&[&a, &b, &c]),
+        Duration::from_secs(20),
+    )
+    .await;
     let _ = done_tx.send(true);
     watcher.await.unwrap();
     let min = seen_rx.await.unwrap();
-    assert!(min >= 2, "Envoy's endpoints dropped to {min} during the restart");
+    assert!(
+        min >= 2,
+        "Envoy's endpoints dropped to {min} during the restart"
+    );
     let _ = stop.send(true);
     let (ok, failed, errors) = calls.await.unwrap();
     assert!(ok > 10);
@@ -447,10 +694,28 @@ async fn a_restarted_envoy_and_a_second_envoy_both_converge() {
     let ep = stack.etcd.endpoint();
     let a = Member::start(&env, &ep, "two", "two-a", &[], TTL).await;
     let b = Member::start(&env, &ep, "other", "other-a", &[], TTL).await;
-    wait_envoy_has(&stack.envoy, "two", &endpoints(&[&a]), Duration::from_secs(20)).await;
+    wait_envoy_has(
+        &stack.envoy,
+        "two",
+        &endpoints(&[&a]),
+        Duration::from_secs(20),
+    )
+    .await;
     stack.envoy.restart(&env).await;
-    wait_envoy_has(&stack.envoy, "two", &endpoints(&[&a]), Duration::from_secs(20)).await;
-    wait_envoy_has(&stack.envoy, "other", &endpoints(&[&b]), Duration::from_secs(20)).await;
+    wait_envoy_has(
+        &stack.envoy,
+        "two",
+        &endpoints(&[&a]),
+        Duration::from_secs(20),
+    )
+    .await;
+    wait_envoy_has(
+        &stack.envoy,
+        "other",
+        &endpoints(&[&b]),
+        Duration::from_secs(20),
+    )
+    .await;
 
     let second = Envoy::start(&env, "envoy2", &stack.xds.xds_addr()).await;
     wait_envoy_has(&second, "two", &endpoints(&[&a]), Duration::from_secs(20)).await;
@@ -460,7 +725,10 @@ async fn a_restarted_envoy_and_a_second_envoy_both_converge() {
         let mut s = McpSession::connect(&envoy.url("other")).await;
         assert_eq!(s.call_tool("echo", json!({})).await.status, StatusCode::OK);
     }
-    assert_eq!(stack.xds.metric("toolgate_xds_connected_envoys", "").await, 2.0);
+    assert_eq!(
+        stack.xds.metric("toolgate_xds_connected_envoys", "").await,
+        2.0
+    );
 }
 
 #[tokio::test]
@@ -469,28 +737,58 @@ async fn garbage_in_the_registry_is_ignored_counted_and_harmless() {
     let stack = Stack::start(&env).await;
     let ep = stack.etcd.endpoint();
     let a = Member::start(&env, &ep, "inv", "inv-a", &[], TTL).await;
-    wait_envoy_has(&stack.envoy, "inv", &endpoints(&[&a]), Duration::from_secs(20)).await;
+    wait_envoy_has(
+        &stack.envoy,
+        "inv",
+        &endpoints(&[&a]),
+        Duration::from_secs(20),
+    )
+    .await;
 
     let mut c = stack.etcd.client().await;
     let garbage: [(&str, &str); 5] = [
         ("/mcp/services/inv/broken", "{not json"),
-        ("/mcp/services/inv/bad-ep", r#"{"instance_id":"bad-ep","endpoint":"not-an-endpoint"}"#),
-        ("/mcp/services/in v/x", r#"{"instance_id":"x","endpoint":"127.0.0.1:1"}"#),
-        ("/mcp/services/inv/a/b", r#"{"instance_id":"b","endpoint":"127.0.0.1:1"}"#),
-        ("/mcp/services/inv/zero", r#"{"instance_id":"zero","endpoint":"0.0.0.0:9"}"#),
+        (
+            "/mcp/services/inv/bad-ep",
+            r#"{"instance_id":"bad-ep","endpoint":"not-an-endpoint"}"#,
+        ),
+        (
+            "/mcp/services/in v/x",
+            r#"{"instance_id":"x","endpoint":"127.0.0.1:1"}"#,
+        ),
+        (
+            "/mcp/services/inv/a/b",
+            r#"{"instance_id":"b","endpoint":"127.0.0.1:1"}"#,
+        ),
+        (
+            "/mcp/services/inv/zero",
+            r#"{"instance_id":"zero","endpoint":"0.0.0.0:9"}"#,
+        ),
     ];
     for (k, v) in garbage {
         c.put(k, v, None).await.unwrap();
     }
-    wait_until("five invalid values counted", Duration::from_secs(10), || async {
-        stack.xds.metric("toolgate_registry_invalid_values_total", "").await >= 5.0
-    })
+    wait_until(
+        "five invalid values counted",
+        Duration::from_secs(10),
+        || async {
+            stack
+                .xds
+                .metric("toolgate_registry_invalid_values_total", "")
+                .await
+                >= 5.0
+        },
+    )
     .await;
     let log = stack.xds.log();
     for (k, _) in garbage {
         assert!(log.contains(k), "the log names the key {k}");
     }
-    assert_eq!(stack.envoy.addresses("inv").await, endpoints(&[&a]), "the valid instance keeps serving");
+    assert_eq!(
+        stack.envoy.addresses("inv").await,
+        endpoints(&[&a]),
+        "the valid instance keeps serving"
+    );
     assert!(!stack.envoy.hosts().await.contains_key("in v"));
     let mut s = McpSession::connect(&stack.envoy.url("inv")).await;
     assert_eq!(s.call_tool("echo", json!({})).await.status, StatusCode::OK);
@@ -500,4 +798,44 @@ async fn garbage_in_the_registry_is_ignored_counted_and_harmless() {
     assert_eq!(stack.envoy.addresses("inv").await, endpoints(&[&a]));
     let names: BTreeSet<String> = stack.envoy.hosts().await.into_keys().collect();
     assert_eq!(names, BTreeSet::from(["inv".to_string()]));
+}
+
+#[tokio::test]
+async fn a_configuration_envoy_rejects_is_nacked_once_and_not_resent() {
+    let env = TestEnv::new("a_configuration_envoy_rejects_is_nacked_once_and_not_resent");
+    let etcd = Etcd::start(&env).await;
+    let xds = Xds::start_with_env(
+        &env,
+        "xds",
+        &etcd.endpoint(),
+        &[],
+        &[("TOOLGATE_FAILPOINT_NACK_SERVICE", "poison")],
+    )
+    .await;
+    let envoy = Envoy::start(&env, "envoy", &xds.xds_addr()).await;
+    let ep = etcd.endpoint();
+    let good = Member::start(&env, &ep, "good", "good-1", &[], TTL).await;
+    wait_envoy_has(&envoy, "good", &endpoints(&[&good]), Duration::from_secs(20)).await;
+    let cds_before = xds.metric("toolgate_xds_pushes_total", "type=\"cds\"").await;
+
+    // The poisoned service's cluster is invalid: Envoy rejects that CDS version.
+    let poison = Member::start(&env, &ep, "poison", "poison-1", &[], TTL).await;
+    wait_until("Envoy NACKs the poisoned CDS version", Duration::from_secs(10), || async {
+        xds.metric("toolgate_xds_nacks_total", "type=\"cds\"").await >= 1.0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let nacks = xds.metric("toolgate_xds_nacks_total", "type=\"cds\"").await;
+    let cds = xds.metric("toolgate_xds_pushes_total", "type=\"cds\"").await;
+    assert_eq!(nacks, 1.0, "one NACK for one rejected version");
+    assert_eq!(cds - cds_before, 1.0, "the rejected version was sent once, not in a loop");
+    assert!(xds.log().contains("Envoy rejected an xDS response (NACK)"));
+    assert!(!envoy.hosts().await.contains_key("poison"));
+
+    // The rest keeps working, and later changes still propagate.
+    let mut s = McpSession::connect(&envoy.url("good")).await;
+    assert_eq!(s.call_tool("echo", json!({})).await.status, StatusCode::OK);
+    let good2 = Member::start(&env, &ep, "good", "good-2", &[], TTL).await;
+    wait_envoy_has(&envoy, "good", &endpoints(&[&good, &good2]), Duration::from_secs(10)).await;
+    drop(poison);
 }

@@ -6,9 +6,7 @@ use std::time::{Duration, Instant};
 use etcd_client::{Client, EventType, GetOptions, WatchOptions};
 use nix::sys::signal::Signal;
 use toolgate_model::InstanceMetadata;
-use toolgate_tests::{
-    free_port, project_bin, wait_until, Etcd, FaultProxy, Registrant, TestEnv,
-};
+use toolgate_tests::{free_port, project_bin, wait_until, Etcd, FaultProxy, Registrant, TestEnv};
 
 const KEY: &str = "/mcp/services/inventory/inv-1";
 
@@ -97,9 +95,15 @@ async fn sigterm_revokes_the_key_at_once() {
         .expect("key deleted after SIGTERM")
         .unwrap();
     let took = seen - signalled;
-    println!("SIGTERM -> key deleted (seen by a watch): {:.1} ms", took.as_secs_f64() * 1e3);
+    println!(
+        "SIGTERM -> key deleted (seen by a watch): {:.1} ms",
+        took.as_secs_f64() * 1e3
+    );
     assert!(took < Duration::from_millis(500), "revoke took {took:?}");
-    let status = reg.wait_exit(Duration::from_secs(5)).await.expect("registrar exits");
+    let status = reg
+        .wait_exit(Duration::from_secs(5))
+        .await
+        .expect("registrar exits");
     assert!(status.success(), "exit status {status}");
 }
 
@@ -124,9 +128,15 @@ async fn sigkill_leaves_the_key_until_the_lease_expires() {
         .expect("key deleted when the lease expired")
         .unwrap();
     let took = seen - killed;
-    println!("SIGKILL -> key deleted by lease expiry: {:.2} s (TTL {ttl} s)", took.as_secs_f64());
+    println!(
+        "SIGKILL -> key deleted by lease expiry: {:.2} s (TTL {ttl} s)",
+        took.as_secs_f64()
+    );
     // Keepalives go every TTL/3, so at the kill the lease had between 2/3 TTL and TTL left.
-    assert!(took >= Duration::from_secs(1), "deleted too early ({took:?}): not by expiry");
+    assert!(
+        took >= Duration::from_secs(1),
+        "deleted too early ({took:?}): not by expiry"
+    );
     assert!(
         took <= Duration::from_secs(ttl as u64 + 1),
         "deleted {took:?} after the kill, more than TTL + 1 s"
@@ -157,15 +167,23 @@ async fn registration_survives_an_etcd_restart_within_the_ttl() {
     // Two TTLs later the same lease still holds the key: keepalives really resumed.
     tokio::time::sleep(Duration::from_secs(2 * ttl as u64)).await;
     let mut client = etcd.client().await;
-    assert_eq!(lease_of(&mut client, KEY).await, Some(lease), "same lease still holds the key");
+    assert_eq!(
+        lease_of(&mut client, KEY).await,
+        Some(lease),
+        "same lease still holds the key"
+    );
     let ttl_left = client.lease_time_to_live(lease, None).await.unwrap().ttl();
     assert!(ttl_left > 0, "lease alive, {ttl_left} s left");
-    assert!(!reg.log().contains("registered again"), "must not have needed a new lease");
+    assert!(
+        !reg.log().contains("registered again"),
+        "must not have needed a new lease"
+    );
 }
 
 #[tokio::test]
 async fn registers_again_with_a_new_lease_after_etcd_was_away_longer_than_the_ttl() {
-    let env = TestEnv::new("registers_again_with_a_new_lease_after_etcd_was_away_longer_than_the_ttl");
+    let env =
+        TestEnv::new("registers_again_with_a_new_lease_after_etcd_was_away_longer_than_the_ttl");
     let etcd = Etcd::start(&env).await;
     let proxy = FaultProxy::start(format!("127.0.0.1:{}", etcd.port()).parse().unwrap());
     let ttl = 3;
@@ -200,7 +218,10 @@ async fn registers_again_with_a_new_lease_after_etcd_was_away_longer_than_the_tt
         },
     )
     .await;
-    println!("link restored -> registered again with a new lease: {:.0} ms", took.as_secs_f64() * 1e3);
+    println!(
+        "link restored -> registered again with a new lease: {:.0} ms",
+        took.as_secs_f64() * 1e3
+    );
     let _ = restored;
     assert!(took < Duration::from_secs(5), "took {took:?}");
     assert!(
@@ -226,9 +247,19 @@ async fn child_exit_revokes_and_passes_the_exit_code_on() {
         async move { key_exists(&mut c, KEY).await }
     })
     .await;
-    let status = reg.wait_exit(Duration::from_secs(10)).await.expect("registrar exits with its child");
-    assert_eq!(status.code(), Some(7), "registrar passes the child's exit code on");
-    assert!(!key_exists(&mut client, KEY).await, "key revoked when the child exited");
+    let status = reg
+        .wait_exit(Duration::from_secs(10))
+        .await
+        .expect("registrar exits with its child");
+    assert_eq!(
+        status.code(),
+        Some(7),
+        "registrar passes the child's exit code on"
+    );
+    assert!(
+        !key_exists(&mut client, KEY).await,
+        "key revoked when the child exited"
+    );
 }
 
 #[tokio::test]
@@ -255,7 +286,10 @@ async fn sigterm_revokes_before_the_child_gets_its_signal() {
     })
     .await;
     reg.signal(Signal::SIGTERM);
-    let status = reg.wait_exit(Duration::from_secs(10)).await.expect("registrar exits");
+    let status = reg
+        .wait_exit(Duration::from_secs(10))
+        .await
+        .expect("registrar exits");
     assert_eq!(status.code(), Some(3), "exit code of the child");
     let seen = std::fs::read_to_string(&seen_file).expect("the child ran its SIGTERM trap");
     assert!(
@@ -270,10 +304,15 @@ async fn wrapped_server_is_registered_only_once_healthy() {
     let etcd = Etcd::start(&env).await;
     let mut client = etcd.client().await;
     let port = free_port();
-    let lab_args: Vec<String> = ["--listen", &format!("127.0.0.1:{port}"), "--instance-id", "inv-1"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let lab_args: Vec<String> = [
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--instance-id",
+        "inv-1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
     let mut reg = registrant(&etcd.endpoint(), &format!("127.0.0.1:{port}"), 10)
         .child(&project_bin("toolgate-lab"), &lab_args)
         .spawn(&env, "registrar");
@@ -283,16 +322,26 @@ async fn wrapped_server_is_registered_only_once_healthy() {
     })
     .await;
     // Registered means healthy: the health endpoint answers now.
-    let health = reqwest::get(format!("http://127.0.0.1:{port}/health")).await.unwrap();
+    let health = reqwest::get(format!("http://127.0.0.1:{port}/health"))
+        .await
+        .unwrap();
     assert!(health.status().is_success());
     assert!(reg.log().contains("server is healthy"));
 
     reg.signal(Signal::SIGTERM);
-    let status = reg.wait_exit(Duration::from_secs(10)).await.expect("registrar exits");
-    assert!(status.success(), "lab exits 0 on SIGTERM, and so does the registrar: {status}");
+    let status = reg
+        .wait_exit(Duration::from_secs(10))
+        .await
+        .expect("registrar exits");
+    assert!(
+        status.success(),
+        "lab exits 0 on SIGTERM, and so does the registrar: {status}"
+    );
     assert!(!key_exists(&mut client, KEY).await);
     assert!(
-        reqwest::get(format!("http://127.0.0.1:{port}/health")).await.is_err(),
+        reqwest::get(format!("http://127.0.0.1:{port}/health"))
+            .await
+            .is_err(),
         "the child was stopped"
     );
 }
@@ -306,14 +355,95 @@ async fn bad_input_exits_2_naming_the_problem_and_writes_nothing() {
     let ep = etcd.endpoint();
     let nowhere = format!("127.0.0.1:{}", free_port());
     let cases: Vec<(Vec<&str>, &str)> = vec![
-        (vec!["--etcd", &ep, "--service", "in ventory", "--endpoint", "127.0.0.1:1"], "\"in ventory\""),
-        (vec!["--etcd", &ep, "--service", "a/b", "--endpoint", "127.0.0.1:1"], "\"a/b\""),
-        (vec!["--etcd", &ep, "--service", "inv", "--endpoint", "127.0.0.1:1", "--tools", "ok,not ok"], "\"not ok\""),
-        (vec!["--etcd", &ep, "--service", "inv", "--endpoint", "127.0.0.1"], "not host:port"),
-        (vec!["--etcd", &ep, "--service", "inv", "--endpoint", "127.0.0.1:99999"], "99999"),
-        (vec!["--etcd", &ep, "--service", "inv", "--endpoint", "127.0.0.1:1", "--ttl", "1"], "TTL 1"),
-        (vec!["--etcd", &ep, "--service", "inv", "--endpoint", "127.0.0.1:1", "--weight", "0"], "weight 0"),
-        (vec!["--etcd", &nowhere, "--service", "inv", "--endpoint", "127.0.0.1:1", "--etcd-timeout", "1s"], &nowhere),
+        (
+            vec![
+                "--etcd",
+                &ep,
+                "--service",
+                "in ventory",
+                "--endpoint",
+                "127.0.0.1:1",
+            ],
+            "\"in ventory\"",
+        ),
+        (
+            vec![
+                "--etcd",
+                &ep,
+                "--service",
+                "a/b",
+                "--endpoint",
+                "127.0.0.1:1",
+            ],
+            "\"a/b\"",
+        ),
+        (
+            vec![
+                "--etcd",
+                &ep,
+                "--service",
+                "inv",
+                "--endpoint",
+                "127.0.0.1:1",
+                "--tools",
+                "ok,not ok",
+            ],
+            "\"not ok\"",
+        ),
+        (
+            vec!["--etcd", &ep, "--service", "inv", "--endpoint", "127.0.0.1"],
+            "not host:port",
+        ),
+        (
+            vec![
+                "--etcd",
+                &ep,
+                "--service",
+                "inv",
+                "--endpoint",
+                "127.0.0.1:99999",
+            ],
+            "99999",
+        ),
+        (
+            vec![
+                "--etcd",
+                &ep,
+                "--service",
+                "inv",
+                "--endpoint",
+                "127.0.0.1:1",
+                "--ttl",
+                "1",
+            ],
+            "TTL 1",
+        ),
+        (
+            vec![
+                "--etcd",
+                &ep,
+                "--service",
+                "inv",
+                "--endpoint",
+                "127.0.0.1:1",
+                "--weight",
+                "0",
+            ],
+            "weight 0",
+        ),
+        (
+            vec![
+                "--etcd",
+                &nowhere,
+                "--service",
+                "inv",
+                "--endpoint",
+                "127.0.0.1:1",
+                "--etcd-timeout",
+                "1s",
+            ],
+            &nowhere,
+        ),
     ];
     for (args, must_mention) in cases {
         let started = Instant::now();
@@ -327,11 +457,26 @@ async fn bad_input_exits_2_naming_the_problem_and_writes_nothing() {
         .unwrap_or_else(|_| panic!("toolgate-register {args:?} hung"))
         .expect("running toolgate-register");
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{args:?} exits 2; stderr: {stderr}");
-        assert!(stderr.contains(must_mention), "{args:?}: message names {must_mention:?}: {stderr}");
-        assert!(started.elapsed() < Duration::from_secs(10), "{args:?} took {:?}", started.elapsed());
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?} exits 2; stderr: {stderr}"
+        );
+        assert!(
+            stderr.contains(must_mention),
+            "{args:?}: message names {must_mention:?}: {stderr}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{args:?} took {:?}",
+            started.elapsed()
+        );
     }
     assert_eq!(etcd.revision().await, before, "etcd unchanged");
-    let all = client.clone().get("/", Some(GetOptions::new().with_prefix())).await.unwrap();
+    let all = client
+        .clone()
+        .get("/", Some(GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
     assert_eq!(all.count(), 0, "no key written");
 }

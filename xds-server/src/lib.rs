@@ -7,6 +7,7 @@
 pub mod admin;
 pub mod bootstrap;
 pub mod etcd;
+pub mod failpoint;
 pub mod metrics;
 pub mod registry;
 pub mod routing;

@@ -432,6 +432,14 @@ fn rendered_bootstrap_passes_envoy_validation() {
 async fn envoy_follows_snapshots_over_ads_and_nothing_is_sent_when_nothing_changed() {
     use reqwest::Method;
     use EndpointHealth::{Draining, Healthy};
+    // The server's logs, shown with the failure (RUST_LOG overrides the level).
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "toolgate_xds=debug".into()),
+        )
+        .try_init();
 
     let (inv_a, _a) = upstream("inv-a").await;
     let (inv_b, _b) = upstream("inv-b").await;

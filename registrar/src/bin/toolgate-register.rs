@@ -92,8 +92,7 @@ fn parse_label(s: &str) -> Result<(String, String), String> {
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -167,7 +166,9 @@ async fn run(args: Args) -> Result<ExitCode, Failure> {
             _ = sigint.recv() => return Ok(stop_child(child, args.stop_timeout).await),
         };
         match waited {
-            Ok(after) => info!(endpoint = %args.endpoint, after_ms = after.as_millis() as u64, "server is healthy"),
+            Ok(after) => {
+                info!(endpoint = %args.endpoint, after_ms = after.as_millis() as u64, "server is healthy")
+            }
             Err(e) => {
                 if let Some(mut c) = child {
                     if let Ok(Some(status)) = c.try_wait() {
@@ -262,7 +263,10 @@ async fn stop_child(child: Option<Child>, timeout: Duration) -> ExitCode {
             ExitCode::FAILURE
         }
         Err(_) => {
-            warn!(timeout_ms = timeout.as_millis() as u64, "server did not stop in time; killing it");
+            warn!(
+                timeout_ms = timeout.as_millis() as u64,
+                "server did not stop in time; killing it"
+            );
             let _ = child.kill().await;
             ExitCode::from(128 + 9)
         }

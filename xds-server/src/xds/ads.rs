@@ -5,7 +5,7 @@
 //! One task folds every routing snapshot into a shared [`CacheSnapshot`] (so N Envoys cost one
 //! encoding, and all see the same versions); one task per ADS stream speaks the protocol.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -116,8 +116,9 @@ impl AggregatedDiscoveryService for AdsService {
             types: BTreeMap::new(),
             metrics: Arc::clone(&self.metrics),
             tx,
+            shutdown: self.shutdown.clone(),
         };
-        tokio::spawn(stream.run(requests, self.cache.clone(), self.shutdown.clone()));
+        tokio::spawn(stream.run(requests, self.cache.clone()));
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
@@ -174,7 +175,7 @@ struct Sent {
 struct TypeState {
     subscription: Subscription,
     sent: Option<Sent>,
-    /// Last version Envoy accepted (for logs).
+    /// Last version Envoy accepted: logged when the stream ends, to tell what it kept.
     acked: Option<String>,
     /// Last version Envoy rejected. It is never sent again on this stream: Envoy would reject
     /// it again, in a loop. The next different version is sent as usual.
@@ -183,6 +184,10 @@ struct TypeState {
     /// warm until they receive an assignment, even one whose version has not changed, so the
     /// next EDS push or request is answered regardless of versions.
     answer_next: bool,
+    /// EDS only: the content hash of each assignment as last delivered on this stream. A push
+    /// sends only the assignments that differ: a SotW EDS response may omit resources, and
+    /// Envoy then leaves those clusters alone instead of re-applying a thousand unchanged ones.
+    delivered: HashMap<String, u64>,
 }
 
 impl TypeState {
@@ -193,6 +198,7 @@ impl TypeState {
             acked: None,
             nacked: None,
             answer_next: false,
+            delivered: HashMap::new(),
         }
     }
 }
@@ -205,7 +211,7 @@ enum End {
     Shutdown,
 }
 
-/// The response side of the stream is gone (Envoy disconnected).
+/// The response side of the stream is gone (Envoy disconnected), or shutdown began.
 struct Closed;
 
 /// One ADS stream: one Envoy.
@@ -220,6 +226,8 @@ struct AdsStream {
     types: BTreeMap<ResourceType, TypeState>,
     metrics: Arc<Metrics>,
     tx: mpsc::Sender<Result<DiscoveryResponse, Status>>,
+    /// Also ends a send blocked on an Envoy that stopped reading, so shutdown never hangs.
+    shutdown: CancellationToken,
 }
 
 /// Keeps `connected_envoys` right however the stream task ends, errors and panics included.
@@ -243,8 +251,8 @@ impl AdsStream {
         mut self,
         mut requests: Streaming<DiscoveryRequest>,
         mut cache: watch::Receiver<CacheView>,
-        shutdown: CancellationToken,
     ) {
+        let shutdown = self.shutdown.clone();
         let _connected = ConnectedGuard::new(&self.metrics);
         debug!(stream = self.id, peer = ?self.peer, "ADS stream opened");
         // Responses already sent reflect the cache as of now; only later views are pushes.
@@ -280,13 +288,29 @@ impl AdsStream {
             }
         };
         let node = self.node.as_str();
+        let end = if shutdown.is_cancelled() {
+            End::Shutdown
+        } else {
+            end
+        };
+        // What this Envoy keeps serving until it reconnects.
+        let acked: Vec<String> = self
+            .types
+            .iter()
+            .map(|(t, s)| format!("{}={}", t.short_name(), s.acked.as_deref().unwrap_or("-")))
+            .collect();
+        let acked = acked.join(" ");
         match end {
             End::EnvoyClosed | End::ResponseDropped => {
-                info!(node, stream = self.id, peer = ?self.peer, "Envoy disconnected")
+                info!(node = %node, stream = self.id, peer = ?self.peer, %acked, "Envoy disconnected")
             }
-            End::EnvoyError(status) => info!(node, stream = self.id, peer = ?self.peer,
-                code = ?status.code(), error = %status.message(), "Envoy disconnected"),
-            End::Shutdown => info!(node, stream = self.id, "ADS stream closed for shutdown"),
+            End::EnvoyError(status) => {
+                info!(node = %node, stream = self.id, peer = ?self.peer, %acked,
+                code = ?status.code(), error = %status.message(), "Envoy disconnected")
+            }
+            End::Shutdown => {
+                info!(node = %node, stream = self.id, %acked, "ADS stream closed for shutdown")
+            }
         }
     }
 
@@ -335,6 +359,8 @@ impl AdsStream {
                     })
                     .inc();
                 state.nacked = Some(sent.version.clone());
+                // Envoy applied none of it: the next response must carry everything again.
+                state.delivered.clear();
             } else {
                 debug!(node = %node, r#type = ty.short_name(), version = %sent.version, "ACK");
                 state.acked = Some(sent.version.clone());
@@ -395,9 +421,29 @@ impl AdsStream {
         let Some(state) = self.types.get_mut(&ty) else {
             return Ok(());
         };
+        // After CDS, re-created clusters warm until they get an assignment, changed or not:
+        // then (and on a fresh stream, where `delivered` is empty) EDS goes out in full.
+        let partial = ty == ResourceType::Endpoint && !state.answer_next;
         let resources = match &state.subscription {
             Subscription::Wildcard => current.all(),
-            Subscription::Names(names) => current.select(names),
+            Subscription::Names(names) => {
+                let wanted: Vec<&String> = names
+                    .iter()
+                    .filter(|n| {
+                        let hash = current.hashes.get(*n);
+                        hash.is_some() && (!partial || state.delivered.get(*n) != hash)
+                    })
+                    .collect();
+                if ty == ResourceType::Endpoint {
+                    state.delivered.retain(|n, _| names.contains(n));
+                    for name in &wanted {
+                        if let Some(h) = current.hashes.get(*name) {
+                            state.delivered.insert((*name).clone(), *h);
+                        }
+                    }
+                }
+                current.select(wanted)
+            }
         };
         self.nonce += 1;
         let nonce = self.nonce.to_string();
@@ -427,7 +473,10 @@ impl AdsStream {
                 eds.answer_next = true;
             }
         }
-        self.tx.send(Ok(response)).await.map_err(|_| Closed)?;
+        tokio::select! {
+            sent = self.tx.send(Ok(response)) => sent.map_err(|_| Closed)?,
+            () = self.shutdown.cancelled() => return Err(Closed),
+        }
 
         let label = TypeLabel {
             r#type: ty.short_name(),
@@ -511,6 +560,7 @@ mod tests {
                     types: BTreeMap::new(),
                     metrics: Arc::clone(&metrics),
                     tx,
+                    shutdown: CancellationToken::new(),
                 },
                 rx,
                 cache: SnapshotCache::new(),
@@ -682,7 +732,7 @@ mod tests {
             .await;
         let r2 = h.sent().remove(0);
         assert_eq!(r2.version_info, r.version_info);
-        assert_eq!(resource_count(&r2), 2);
+        assert_eq!(resource_count(&r2), 1, "only the new name; mcp.a was delivered");
         // A name toolgate does not know is answered once (without it), not on every ACK.
         h.request(request(
             EDS,
@@ -692,12 +742,44 @@ mod tests {
         ))
         .await;
         let r3 = h.sent().remove(0);
-        assert_eq!(resource_count(&r3), 2);
+        assert_eq!(resource_count(&r3), 0, "nothing this stream lacks");
         h.request(ack(&r3, &["mcp.a", "mcp.b", "mcp.x"])).await;
         assert!(h.sent().is_empty());
         // Fewer names need no answer.
         h.request(ack(&r3, &["mcp.a"])).await;
         assert!(h.sent().is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_eds_push_carries_only_the_assignments_that_changed_until_a_nack() {
+        let mut h = Harness::new();
+        h.publish(routing(1, &[("a", &[1]), ("b", &[2]), ("c", &[3])]))
+            .await;
+        h.request(request(EDS, &["mcp.a", "mcp.b", "mcp.c"], "", ""))
+            .await;
+        let r = h.sent().remove(0);
+        assert_eq!(resource_count(&r), 3, "a fresh stream gets everything");
+        h.request(ack(&r, &["mcp.a", "mcp.b", "mcp.c"])).await;
+        h.publish(routing(2, &[("a", &[1]), ("b", &[2, 4]), ("c", &[3])]))
+            .await;
+        let pushed = h.sent();
+        let eds: Vec<_> = pushed.iter().filter(|r| r.type_url == EDS.type_url()).collect();
+        assert_eq!(eds.len(), 1);
+        assert_eq!(resource_count(eds[0]), 1, "only mcp.b changed");
+        // Envoy rejects it: the next response must carry everything again.
+        let mut nack = ack(eds[0], &["mcp.a", "mcp.b", "mcp.c"]);
+        nack.version_info = r.version_info.clone();
+        nack.error_detail = Some(RpcStatus {
+            code: 3,
+            message: "rejected".into(),
+            details: vec![],
+        });
+        h.request(nack).await;
+        h.publish(routing(3, &[("a", &[1]), ("b", &[2, 5]), ("c", &[3])]))
+            .await;
+        let pushed = h.sent();
+        let eds: Vec<_> = pushed.iter().filter(|r| r.type_url == EDS.type_url()).collect();
+        assert_eq!(resource_count(eds[0]), 3, "after a NACK everything goes again");
     }
 
     #[tokio::test]

@@ -23,6 +23,9 @@ pub struct TypeSnapshot {
     /// Changes if and only if the encoded resources change.
     pub version: String,
     pub resources: NamedResources,
+    /// A content hash per resource, so a stream can send only the resources it has not
+    /// delivered in this form yet (EDS in state of the world allows partial responses).
+    pub hashes: BTreeMap<String, u64>,
     /// `changed_at` of the routing snapshot that produced this version: when the oldest etcd
     /// event folded into it reached toolgate-xds. Push latency is measured from here.
     pub changed_at: Instant,
@@ -33,9 +36,14 @@ pub struct TypeSnapshot {
 
 impl TypeSnapshot {
     fn new(resources: NamedResources, changed_at: Instant) -> TypeSnapshot {
+        let hashes = resources
+            .iter()
+            .map(|(name, any)| (name.clone(), fnv1a([any.type_url.as_bytes(), &any.value[..]])))
+            .collect();
         TypeSnapshot {
             version: content_version(&resources),
             resources,
+            hashes,
             changed_at,
             current_since: Instant::now(),
         }
@@ -140,21 +148,26 @@ impl SnapshotCache {
 /// different contents concatenate to the same input. Stable across builds and restarts, unlike
 /// `std`'s `DefaultHasher`.
 fn content_version(resources: &NamedResources) -> String {
+    let hash = fnv1a(
+        resources
+            .iter()
+            .flat_map(|(name, any)| [name.as_bytes(), any.type_url.as_bytes(), &any.value[..]]),
+    );
+    format!("{hash:016x}")
+}
+
+/// 64-bit FNV-1a over length-prefixed parts.
+fn fnv1a<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> u64 {
     const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
     const PRIME: u64 = 0x0000_0100_0000_01b3;
     let mut hash = OFFSET;
-    let mut feed = |bytes: &[u8]| {
+    for bytes in parts {
         for b in (bytes.len() as u64).to_le_bytes().iter().chain(bytes) {
             hash ^= u64::from(*b);
             hash = hash.wrapping_mul(PRIME);
         }
-    };
-    for (name, any) in resources {
-        feed(name.as_bytes());
-        feed(any.type_url.as_bytes());
-        feed(&any.value);
     }
-    format!("{hash:016x}")
+    hash
 }
 
 #[cfg(test)]

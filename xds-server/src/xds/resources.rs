@@ -24,7 +24,8 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
 };
 use envoy_types::pb::envoy::config::route::v3::{
     header_matcher::HeaderMatchSpecifier, route, route_action::ClusterSpecifier,
-    route_match::PathSpecifier, HeaderMatcher, Route, RouteAction, RouteConfiguration, RouteMatch,
+    route_match::PathSpecifier, retry_policy, HeaderMatcher, RetryPolicy, Route, RouteAction,
+    RouteConfiguration, RouteMatch,
     VirtualHost,
 };
 use envoy_types::pb::envoy::extensions::upstreams::http::v3::{
@@ -199,7 +200,13 @@ pub fn cluster(service: &str, route: &ServiceRoute) -> Cluster {
             eds_config: Some(ads_config_source()),
             service_name: String::new(),
         }),
-        connect_timeout: Some(duration_secs(1)),
+        connect_timeout: Some(duration_secs(
+            if crate::failpoint::nack_service() == Some(service) {
+                -1
+            } else {
+                1
+            },
+        )),
         // A single entry: a prost map with one entry encodes deterministically.
         typed_extension_protocol_options: HashMap::from([(
             HTTP_PROTOCOL_OPTIONS_KEY.to_string(),
@@ -362,8 +369,32 @@ fn service_route(service: &str, route: &ServiceRoute, get_stream: bool) -> Route
             cluster_specifier: Some(ClusterSpecifier::Cluster(cluster_name(service))),
             prefix_rewrite: route.mcp_path.clone(),
             timeout: Some(timeout),
+            retry_policy: Some(connect_failure_retry()),
             ..Default::default()
         })),
+        ..Default::default()
+    }
+}
+
+/// Retries only what never reached a server (connect failure, refused stream), so even a
+/// non-idempotent `tools/call` is safe to retry, and always on another host. This is also what
+/// moves an MCP session off an instance that died without deregistering: the retry does not
+/// use the session's pinned host, reaches a live instance, and that instance answers 404 for
+/// the unknown session, so the client initializes again as the MCP spec asks.
+fn connect_failure_retry() -> RetryPolicy {
+    RetryPolicy {
+        retry_on: "connect-failure,refused-stream".to_string(),
+        num_retries: Some(UInt32Value { value: 2 }),
+        retry_host_predicate: vec![retry_policy::RetryHostPredicate {
+            name: "envoy.retry_host_predicates.previous_hosts".to_string(),
+            config_type: Some(retry_policy::retry_host_predicate::ConfigType::TypedConfig(
+                Any {
+                    type_url: "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate".to_string(),
+                    value: Vec::new(),
+                },
+            )),
+        }],
+        host_selection_retry_max_attempts: 3,
         ..Default::default()
     }
 }
