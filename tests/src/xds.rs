@@ -57,7 +57,10 @@ impl Xds {
             envs: envs
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
-                .chain([("RUST_LOG".to_string(), "info,toolgate_xds=debug".to_string())])
+                .chain([(
+                    "RUST_LOG".to_string(),
+                    "info,toolgate_xds=debug".to_string(),
+                )])
                 .collect(),
             proc: None,
             http: reqwest::Client::builder()

@@ -815,20 +815,36 @@ async fn a_configuration_envoy_rejects_is_nacked_once_and_not_resent() {
     let envoy = Envoy::start(&env, "envoy", &xds.xds_addr()).await;
     let ep = etcd.endpoint();
     let good = Member::start(&env, &ep, "good", "good-1", &[], TTL).await;
-    wait_envoy_has(&envoy, "good", &endpoints(&[&good]), Duration::from_secs(20)).await;
-    let cds_before = xds.metric("toolgate_xds_pushes_total", "type=\"cds\"").await;
+    wait_envoy_has(
+        &envoy,
+        "good",
+        &endpoints(&[&good]),
+        Duration::from_secs(20),
+    )
+    .await;
+    let cds_before = xds
+        .metric("toolgate_xds_pushes_total", "type=\"cds\"")
+        .await;
 
     // The poisoned service's cluster is invalid: Envoy rejects that CDS version.
     let poison = Member::start(&env, &ep, "poison", "poison-1", &[], TTL).await;
-    wait_until("Envoy NACKs the poisoned CDS version", Duration::from_secs(10), || async {
-        xds.metric("toolgate_xds_nacks_total", "type=\"cds\"").await >= 1.0
-    })
+    wait_until(
+        "Envoy NACKs the poisoned CDS version",
+        Duration::from_secs(10),
+        || async { xds.metric("toolgate_xds_nacks_total", "type=\"cds\"").await >= 1.0 },
+    )
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let nacks = xds.metric("toolgate_xds_nacks_total", "type=\"cds\"").await;
-    let cds = xds.metric("toolgate_xds_pushes_total", "type=\"cds\"").await;
+    let cds = xds
+        .metric("toolgate_xds_pushes_total", "type=\"cds\"")
+        .await;
     assert_eq!(nacks, 1.0, "one NACK for one rejected version");
-    assert_eq!(cds - cds_before, 1.0, "the rejected version was sent once, not in a loop");
+    assert_eq!(
+        cds - cds_before,
+        1.0,
+        "the rejected version was sent once, not in a loop"
+    );
     assert!(xds.log().contains("Envoy rejected an xDS response (NACK)"));
     assert!(!envoy.hosts().await.contains_key("poison"));
 
@@ -836,6 +852,12 @@ async fn a_configuration_envoy_rejects_is_nacked_once_and_not_resent() {
     let mut s = McpSession::connect(&envoy.url("good")).await;
     assert_eq!(s.call_tool("echo", json!({})).await.status, StatusCode::OK);
     let good2 = Member::start(&env, &ep, "good", "good-2", &[], TTL).await;
-    wait_envoy_has(&envoy, "good", &endpoints(&[&good, &good2]), Duration::from_secs(10)).await;
+    wait_envoy_has(
+        &envoy,
+        "good",
+        &endpoints(&[&good, &good2]),
+        Duration::from_secs(10),
+    )
+    .await;
     drop(poison);
 }

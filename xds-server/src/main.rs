@@ -22,7 +22,11 @@ use toolgate_xds::xds;
 use tracing::{info, warn};
 
 #[derive(Parser, Debug)]
-#[command(name = "toolgate-xds", version, about = "toolgate's control plane: etcd registrations in, Envoy configuration out.")]
+#[command(
+    name = "toolgate-xds",
+    version,
+    about = "toolgate's control plane: etcd registrations in, Envoy configuration out."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -27,7 +27,10 @@ pub struct Watcher {
 enum Next {
     FullSync,
     /// Watch from the revision after `revision`; `resumed` when a watch broke before.
-    Watch { revision: i64, resumed: bool },
+    Watch {
+        revision: i64,
+        resumed: bool,
+    },
 }
 
 enum WatchEnd {
@@ -70,7 +73,10 @@ impl Watcher {
         loop {
             next = match next {
                 Next::FullSync => match self.full_sync(&client).await {
-                    Ok(revision) => Next::Watch { revision, resumed: false },
+                    Ok(revision) => Next::Watch {
+                        revision,
+                        resumed: false,
+                    },
                     Err(reason) => {
                         self.mark_down(&reason);
                         if !self.publisher.is_ready() && started.elapsed() >= startup_wait {
@@ -84,18 +90,31 @@ impl Watcher {
                         Next::FullSync
                     }
                 },
-                Next::Watch { revision, resumed } => match self.watch_from(&client, revision, resumed, &mut backoff).await {
+                Next::Watch { revision, resumed } => match self
+                    .watch_from(&client, revision, resumed, &mut backoff)
+                    .await
+                {
                     WatchEnd::Compacted { compact_revision } => {
                         self.metrics.full_resyncs.inc();
-                        warn!(revision, compact_revision,
-                            "etcd compacted past the last applied revision; resyncing in full");
+                        warn!(
+                            revision,
+                            compact_revision,
+                            "etcd compacted past the last applied revision; resyncing in full"
+                        );
                         Next::FullSync
                     }
                     WatchEnd::Broken { reason } => {
                         self.mark_down(&reason);
                         tokio::time::sleep(backoff.next_delay(rand::random())).await;
-                        let revision = self.registry.read().unwrap_or_else(|p| p.into_inner()).revision();
-                        Next::Watch { revision, resumed: true }
+                        let revision = self
+                            .registry
+                            .read()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .revision();
+                        Next::Watch {
+                            revision,
+                            resumed: true,
+                        }
                     }
                 },
             };
@@ -126,13 +145,22 @@ impl Watcher {
                 .kvs()
                 .iter()
                 .filter_map(|kv| {
-                    Some((kv.key_str().ok()?, kv.value(), kv.lease(), kv.mod_revision()))
+                    Some((
+                        kv.key_str().ok()?,
+                        kv.value(),
+                        kv.lease(),
+                        kv.mod_revision(),
+                    ))
                 })
                 .collect();
             let rejected = reg.reset(kvs, revision);
             self.publisher.publish(&reg, started);
-            info!(revision, instances = reg.instance_count(), took_ms = started.elapsed().as_millis() as u64,
-                "read the registry from etcd");
+            info!(
+                revision,
+                instances = reg.instance_count(),
+                took_ms = started.elapsed().as_millis() as u64,
+                "read the registry from etcd"
+            );
             rejected
         };
         self.count_rejected(&rejected);
@@ -167,26 +195,49 @@ impl Watcher {
         .await
         {
             Ok(Ok(s)) => s,
-            Ok(Err(e)) => return WatchEnd::Broken { reason: format!("creating the watch failed: {e}") },
-            Err(_) => return WatchEnd::Broken { reason: "creating the watch timed out".into() },
+            Ok(Err(e)) => {
+                return WatchEnd::Broken {
+                    reason: format!("creating the watch failed: {e}"),
+                }
+            }
+            Err(_) => {
+                return WatchEnd::Broken {
+                    reason: "creating the watch timed out".into(),
+                }
+            }
         };
         loop {
             let first = match stream.message().await {
                 Ok(Some(resp)) => resp,
-                Ok(None) => return WatchEnd::Broken { reason: "etcd closed the watch stream".into() },
-                Err(e) => return WatchEnd::Broken { reason: format!("the watch stream failed: {e}") },
+                Ok(None) => {
+                    return WatchEnd::Broken {
+                        reason: "etcd closed the watch stream".into(),
+                    }
+                }
+                Err(e) => {
+                    return WatchEnd::Broken {
+                        reason: format!("the watch stream failed: {e}"),
+                    }
+                }
             };
             let arrived = Instant::now();
             if first.canceled() {
                 if first.compact_revision() > 0 {
-                    return WatchEnd::Compacted { compact_revision: first.compact_revision() };
+                    return WatchEnd::Compacted {
+                        compact_revision: first.compact_revision(),
+                    };
                 }
-                return WatchEnd::Broken { reason: format!("etcd canceled the watch: {}", first.cancel_reason()) };
+                return WatchEnd::Broken {
+                    reason: format!("etcd canceled the watch: {}", first.cancel_reason()),
+                };
             }
             if first.created() {
                 if resumed {
                     self.metrics.watch_resumes.inc();
-                    info!(from_revision = revision + 1, "watch resumed from the last applied revision");
+                    info!(
+                        from_revision = revision + 1,
+                        "watch resumed from the last applied revision"
+                    );
                     resumed = false;
                 }
                 self.mark_up();
@@ -219,9 +270,13 @@ impl Watcher {
             self.count_rejected(&rejected);
             if let Some(last) = batch.last().filter(|r| r.canceled()) {
                 if last.compact_revision() > 0 {
-                    return WatchEnd::Compacted { compact_revision: last.compact_revision() };
+                    return WatchEnd::Compacted {
+                        compact_revision: last.compact_revision(),
+                    };
                 }
-                return WatchEnd::Broken { reason: format!("etcd canceled the watch: {}", last.cancel_reason()) };
+                return WatchEnd::Broken {
+                    reason: format!("etcd canceled the watch: {}", last.cancel_reason()),
+                };
             }
         }
     }
@@ -237,7 +292,10 @@ impl Watcher {
     fn mark_down(&self, reason: &str) {
         self.metrics.etcd_up.set(0);
         if self.status.set(false) {
-            error!(reason, "etcd unreachable; serving the last known endpoints and retrying with backoff");
+            error!(
+                reason,
+                "etcd unreachable; serving the last known endpoints and retrying with backoff"
+            );
         } else {
             debug!(reason, "etcd still unreachable");
         }
@@ -256,7 +314,12 @@ impl Watcher {
 
 /// Applies one watch response; returns whether the routing changed. Progress notifications
 /// (no events) only move the revision: they are not data.
-fn apply(reg: &mut Registry, resp: &WatchResponse, metrics: &Metrics, rejected: &mut Vec<Rejected>) -> bool {
+fn apply(
+    reg: &mut Registry,
+    resp: &WatchResponse,
+    metrics: &Metrics,
+    rejected: &mut Vec<Rejected>,
+) -> bool {
     let mut changed = false;
     for event in resp.events() {
         let Some(kv) = event.kv() else { continue };
@@ -273,7 +336,13 @@ fn apply(reg: &mut Registry, resp: &WatchResponse, metrics: &Metrics, rejected: 
     // A catching-up watcher may get its history in chunks whose header revision is already
     // the store's current one: only the events themselves say how far we really are. A
     // progress notification is sent to synced watchers only, so its header is safe to take.
-    match resp.events().iter().filter_map(|e| e.kv()).map(|kv| kv.mod_revision()).max() {
+    match resp
+        .events()
+        .iter()
+        .filter_map(|e| e.kv())
+        .map(|kv| kv.mod_revision())
+        .max()
+    {
         Some(rev) => reg.set_revision(rev),
         // The creation response's header is the store's revision, not how far we are.
         None if !resp.created() => {

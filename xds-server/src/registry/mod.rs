@@ -293,7 +293,11 @@ mod tests {
     fn put_and_delete_drive_the_routing() {
         let mut r = reg();
         assert_eq!(r.put("/mcp/services/inv/i-1", V1, 7, 2), Ok(true));
-        assert_eq!(r.put("/mcp/services/inv/i-1", V1, 8, 3), Ok(false), "same routing");
+        assert_eq!(
+            r.put("/mcp/services/inv/i-1", V1, 8, 3),
+            Ok(false),
+            "same routing"
+        );
         let snap = r.routing(1, Instant::now());
         assert_eq!(snap.services["inv"].endpoints.len(), 1);
         assert_eq!(snap.services["inv"].mcp_path, "/mcp");
@@ -303,7 +307,10 @@ mod tests {
             snap.services["inv"].endpoints.is_empty(),
             "a known service keeps an empty assignment"
         );
-        assert_eq!(snap.services["inv"].mcp_path, "/mcp", "and its last MCP path");
+        assert_eq!(
+            snap.services["inv"].mcp_path, "/mcp",
+            "and its last MCP path"
+        );
     }
 
     #[test]
@@ -332,7 +339,11 @@ mod tests {
         }
         let snap = r.routing(1, Instant::now());
         assert_eq!(snap.services.len(), 1);
-        assert_eq!(snap.services["inv"].endpoints.len(), 1, "the valid instance keeps serving");
+        assert_eq!(
+            snap.services["inv"].endpoints.len(),
+            1,
+            "the valid instance keeps serving"
+        );
     }
 
     #[test]

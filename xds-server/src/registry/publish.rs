@@ -56,7 +56,11 @@ impl Publisher {
             revision: registry.revision(),
             values: registry.raw_values(),
         }));
-        debug!(generation = self.generation, revision = registry.revision(), "published");
+        debug!(
+            generation = self.generation,
+            revision = registry.revision(),
+            "published"
+        );
     }
 
     pub fn is_ready(&self) -> bool {
@@ -74,7 +78,9 @@ async fn write_state(dir: PathBuf, mut rx: watch::Receiver<Option<PersistedRegis
             let res = tokio::task::spawn_blocking(move || persist::save(&dir2, &state)).await;
             match res {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => warn!(dir = %dir.display(), error = %e, "writing the state snapshot failed"),
+                Ok(Err(e)) => {
+                    warn!(dir = %dir.display(), error = %e, "writing the state snapshot failed")
+                }
                 Err(e) => warn!(error = %e, "state writer task failed"),
             }
         }

@@ -732,7 +732,11 @@ mod tests {
             .await;
         let r2 = h.sent().remove(0);
         assert_eq!(r2.version_info, r.version_info);
-        assert_eq!(resource_count(&r2), 1, "only the new name; mcp.a was delivered");
+        assert_eq!(
+            resource_count(&r2),
+            1,
+            "only the new name; mcp.a was delivered"
+        );
         // A name toolgate does not know is answered once (without it), not on every ACK.
         h.request(request(
             EDS,
@@ -763,7 +767,10 @@ mod tests {
         h.publish(routing(2, &[("a", &[1]), ("b", &[2, 4]), ("c", &[3])]))
             .await;
         let pushed = h.sent();
-        let eds: Vec<_> = pushed.iter().filter(|r| r.type_url == EDS.type_url()).collect();
+        let eds: Vec<_> = pushed
+            .iter()
+            .filter(|r| r.type_url == EDS.type_url())
+            .collect();
         assert_eq!(eds.len(), 1);
         assert_eq!(resource_count(eds[0]), 1, "only mcp.b changed");
         // Envoy rejects it: the next response must carry everything again.
@@ -778,8 +785,15 @@ mod tests {
         h.publish(routing(3, &[("a", &[1]), ("b", &[2, 5]), ("c", &[3])]))
             .await;
         let pushed = h.sent();
-        let eds: Vec<_> = pushed.iter().filter(|r| r.type_url == EDS.type_url()).collect();
-        assert_eq!(resource_count(eds[0]), 3, "after a NACK everything goes again");
+        let eds: Vec<_> = pushed
+            .iter()
+            .filter(|r| r.type_url == EDS.type_url())
+            .collect();
+        assert_eq!(
+            resource_count(eds[0]),
+            3,
+            "after a NACK everything goes again"
+        );
     }
 
     #[tokio::test]

@@ -38,7 +38,12 @@ impl TypeSnapshot {
     fn new(resources: NamedResources, changed_at: Instant) -> TypeSnapshot {
         let hashes = resources
             .iter()
-            .map(|(name, any)| (name.clone(), fnv1a([any.type_url.as_bytes(), &any.value[..]])))
+            .map(|(name, any)| {
+                (
+                    name.clone(),
+                    fnv1a([any.type_url.as_bytes(), &any.value[..]]),
+                )
+            })
             .collect();
         TypeSnapshot {
             version: content_version(&resources),

@@ -23,10 +23,9 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
     lb_endpoint::HostIdentifier, ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints,
 };
 use envoy_types::pb::envoy::config::route::v3::{
-    header_matcher::HeaderMatchSpecifier, route, route_action::ClusterSpecifier,
-    route_match::PathSpecifier, retry_policy, HeaderMatcher, RetryPolicy, Route, RouteAction,
-    RouteConfiguration, RouteMatch,
-    VirtualHost,
+    header_matcher::HeaderMatchSpecifier, retry_policy, route, route_action::ClusterSpecifier,
+    route_match::PathSpecifier, HeaderMatcher, RetryPolicy, Route, RouteAction, RouteConfiguration,
+    RouteMatch, VirtualHost,
 };
 use envoy_types::pb::envoy::extensions::upstreams::http::v3::{
     http_protocol_options::{
