@@ -11,10 +11,12 @@ setup:
 
 build: setup
 	$(CARGO) build $(PROFILE) --workspace --bins
+	$(CARGO) build $(PROFILE) -p toolgate-filter --target wasm32-wasip1
 
 lint: setup
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy $(PROFILE) --workspace --all-targets -- -D warnings
+	$(CARGO) clippy $(PROFILE) -p toolgate-filter --target wasm32-wasip1 -- -D warnings
 
 test: build lint
 	$(CARGO) test $(PROFILE) --workspace -- --test-threads=$${TEST_THREADS:-2}

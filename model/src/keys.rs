@@ -19,7 +19,7 @@ pub struct ServiceKey {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KeyError {
-    #[error("key {0:?} is not under the services prefix")]
+    #[error("key {0:?} is not under the expected prefix")]
     NotAService(String),
     #[error("key {key:?} is not <prefix>services/<service>/<instance>")]
     Shape { key: String },
@@ -57,6 +57,34 @@ impl KeyLayout {
 
     pub fn instance_key(&self, service: &str, instance: &str) -> String {
         format!("{}services/{}/{}", self.prefix, service, instance)
+    }
+
+    /// `<prefix>policies/`: breaker policies, per service or per (service, tool).
+    pub fn policies_prefix(&self) -> String {
+        format!("{}policies/", self.prefix)
+    }
+
+    /// Splits `<prefix>policies/<service>[/<tool>]` into the service and the tool, if any.
+    pub fn parse_policy_key(&self, key: &str) -> Result<(String, Option<String>), KeyError> {
+        let policies = self.policies_prefix();
+        let rest = key
+            .strip_prefix(policies.as_str())
+            .ok_or_else(|| KeyError::NotAService(key.to_string()))?;
+        let name_err = |source| KeyError::Name {
+            key: key.to_string(),
+            source,
+        };
+        match rest.split_once('/') {
+            None => {
+                validate_name("service", rest).map_err(name_err)?;
+                Ok((rest.to_string(), None))
+            }
+            Some((service, tool)) => {
+                validate_name("service", service).map_err(name_err)?;
+                validate_name("tool", tool).map_err(name_err)?;
+                Ok((service.to_string(), Some(tool.to_string())))
+            }
+        }
     }
 
     /// Splits an instance key into its service and instance, validating both names.
@@ -98,6 +126,22 @@ mod tests {
                 instance: "i-1".into()
             }
         );
+    }
+
+    #[test]
+    fn parses_policy_keys() {
+        let k = KeyLayout::default();
+        assert_eq!(
+            k.parse_policy_key("/mcp/policies/inv").unwrap(),
+            ("inv".to_string(), None)
+        );
+        assert_eq!(
+            k.parse_policy_key("/mcp/policies/inv/write_order").unwrap(),
+            ("inv".to_string(), Some("write_order".to_string()))
+        );
+        assert!(k.parse_policy_key("/mcp/policies/inv/a/b").is_err());
+        assert!(k.parse_policy_key("/mcp/policies/").is_err());
+        assert!(k.parse_policy_key("/mcp/services/inv").is_err());
     }
 
     #[test]

@@ -7,9 +7,14 @@ pub mod endpoint;
 pub mod instance;
 pub mod keys;
 pub mod names;
+pub mod policy;
 
 pub use backoff::Backoff;
 pub use endpoint::{Endpoint, EndpointError};
 pub use instance::{InstanceError, InstanceMetadata, MAX_WEIGHT};
 pub use keys::{KeyError, KeyLayout, ServiceKey, DEFAULT_PREFIX};
 pub use names::{validate_name, NameError, MAX_NAME_LEN};
+pub use policy::{
+    BreakerPolicy, FilterConfig, PolicyError, PolicyOverrides, ServicePolicy, MAX_BUCKETS,
+    MAX_HALF_OPEN_PROBES,
+};

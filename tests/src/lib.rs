@@ -18,7 +18,7 @@ pub use envoy::{Envoy, EnvoyHost};
 pub use etcd::Etcd;
 pub use faultproxy::FaultProxy;
 pub use mcp::{McpSession, Reply};
-pub use paths::{free_port, project_bin, tool_bin};
+pub use paths::{filter_wasm, free_port, project_bin, tool_bin};
 pub use process::Proc;
 pub use servers::{McpServer, Member, Registrant};
 pub use testenv::TestEnv;

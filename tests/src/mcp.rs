@@ -90,7 +90,7 @@ impl McpSession {
     }
 
     pub async fn notify(&self, method: &str) -> StatusCode {
-        self.post(&json!({"jsonrpc": "2.0", "method": method}))
+        self.post(&json!({"jsonrpc": "2.0", "method": method}), &[])
             .await
             .map(|r| r.status)
             .unwrap_or(StatusCode::BAD_GATEWAY)
@@ -107,10 +107,20 @@ impl McpSession {
 
     /// One JSON-RPC request; transport errors come back as status 599 with the error text.
     pub async fn request(&mut self, method: &str, params: Value) -> Reply {
+        self.request_with_headers(method, params, &[]).await
+    }
+
+    /// A request with extra HTTP headers.
+    pub async fn request_with_headers(
+        &mut self,
+        method: &str,
+        params: Value,
+        headers: &[(&str, &str)],
+    ) -> Reply {
         let id = self.next_id;
         self.next_id += 1;
         let body = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
-        match self.post(&body).await {
+        match self.post(&body, headers).await {
             Ok(mut reply) => {
                 reply.message = find_response(&reply.body, &reply.content_type, id);
                 reply
@@ -125,7 +135,7 @@ impl McpSession {
         }
     }
 
-    async fn post(&self, body: &Value) -> Result<Reply, reqwest::Error> {
+    async fn post(&self, body: &Value, headers: &[(&str, &str)]) -> Result<Reply, reqwest::Error> {
         let mut req = self
             .http
             .post(&self.url)
@@ -134,6 +144,9 @@ impl McpSession {
             .json(body);
         if let Some(s) = &self.session {
             req = req.header("mcp-session-id", s);
+        }
+        for (k, v) in headers {
+            req = req.header(*k, *v);
         }
         let resp = req.send().await?;
         let status = resp.status();

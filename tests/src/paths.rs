@@ -54,3 +54,14 @@ pub fn free_port() -> u16 {
         .map(|a| a.port())
         .expect("binding 127.0.0.1:0 to find a free port")
 }
+
+/// The toolgate wasm filter, built by `make build` for wasm32-wasip1.
+pub fn filter_wasm() -> PathBuf {
+    let path = workspace_root().join("target/wasm32-wasip1/release/toolgate_filter.wasm");
+    assert!(
+        path.exists(),
+        "{} is missing: run `make build` first",
+        path.display()
+    );
+    path
+}

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use serde_json::{json, Value};
 
+use crate::xds::ecds;
 use crate::xds::resources::ROUTE_CONFIG_NAME;
 
 /// Name of the static cluster that reaches toolgate-xds.
@@ -31,7 +32,8 @@ pub struct BootstrapOptions {
     pub xds: SocketAddr,
     /// Envoy's admin interface; keep it on loopback, it can change Envoy's state.
     pub admin: SocketAddr,
-    /// The toolgate wasm filter (not wired in yet).
+    /// The toolgate wasm filter; its configuration then comes over ECDS. Without it Envoy
+    /// routes, but no breaker protects the tools.
     pub filter: Option<PathBuf>,
 }
 
@@ -40,6 +42,21 @@ pub fn render(opts: &BootstrapOptions) -> String {
     let value = bootstrap(opts);
     // Serializing a `serde_json::Value` cannot fail.
     serde_json::to_string_pretty(&value).unwrap_or_default()
+}
+
+/// The node; its metadata tells toolgate-xds where this Envoy finds the wasm filter, since only
+/// the Envoy's own filesystem knows.
+fn node(opts: &BootstrapOptions) -> Value {
+    let mut node = json!({ "id": opts.node_id, "cluster": opts.cluster });
+    if let Some(path) = &opts.filter {
+        // Envoy resolves a relative filename against its own working directory, which need not
+        // be ours: make it absolute while we still know what it meant.
+        let path = std::path::absolute(path).unwrap_or_else(|_| path.clone());
+        node["metadata"] = json!({
+            ecds::NODE_METADATA_KEY: { ecds::NODE_FILTER_PATH_FIELD: path.to_string_lossy() }
+        });
+    }
+    node
 }
 
 fn socket_address(addr: SocketAddr) -> Value {
@@ -53,7 +70,7 @@ fn ads_source() -> Value {
 
 fn bootstrap(opts: &BootstrapOptions) -> Value {
     json!({
-        "node": { "id": opts.node_id, "cluster": opts.cluster },
+        "node": node(opts),
         "admin": { "address": socket_address(opts.admin) },
         "dynamic_resources": {
             "ads_config": {
@@ -98,10 +115,14 @@ fn xds_cluster(xds: SocketAddr) -> Value {
 }
 
 fn listener(opts: &BootstrapOptions) -> Value {
-    // TODO(wasm filter, later issue): when `opts.filter` is Some, insert the toolgate wasm
-    // filter (`envoy.filters.http.wasm`, configured over ECDS) between the stateful session
-    // filter and the router. Until then `filter` is accepted and ignored.
-    let http_filters = vec![session_affinity_filter(), router_filter()];
+    // The toolgate filter comes first: it answers an open breaker before anything else runs,
+    // and on the way back it is last, so it sees (and can rewrite) the final response.
+    let mut http_filters = Vec::new();
+    if opts.filter.is_some() {
+        http_filters.push(toolgate_filter());
+    }
+    http_filters.push(session_affinity_filter());
+    http_filters.push(router_filter());
     json!({
         "name": LISTENER_NAME,
         "address": socket_address(opts.listen),
@@ -149,6 +170,18 @@ fn session_affinity_filter() -> Value {
             },
             "strict": false,
             "stat_prefix": "mcp_session"
+        }
+    })
+}
+
+/// The wasm filter, its whole configuration discovered over ADS (ECDS): policy changes reach it
+/// live, and the listener waits for the first configuration before it takes traffic.
+fn toolgate_filter() -> Value {
+    json!({
+        "name": ecds::FILTER_CONFIG_NAME,
+        "config_discovery": {
+            "config_source": ads_source(),
+            "type_urls": ["type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"]
         }
     })
 }

@@ -15,6 +15,8 @@ pub struct RoutingSnapshot {
     /// When the oldest etcd event folded into this snapshot arrived (for push latency).
     pub changed_at: Instant,
     pub services: BTreeMap<String, ServiceRoute>,
+    /// The wasm filter's plugin configuration (JSON), delivered over ECDS.
+    pub filter_config: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -23,6 +25,8 @@ pub struct ServiceRoute {
     pub mcp_path: String,
     /// The bulkhead: this service's own connection-pool limits in Envoy.
     pub limits: Bulkhead,
+    /// Response timeout of the service's calls (not of MCP's GET stream).
+    pub timeout_ms: u64,
     /// May be empty: a known service with no instances gets an empty assignment.
     pub endpoints: Vec<RouteEndpoint>,
 }
@@ -74,6 +78,7 @@ impl RoutingSnapshot {
             generation: 0,
             changed_at: Instant::now(),
             services: BTreeMap::new(),
+            filter_config: String::from("{}"),
         }
     }
 }

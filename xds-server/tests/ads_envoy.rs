@@ -235,11 +235,13 @@ fn snapshot(
                     ServiceRoute {
                         mcp_path: mcp_path.to_string(),
                         limits: LIMITS,
+                        timeout_ms: 60_000,
                         endpoints: endpoints.clone(),
                     },
                 )
             })
             .collect::<BTreeMap<_, _>>(),
+        filter_config: String::from("{}"),
     })
 }
 
@@ -755,6 +757,7 @@ async fn envoy_follows_snapshots_over_ads_and_nothing_is_sent_when_nothing_chang
         generation: 6,
         changed_at: Instant::now(),
         services: bigger.services.clone(),
+        filter_config: String::from("{}"),
     }));
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(

@@ -128,7 +128,8 @@ impl Watcher {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .layout()
-            .services_prefix();
+            .prefix()
+            .to_string();
         let started = Instant::now();
         let mut kv = client.kv_client();
         let resp = tokio::time::timeout(
@@ -181,7 +182,8 @@ impl Watcher {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .layout()
-            .services_prefix();
+            .prefix()
+            .to_string();
         let opts = WatchOptions::new()
             .with_prefix()
             .with_start_revision(revision + 1)

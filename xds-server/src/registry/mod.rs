@@ -12,6 +12,7 @@ use std::net::IpAddr;
 use std::time::Instant;
 
 use serde::Serialize;
+use toolgate_model::policy::{FilterConfig, PolicyOverrides, ServicePolicy};
 use toolgate_model::{InstanceMetadata, KeyLayout, ServiceKey};
 
 use crate::routing::{Bulkhead, EndpointHealth, RouteEndpoint, RoutingSnapshot, ServiceRoute};
@@ -42,6 +43,9 @@ pub struct Registry {
     /// assignment (a clean "no healthy upstream") instead of a vanished cluster, and the route
     /// keeps the MCP path last registered (so an emptied service costs no route push).
     services: BTreeMap<String, String>,
+    /// Breaker policies from `<prefix>policies/<service>[/<tool>]`, as stored (raw JSON kept for
+    /// the state-dir snapshot).
+    policies: BTreeMap<(String, Option<String>), (PolicyOverrides, String)>,
     revision: i64,
 }
 
@@ -51,6 +55,7 @@ impl Registry {
             layout,
             instances: BTreeMap::new(),
             services: BTreeMap::new(),
+            policies: BTreeMap::new(),
             revision: 0,
         }
     }
@@ -80,6 +85,7 @@ impl Registry {
         revision: i64,
     ) -> Vec<Rejected> {
         self.instances.clear();
+        self.policies.clear();
         let mut rejected = Vec::new();
         for (key, value, lease, mod_revision) in kvs {
             if let Err(r) = self.put(key, value, lease, mod_revision) {
@@ -90,8 +96,72 @@ impl Registry {
         rejected
     }
 
-    /// Applies a PUT. `Ok(true)` when the routing changed.
+    /// Applies a PUT anywhere under the prefix. `Ok(true)` when what Envoy gets changed.
+    /// Keys of kinds toolgate-xds does not follow here are ignored.
     pub fn put(
+        &mut self,
+        key: &str,
+        value: &[u8],
+        lease: i64,
+        mod_revision: i64,
+    ) -> Result<bool, Rejected> {
+        if key.starts_with(&self.layout.services_prefix()) {
+            self.put_instance(key, value, lease, mod_revision)
+        } else if key.starts_with(&self.layout.policies_prefix()) {
+            self.put_policy(key, value)
+        } else {
+            Ok(false)
+        }
+    }
+
+    /// A policy override: parsed, merged over the defaults and validated before it is admitted,
+    /// so a bad value never reaches a filter.
+    fn put_policy(&mut self, key: &str, value: &[u8]) -> Result<bool, Rejected> {
+        let reject = |reason: &'static str, detail: String| Rejected {
+            key: key.to_string(),
+            reason,
+            detail,
+        };
+        let (service, tool) = self
+            .layout
+            .parse_policy_key(key)
+            .map_err(|e| reject("bad_key", e.to_string()))?;
+        let overrides: PolicyOverrides = serde_json::from_slice(value)
+            .map_err(|e| reject("bad_policy", format!("not policy JSON: {e}")))?;
+        let mut candidate = self.filter_config();
+        let entry = candidate.services.entry(service.clone()).or_default();
+        match &tool {
+            Some(t) => {
+                entry.tools.insert(t.clone(), overrides.clone());
+            }
+            None => entry.policy = Some(overrides.clone()),
+        }
+        candidate
+            .validate()
+            .map_err(|e| reject("bad_policy", e.to_string()))?;
+        let raw = String::from_utf8_lossy(value).into_owned();
+        let k = (service, tool);
+        let changed = self.policies.get(&k).is_none_or(|(o, _)| *o != overrides);
+        self.policies.insert(k, (overrides, raw));
+        Ok(changed)
+    }
+
+    /// The filter's configuration: the defaults and every admitted policy override.
+    pub fn filter_config(&self) -> FilterConfig {
+        let mut config = FilterConfig::default();
+        for ((service, tool), (overrides, _)) in &self.policies {
+            let entry: &mut ServicePolicy = config.services.entry(service.clone()).or_default();
+            match tool {
+                Some(t) => {
+                    entry.tools.insert(t.clone(), overrides.clone());
+                }
+                None => entry.policy = Some(overrides.clone()),
+            }
+        }
+        config
+    }
+
+    fn put_instance(
         &mut self,
         key: &str,
         value: &[u8],
@@ -150,10 +220,13 @@ impl Registry {
         Ok(routing_changed)
     }
 
-    /// Applies a DELETE. `true` when an instance left.
+    /// Applies a DELETE. `true` when an instance or a policy left.
     pub fn delete(&mut self, key: &str) -> bool {
-        match self.layout.parse_instance_key(key) {
-            Ok(sk) => self.instances.remove(&sk).is_some(),
+        if let Ok(sk) = self.layout.parse_instance_key(key) {
+            return self.instances.remove(&sk).is_some();
+        }
+        match self.layout.parse_policy_key(key) {
+            Ok(k) => self.policies.remove(&k).is_some(),
             Err(_) => false,
         }
     }
@@ -169,6 +242,7 @@ impl Registry {
                     ServiceRoute {
                         mcp_path: String::new(),
                         limits: Bulkhead::default(),
+                        timeout_ms: 60_000,
                         endpoints: Vec::new(),
                     },
                 )
@@ -194,29 +268,47 @@ impl Registry {
                 health: EndpointHealth::Healthy,
             });
         }
+        let filter = self.filter_config();
         for (service, route) in services.iter_mut() {
             if route.mcp_path.is_empty() {
                 route.mcp_path = self.services.get(service).cloned().unwrap_or_default();
             }
+            // The bulkhead comes from the service's policy (a tool cannot have its own pool).
+            let policy = filter.policy_for(service, "");
+            route.limits = Bulkhead {
+                max_connections: policy.max_connections,
+                max_pending_requests: policy.max_pending_requests,
+                max_requests: policy.max_requests,
+                max_retries: policy.max_retries,
+            };
+            route.timeout_ms = policy.timeout_ms;
         }
         RoutingSnapshot {
             generation,
             changed_at,
             services,
+            // Serializing plain structs with string keys cannot fail.
+            filter_config: serde_json::to_string(&filter).unwrap_or_default(),
         }
     }
 
-    /// The raw (key, value) pairs of every admitted instance, for the state-dir snapshot.
+    /// The raw (key, value) pairs of every admitted instance and policy, for the state-dir
+    /// snapshot.
     pub fn raw_values(&self) -> Vec<(String, String)> {
-        self.instances
-            .iter()
-            .map(|(sk, inst)| {
-                (
-                    self.layout.instance_key(&sk.service, &sk.instance),
-                    inst.meta.to_json(),
-                )
-            })
-            .collect()
+        let instances = self.instances.iter().map(|(sk, inst)| {
+            (
+                self.layout.instance_key(&sk.service, &sk.instance),
+                inst.meta.to_json(),
+            )
+        });
+        let policies = self.policies.iter().map(|((service, tool), (_, raw))| {
+            let key = match tool {
+                Some(t) => format!("{}{service}/{t}", self.layout.policies_prefix()),
+                None => format!("{}{service}", self.layout.policies_prefix()),
+            };
+            (key, raw.clone())
+        });
+        instances.chain(policies).collect()
     }
 
     /// JSON for `/v1/registry`.
@@ -344,6 +436,50 @@ mod tests {
             1,
             "the valid instance keeps serving"
         );
+    }
+
+    #[test]
+    fn policies_shape_the_filter_config_and_the_bulkhead() {
+        let mut r = reg();
+        r.put("/mcp/services/inv/i-1", V1, 7, 2).unwrap();
+        assert_eq!(
+            r.put("/mcp/policies/inv", br#"{"max_requests":7}"#, 0, 3),
+            Ok(true)
+        );
+        assert_eq!(
+            r.put(
+                "/mcp/policies/inv/a",
+                br#"{"failure_rate_percent":20}"#,
+                0,
+                4
+            ),
+            Ok(true)
+        );
+        let snap = r.routing(1, Instant::now());
+        assert_eq!(snap.services["inv"].limits.max_requests, 7);
+        let config: FilterConfig = serde_json::from_str(&snap.filter_config).unwrap();
+        assert_eq!(config.policy_for("inv", "a").failure_rate_percent, 20);
+        assert_eq!(config.policy_for("inv", "b").failure_rate_percent, 50);
+        for (key, value) in [
+            ("/mcp/policies/inv/a", &br#"{"failure_rate_percent":0}"#[..]),
+            ("/mcp/policies/inv/a", b"nope"),
+            ("/mcp/policies/in v", b"{}"),
+        ] {
+            let err = r.put(key, value, 0, 5).unwrap_err();
+            assert_eq!(err.key, key);
+        }
+        let config: FilterConfig =
+            serde_json::from_str(&r.routing(2, Instant::now()).filter_config).unwrap();
+        assert_eq!(
+            config.policy_for("inv", "a").failure_rate_percent,
+            20,
+            "a bad value keeps the last good one"
+        );
+        assert!(r.delete("/mcp/policies/inv/a"));
+        let config: FilterConfig =
+            serde_json::from_str(&r.routing(3, Instant::now()).filter_config).unwrap();
+        assert_eq!(config.policy_for("inv", "a").failure_rate_percent, 50);
+        assert_eq!(r.put("/mcp/elsewhere/x", b"whatever", 0, 6), Ok(false));
     }
 
     #[test]

@@ -111,6 +111,7 @@ impl AggregatedDiscoveryService for AdsService {
             id: self.next_stream.fetch_add(1, Ordering::Relaxed),
             peer,
             node: String::new(),
+            filter_path: None,
             started: Instant::now(),
             nonce: 0,
             types: BTreeMap::new(),
@@ -220,6 +221,8 @@ struct AdsStream {
     peer: Option<SocketAddr>,
     /// From the first request (`set_node_on_first_message_only`).
     node: String,
+    /// Where this Envoy finds the wasm filter (node metadata), for its ECDS resource.
+    filter_path: Option<String>,
     started: Instant,
     nonce: u64,
     /// Only types the Envoy has asked for: nothing is pushed before it subscribes.
@@ -324,6 +327,7 @@ impl AdsStream {
         if self.node.is_empty() {
             if let Some(node) = &request.node {
                 self.node = node.id.clone();
+                self.filter_path = super::ecds::filter_path(node.metadata.as_ref());
                 info!(node = %self.node, cluster = %node.cluster, stream = self.id,
                     peer = ?self.peer, "Envoy connected");
             }
@@ -418,6 +422,10 @@ impl AdsStream {
 
     /// Sends `current` for the names this Envoy subscribed and records it.
     async fn send(&mut self, ty: ResourceType, current: &Arc<TypeSnapshot>) -> Result<(), Closed> {
+        if ty == ResourceType::ExtensionConfig && self.filter_path.is_none() {
+            warn!(node = %self.node, "Envoy asked for the filter configuration but its bootstrap names no filter path (node metadata toolgate.filter_path); not answering");
+            return Ok(());
+        }
         let Some(state) = self.types.get_mut(&ty) else {
             return Ok(());
         };
@@ -444,6 +452,13 @@ impl AdsStream {
                 }
                 current.select(wanted)
             }
+        };
+        let resources = match (&self.filter_path, ty) {
+            (Some(path), ResourceType::ExtensionConfig) => resources
+                .iter()
+                .map(|r| super::ecds::with_filter_path(r, path))
+                .collect(),
+            _ => resources,
         };
         self.nonce += 1;
         let nonce = self.nonce.to_string();
@@ -521,6 +536,7 @@ mod tests {
                         ServiceRoute {
                             mcp_path: "/mcp".into(),
                             limits: Bulkhead::default(),
+                            timeout_ms: 60_000,
                             endpoints: octets
                                 .iter()
                                 .map(|o| RouteEndpoint {
@@ -535,6 +551,7 @@ mod tests {
                     )
                 })
                 .collect(),
+            filter_config: String::from("{}"),
         }
     }
 
@@ -555,6 +572,7 @@ mod tests {
                     id: 1,
                     peer: None,
                     node: String::new(),
+                    filter_path: None,
                     started: Instant::now(),
                     nonce: 0,
                     types: BTreeMap::new(),

@@ -96,8 +96,9 @@ impl CacheSnapshot {
 /// the immutable `Arc<CacheSnapshot>`.
 #[derive(Debug, Default)]
 pub struct SnapshotCache {
-    /// The services of the last applied snapshot: an unchanged registry costs one comparison.
-    services: Option<BTreeMap<String, ServiceRoute>>,
+    /// The services and filter configuration of the last applied snapshot: an unchanged
+    /// registry costs one comparison.
+    services: Option<(BTreeMap<String, ServiceRoute>, String)>,
     current: Option<Arc<CacheSnapshot>>,
 }
 
@@ -116,7 +117,7 @@ impl SnapshotCache {
     /// `changed_at`.
     pub fn update(&mut self, snapshot: &RoutingSnapshot) -> Vec<ResourceType> {
         if let (Some(current), Some(services)) = (&self.current, &self.services) {
-            if *services == snapshot.services {
+            if services.0 == snapshot.services && services.1 == snapshot.filter_config {
                 if current.generation != snapshot.generation {
                     self.current = Some(Arc::new(CacheSnapshot {
                         generation: snapshot.generation,
@@ -140,7 +141,7 @@ impl SnapshotCache {
             };
             types.insert(ty, next);
         }
-        self.services = Some(snapshot.services.clone());
+        self.services = Some((snapshot.services.clone(), snapshot.filter_config.clone()));
         self.current = Some(Arc::new(CacheSnapshot {
             generation: snapshot.generation,
             types,
@@ -193,6 +194,7 @@ mod tests {
                         ServiceRoute {
                             mcp_path: "/mcp".into(),
                             limits: Bulkhead::default(),
+                            timeout_ms: 60_000,
                             endpoints: endpoints
                                 .iter()
                                 .map(|(id, octet)| RouteEndpoint {
@@ -207,6 +209,7 @@ mod tests {
                     )
                 })
                 .collect(),
+            filter_config: String::from("{}"),
         }
     }
 
@@ -232,13 +235,20 @@ mod tests {
             [
                 ResourceType::Cluster,
                 ResourceType::Endpoint,
-                ResourceType::Route
+                ResourceType::Route,
+                ResourceType::ExtensionConfig
             ]
         );
-        assert!(cache
-            .current()
-            .and_then(|c| c.get(ResourceType::ExtensionConfig).cloned())
-            .is_none());
+    }
+
+    #[test]
+    fn a_filter_configuration_change_alone_changes_only_ecds() {
+        let mut cache = SnapshotCache::new();
+        let mut snap = snapshot(1, &[("inventory", &[("a", 1)])]);
+        cache.update(&snap);
+        snap.generation = 2;
+        snap.filter_config = r#"{"max_body_bytes":10}"#.to_string();
+        assert_eq!(cache.update(&snap), [ResourceType::ExtensionConfig]);
     }
 
     #[test]

@@ -6,6 +6,7 @@
 
 pub mod ads;
 pub mod cache;
+pub mod ecds;
 pub mod resources;
 
 use std::future::Future;

@@ -49,7 +49,6 @@ pub const SERVICE_PATH_PREFIX: &str = "/mcp/";
 /// `filter_metadata` namespace on each endpoint, read by the wasm filter to name the instance.
 pub const ENDPOINT_METADATA_NAMESPACE: &str = "toolgate";
 /// Timeout of a request other than an MCP GET stream (`tools/call` and the other POSTs).
-pub const REQUEST_TIMEOUT_SECS: i64 = 60;
 /// Name of the only virtual host of [`ROUTE_CONFIG_NAME`].
 const VIRTUAL_HOST_NAME: &str = "toolgate";
 /// Key of the upstream protocol options in `typed_extension_protocol_options`.
@@ -67,8 +66,7 @@ pub enum ResourceType {
     Endpoint,
     /// RDS: `envoy.config.route.v3.RouteConfiguration`.
     Route,
-    /// ECDS: `envoy.config.core.v3.TypedExtensionConfig` (the wasm filter's configuration; not
-    /// built yet).
+    /// ECDS: `envoy.config.core.v3.TypedExtensionConfig` (the wasm filter's configuration).
     ExtensionConfig,
 }
 
@@ -134,10 +132,16 @@ pub fn build(snapshot: &RoutingSnapshot) -> BTreeMap<ResourceType, NamedResource
         ROUTE_CONFIG_NAME.to_string(),
         to_any(&route_configuration(snapshot)),
     );
+    let mut extension = NamedResources::new();
+    extension.insert(
+        super::ecds::FILTER_CONFIG_NAME.to_string(),
+        super::ecds::extension_config(&snapshot.filter_config),
+    );
     BTreeMap::from([
         (ResourceType::Cluster, clusters),
         (ResourceType::Endpoint, assignments),
         (ResourceType::Route, routes),
+        (ResourceType::ExtensionConfig, extension),
     ])
 }
 
@@ -165,6 +169,13 @@ fn ads_config_source() -> ConfigSource {
         config_source_specifier: Some(ConfigSourceSpecifier::Ads(AggregatedConfigSource {})),
         resource_api_version: ApiVersion::V3 as i32,
         ..Default::default()
+    }
+}
+
+fn duration_ms(ms: u64) -> Duration {
+    Duration {
+        seconds: (ms / 1000) as i64,
+        nanos: ((ms % 1000) * 1_000_000) as i32,
     }
 }
 
@@ -314,7 +325,7 @@ fn socket_address(ip: IpAddr, port: u16) -> Address {
 /// `/mcp/<service>` (and below it), rewritten to the service's `mcp_path`:
 /// - `GET` without a timeout: it opens MCP's long-lived server-to-client SSE stream, which a
 ///   response timeout would cut;
-/// - everything else with a [`REQUEST_TIMEOUT_SECS`] response timeout.
+/// - everything else with the service's response timeout (policy `timeout_ms`).
 ///
 /// Unknown paths match no route and get Envoy's own 404.
 pub fn route_configuration(snapshot: &RoutingSnapshot) -> RouteConfiguration {
@@ -353,7 +364,7 @@ fn service_route(service: &str, route: &ServiceRoute, get_stream: bool) -> Route
         // 0s disables Envoy's route timeout (default 15 s).
         (format!("{service}/get-stream"), duration_secs(0))
     } else {
-        (service.to_string(), duration_secs(REQUEST_TIMEOUT_SECS))
+        (service.to_string(), duration_ms(route.timeout_ms))
     };
     Route {
         name,
@@ -431,6 +442,7 @@ mod tests {
                     ServiceRoute {
                         mcp_path: "/rpc".to_string(),
                         limits,
+                        timeout_ms: 60_000,
                         endpoints: vec![
                             endpoint("inv-c", 3, 1, EndpointHealth::Unhealthy),
                             endpoint("inv-a", 1, 10, EndpointHealth::Healthy),
@@ -443,10 +455,12 @@ mod tests {
                     ServiceRoute {
                         mcp_path: "/mcp".to_string(),
                         limits: Bulkhead::default(),
+                        timeout_ms: 60_000,
                         endpoints: Vec::new(),
                     },
                 ),
             ]),
+            filter_config: String::from("{}"),
         }
     }
 

@@ -1,0 +1,292 @@
+//! Property tests: the readers never panic on any input and agree with a plain `serde_json::Value`
+//! reading of the same body; the SSE scanner's answer does not depend on where chunks split; the
+//! replies are always JSON that echoes the id.
+
+use proptest::prelude::*;
+use serde_json::Value;
+use toolgate_filter::mcp::jsonrpc::{
+    check_headers, classify_response, decode_header_value, parse_request, RawId, RequestInfo,
+    ResponseClass, ToolName,
+};
+use toolgate_filter::mcp::reply::{
+    body_too_large, error_reply, tool_unavailable, unavailable_error, Framing, ProtocolVersion,
+    Reply, Unavailable, UnavailableKind, UpstreamFailure,
+};
+use toolgate_filter::mcp::sse::SseScanner;
+
+fn version() -> impl Strategy<Value = ProtocolVersion> {
+    prop::sample::select(ProtocolVersion::ALL.to_vec())
+}
+
+fn framing() -> impl Strategy<Value = Framing> {
+    prop::sample::select(vec![Framing::Json, Framing::Sse])
+}
+
+/// Ids as clients send them: integers, and strings of any content (serialized, so escaped).
+fn raw_id() -> impl Strategy<Value = RawId> {
+    prop_oneof![
+        any::<i64>().prop_map(|n| n.to_string()),
+        any::<u64>().prop_map(|n| n.to_string()),
+        any::<String>().prop_map(|s| Value::String(s).to_string()),
+        // The same strings with every non-ASCII character escaped, as some clients send them.
+        any::<String>().prop_map(|s| escape_all(&s)),
+    ]
+    .prop_map(|text| RawId::from_json(&text).expect("generated id is a JSON string or number"))
+}
+
+fn escape_all(s: &str) -> String {
+    let mut out = String::from("\"");
+    for unit in s.encode_utf16() {
+        out.push_str(&format!("\\u{unit:04x}"));
+    }
+    out.push('"');
+    out
+}
+
+fn upstream_failure() -> impl Strategy<Value = UpstreamFailure> {
+    prop_oneof![
+        Just(UpstreamFailure::ConnectFailure),
+        Just(UpstreamFailure::Reset),
+        Just(UpstreamFailure::Timeout),
+        any::<u16>().prop_map(UpstreamFailure::Http5xx),
+        Just(UpstreamFailure::NoHealthyUpstream),
+    ]
+}
+
+/// A JSON reply body: the bytes themselves or the data line of the one SSE event.
+fn reply_json(reply: &Reply) -> Value {
+    let body = std::str::from_utf8(&reply.body).expect("reply is UTF-8");
+    let json = if reply.content_type == "text/event-stream" {
+        body.strip_prefix("event: message\ndata: ")
+            .and_then(|b| b.strip_suffix("\n\n"))
+            .expect("one SSE event")
+    } else {
+        body
+    };
+    assert!(!json.contains('\n'), "JSON on one line");
+    serde_json::from_str(json).expect("reply is JSON")
+}
+
+fn id_value(id: &RawId) -> Value {
+    serde_json::from_str(id.as_json()).expect("id is JSON")
+}
+
+/// Reference reading of a request with a full `Value`: what parse_request must agree with.
+fn reference_tool(body: &[u8]) -> Option<Option<String>> {
+    let value: Value = serde_json::from_slice(body).ok()?;
+    let object = value.as_object()?;
+    if object.get("method")?.as_str()? != "tools/call" {
+        return Some(None);
+    }
+    Some(
+        object
+            .get("params")
+            .and_then(|p| p.get("name"))
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+    )
+}
+
+/// Fragments that make random bodies look like JSON-RPC more often than random bytes do.
+fn jsonish() -> impl Strategy<Value = Vec<u8>> {
+    let token = prop::sample::select(vec![
+        "{",
+        "}",
+        "[",
+        "]",
+        ",",
+        ":",
+        "\"",
+        "\"id\"",
+        "\"method\"",
+        "\"params\"",
+        "\"name\"",
+        "\"tools/call\"",
+        "\"result\"",
+        "\"error\"",
+        "\"isError\"",
+        "\"code\"",
+        "true",
+        "null",
+        "1",
+        "-32020",
+        "\"a\"",
+        "\\u0000",
+        "\\",
+        " ",
+        "\n",
+        "é",
+        "\u{feff}",
+        "data: ",
+        "\r\n",
+    ]);
+    prop::collection::vec(token, 0..40).prop_map(|t| t.concat().into_bytes())
+}
+
+fn bytes() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![prop::collection::vec(any::<u8>(), 0..512), jsonish()]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2_000))]
+
+    #[test]
+    fn parse_request_never_panics(body in bytes(), method in proptest::option::of(".{0,20}"), name in proptest::option::of(".{0,20}")) {
+        let info = parse_request(&body);
+        let _ = check_headers(method.as_deref(), name.as_deref(), &info);
+        if let RequestInfo::Single(request) = &info {
+            let _ = request.tool();
+        }
+    }
+
+    #[test]
+    fn classify_and_decode_never_panic(body in bytes(), id in raw_id(), header in ".{0,40}") {
+        let _ = classify_response(&body, &id);
+        let _ = decode_header_value(&header);
+        let _ = decode_header_value(&format!("=?base64?{header}?="));
+    }
+
+    #[test]
+    fn tool_calls_are_read_as_a_full_json_reading_would(
+        id in raw_id(),
+        name in ".{0,140}",
+        filler in ".{0,20}",
+        name_first in any::<bool>(),
+    ) {
+        let arguments = serde_json::json!({"name": filler, "list": [filler, {"name": 1}]});
+        let name_json = Value::String(name.clone()).to_string();
+        let params = if name_first {
+            format!(r#"{{"name":{name_json},"arguments":{arguments}}}"#)
+        } else {
+            format!(r#"{{"arguments":{arguments},"_meta":{{}},"name":{name_json}}}"#)
+        };
+        let body = format!(r#"{{"params":{params},"jsonrpc":"2.0","id":{},"method":"tools/call"}}"#, id.as_json());
+        let RequestInfo::Single(request) = parse_request(body.as_bytes()) else {
+            panic!("not a single request: {body}");
+        };
+        prop_assert_eq!(&request.id, &id);
+        prop_assert_eq!(request.id.as_json(), id.as_json());
+        let expected = reference_tool(body.as_bytes()).flatten();
+        let got = match request.tool() {
+            Some(ToolName::Valid(n)) | Some(ToolName::Invalid(n)) => Some(n.to_owned()),
+            _ => None,
+        };
+        prop_assert_eq!(&got, &expected);
+        let valid = !name.is_empty() && name.len() <= 128
+            && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+        prop_assert_eq!(matches!(request.tool(), Some(ToolName::Valid(_))), valid);
+    }
+
+    #[test]
+    fn random_bodies_agree_with_a_full_json_reading(body in bytes()) {
+        let reference = reference_tool(&body);
+        match parse_request(&body) {
+            RequestInfo::Single(request) => {
+                let expected = reference.expect("a request the reference cannot read");
+                let got = request.tool().and_then(|t| match t {
+                    ToolName::Valid(n) | ToolName::Invalid(n) => Some(n.to_owned()),
+                    ToolName::Absent => None,
+                });
+                prop_assert_eq!(got, expected);
+            }
+            RequestInfo::Notification { .. } => prop_assert!(reference.is_some()),
+            RequestInfo::Batch | RequestInfo::Malformed => {}
+        }
+    }
+
+    #[test]
+    fn sse_answer_does_not_depend_on_chunking(
+        id in raw_id(),
+        prelude in prop::collection::vec(prop_oneof![
+            Just(": keep-alive\n\n".to_string()),
+            Just("event: ping\ndata: x\n\n".to_string()),
+            Just("data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{}}\r\n\r\n".to_string()),
+            Just("data: not json\r\r".to_string()),
+            Just("id: 5\nretry: 100\n\n".to_string()),
+        ], 0..6),
+        is_error in any::<bool>(),
+        code in proptest::option::of(any::<i64>()),
+        cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..8),
+        garbage in prop::collection::vec(any::<u8>(), 0..64),
+    ) {
+        let response = match code {
+            Some(code) => format!(r#"{{"jsonrpc":"2.0","id":{},"error":{{"code":{code},"message":"m"}}}}"#, id.as_json()),
+            None => format!(r#"{{"jsonrpc":"2.0","id":{},"result":{{"content":[],"isError":{is_error}}}}}"#, id.as_json()),
+        };
+        let expected = classify_response(response.as_bytes(), &id);
+        prop_assert_ne!(expected, ResponseClass::Other);
+        let stream = format!("{}data: {response}\n\n", prelude.concat());
+        let mut stream = stream.into_bytes();
+        stream.extend_from_slice(&garbage);
+        let mut points: Vec<usize> = cuts.iter().map(|c| c.index(stream.len() + 1)).collect();
+        points.sort_unstable();
+        let mut scanner = SseScanner::new(id.clone());
+        let mut found = None;
+        let mut start = 0;
+        for end in points.into_iter().chain([stream.len()]) {
+            if let Some(class) = scanner.feed(&stream[start..end]) {
+                prop_assert!(found.is_none(), "reported twice");
+                found = Some(class);
+            }
+            start = end;
+        }
+        prop_assert_eq!(found, Some(expected));
+        prop_assert_eq!(scanner.finish(), None);
+    }
+
+    #[test]
+    fn sse_scanner_never_panics(id in raw_id(), chunks in prop::collection::vec(bytes(), 0..8), limit in 0usize..256) {
+        let mut scanner = SseScanner::with_limit(id, limit);
+        for chunk in &chunks {
+            let _ = scanner.feed(chunk);
+        }
+        let _ = scanner.finish();
+    }
+
+    #[test]
+    fn replies_are_json_that_echo_the_id(
+        version in version(),
+        framing in framing(),
+        id in raw_id(),
+        tool in proptest::option::of(".{0,40}"),
+        fallback in proptest::option::of(".{0,40}"),
+        reason in ".{0,600}",
+        message in ".{0,100}",
+        kind_pick in 0u8..4,
+        failure in upstream_failure(),
+        retry_after_secs in any::<u64>(),
+        code in any::<i64>(),
+        limit in any::<u64>(),
+    ) {
+        let kind = match kind_pick {
+            0 => UnavailableKind::Open,
+            1 => UnavailableKind::ForcedOpen { reason: &reason },
+            2 => UnavailableKind::UpstreamFailure { what: failure },
+            _ => UnavailableKind::Overloaded,
+        };
+        let details = Unavailable {
+            kind,
+            tool: tool.as_deref(),
+            retry_after_secs,
+            fallback_tool: fallback.as_deref(),
+        };
+        let v = reply_json(&tool_unavailable(version, &id, &details, framing));
+        prop_assert_eq!(&v["id"], &id_value(&id));
+        prop_assert_eq!(&v["result"]["isError"], &Value::Bool(true));
+        prop_assert_eq!(&v["result"]["_meta"]["io.toolgate/breaker"]["retryAfterSeconds"], &Value::from(retry_after_secs));
+        prop_assert!(v["result"]["content"][0]["text"].is_string());
+
+        let v = reply_json(&unavailable_error(version, &id, &details, framing));
+        prop_assert_eq!(&v["id"], &id_value(&id));
+        prop_assert!(v["error"]["message"].is_string());
+
+        let v = reply_json(&error_reply(version, &id, code, &message, Some(&details), framing));
+        prop_assert_eq!(&v["error"]["code"], &Value::from(code));
+        prop_assert_eq!(v["error"]["message"].as_str(), Some(message.as_str()));
+
+        let v = reply_json(&body_too_large(version, Some(&id), limit, framing));
+        prop_assert_eq!(&v["id"], &id_value(&id));
+        let v = reply_json(&body_too_large(version, None, limit, framing));
+        prop_assert!(v.get("id").is_none_or(Value::is_null));
+    }
+}

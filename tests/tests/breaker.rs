@@ -1,0 +1,381 @@
+//! The wasm filter in a real Envoy: per-tool breakers shared by all workers, and failures
+//! answered as MCP tool results.
+
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use toolgate_tests::{
+    filter_wasm, wait_until, Envoy, Etcd, McpSession, Member, Reply, TestEnv, Xds,
+};
+
+const TTL: u32 = 10;
+
+struct Gateway {
+    etcd: Etcd,
+    xds: Xds,
+    envoy: Envoy,
+}
+
+impl Gateway {
+    async fn start(env: &TestEnv, concurrency: u32) -> Gateway {
+        let etcd = Etcd::start(env).await;
+        let xds = Xds::start(env, "xds", &etcd.endpoint(), &[]).await;
+        let wasm = filter_wasm();
+        let envoy = Envoy::start_with(
+            env,
+            "envoy",
+            &xds.xds_addr(),
+            concurrency,
+            &["--filter", &wasm.to_string_lossy()],
+        )
+        .await;
+        Gateway { etcd, xds, envoy }
+    }
+
+    async fn policy(&self, key: &str, policy: Value) {
+        let mut c = self.etcd.client().await;
+        c.put(format!("/mcp/policies/{key}"), policy.to_string(), None)
+            .await
+            .expect("put policy");
+    }
+
+    /// Waits until Envoy routes `service` to `members`.
+    async fn routes(&self, service: &str, members: &[&Member]) {
+        let mut want: Vec<String> = members.iter().map(|m| m.server.endpoint()).collect();
+        want.sort();
+        wait_until(
+            &format!("envoy routes {service}"),
+            Duration::from_secs(20),
+            || {
+                let want = want.clone();
+                async move { self.envoy.addresses(service).await == want }
+            },
+        )
+        .await;
+    }
+}
+
+/// The `io.toolgate/breaker` details of a semantic reply, if it is one.
+fn breaker_meta(r: &Reply) -> Option<Value> {
+    let result = r.result()?;
+    if result["isError"] != true {
+        return None;
+    }
+    Some(result["_meta"]["io.toolgate/breaker"].clone())
+}
+
+fn assert_semantic(r: &Reply, state: &str) {
+    assert_eq!(
+        r.status,
+        StatusCode::OK,
+        "a semantic reply is HTTP 200: {}",
+        r.body
+    );
+    let meta = breaker_meta(r).unwrap_or_else(|| panic!("not a semantic reply: {}", r.body));
+    assert_eq!(meta["state"], state, "{}", r.body);
+    assert!(
+        !r.body.contains("127.0.0.1"),
+        "no internal address in the reply: {}",
+        r.body
+    );
+    assert!(
+        !r.body.contains("mcp."),
+        "no cluster name in the reply: {}",
+        r.body
+    );
+}
+
+async fn trips_after_min_calls(concurrency: u32, name: &str) {
+    let env = TestEnv::new(name);
+    let gw = Gateway::start(&env, concurrency).await;
+    let m = Member::start(
+        &env,
+        &gw.etcd.endpoint(),
+        "orders",
+        "orders-1",
+        &["--fail", "write_order=http500"],
+        TTL,
+    )
+    .await;
+    gw.routes("orders", &[&m]).await;
+
+    let mut s = McpSession::connect(&gw.envoy.url("orders")).await;
+    for i in 0..10 {
+        let r = s.call_tool("write_order", json!({"i": i})).await;
+        assert_semantic(&r, "upstream_failure");
+    }
+    assert_eq!(m.server.calls("write_order").await, 10);
+    // The 10th failure in the window tripped it: from now on the gateway answers alone.
+    for _ in 0..5 {
+        let r = s.call_tool("write_order", json!({})).await;
+        assert_semantic(&r, "open");
+        assert!(r.text().contains("write_order"), "{}", r.text());
+        assert!(r.text().to_lowercase().contains("retry"), "{}", r.text());
+    }
+    assert_eq!(
+        m.server.calls("write_order").await,
+        10,
+        "no call reached the server while open"
+    );
+    // Per-tool isolation: another tool of the same server keeps working.
+    let r = s.call_tool("read_order", json!({})).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_ne!(
+        r.result().map(|v| v["isError"].clone()),
+        Some(Value::Bool(true)),
+        "{}",
+        r.body
+    );
+    assert!(gw.envoy.proc.as_ref().is_some_and(|p| p
+        .log()
+        .contains("toolgate breaker tg/b/orders/write_order: closed -> open")));
+}
+
+#[tokio::test]
+async fn a_failing_tool_opens_after_the_minimum_calls_and_fails_fast() {
+    trips_after_min_calls(
+        1,
+        "a_failing_tool_opens_after_the_minimum_calls_and_fails_fast",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn four_workers_trip_after_the_same_number_of_failures() {
+    trips_after_min_calls(4, "four_workers_trip_after_the_same_number_of_failures").await;
+}
+
+#[tokio::test]
+async fn half_open_lets_few_probes_through_and_closes_or_reopens() {
+    let env = TestEnv::new("half_open_lets_few_probes_through_and_closes_or_reopens");
+    let gw = Gateway::start(&env, 2).await;
+    gw.policy(
+        "orders/write_order",
+        json!({"open_ms": 1000, "min_calls": 5, "open_jitter_percent": 0}),
+    )
+    .await;
+    let m = Member::start(
+        &env,
+        &gw.etcd.endpoint(),
+        "orders",
+        "orders-1",
+        &["--fail", "write_order=http500"],
+        TTL,
+    )
+    .await;
+    gw.routes("orders", &[&m]).await;
+    tokio::time::sleep(Duration::from_millis(500)).await; // the policy over ECDS
+
+    let mut s = McpSession::connect(&gw.envoy.url("orders")).await;
+    for _ in 0..5 {
+        s.call_tool("write_order", json!({})).await;
+    }
+    assert_semantic(&s.call_tool("write_order", json!({})).await, "open");
+
+    // First round of probes fails: reopens, for longer.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let before = m.server.calls("write_order").await;
+    let r = s.call_tool("write_order", json!({})).await;
+    assert_semantic(&r, "upstream_failure");
+    assert_eq!(m.server.calls("write_order").await, before + 1);
+    let r = s.call_tool("write_order", json!({})).await;
+    assert_semantic(&r, "open");
+    let retry = breaker_meta(&r).unwrap()["retryAfterSeconds"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        retry >= 2,
+        "reopened with a longer open duration: {}",
+        r.body
+    );
+
+    // The tool recovers, but slowly: 20 concurrent calls when the duration ends, at most 3
+    // reach the server; their success closes the breaker.
+    m.server
+        .set(json!({"fail": {"write_order": "none"}, "latency_ms": 400}))
+        .await;
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let before = m.server.calls("write_order").await;
+    let url = gw.envoy.url("orders");
+    let mut calls = Vec::new();
+    for _ in 0..20 {
+        let url = url.clone();
+        calls.push(tokio::spawn(async move {
+            let mut s = McpSession::connect(&url).await;
+            s.call_tool("write_order", json!({})).await
+        }));
+    }
+    let mut rejected = 0;
+    for c in calls {
+        if breaker_meta(&c.await.unwrap()).is_some() {
+            rejected += 1;
+        }
+    }
+    let probes = m.server.calls("write_order").await - before;
+    println!("half-open: {probes} of 20 concurrent calls reached the server, {rejected} answered by the gateway");
+    assert!(
+        (1..=3).contains(&probes),
+        "{probes} calls reached the server"
+    );
+    wait_until("the breaker closes", Duration::from_secs(5), || async {
+        let mut s = McpSession::connect(&url).await;
+        breaker_meta(&s.call_tool("write_order", json!({})).await).is_none()
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn slow_calls_open_the_breaker_by_slow_call_rate() {
+    let env = TestEnv::new("slow_calls_open_the_breaker_by_slow_call_rate");
+    let gw = Gateway::start(&env, 1).await;
+    gw.policy("orders", json!({"slow_call_ms": 100, "min_calls": 5}))
+        .await;
+    let m = Member::start(
+        &env,
+        &gw.etcd.endpoint(),
+        "orders",
+        "orders-1",
+        &["--latency-ms", "150"],
+        TTL,
+    )
+    .await;
+    gw.routes("orders", &[&m]).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut s = McpSession::connect(&gw.envoy.url("orders")).await;
+    for _ in 0..5 {
+        let r = s.call_tool("read_order", json!({})).await;
+        assert!(
+            breaker_meta(&r).is_none(),
+            "slow calls still answer: {}",
+            r.body
+        );
+    }
+    assert_semantic(&s.call_tool("read_order", json!({})).await, "open");
+    assert_eq!(m.server.calls("read_order").await, 5);
+}
+
+#[tokio::test]
+async fn a_policy_change_keeps_an_open_breaker_open() {
+    let env = TestEnv::new("a_policy_change_keeps_an_open_breaker_open");
+    let gw = Gateway::start(&env, 1).await;
+    gw.policy("orders", json!({"min_calls": 5, "open_ms": 30000}))
+        .await;
+    let m = Member::start(
+        &env,
+        &gw.etcd.endpoint(),
+        "orders",
+        "orders-1",
+        &["--fail", "write_order=http500"],
+        TTL,
+    )
+    .await;
+    gw.routes("orders", &[&m]).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut s = McpSession::connect(&gw.envoy.url("orders")).await;
+    for _ in 0..5 {
+        s.call_tool("write_order", json!({})).await;
+    }
+    assert_semantic(&s.call_tool("write_order", json!({})).await, "open");
+    let ecds_before = gw
+        .xds
+        .metric("toolgate_xds_pushes_total", "type=\"ecds\"")
+        .await;
+    gw.policy("orders", json!({"min_calls": 5, "open_ms": 30000, "failure_rate_percent": 40, "fallback_tool": "read_order"})).await;
+    wait_until(
+        "the new policy reaches Envoy over ECDS",
+        Duration::from_secs(10),
+        || async {
+            gw.xds
+                .metric("toolgate_xds_pushes_total", "type=\"ecds\"")
+                .await
+                > ecds_before
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let r = s.call_tool("write_order", json!({})).await;
+    assert_semantic(&r, "open");
+    assert!(
+        r.text().contains("read_order"),
+        "the new policy's fallback is named: {}",
+        r.text()
+    );
+    assert_eq!(
+        m.server.calls("write_order").await,
+        5,
+        "still open after the policy change"
+    );
+}
+
+#[tokio::test]
+async fn upstream_failures_reach_the_agent_as_tool_results() {
+    let env = TestEnv::new("upstream_failures_reach_the_agent_as_tool_results");
+    let gw = Gateway::start(&env, 1).await;
+    gw.policy("hang", json!({"timeout_ms": 300})).await;
+    let ep = gw.etcd.endpoint();
+    let reset = Member::start(
+        &env,
+        &ep,
+        "reset",
+        "reset-1",
+        &["--fail", "echo=reset"],
+        TTL,
+    )
+    .await;
+    let hang = Member::start(&env, &ep, "hang", "hang-1", &["--fail", "echo=hang"], TTL).await;
+    let mut dead = Member::start(&env, &ep, "dead", "dead-1", &[], TTL).await;
+    let gone = Member::start(&env, &ep, "gone", "gone-1", &[], TTL).await;
+    for (svc, m) in [
+        ("reset", &reset),
+        ("hang", &hang),
+        ("dead", &dead),
+        ("gone", &gone),
+    ] {
+        gw.routes(svc, &[m]).await;
+    }
+    // Sessions first, while every server is alive.
+    let mut sessions = Vec::new();
+    for svc in ["reset", "hang", "dead", "gone"] {
+        sessions.push(McpSession::connect(&gw.envoy.url(svc)).await);
+    }
+    dead.server.proc.kill(); // connection refused; the lease lives on
+    gone.registrar.signal(nix::sys::signal::Signal::SIGTERM); // no instance left
+    gw.routes("gone", &[]).await;
+
+    let r = sessions[0].call_tool("echo", json!({})).await;
+    assert_semantic(&r, "upstream_failure");
+    assert_eq!(breaker_meta(&r).unwrap()["failure"], "reset", "{}", r.body);
+    let r = sessions[2].call_tool("echo", json!({})).await;
+    assert_semantic(&r, "upstream_failure");
+    assert_eq!(
+        breaker_meta(&r).unwrap()["failure"],
+        "connect_failure",
+        "{}",
+        r.body
+    );
+    let r = sessions[3].call_tool("echo", json!({})).await;
+    assert_semantic(&r, "upstream_failure");
+    assert_eq!(
+        breaker_meta(&r).unwrap()["failure"],
+        "no_healthy_upstream",
+        "{}",
+        r.body
+    );
+
+    // A hung server: the service's policy timeout (300 ms) ends the wait.
+    let t0 = Instant::now();
+    let r = sessions[1].call_tool("echo", json!({})).await;
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        t0.elapsed()
+    );
+    assert_semantic(&r, "upstream_failure");
+    assert_eq!(
+        breaker_meta(&r).unwrap()["failure"],
+        "timeout",
+        "{}",
+        r.body
+    );
+}

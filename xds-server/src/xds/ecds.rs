@@ -1,0 +1,137 @@
+//! ECDS: the wasm filter's configuration as an `envoy.config.core.v3.TypedExtensionConfig`.
+//!
+//! The plugin configuration (policies now; fleet state and overrides later) changes live; the
+//! VM configuration does not, so Envoy keeps the same VM and the breaker state it holds in
+//! shared data survives every configuration change.
+//!
+//! The path of the `.wasm` file is the Envoy's own business (its filesystem): its bootstrap
+//! puts it in the node metadata (`toolgate.filter_path`) and each stream fills it in.
+
+use envoy_types::pb::envoy::config::core::v3::{
+    async_data_source, data_source, AsyncDataSource, DataSource, TypedExtensionConfig,
+};
+use envoy_types::pb::envoy::extensions::filters::http::wasm::v3::Wasm;
+use envoy_types::pb::envoy::extensions::wasm::v3::{
+    plugin_config, FailurePolicy, PluginConfig, VmConfig,
+};
+use envoy_types::pb::google::protobuf::{Any, BoolValue, StringValue, Struct};
+use prost::Message;
+
+use super::resources::to_any;
+
+/// Name of the filter in the bootstrap's HTTP filter chain and of its ECDS resource.
+pub const FILTER_CONFIG_NAME: &str = "toolgate.mcp";
+/// One VM id for every worker: Envoy shares proxy-wasm shared data between VMs of one id.
+pub const VM_ID: &str = "toolgate";
+pub const ROOT_ID: &str = "toolgate";
+/// Node metadata key under which the bootstrap names the filter file.
+pub const NODE_METADATA_KEY: &str = "toolgate";
+pub const NODE_FILTER_PATH_FIELD: &str = "filter_path";
+
+/// The ECDS resource for a plugin configuration (JSON), with the filter path left empty.
+pub fn extension_config(plugin_json: &str) -> Any {
+    to_any(&typed_extension_config(plugin_json, ""))
+}
+
+/// Fills the node's filter path into a resource made by [`extension_config`].
+pub fn with_filter_path(resource: &Any, path: &str) -> Any {
+    match TypedExtensionConfig::decode(resource.value.as_slice()) {
+        Ok(mut tec) => {
+            if let Some(wasm) = tec
+                .typed_config
+                .as_ref()
+                .and_then(|a| Wasm::decode(a.value.as_slice()).ok())
+            {
+                let plugin_json = wasm
+                    .config
+                    .as_ref()
+                    .and_then(|c| c.configuration.as_ref())
+                    .and_then(|a| StringValue::decode(a.value.as_slice()).ok())
+                    .map(|s| s.value)
+                    .unwrap_or_default();
+                tec = typed_extension_config(&plugin_json, path);
+            }
+            to_any(&tec)
+        }
+        Err(_) => resource.clone(),
+    }
+}
+
+/// The filter path from an Envoy's node metadata, if its bootstrap set one.
+pub fn filter_path(metadata: Option<&Struct>) -> Option<String> {
+    use envoy_types::pb::google::protobuf::value::Kind;
+    let toolgate = metadata?.fields.get(NODE_METADATA_KEY)?;
+    let Some(Kind::StructValue(s)) = &toolgate.kind else {
+        return None;
+    };
+    match &s.fields.get(NODE_FILTER_PATH_FIELD)?.kind {
+        Some(Kind::StringValue(p)) if !p.is_empty() => Some(p.clone()),
+        _ => None,
+    }
+}
+
+fn typed_extension_config(plugin_json: &str, path: &str) -> TypedExtensionConfig {
+    let plugin = PluginConfig {
+        name: FILTER_CONFIG_NAME.to_string(),
+        root_id: ROOT_ID.to_string(),
+        vm: Some(plugin_config::Vm::VmConfig(VmConfig {
+            vm_id: VM_ID.to_string(),
+            runtime: "envoy.wasm.runtime.v8".to_string(),
+            code: Some(AsyncDataSource {
+                specifier: Some(async_data_source::Specifier::Local(DataSource {
+                    specifier: Some(data_source::Specifier::Filename(path.to_string())),
+                    ..Default::default()
+                })),
+            }),
+            ..Default::default()
+        })),
+        configuration: Some(to_any(&StringValue {
+            value: plugin_json.to_string(),
+        })),
+        // A panic in the filter must not take a worker's traffic down with it: the next
+        // request gets a fresh VM (breaker state lives in shared data and survives).
+        failure_policy: FailurePolicy::FailReload as i32,
+        // The filter reads the JSON-RPC body before routing decides anything.
+        allow_on_headers_stop_iteration: Some(BoolValue { value: true }),
+        ..Default::default()
+    };
+    TypedExtensionConfig {
+        name: FILTER_CONFIG_NAME.to_string(),
+        typed_config: Some(to_any(&Wasm {
+            config: Some(plugin),
+        })),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_path_is_filled_in_and_the_configuration_kept() {
+        let any = extension_config(r#"{"x":1}"#);
+        let filled = with_filter_path(&any, "/opt/toolgate/filter.wasm");
+        let tec = TypedExtensionConfig::decode(filled.value.as_slice()).unwrap();
+        assert_eq!(tec.name, FILTER_CONFIG_NAME);
+        let wasm = Wasm::decode(tec.typed_config.unwrap().value.as_slice()).unwrap();
+        let plugin = wasm.config.unwrap();
+        let Some(plugin_config::Vm::VmConfig(vm)) = plugin.vm else {
+            panic!("no vm config")
+        };
+        let Some(async_data_source::Specifier::Local(ds)) = vm.code.unwrap().specifier else {
+            panic!("no local code")
+        };
+        assert_eq!(
+            ds.specifier,
+            Some(data_source::Specifier::Filename(
+                "/opt/toolgate/filter.wasm".into()
+            ))
+        );
+        let conf = StringValue::decode(plugin.configuration.unwrap().value.as_slice()).unwrap();
+        assert_eq!(conf.value, r#"{"x":1}"#);
+        assert_eq!(
+            plugin.allow_on_headers_stop_iteration,
+            Some(BoolValue { value: true })
+        );
+    }
+}
