@@ -63,7 +63,8 @@ for svc in inventory finance code; do
 done
 
 "$BIN/toolgate-xds" bootstrap --node-id demo-envoy --listen "127.0.0.1:$GATEWAY_PORT" \
-  --xds "127.0.0.1:$XDS_PORT" --admin "127.0.0.1:$ENVOY_ADMIN_PORT" >"$RUN/envoy.json"
+  --xds "127.0.0.1:$XDS_PORT" --admin "127.0.0.1:$ENVOY_ADMIN_PORT" \
+  --filter target/wasm32-wasip1/release/toolgate_filter.wasm >"$RUN/envoy.json"
 start envoy "$TOOLS/envoy" -c "$RUN/envoy.json" --concurrency 2 --use-dynamic-base-id --log-level info
 wait_http "http://127.0.0.1:$ENVOY_ADMIN_PORT/ready" envoy
 
@@ -85,6 +86,12 @@ toolgate demo is running (Ctrl-C stops it):
 
 Call a tool through the gateway (initialize, then tools/call):
   scripts/mcp-call.sh http://127.0.0.1:$GATEWAY_PORT/mcp/finance tax_calc '{"amount":100,"region":"de"}'
+
+See a breaker work: stop both finance servers, then call tax_calc again. The first calls come
+back as tool results explaining the failure; after 10 the breaker opens and the gateway answers
+at once, telling the model not to retry for a while:
+  pkill -f 'toolgate-demo --service finance'
+  for i in \$(seq 12); do scripts/mcp-call.sh http://127.0.0.1:$GATEWAY_PORT/mcp/finance tax_calc '{"amount":1,"region":"de"}'; done
 
 EOT
 while true; do sleep 1; done

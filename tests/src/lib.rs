@@ -9,6 +9,7 @@ pub mod mcp;
 pub mod paths;
 pub mod process;
 pub mod rmcp_client;
+pub mod schema;
 pub mod servers;
 pub mod testenv;
 pub mod wait;

@@ -379,3 +379,231 @@ async fn upstream_failures_reach_the_agent_as_tool_results() {
         r.body
     );
 }
+
+#[tokio::test]
+async fn the_official_python_client_gets_a_tool_result_not_an_exception() {
+    let env = TestEnv::new("the_official_python_client_gets_a_tool_result_not_an_exception");
+    let gw = Gateway::start(&env, 1).await;
+    gw.policy(
+        "orders/write_order",
+        json!({"min_calls": 3, "fallback_tool": "read_order"}),
+    )
+    .await;
+    let m = Member::start(
+        &env,
+        &gw.etcd.endpoint(),
+        "orders",
+        "orders-1",
+        &["--fail", "write_order=http500"],
+        TTL,
+    )
+    .await;
+    gw.routes("orders", &[&m]).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let python = toolgate_tests::paths::workspace_root().join(".venv/bin/python");
+    let script = toolgate_tests::paths::workspace_root().join("tests/python/call_tool.py");
+    // First an upstream failure (HTTP 500 rewritten), then, once open, the breaker's reply.
+    for expect in [
+        "HTTP status 500",
+        "HTTP status 500",
+        "HTTP status 500",
+        "read_order",
+    ] {
+        let out = tokio::time::timeout(
+            Duration::from_secs(30),
+            tokio::process::Command::new(&python)
+                .arg(&script)
+                .arg(gw.envoy.url("orders"))
+                .arg("write_order")
+                .output(),
+        )
+        .await
+        .expect("python client finished")
+        .expect("python runs");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success(),
+            "the SDK raised instead of returning a result: {stderr}"
+        );
+        let result: Value = serde_json::from_str(stdout.trim()).expect("JSON from the script");
+        assert_eq!(result["isError"], true, "{stdout}");
+        assert!(
+            result["text"].as_str().unwrap_or("").contains(expect),
+            "{stdout}"
+        );
+    }
+    assert_eq!(
+        m.server.calls("write_order").await,
+        3,
+        "the 4th call was answered by the gateway"
+    );
+}
+
+#[tokio::test]
+async fn a_hung_service_fills_only_its_own_bulkhead() {
+    let env = TestEnv::new("a_hung_service_fills_only_its_own_bulkhead");
+    let gw = Gateway::start(&env, 1).await;
+    gw.policy(
+        "slow",
+        json!({"max_connections": 2, "max_requests": 2, "max_pending_requests": 1, "timeout_ms": 10000, "min_calls": 100}),
+    )
+    .await;
+    let ep = gw.etcd.endpoint();
+    let slow = Member::start(
+        &env,
+        &ep,
+        "slow",
+        "slow-1",
+        &["--stateless", "--json-response", "--latency-ms", "3000"],
+        TTL,
+    )
+    .await;
+    let fast = Member::start(
+        &env,
+        &ep,
+        "fast",
+        "fast-1",
+        &["--stateless", "--json-response"],
+        TTL,
+    )
+    .await;
+    gw.routes("slow", &[&slow]).await;
+    gw.routes("fast", &[&fast]).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(15))
+        .build()
+        .unwrap();
+    let call = |url: String, i: u64| {
+        let http = http.clone();
+        async move {
+            let t0 = Instant::now();
+            let r = http
+                .post(&url)
+                .header("accept", "application/json, text/event-stream")
+                .json(&json!({"jsonrpc":"2.0","id":i,"method":"tools/call","params":{"name":"echo","arguments":{}}}))
+                .send()
+                .await
+                .expect("answered");
+            let status = r.status();
+            let body: Value = r.json().await.unwrap_or(Value::Null);
+            (status, body, t0.elapsed())
+        }
+    };
+    let mut slow_calls = Vec::new();
+    for i in 0..10 {
+        slow_calls.push(tokio::spawn(call(gw.envoy.url("slow"), i)));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // While the slow service is saturated, the fast one answers at its normal speed.
+    for i in 0..20 {
+        let (status, body, took) = call(gw.envoy.url("fast"), 100 + i).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_ne!(body["result"]["isError"], true, "{body}");
+        assert!(took < Duration::from_millis(500), "fast call took {took:?}");
+    }
+    let mut busy = 0;
+    for c in slow_calls {
+        let (status, body, _) = c.await.unwrap();
+        assert_eq!(status, StatusCode::OK, "{body}");
+        if body["result"]["_meta"]["io.toolgate/breaker"]["state"] == "overloaded" {
+            busy += 1;
+            let text = body["result"]["content"][0]["text"].as_str().unwrap_or("");
+            assert!(text.contains("busy"), "{text}");
+        }
+    }
+    println!("bulkhead: {busy} of 10 calls to the hung service were told the server is busy");
+    assert!(busy >= 5, "only {busy} overflowed");
+    assert!(
+        slow.server.calls("echo").await <= 3,
+        "no more than the bulkhead let through"
+    );
+}
+
+#[tokio::test]
+async fn what_the_agent_receives_validates_against_the_mcp_schema_of_its_version() {
+    let env =
+        TestEnv::new("what_the_agent_receives_validates_against_the_mcp_schema_of_its_version");
+    let gw = Gateway::start(&env, 1).await;
+    gw.policy(
+        "orders/write_order",
+        json!({"min_calls": 3, "open_ms": 60000}),
+    )
+    .await;
+    let m = Member::start(
+        &env,
+        &gw.etcd.endpoint(),
+        "orders",
+        "orders-1",
+        &[
+            "--stateless",
+            "--json-response",
+            "--fail",
+            "write_order=http500",
+        ],
+        TTL,
+    )
+    .await;
+    gw.routes("orders", &[&m]).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let http = reqwest::Client::new();
+    let post = |version: &'static str, accept: &'static str, id: Value| {
+        let http = http.clone();
+        let url = gw.envoy.url("orders");
+        async move {
+            let mut req = http
+                .post(url)
+                .header("accept", accept)
+                .header("mcp-protocol-version", version)
+                .json(&json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{"name":"write_order","arguments":{}}}));
+            if version == "2026-07-28" {
+                req = req
+                    .header("mcp-method", "tools/call")
+                    .header("mcp-name", "write_order");
+            }
+            let r = req.send().await.expect("answered");
+            let ct = r
+                .headers()
+                .get("content-type")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string();
+            (r.status(), ct, r.text().await.unwrap_or_default())
+        }
+    };
+    let versions = ["2025-03-26", "2025-06-18", "2025-11-25", "2026-07-28"];
+    // Upstream failures first (they trip the breaker), then open-breaker replies.
+    for (n, version) in versions.iter().chain(versions.iter()).enumerate() {
+        for (accept, sse) in [("application/json", false), ("text/event-stream", true)] {
+            let id = if n % 2 == 0 {
+                json!(n)
+            } else {
+                json!(format!("req-{n}\"quoted\""))
+            };
+            let (status, ct, body) = post(version, accept, id.clone()).await;
+            assert_eq!(status, StatusCode::OK, "{version} {accept}: {body}");
+            let message: Value = if sse {
+                assert!(ct.starts_with("text/event-stream"), "{version}: {ct}");
+                let data = body
+                    .lines()
+                    .find_map(|l| l.strip_prefix("data:"))
+                    .expect("an SSE data line");
+                serde_json::from_str(data.trim()).expect("SSE data is JSON")
+            } else {
+                assert!(ct.starts_with("application/json"), "{version}: {ct}");
+                serde_json::from_str(&body).expect("JSON body")
+            };
+            assert_eq!(message["id"], id, "the request's own id");
+            assert_eq!(message["result"]["isError"], true);
+            toolgate_tests::schema::assert_valid(version, "JSONRPCMessage", &message);
+            toolgate_tests::schema::assert_valid(version, "CallToolResult", &message["result"]);
+        }
+    }
+    assert_eq!(
+        m.server.calls("write_order").await,
+        3,
+        "later replies came from the open breaker"
+    );
+}
