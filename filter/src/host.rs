@@ -7,7 +7,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{Action, ContextType, LogLevel, Status};
+use proxy_wasm::types::{Action, ContextType, LogLevel, MetricType, Status};
 use toolgate_model::policy::FilterConfig;
 use toolgate_model::BreakerPolicy;
 
@@ -19,6 +19,7 @@ use crate::mcp::jsonrpc::{
 };
 use crate::mcp::reply::{self, Framing, ProtocolVersion, Reply, Unavailable, UnavailableKind};
 use crate::mcp::sse::SseScanner;
+use crate::stats::{self, MetricHost, MetricKind, Stats, ToolMetrics};
 use crate::upstream::{verdict, Verdict};
 
 /// How often pending success counts are merged into shared data.
@@ -52,6 +53,27 @@ impl SharedStore for HostStore {
     }
 }
 
+/// proxy-wasm metrics; Envoy names them `wasmcustom.<name>`.
+struct HostMetrics;
+
+impl MetricHost for HostMetrics {
+    fn define(&self, kind: MetricKind, name: &str) -> Option<u32> {
+        let kind = match kind {
+            MetricKind::Counter => MetricType::Counter,
+            MetricKind::Gauge => MetricType::Gauge,
+        };
+        hostcalls::define_metric(kind, name).ok()
+    }
+
+    fn increment(&self, id: u32) {
+        let _ = hostcalls::increment_metric(id, 1);
+    }
+
+    fn record(&self, id: u32, value: u64) {
+        let _ = hostcalls::record_metric(id, value);
+    }
+}
+
 fn now_ms() -> u64 {
     hostcalls::get_current_time()
         .ok()
@@ -77,6 +99,7 @@ fn log_transition(key: &str, t: &Transition) {
 struct Shared {
     config: FilterConfig,
     breakers: Breakers<HostStore>,
+    stats: Stats<HostMetrics>,
 }
 
 struct Root {
@@ -94,6 +117,7 @@ impl Root {
             shared: Rc::new(RefCell::new(Shared {
                 config: FilterConfig::default(),
                 breakers: Breakers::new(HostStore, seed),
+                stats: Stats::new(HostMetrics),
             })),
         }
     }
@@ -120,8 +144,21 @@ impl RootContext for Root {
 
     fn on_tick(&mut self) {
         let mut shared = self.shared.borrow_mut();
-        for t in shared.breakers.flush(now_ms()) {
-            log_transition("(merged counts)", &t);
+        let now = now_ms();
+        let transitions = shared.breakers.flush(now);
+        for t in &transitions {
+            log_transition("(merged counts)", t);
+        }
+        if !transitions.is_empty() {
+            // A flush does not say which breakers moved: read this worker's known ones.
+            let Shared {
+                breakers, stats, ..
+            } = &mut *shared;
+            stats.refresh(now, |key| {
+                breakers
+                    .snapshot(key)
+                    .map(|b| stats::breaker_value(&b, now))
+            });
         }
     }
 
@@ -149,6 +186,7 @@ struct Admitted {
     policy: BreakerPolicy,
     admission: Admission,
     started_ms: u64,
+    metrics: Option<ToolMetrics>,
 }
 
 struct Call {
@@ -197,11 +235,15 @@ impl Call {
             return;
         };
         let mut shared = self.shared.borrow_mut();
+        if let Some(ids) = &a.metrics {
+            shared.stats.outcome(ids, outcome, a.policy.count_is_error);
+        }
         if let Some(t) = shared
             .breakers
             .record(&a.key, &a.policy, now_ms(), a.admission, outcome)
         {
             log_transition(&a.key, &t);
+            shared.stats.transition(&a.key, t.to, t.at_ms);
         }
     }
 
@@ -261,14 +303,18 @@ impl Call {
         let id = request.id.clone();
         let key = breaker_key(&service, &tool);
         let now = now_ms();
-        let (admission, policy) = {
+        let (admission, policy, metrics) = {
             let mut shared = self.shared.borrow_mut();
             let policy = shared.config.policy_for(&service, &tool);
             let (admission, transition) = shared.breakers.admit(&key, &policy, now);
+            let metrics = shared
+                .stats
+                .admitted(&key, &service, &tool, &admission, now);
             if let Some(t) = transition {
                 log_transition(&key, &t);
+                shared.stats.transition(&key, t.to, t.at_ms);
             }
-            (admission, policy)
+            (admission, policy, metrics)
         };
         match admission {
             Admission::Reject {
@@ -297,6 +343,7 @@ impl Call {
                     policy,
                     admission,
                     started_ms: now,
+                    metrics,
                 });
                 self.id = Some(id);
                 self.tool = Some(tool);

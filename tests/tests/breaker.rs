@@ -607,3 +607,171 @@ async fn what_the_agent_receives_validates_against_the_mcp_schema_of_its_version
         "later replies came from the open breaker"
     );
 }
+
+#[tokio::test]
+async fn oversized_batched_and_malformed_bodies_are_handled_without_judging_a_tool() {
+    let env =
+        TestEnv::new("oversized_batched_and_malformed_bodies_are_handled_without_judging_a_tool");
+    let gw = Gateway::start(&env, 1).await;
+    gw.policy("orders", json!({"min_calls": 2})).await;
+    let m = Member::start(
+        &env,
+        &gw.etcd.endpoint(),
+        "orders",
+        "orders-1",
+        &["--stateless", "--json-response"],
+        TTL,
+    )
+    .await;
+    gw.routes("orders", &[&m]).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let http = reqwest::Client::new();
+    let url = gw.envoy.url("orders");
+    let post = |body: Vec<u8>| {
+        let http = http.clone();
+        let url = url.clone();
+        async move {
+            let r = http
+                .post(url)
+                .header("accept", "application/json, text/event-stream")
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .expect("answered");
+            (r.status(), r.text().await.unwrap_or_default())
+        }
+    };
+
+    // Over the 1 MiB limit: a clear JSON-RPC error, never buffered, never sent upstream.
+    let big = format!(
+        r#"{{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{{"name":"echo","arguments":{{"pad":"{}"}}}}}}"#,
+        "x".repeat(2 * 1024 * 1024)
+    );
+    let (status, body) = post(big.into_bytes()).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{body}");
+    let err: Value = serde_json::from_str(&body).expect("a JSON-RPC error");
+    assert_eq!(err["error"]["code"], -32600, "{body}");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("larger than"),
+        "{body}"
+    );
+
+    // Malformed JSON and a batch pass to the server unjudged; the filter survives them.
+    for body in [
+        &b"{not json"[..],
+        br#"[{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo"}}]"#,
+        br#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"bad name!"}}"#,
+    ] {
+        let (status, text) = post(body.to_vec()).await;
+        assert!(
+            !text.contains("io.toolgate"),
+            "judged by the gateway: {status} {text}"
+        );
+    }
+    // None of that opened anything: a normal call works.
+    let mut s = McpSession::connect(&url).await;
+    let r = s.call_tool("echo", json!({})).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(breaker_meta(&r).is_none(), "{}", r.body);
+    assert_eq!(
+        m.server.calls("echo").await,
+        2,
+        "the batch reached the server, and so did the good call"
+    );
+}
+
+#[tokio::test]
+async fn filter_stats_carry_service_and_tool_labels() {
+    let env = TestEnv::new("filter_stats_carry_service_and_tool_labels");
+    let gw = Gateway::start(&env, 2).await;
+    let m = Member::start(
+        &env,
+        &gw.etcd.endpoint(),
+        "orders",
+        "orders-1",
+        &["--fail", "write_order=http500"],
+        TTL,
+    )
+    .await;
+    gw.routes("orders", &[&m]).await;
+
+    let mut s = McpSession::connect(&gw.envoy.url("orders")).await;
+    for i in 0..10 {
+        let r = s.call_tool("write_order", json!({"i": i})).await;
+        assert_semantic(&r, "upstream_failure");
+    }
+    for _ in 0..5 {
+        assert_semantic(&s.call_tool("write_order", json!({})).await, "open");
+    }
+    let r = s.call_tool("read_order", json!({})).await;
+    assert!(breaker_meta(&r).is_none(), "{}", r.body);
+    // Tool names may contain dots, even a kind's name: the tags still split them right. The
+    // server does not know this tool and answers a JSON-RPC error, a failure.
+    let dotted = "v1.orders.calls";
+    let r = s.call_tool(dotted, json!({})).await;
+    assert!(r.body.contains("error"), "{}", r.body);
+
+    let resp = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("http client")
+        .get(format!("{}/stats/prometheus", gw.envoy.admin_url()))
+        .send()
+        .await
+        .expect("GET /stats/prometheus");
+    assert_eq!(resp.status(), StatusCode::OK);
+    let prom = resp.text().await.expect("prometheus text");
+    let value = |name: &str, tool: &str| -> Option<f64> {
+        let tool = format!("tool=\"{tool}\"");
+        prom.lines().find_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let (metric, labels) = series.split_once('{')?;
+            (metric == name && labels.contains("service=\"orders\"") && labels.contains(&tool))
+                .then(|| value.parse::<f64>().ok())?
+        })
+    };
+    let ours: Vec<&str> = prom.lines().filter(|l| l.contains("orders")).collect();
+    let ours = ours.join("\n");
+    for (name, tool, want) in [
+        ("toolgate_calls", "write_order", 10.0),
+        ("toolgate_failures", "write_order", 10.0),
+        ("toolgate_slow", "write_order", 0.0),
+        ("toolgate_rejected", "write_order", 5.0),
+        ("toolgate_state", "write_order", 1.0),
+        ("toolgate_calls", "read_order", 1.0),
+        ("toolgate_failures", "read_order", 0.0),
+        ("toolgate_rejected", "read_order", 0.0),
+        ("toolgate_state", "read_order", 0.0),
+        ("toolgate_calls", dotted, 1.0),
+        ("toolgate_failures", dotted, 1.0),
+    ] {
+        assert_eq!(
+            value(name, tool),
+            Some(want),
+            "{name}{{service=\"orders\",tool=\"{tool}\"}} in /stats/prometheus:\n{ours}"
+        );
+    }
+    for (name, kind) in [
+        ("toolgate_calls", "counter"),
+        ("toolgate_failures", "counter"),
+        ("toolgate_slow", "counter"),
+        ("toolgate_rejected", "counter"),
+        ("toolgate_state", "gauge"),
+    ] {
+        assert!(
+            prom.lines().any(|l| l == format!("# TYPE {name} {kind}")),
+            "{name} is a {kind}"
+        );
+    }
+    // Every per-tool stat had its names taken out as tags: none is a metric of its own.
+    assert!(
+        !prom
+            .lines()
+            .any(|l| l.contains("toolgate_service") || l.contains("wasmcustom")),
+        "untagged per-tool stats:\n{ours}"
+    );
+}

@@ -18,6 +18,16 @@ pub const LISTENER_NAME: &str = "toolgate_mcp";
 pub const STAT_PREFIX: &str = "toolgate";
 /// MCP's session header (Streamable HTTP, protocol versions up to 2025-11-25).
 pub const SESSION_HEADER: &str = "Mcp-Session-Id";
+/// Stats tags of the filter's per-tool stats.
+pub const SERVICE_TAG: &str = "service";
+pub const TOOL_TAG: &str = "tool";
+/// Takes `service=<name>.` out of the filter's stat names (`wasmcustom.toolgate.service=<name>
+/// .tool=<name>.<kind>`, see the filter's `stats.rs`) as the tag `service`. Names may contain
+/// dots but never `=`, so `[^=]+` ends exactly at the service's last character.
+pub const SERVICE_TAG_REGEX: &str = r"^wasmcustom\.toolgate\.(service=([^=]+)\.)tool=";
+/// Takes `tool=<name>.` out as the tag `tool`; the kind (`calls`, `state`, ...) is the last
+/// segment and has no dot, so a tool name with dots is taken whole.
+pub const TOOL_TAG_REGEX: &str = r"^wasmcustom\.toolgate\.service=[^=]+\.(tool=([^=]+)\.)[a-z_]+$";
 
 /// What `render` needs to know.
 #[derive(Debug, Clone)]
@@ -85,7 +95,19 @@ fn bootstrap(opts: &BootstrapOptions) -> Value {
         "static_resources": {
             "clusters": [xds_cluster(opts.xds)],
             "listeners": [listener(opts)]
-        }
+        },
+        "stats_config": stats_config()
+    })
+}
+
+/// The filter's per-tool stats carry `service` and `tool` as tags: Prometheus shows
+/// `toolgate_calls{service="orders",tool="write_order"}`, not one metric name per tool.
+fn stats_config() -> Value {
+    json!({
+        "stats_tags": [
+            { "tag_name": SERVICE_TAG, "regex": SERVICE_TAG_REGEX },
+            { "tag_name": TOOL_TAG, "regex": TOOL_TAG_REGEX }
+        ]
     })
 }
 
@@ -271,6 +293,23 @@ mod tests {
             session["session_state"]["typed_config"]["header"]["name"],
             SESSION_HEADER
         );
+    }
+
+    #[test]
+    fn filter_stats_get_service_and_tool_tags() {
+        let b = parsed();
+        let tags = b["stats_config"]["stats_tags"]
+            .as_array()
+            .expect("stats_tags");
+        let names: Vec<&str> = tags.iter().filter_map(|t| t["tag_name"].as_str()).collect();
+        assert_eq!(names, [SERVICE_TAG, TOOL_TAG]);
+        for t in tags {
+            let regex = t["regex"].as_str().expect("regex");
+            // Anchored on the wasm namespace, so Envoy runs them on the filter's stats only.
+            assert!(regex.starts_with(r"^wasmcustom\.toolgate\."), "{regex}");
+            // Two groups: the first is cut from the name, the second is the tag's value.
+            assert_eq!(regex.matches('(').count(), 2, "{regex}");
+        }
     }
 
     #[test]
