@@ -775,3 +775,58 @@ async fn filter_stats_carry_service_and_tool_labels() {
         "untagged per-tool stats:\n{ours}"
     );
 }
+
+#[tokio::test]
+async fn json_rpc_errors_in_an_sse_stream_count_and_is_error_results_only_by_policy() {
+    let env =
+        TestEnv::new("json_rpc_errors_in_an_sse_stream_count_and_is_error_results_only_by_policy");
+    let gw = Gateway::start(&env, 1).await;
+    gw.policy("orders", json!({"min_calls": 4})).await;
+    gw.policy("orders/read_order", json!({"count_is_error": true}))
+        .await;
+    // SSE responses (a stateful lab): the filter finds the event carrying the request's id.
+    let m = Member::start(
+        &env,
+        &gw.etcd.endpoint(),
+        "orders",
+        "orders-1",
+        &[
+            "--fail",
+            "write_order=jsonrpc_error",
+            "--fail",
+            "echo=is_error",
+            "--fail",
+            "read_order=is_error",
+        ],
+        TTL,
+    )
+    .await;
+    gw.routes("orders", &[&m]).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut s = McpSession::connect(&gw.envoy.url("orders")).await;
+    for tool in ["write_order", "echo", "read_order"] {
+        for _ in 0..4 {
+            let r = s.call_tool(tool, json!({})).await;
+            assert!(
+                r.content_type.starts_with("text/event-stream"),
+                "{}",
+                r.content_type
+            );
+            assert!(
+                breaker_meta(&r).is_none_or(|m| m.is_null()),
+                "the server's own answer passes untouched: {}",
+                r.body
+            );
+        }
+    }
+    // A JSON-RPC error is a failure; an isError result is the tool's own answer unless the
+    // policy counts it.
+    assert_semantic(&s.call_tool("write_order", json!({})).await, "open");
+    let r = s.call_tool("echo", json!({})).await;
+    assert!(
+        breaker_meta(&r).is_none_or(|m| m.is_null()),
+        "isError does not count by default: {}",
+        r.body
+    );
+    assert_semantic(&s.call_tool("read_order", json!({})).await, "open");
+}
