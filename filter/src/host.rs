@@ -174,7 +174,8 @@ impl RootContext for Root {
 /// What the filter is doing with the response of a watched call.
 enum Watch {
     None,
-    Json,
+    /// The chunks seen so far of a JSON body that came in several (usually it comes in one).
+    Json(Vec<u8>),
     Sse(SseScanner),
     /// The upstream failed: the body is replaced by this reply at the end of the stream.
     Replace(Reply),
@@ -472,7 +473,7 @@ impl HttpContext for Call {
                         None => Watch::None,
                     }
                 } else {
-                    Watch::Json
+                    Watch::Json(Vec::new())
                 };
             }
             Verdict::ClientError => self.answered(false),
@@ -500,18 +501,30 @@ impl HttpContext for Call {
                 }
                 Action::Continue
             }
-            Watch::Json => {
-                if body_size > MAX_JSON_RESPONSE {
+            Watch::Json(_) => {
+                // Passed through as it streams (holding it back would cost Envoy a buffering
+                // round trip per call); only this call's copy is kept, and only if it is split.
+                let chunk = self
+                    .get_http_response_body(0, body_size)
+                    .unwrap_or_default();
+                let Watch::Json(seen) = &mut self.watch else {
+                    return Action::Continue;
+                };
+                if seen.len() + chunk.len() > MAX_JSON_RESPONSE {
                     self.watch = Watch::None;
                     self.answered(false);
                     return Action::Continue;
                 }
                 if !end_of_stream {
-                    return Action::Pause;
+                    seen.extend_from_slice(&chunk);
+                    return Action::Continue;
                 }
-                let body = self
-                    .get_http_response_body(0, body_size)
-                    .unwrap_or_default();
+                let body = if seen.is_empty() {
+                    chunk
+                } else {
+                    seen.extend_from_slice(&chunk);
+                    std::mem::take(seen)
+                };
                 self.watch = Watch::None;
                 if let Some(id) = self.id.clone() {
                     self.classified(classify_response(&body, &id));
