@@ -10,6 +10,11 @@ use crate::error::RegisterError;
 use crate::keepalive::{Lease, Registration};
 use toolgate_model::Backoff;
 
+/// HTTP/2 pings find a silent partition even when nothing flows. etcd answers pings more
+/// frequent than its `--grpc-keepalive-min-time` (5 s by default) with GOAWAY, which would
+/// break the stream every few seconds, so stay well above it.
+const ETCD_PING_INTERVAL: Duration = Duration::from_secs(10);
+
 /// etcd raises any smaller TTL to its minimum: 1.5 election timeouts, 2 s with the default
 /// 1 s election timeout. Asking for less would silently give a longer-lived lease.
 pub const MIN_TTL_SECS: i64 = 2;
@@ -109,7 +114,7 @@ impl Registrar {
         let opts = ConnectOptions::new()
             .with_connect_timeout(RPC_TIMEOUT)
             .with_timeout(RPC_TIMEOUT)
-            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
+            .with_keep_alive(ETCD_PING_INTERVAL, Duration::from_secs(3))
             .with_keep_alive_while_idle(true);
         // The channel connects lazily, so this only fails on malformed URLs.
         Client::connect(&self.etcd, Some(opts)).await.map_err(|e| {

@@ -8,6 +8,11 @@ use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions};
 
+/// HTTP/2 pings find a silent partition even when nothing flows. etcd answers pings more
+/// frequent than its `--grpc-keepalive-min-time` (5 s by default) with GOAWAY, which would
+/// break the stream every few seconds, so stay well above it.
+const ETCD_PING_INTERVAL: Duration = Duration::from_secs(10);
+
 /// How toolgate-xds reaches etcd.
 #[derive(Debug, Clone)]
 pub struct EtcdConfig {
@@ -22,7 +27,7 @@ impl EtcdConfig {
     pub async fn connect(&self) -> Result<Client, etcd_client::Error> {
         let opts = ConnectOptions::new()
             .with_connect_timeout(self.request_timeout)
-            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
+            .with_keep_alive(ETCD_PING_INTERVAL, Duration::from_secs(3))
             .with_keep_alive_while_idle(true)
             .with_require_leader(true);
         Client::connect(&self.endpoints, Some(opts)).await
