@@ -27,3 +27,18 @@ demo: build
 clean:
 	$(CARGO) clean
 	rm -rf tests/logs .toolgate
+
+# make bench: every suite, full size (several minutes); make bench-quick: the same suites at a
+# reduced size, under two minutes. Both build the do-nothing wasm filter and the probe filter
+# (bench/noop-filter) that the data-plane suite compares the toolgate filter with, and write
+# bench/results.json.
+.PHONY: bench bench-quick bench-filters
+
+bench-filters:
+	$(CARGO) build $(PROFILE) -p toolgate-noop-filter --target wasm32-wasip1 --lib --examples
+
+bench: build bench-filters
+	target/release/toolgate-bench
+
+bench-quick: build bench-filters
+	target/release/toolgate-bench --quick

@@ -1,13 +1,30 @@
-//! `toolgate-bench`: runs the benchmark suites on real processes on loopback and prints one
-//! markdown table; `--json` writes the figures to a file too.
+//! `toolgate-bench`: runs the benchmark suites on real processes on loopback, prints one
+//! markdown table per suite and writes every figure (and the machine) to a JSON file.
 
+mod dataplane;
+mod machine;
 mod propagation;
 mod stats;
 
+use std::cell::Cell;
 use std::path::PathBuf;
+use std::time::Duration;
 
-use clap::Parser;
+use clap::{Parser, ValueEnum};
+use toolgate_tests::paths::{filter_wasm, tool_bin, workspace_root};
 use toolgate_tests::TestEnv;
+
+use crate::machine::Machine;
+use crate::propagation::Propagation;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Suite {
+    /// etcd write -> Envoy applied, with many instances registered.
+    Propagation,
+    /// tools/call throughput and latency: direct, Envoy, Envoy + toolgate filter, Envoy +
+    /// no-op wasm filter.
+    Dataplane,
+}
 
 #[derive(Parser, Debug)]
 #[command(
@@ -15,12 +32,45 @@ use toolgate_tests::TestEnv;
     about = "toolgate's speed figures, measured side by side in one run"
 )]
 struct Args {
-    /// Instance counts for the propagation suite.
-    #[arg(long, value_delimiter = ',', default_value = "1000")]
-    instances: Vec<usize>,
-    /// Single changes measured per instance count.
-    #[arg(long, default_value_t = 200)]
-    changes: usize,
+    /// Suites to run.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "propagation,dataplane"
+    )]
+    suites: Vec<Suite>,
+    /// Short run (under 2 minutes): 200 instances x 50 changes, 2 x 2 s per data-plane variant.
+    #[arg(long)]
+    quick: bool,
+    /// Instance counts for the propagation suite [default: 1000; quick: 200].
+    #[arg(long, value_delimiter = ',')]
+    instances: Option<Vec<usize>>,
+    /// Single changes measured per instance count [default: 200; quick: 50].
+    #[arg(long)]
+    changes: Option<usize>,
+    /// Data plane: repetitions of each variant [default: 5; quick: 2].
+    #[arg(long)]
+    reps: Option<usize>,
+    /// Data plane: seconds per wrk run [default: 5; quick: 2].
+    #[arg(long)]
+    secs: Option<u64>,
+    /// Data plane: wrk connections.
+    #[arg(long, default_value_t = 16)]
+    connections: u32,
+    /// Data plane: the do-nothing wasm filter (bench/noop-filter built for wasm32-wasip1).
+    #[arg(long)]
+    noop_filter: Option<PathBuf>,
+    /// Data plane: skip the profile of the toolgate filter (the probe filter levels; never run
+    /// in quick mode).
+    #[arg(long)]
+    no_profile: bool,
+    /// Data plane: repetitions of each profile variant [default: 3].
+    #[arg(long)]
+    profile_reps: Option<usize>,
+    /// Data plane: workloads to run [default: all].
+    #[arg(long, value_delimiter = ',', value_parser = ["1k-json", "8k-json", "1k-sse"])]
+    workloads: Vec<String>,
     /// Where to write the figures as JSON.
     #[arg(long, default_value = "bench/results.json")]
     json: PathBuf,
@@ -29,17 +79,73 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let mut results = Vec::new();
-    for &n in &args.instances {
-        eprintln!("propagation with {n} instances ...");
-        let env = TestEnv::new(&format!("bench_propagation_{n}"));
-        results.push(propagation::run(&env, n, args.changes).await?);
+    let machine = Machine::detect(&tool_bin("envoy"));
+    eprintln!("machine: {}", machine.describe());
+    let mut report = serde_json::json!({
+        "machine": machine,
+        "mode": if args.quick { "quick" } else { "full" },
+    });
+
+    if args.suites.contains(&Suite::Propagation) {
+        let instances = args
+            .instances
+            .clone()
+            .unwrap_or_else(|| vec![if args.quick { 200 } else { 1000 }]);
+        let changes = args.changes.unwrap_or(if args.quick { 50 } else { 200 });
+        let mut results = Vec::new();
+        for &n in &instances {
+            eprintln!("propagation with {n} instances ...");
+            let env = TestEnv::new(&format!("bench_propagation_{n}"));
+            results.push(propagation::run(&env, n, changes).await?);
+        }
+        println!("{}", propagation_table(&results));
+        report["propagation"] = serde_json::to_value(&results)?;
     }
-    println!("| suite | instances | etcd put->watch p50 / p99 (floor) | add p50 / p99 / max | remove p50 / p99 / max | burst of 45 |");
-    println!("| --- | ---: | ---: | ---: | ---: | ---: |");
-    for r in &results {
-        println!(
-            "| propagation | {} | {:.2} / {:.2} ms | {:.2} / {:.2} / {:.2} ms | {:.2} / {:.2} / {:.2} ms | {:.1} ms |",
+
+    if args.suites.contains(&Suite::Dataplane) {
+        let opts = dataplane::Options {
+            reps: args.reps.unwrap_or(if args.quick { 2 } else { 5 }),
+            secs: args.secs.unwrap_or(if args.quick { 2 } else { 5 }),
+            warmup_secs: if args.quick { 1 } else { 2 },
+            connections: args.connections,
+            noop_filter: args.noop_filter.clone().unwrap_or_else(|| {
+                workspace_root().join("target/wasm32-wasip1/release/toolgate_noop_filter.wasm")
+            }),
+            toolgate_filter: filter_wasm(),
+            probe_filter: (!args.quick && !args.no_profile).then(|| {
+                workspace_root().join("target/wasm32-wasip1/release/examples/probe_filter.wasm")
+            }),
+            profile_reps: args
+                .profile_reps
+                .unwrap_or_else(|| args.reps.map_or(3, |r| r.min(3))),
+            quiet_wait: Duration::from_secs(if args.quick { 3 } else { 60 }),
+            attempts: if args.quick { 2 } else { 4 },
+            extra_budget: Cell::new(Duration::from_secs(if args.quick { 12 } else { 900 })),
+            workloads: args.workloads.clone(),
+        };
+        let env = TestEnv::new("bench_dataplane");
+        let result = dataplane::run(&env, machine.cores, &opts).await?;
+        println!("Machine: {}.\n", machine.describe());
+        println!("{}", result.markdown());
+        report["dataplane"] = serde_json::to_value(&result)?;
+    }
+
+    if let Some(dir) = args.json.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&args.json, serde_json::to_string_pretty(&report)?)?;
+    eprintln!("figures written to {}", args.json.display());
+    Ok(())
+}
+
+fn propagation_table(results: &[Propagation]) -> String {
+    let mut out = String::from(
+        "| suite | instances | etcd put->watch p50 / p99 (floor) | add p50 / p99 / max | remove p50 / p99 / max | burst of 45 |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: |\n",
+    );
+    for r in results {
+        out.push_str(&format!(
+            "| propagation | {} | {:.2} / {:.2} ms | {:.2} / {:.2} / {:.2} ms | {:.2} / {:.2} / {:.2} ms | {:.1} ms |\n",
             r.instances,
             r.etcd_floor.p50_ms,
             r.etcd_floor.p99_ms,
@@ -50,14 +156,7 @@ async fn main() -> anyhow::Result<()> {
             r.remove.p99_ms,
             r.remove.max_ms,
             r.burst_45_ms
-        );
+        ));
     }
-    if let Some(dir) = args.json.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    std::fs::write(
-        &args.json,
-        serde_json::to_string_pretty(&serde_json::json!({"propagation": results}))?,
-    )?;
-    Ok(())
+    out
 }

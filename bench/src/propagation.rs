@@ -112,6 +112,7 @@ pub async fn run(env: &TestEnv, instances: usize, changes: usize) -> anyhow::Res
     // Single changes, alternating: remove the probe instance, add it back.
     let mut add = Vec::new();
     let mut remove = Vec::new();
+    let mut removed = [false; PROBES];
     for i in 0..changes {
         let k = i % PROBES;
         let key = format!("/mcp/services/probe-{k}/p{k}");
@@ -122,13 +123,33 @@ pub async fn run(env: &TestEnv, instances: usize, changes: usize) -> anyhow::Res
             client.delete(key, None).await?;
             wait_status(&http, &url, 503, Duration::from_secs(10)).await?;
             remove.push(t0.elapsed());
+            removed[k] = true;
         } else {
             client
                 .put(key, probe_value(k), Some(put_opts.clone()))
                 .await?;
             wait_status(&http, &url, 200, Duration::from_secs(10)).await?;
             add.push(t0.elapsed());
+            removed[k] = false;
         }
+    }
+    // A change count that ends in a removal block (e.g. 50 = 5 blocks of 10) leaves probes
+    // out: put them back (unmeasured) so the burst below starts from every instance.
+    for k in (0..PROBES).filter(|&k| removed[k]) {
+        client
+            .put(
+                format!("/mcp/services/probe-{k}/p{k}"),
+                probe_value(k),
+                Some(put_opts.clone()),
+            )
+            .await?;
+        wait_status(
+            &http,
+            &envoy.url(&format!("probe-{k}")),
+            200,
+            Duration::from_secs(10),
+        )
+        .await?;
     }
 
     // Burst: 45 instances of a fresh service registered together, until all 45 take traffic

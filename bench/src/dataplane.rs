@@ -1,0 +1,941 @@
+//! Suite 3, data-plane overhead: `tools/call` under load (wrk, fixed connection count) against
+//! (a) the lab server directly, (b) Envoy without a wasm filter, (c) Envoy with the toolgate
+//! filter, (d) Envoy with a wasm filter that does nothing. The Envoys run side by side and the
+//! variants alternate within every repetition (a, b, c, d, a, b, c, d, ...), so slow drift of
+//! the machine hits all of them alike. Ratios are taken per repetition (paired) and reported
+//! as median and range.
+//!
+//! The profile (full mode) adds an Envoy with the probe filter (`bench/noop-filter/examples`),
+//! which repeats the toolgate filter's per-request work step by step, selected per request by
+//! the `x-probe` header: Envoy's CPU time per request at each level says where the toolgate
+//! filter's time goes.
+//!
+//! On a machine with two or more cores, Envoy (`--concurrency 1`, every thread) runs alone on
+//! core 1; the lab servers, wrk, etcd, toolgate-xds and this driver share core 0. Runs during
+//! which other processes on the machine (builds, tests) used CPU are measured again.
+
+use std::cell::Cell;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use serde::{Deserialize, Serialize};
+use toolgate_tests::{Envoy, Etcd, McpServer, TestEnv, Xds};
+
+use crate::machine::{affinity, core_times, cpu_ns, own_tree_cpu_ns, pin, CoreTimes};
+use crate::stats::{spread, Spread};
+
+pub struct Options {
+    pub reps: usize,
+    pub secs: u64,
+    pub warmup_secs: u64,
+    pub connections: u32,
+    pub noop_filter: PathBuf,
+    pub toolgate_filter: PathBuf,
+    /// The probe filter; `None`: no profile.
+    pub probe_filter: Option<PathBuf>,
+    pub profile_reps: usize,
+    /// Workload keys to run (1k-json, 8k-json, 1k-sse); empty: all.
+    pub workloads: Vec<String>,
+    /// How long to wait for a quiet machine before each run.
+    pub quiet_wait: Duration,
+    /// Measurements of one run at most, while other processes disturb it.
+    pub attempts: usize,
+    /// Time the whole suite may spend on waiting for quiet and on measuring again.
+    pub extra_budget: Cell<Duration>,
+}
+
+impl Options {
+    fn spend(&self, d: Duration) {
+        self.extra_budget
+            .set(self.extra_budget.get().saturating_sub(d));
+    }
+}
+
+struct Workload {
+    key: &'static str,
+    name: &'static str,
+    body_bytes: usize,
+    sse: bool,
+}
+
+const WORKLOADS: [Workload; 3] = [
+    Workload {
+        key: "1k-json",
+        name: "1 KB JSON",
+        body_bytes: 1024,
+        sse: false,
+    },
+    Workload {
+        key: "8k-json",
+        name: "8 KB JSON",
+        body_bytes: 8192,
+        sse: false,
+    },
+    Workload {
+        key: "1k-sse",
+        name: "1 KB SSE",
+        body_bytes: 1024,
+        sse: true,
+    },
+];
+
+/// The probe filter's levels (cumulative), see `bench/noop-filter/examples/probe_filter.rs`.
+const PROBE_LEVELS: [&str; 7] = [
+    "reads x-probe only",
+    "+ reads the 7 request headers",
+    "+ holds the headers until the body is complete",
+    "+ copies the body into the VM, parses the JSON-RPC envelope",
+    "+ one shared-data get, the clock",
+    "+ reads :status, 2 response headers, response.code_details",
+    "+ holds the response body until complete, copies and parses it",
+];
+
+/// The whole suite, as written to results.json.
+#[derive(Debug, Serialize)]
+pub struct Dataplane {
+    pub pinning: String,
+    pub connections: u32,
+    pub wrk_threads: u32,
+    pub reps: usize,
+    pub secs_per_run: u64,
+    pub warmup_secs: u64,
+    pub goal: &'static str,
+    pub workloads: Vec<WorkloadResult>,
+    pub profile: Option<Profile>,
+    /// Runs with errors, or fewer calls at the lab than wrk completed.
+    pub anomalies: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct WorkloadResult {
+    pub name: String,
+    pub request_bytes: usize,
+    pub response: &'static str,
+    /// Response bytes per request as wrk counted them (headers included), through (b).
+    pub response_bytes: f64,
+    pub variants: Vec<VariantResult>,
+    /// Requests/s, paired per repetition.
+    pub c_over_b: Spread,
+    pub d_over_b: Spread,
+    pub c_over_d: Spread,
+    /// (c)/(b) >= 0.78 and (c)/(b) within 5% of (d)/(b), on the medians of the paired ratios.
+    pub goal_met: bool,
+}
+
+#[derive(Debug, Serialize)]
+pub struct VariantResult {
+    pub variant: String,
+    pub label: String,
+    pub rps: Spread,
+    pub p50_ms: Spread,
+    pub p99_ms: Spread,
+    pub p999_ms: Spread,
+    /// Envoy's CPU time (all threads) per request, microseconds.
+    pub envoy_cpu_us_per_req: Option<Spread>,
+    /// The lab server's CPU time per request, microseconds.
+    pub lab_cpu_us_per_req: Spread,
+    /// Busy percent of each core during the runs.
+    pub core_busy_pct: Vec<Spread>,
+    /// CPU of processes the bench did not start during the runs, percent of one core.
+    pub foreign_load_pct: Spread,
+    pub runs: Vec<Run>,
+}
+
+/// Where the toolgate filter's time goes: Envoy CPU per request with the probe filter at each
+/// level, next to (b), (d) and (c), alternating in one run.
+#[derive(Debug, Serialize)]
+pub struct Profile {
+    pub workload: String,
+    pub reps: usize,
+    pub rows: Vec<ProfileRow>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ProfileRow {
+    pub result: VariantResult,
+    /// Envoy CPU µs/request minus that of the row before, paired per repetition.
+    pub delta_us: Option<Spread>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Run {
+    pub rep: usize,
+    pub rps: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub p999_ms: f64,
+    pub max_ms: f64,
+    pub requests: u64,
+    pub errors: u64,
+    pub lab_calls: u64,
+    pub response_bytes: f64,
+    pub envoy_cpu_us_per_req: Option<f64>,
+    pub lab_cpu_us_per_req: f64,
+    pub core_busy_pct: Vec<f64>,
+    /// CPU used by processes the bench did not start, percent of one core.
+    pub foreign_load_pct: f64,
+    /// Time the hypervisor gave our vCPUs to others, percent of one core.
+    pub steal_pct: f64,
+    /// Measured again while `foreign_load_pct` was above the limit.
+    pub attempts: usize,
+    pub quiet_wait_secs: f64,
+}
+
+/// What the generated Lua `done()` prints.
+#[derive(Debug, Deserialize)]
+struct WrkOut {
+    requests: f64,
+    duration_us: f64,
+    bytes: f64,
+    connect: f64,
+    read: f64,
+    write: f64,
+    status: f64,
+    timeout: f64,
+    p50_us: f64,
+    p99_us: f64,
+    p999_us: f64,
+    max_us: f64,
+}
+
+const WRK_THREADS: u32 = 1;
+const CLIENT_CORE: &str = "0";
+const ENVOY_CORE: &str = "1";
+
+/// One thing wrk is pointed at.
+struct Target<'a> {
+    key: String,
+    label: String,
+    url: String,
+    script: PathBuf,
+    envoy: Option<&'a Envoy>,
+}
+
+/// Which processes go on which core, re-applied and checked before measuring.
+struct Pinning<'a> {
+    on: bool,
+    envoys: Vec<&'a Envoy>,
+    labs: Vec<&'a McpServer>,
+}
+
+impl Pinning<'_> {
+    fn apply_and_check(&self) -> anyhow::Result<()> {
+        if !self.on {
+            return Ok(());
+        }
+        for e in &self.envoys {
+            // Threads Envoy starts later (the wasm VMs' helpers) inherit the core from their
+            // parents; pinning again costs nothing and the check below proves it.
+            pin(pid_of(e)?, ENVOY_CORE)?;
+            let a = affinity(pid_of(e)?);
+            if a != [ENVOY_CORE] {
+                bail!("{} threads are not all on core {ENVOY_CORE}: {a:?}", e.name);
+            }
+        }
+        for lab in &self.labs {
+            let a = affinity(lab.proc.pid());
+            if a != [CLIENT_CORE] {
+                bail!(
+                    "{} threads are not all on core {CLIENT_CORE}: {a:?}",
+                    lab.instance_id
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+pub async fn run(env: &TestEnv, cores: usize, opts: &Options) -> anyhow::Result<Dataplane> {
+    for wasm in [
+        Some(&opts.noop_filter),
+        Some(&opts.toolgate_filter),
+        opts.probe_filter.as_ref(),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        if !wasm.exists() {
+            bail!(
+                "{} is missing: run `make build` and build bench/noop-filter \
+                 (cargo build --release -p toolgate-noop-filter --target wasm32-wasip1 --lib --examples)",
+                wasm.display()
+            );
+        }
+    }
+    let pinned = cores >= 2;
+    let own_pid = std::process::id() as i32;
+    let own_affinity = affinity(own_pid).join(",");
+    if pinned {
+        // Everything started from here on (etcd, toolgate-xds, labs, wrk) inherits core 0;
+        // the Envoys are moved to core 1 once they run.
+        pin(own_pid, CLIENT_CORE)?;
+    }
+    let result = measure(env, pinned, opts).await;
+    if pinned && !own_affinity.is_empty() {
+        let _ = pin(own_pid, &own_affinity);
+    }
+    result
+}
+
+async fn measure(env: &TestEnv, pinned: bool, opts: &Options) -> anyhow::Result<Dataplane> {
+    let etcd = Etcd::start(env).await;
+    let xds = Xds::start(env, "xds", &etcd.endpoint(), &[]).await;
+    let lab_json = McpServer::lab(env, "lab-json", &["--stateless", "--json-response"]).await;
+    let lab_sse = McpServer::lab(env, "lab-sse", &["--stateless"]).await;
+    let mut client = etcd.client().await;
+    for (service, lab) in [("bench-json", &lab_json), ("bench-sse", &lab_sse)] {
+        let value = format!(
+            r#"{{"instance_id":"{}","endpoint":"{}","tools":["read_order","write_order","echo"]}}"#,
+            lab.instance_id,
+            lab.endpoint()
+        );
+        client
+            .put(
+                format!("/mcp/services/{service}/{}", lab.instance_id),
+                value,
+                None,
+            )
+            .await?;
+    }
+    let path = |p: &Path| p.to_string_lossy().into_owned();
+    let (toolgate, noop) = (path(&opts.toolgate_filter), path(&opts.noop_filter));
+    let plain = Envoy::start_with(env, "envoy-plain", &xds.xds_addr(), 1, &[]).await;
+    let with_toolgate = Envoy::start_with(
+        env,
+        "envoy-toolgate",
+        &xds.xds_addr(),
+        1,
+        &["--filter", &toolgate],
+    )
+    .await;
+    let with_noop =
+        Envoy::start_with(env, "envoy-noop", &xds.xds_addr(), 1, &["--filter", &noop]).await;
+    let with_probe = match &opts.probe_filter {
+        Some(p) => Some(
+            Envoy::start_with(
+                env,
+                "envoy-probe",
+                &xds.xds_addr(),
+                1,
+                &["--filter", &path(p)],
+            )
+            .await,
+        ),
+        None => None,
+    };
+    let pinning = Pinning {
+        on: pinned,
+        envoys: [
+            Some(&plain),
+            Some(&with_toolgate),
+            Some(&with_noop),
+            with_probe.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        .collect(),
+        labs: vec![&lab_json, &lab_sse],
+    };
+    pinning.apply_and_check()?;
+
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .no_proxy()
+        .build()?;
+    let mut anomalies = Vec::new();
+    let mut workloads = Vec::new();
+    for w in WORKLOADS
+        .iter()
+        .filter(|w| opts.workloads.is_empty() || opts.workloads.iter().any(|k| k == w.key))
+    {
+        let (lab, service) = if w.sse {
+            (&lab_sse, "bench-sse")
+        } else {
+            (&lab_json, "bench-json")
+        };
+        let body = request_body(w.body_bytes);
+        let script = env.path(&format!("wrk-{}.lua", w.key));
+        std::fs::write(&script, lua_script(&body, None))?;
+        let targets: Vec<Target> = [
+            ("a", "direct to the lab", None),
+            ("b", "Envoy, no filter", Some(&plain)),
+            ("c", "Envoy + toolgate filter", Some(&with_toolgate)),
+            ("d", "Envoy + no-op wasm filter", Some(&with_noop)),
+        ]
+        .into_iter()
+        .map(|(key, label, envoy)| Target {
+            key: key.into(),
+            label: label.into(),
+            url: envoy.map_or_else(|| lab.mcp_url(), |e| e.url(service)),
+            script: script.clone(),
+            envoy,
+        })
+        .collect();
+        for t in &targets {
+            check_call(&http, &t.url, &body, w.sse)
+                .await
+                .with_context(|| format!("{}: variant ({}) {}", w.name, t.key, t.label))?;
+        }
+        let runs = alternate(w.name, &targets, opts.reps, opts, lab, &pinning).await?;
+        anomalies.extend(find_anomalies(w.name, &targets, &runs));
+        workloads.push(summarize_workload(w, &targets, runs));
+    }
+
+    let profile = match &with_probe {
+        Some(probe) => {
+            let w = &WORKLOADS[0];
+            let body = request_body(w.body_bytes);
+            let plain_script = env.path(&format!("wrk-{}.lua", w.key));
+            std::fs::write(&plain_script, lua_script(&body, None))?;
+            let mut targets: Vec<Target> = [
+                ("b", "Envoy, no filter", &plain),
+                ("d", "Envoy + no-op wasm filter", &with_noop),
+            ]
+            .into_iter()
+            .map(|(key, label, e)| Target {
+                key: key.into(),
+                label: label.into(),
+                url: e.url("bench-json"),
+                script: plain_script.clone(),
+                envoy: Some(e),
+            })
+            .collect();
+            for (level, adds) in PROBE_LEVELS.iter().enumerate() {
+                let script = env.path(&format!("wrk-probe-{level}.lua"));
+                std::fs::write(
+                    &script,
+                    lua_script(&body, Some(("x-probe", &level.to_string()))),
+                )?;
+                targets.push(Target {
+                    key: format!("p{level}"),
+                    label: format!("probe {level}: {adds}"),
+                    url: probe.url("bench-json"),
+                    script,
+                    envoy: Some(probe),
+                });
+            }
+            targets.push(Target {
+                key: "c".into(),
+                label: "Envoy + toolgate filter".into(),
+                url: with_toolgate.url("bench-json"),
+                script: plain_script.clone(),
+                envoy: Some(&with_toolgate),
+            });
+            for t in &targets {
+                check_call(&http, &t.url, &body, false)
+                    .await
+                    .with_context(|| format!("profile: ({}) {}", t.key, t.label))?;
+            }
+            let name = format!("profile {}", w.name);
+            let runs = alternate(
+                &name,
+                &targets,
+                opts.profile_reps,
+                opts,
+                &lab_json,
+                &pinning,
+            )
+            .await?;
+            anomalies.extend(find_anomalies(&name, &targets, &runs));
+            let mut rows: Vec<ProfileRow> = Vec::new();
+            for (i, (t, r)) in targets.iter().zip(&runs).enumerate() {
+                let delta_us = (i > 0).then(|| {
+                    let cpu = |runs: &[Run]| -> Vec<f64> {
+                        runs.iter()
+                            .map(|r| r.envoy_cpu_us_per_req.unwrap_or(f64::NAN))
+                            .collect()
+                    };
+                    let d: Vec<f64> = cpu(r)
+                        .iter()
+                        .zip(cpu(&runs[i - 1]))
+                        .map(|(a, b)| a - b)
+                        .collect();
+                    spread(&d)
+                });
+                rows.push(ProfileRow {
+                    result: variant_result(t, r.clone()),
+                    delta_us,
+                });
+            }
+            Some(Profile {
+                workload: w.name.to_string(),
+                reps: opts.profile_reps,
+                rows,
+            })
+        }
+        None => None,
+    };
+
+    Ok(Dataplane {
+        pinning: if pinned {
+            format!(
+                "Envoy (--concurrency 1, all threads) on core {ENVOY_CORE} via `taskset -a -p -c {ENVOY_CORE}` after start (verified per thread); \
+                 wrk (-t{WRK_THREADS}) via `taskset -c {CLIENT_CORE}`, the lab servers, etcd, toolgate-xds and the bench driver on core {CLIENT_CORE}"
+            )
+        } else {
+            "not pinned: fewer than 2 cores".into()
+        },
+        connections: opts.connections,
+        wrk_threads: WRK_THREADS,
+        reps: opts.reps,
+        secs_per_run: opts.secs,
+        warmup_secs: opts.warmup_secs,
+        goal: "(c)/(b) >= 0.78 and (c)/(b) within 5% of (d)/(b)",
+        workloads,
+        profile,
+        anomalies,
+    })
+}
+
+/// Warms every target up, then measures them in turn, `reps` times.
+async fn alternate(
+    name: &str,
+    targets: &[Target<'_>],
+    reps: usize,
+    opts: &Options,
+    lab: &McpServer,
+    pinning: &Pinning<'_>,
+) -> anyhow::Result<Vec<Vec<Run>>> {
+    eprintln!("dataplane {name}: warm-up ...");
+    for t in targets {
+        wrk(&t.script, &t.url, opts.warmup_secs, opts.connections).await?;
+    }
+    pinning.apply_and_check()?;
+    let mut runs: Vec<Vec<Run>> = vec![Vec::new(); targets.len()];
+    for rep in 0..reps {
+        for (i, t) in targets.iter().enumerate() {
+            let envoy_pid = t.envoy.map(pid_of).transpose()?;
+            let run = run_once(&t.script, &t.url, opts, lab, envoy_pid, rep).await?;
+            eprintln!(
+                "dataplane {name} rep {}/{reps} ({}) {:>8.0} req/s  p50 {:.3} ms  p99 {:.3} ms  p99.9 {:.3} ms  Envoy {} µs/req{}",
+                rep + 1,
+                t.key,
+                run.rps,
+                run.p50_ms,
+                run.p99_ms,
+                run.p999_ms,
+                run.envoy_cpu_us_per_req
+                    .map_or_else(|| "–".to_string(), |c| format!("{c:.1}")),
+                if run.errors > 0 {
+                    format!("  {} ERRORS", run.errors)
+                } else {
+                    String::new()
+                }
+            );
+            runs[i].push(run);
+        }
+    }
+    Ok(runs)
+}
+
+fn find_anomalies(name: &str, targets: &[Target<'_>], runs: &[Vec<Run>]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (t, runs) in targets.iter().zip(runs) {
+        for r in runs {
+            if r.errors > 0 || r.lab_calls < r.requests {
+                out.push(format!(
+                    "{name} ({}) rep {}: {} errors, {} requests completed, {} calls reached the lab",
+                    t.key,
+                    r.rep + 1,
+                    r.errors,
+                    r.requests,
+                    r.lab_calls
+                ));
+            }
+            if r.foreign_load_pct > MAX_FOREIGN_PCT {
+                out.push(format!(
+                    "{name} ({}) rep {}: other processes used {:.0}% of a core after {} attempts",
+                    t.key,
+                    r.rep + 1,
+                    r.foreign_load_pct,
+                    r.attempts
+                ));
+            }
+        }
+    }
+    out
+}
+
+fn pid_of(e: &Envoy) -> anyhow::Result<i32> {
+    e.proc
+        .as_ref()
+        .map(|p| p.pid())
+        .with_context(|| format!("{} is not running", e.name))
+}
+
+/// A run during which processes the bench did not start used more than this share of one core
+/// (other builds or tests on the machine) is measured again.
+const MAX_FOREIGN_PCT: f64 = 10.0;
+/// Before a run, wait (up to `Options::quiet_wait`) until foreign load is below this share of
+/// a core.
+const QUIET_PCT: f64 = 10.0;
+
+/// Load on the machine from processes the bench did not start, in percent of one core.
+fn foreign_pct(cores0: &CoreTimes, own0: u64, cores1: &CoreTimes, own1: u64, secs: f64) -> f64 {
+    let foreign = cores1
+        .task_busy_ns(cores0)
+        .saturating_sub(own1.saturating_sub(own0));
+    100.0 * foreign as f64 / 1e9 / secs
+}
+
+/// Waits up to `max` for other processes to calm down; returns the seconds waited.
+async fn wait_quiet(max: Duration) -> f64 {
+    let t0 = Instant::now();
+    if max.is_zero() {
+        return 0.0;
+    }
+    loop {
+        let (c0, o0, s0) = (core_times(), own_tree_cpu_ns(), Instant::now());
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let pct = foreign_pct(
+            &c0,
+            o0,
+            &core_times(),
+            own_tree_cpu_ns(),
+            s0.elapsed().as_secs_f64(),
+        );
+        if pct < QUIET_PCT || t0.elapsed() >= max {
+            return t0.elapsed().as_secs_f64();
+        }
+    }
+}
+
+async fn run_once(
+    script: &Path,
+    url: &str,
+    opts: &Options,
+    lab: &McpServer,
+    envoy_pid: Option<i32>,
+    rep: usize,
+) -> anyhow::Result<Run> {
+    let mut attempt = 0;
+    let mut waited = 0.0;
+    loop {
+        attempt += 1;
+        let max = opts.quiet_wait.min(opts.extra_budget.get());
+        let w = wait_quiet(max).await;
+        opts.spend(Duration::from_secs_f64(w));
+        waited += w;
+        let mut run = measure_once(script, url, opts, lab, envoy_pid, rep).await?;
+        run.attempts = attempt;
+        run.quiet_wait_secs = waited;
+        let again = Duration::from_secs(opts.secs);
+        if run.foreign_load_pct <= MAX_FOREIGN_PCT
+            || attempt >= opts.attempts
+            || opts.extra_budget.get() < again
+        {
+            return Ok(run);
+        }
+        opts.spend(again);
+        eprintln!(
+            "  other processes used {:.0}% of a core during the run: measuring again",
+            run.foreign_load_pct
+        );
+    }
+}
+
+async fn measure_once(
+    script: &Path,
+    url: &str,
+    opts: &Options,
+    lab: &McpServer,
+    envoy_pid: Option<i32>,
+    rep: usize,
+) -> anyhow::Result<Run> {
+    let calls_before = lab.calls("echo").await;
+    let lab_pid = lab.proc.pid();
+    let (lab0, envoy0) = (cpu_ns(lab_pid), envoy_pid.map(cpu_ns));
+    let (cores0, own0, t0) = (core_times(), own_tree_cpu_ns(), Instant::now());
+    let out = wrk(script, url, opts.secs, opts.connections).await?;
+    let (cores1, own1, secs) = (core_times(), own_tree_cpu_ns(), t0.elapsed().as_secs_f64());
+    let (lab1, envoy1) = (cpu_ns(lab_pid), envoy_pid.map(cpu_ns));
+    let lab_calls = lab.calls("echo").await - calls_before;
+    let requests = out.requests.max(1.0);
+    let errors = (out.connect + out.read + out.write + out.status + out.timeout) as u64;
+    Ok(Run {
+        rep,
+        rps: out.requests / (out.duration_us / 1e6),
+        p50_ms: out.p50_us / 1e3,
+        p99_ms: out.p99_us / 1e3,
+        p999_ms: out.p999_us / 1e3,
+        max_ms: out.max_us / 1e3,
+        requests: out.requests as u64,
+        errors,
+        lab_calls,
+        response_bytes: out.bytes / requests,
+        envoy_cpu_us_per_req: envoy0
+            .zip(envoy1)
+            .map(|(a, b)| b.saturating_sub(a) as f64 / 1e3 / requests),
+        lab_cpu_us_per_req: lab1.saturating_sub(lab0) as f64 / 1e3 / requests,
+        core_busy_pct: cores1.busy_percent(&cores0),
+        foreign_load_pct: foreign_pct(&cores0, own0, &cores1, own1, secs),
+        steal_pct: 100.0 * cores1.steal_ns(&cores0) as f64 / 1e9 / secs,
+        attempts: 1,
+        quiet_wait_secs: 0.0,
+    })
+}
+
+fn variant_result(t: &Target<'_>, runs: Vec<Run>) -> VariantResult {
+    let col = |f: &dyn Fn(&Run) -> f64| spread(&runs.iter().map(f).collect::<Vec<_>>());
+    let n_cores = runs.first().map_or(0, |r| r.core_busy_pct.len());
+    VariantResult {
+        variant: t.key.clone(),
+        label: t.label.clone(),
+        rps: col(&|r| r.rps),
+        p50_ms: col(&|r| r.p50_ms),
+        p99_ms: col(&|r| r.p99_ms),
+        p999_ms: col(&|r| r.p999_ms),
+        envoy_cpu_us_per_req: t
+            .envoy
+            .is_some()
+            .then(|| col(&|r| r.envoy_cpu_us_per_req.unwrap_or(f64::NAN))),
+        lab_cpu_us_per_req: col(&|r| r.lab_cpu_us_per_req),
+        core_busy_pct: (0..n_cores)
+            .map(|c| col(&|r| r.core_busy_pct.get(c).copied().unwrap_or(f64::NAN)))
+            .collect(),
+        foreign_load_pct: col(&|r| r.foreign_load_pct),
+        runs,
+    }
+}
+
+fn summarize_workload(w: &Workload, targets: &[Target<'_>], runs: Vec<Vec<Run>>) -> WorkloadResult {
+    let rps = |key: &str| -> Vec<f64> {
+        targets
+            .iter()
+            .position(|t| t.key == key)
+            .map(|i| runs[i].iter().map(|r| r.rps).collect())
+            .unwrap_or_default()
+    };
+    let paired = |num: &str, den: &str| -> Spread {
+        let ratios: Vec<f64> = rps(num).iter().zip(rps(den)).map(|(n, d)| n / d).collect();
+        spread(&ratios)
+    };
+    let (c_over_b, d_over_b, c_over_d) = (paired("c", "b"), paired("d", "b"), paired("c", "d"));
+    let goal_met = c_over_b.median >= 0.78
+        && (c_over_b.median - d_over_b.median).abs() <= 0.05 * d_over_b.median;
+    let response_bytes = targets
+        .iter()
+        .position(|t| t.key == "b")
+        .map(|i| spread(&runs[i].iter().map(|r| r.response_bytes).collect::<Vec<_>>()).median)
+        .unwrap_or(f64::NAN);
+    let variants = targets
+        .iter()
+        .zip(runs)
+        .map(|(t, runs)| variant_result(t, runs))
+        .collect();
+    WorkloadResult {
+        name: w.name.to_string(),
+        request_bytes: w.body_bytes,
+        response: if w.sse {
+            "text/event-stream"
+        } else {
+            "application/json"
+        },
+        response_bytes,
+        variants,
+        c_over_b,
+        d_over_b,
+        c_over_d,
+        goal_met,
+    }
+}
+
+/// A `tools/call` of `echo` whose body is exactly `size` bytes.
+fn request_body(size: usize) -> String {
+    let frame = |pad: &str| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"echo","arguments":{{"pad":"{pad}"}}}}}}"#
+        )
+    };
+    let overhead = frame("").len();
+    frame(&"x".repeat(size.saturating_sub(overhead)))
+}
+
+/// wrk script: the POST, and a `done()` that prints the figures as one JSON line.
+fn lua_script(body: &str, header: Option<(&str, &str)>) -> String {
+    let extra = header
+        .map(|(k, v)| format!("wrk.headers[\"{k}\"] = \"{v}\"\n"))
+        .unwrap_or_default();
+    format!(
+        r#"wrk.method = "POST"
+wrk.body = [==[{body}]==]
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Accept"] = "application/json, text/event-stream"
+{extra}
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    'WRKJSON {{"requests":%.0f,"duration_us":%.0f,"bytes":%.0f,"connect":%.0f,"read":%.0f,"write":%.0f,"status":%.0f,"timeout":%.0f,"p50_us":%.0f,"p99_us":%.0f,"p999_us":%.0f,"max_us":%.0f}}\n',
+    summary.requests, summary.duration, summary.bytes,
+    e.connect, e.read, e.write, e.status, e.timeout,
+    latency:percentile(50), latency:percentile(99), latency:percentile(99.9), latency.max))
+end
+"#
+    )
+}
+
+async fn wrk(script: &Path, url: &str, secs: u64, connections: u32) -> anyhow::Result<WrkOut> {
+    let out = tokio::process::Command::new("taskset")
+        .args(["-c", CLIENT_CORE, "wrk"])
+        .arg(format!("-t{WRK_THREADS}"))
+        .arg(format!("-c{connections}"))
+        .arg(format!("-d{secs}s"))
+        .args(["--timeout", "5s", "-s"])
+        .arg(script)
+        .arg(url)
+        .output()
+        .await
+        .context("running wrk (make setup installs it)")?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("WRKJSON "))
+        .with_context(|| {
+            format!(
+                "wrk printed no figures for {url}: {stdout}{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })?;
+    serde_json::from_str(line).with_context(|| format!("parsing wrk output {line}"))
+}
+
+/// One call must come back 200 from the lab with the echo, before any load.
+async fn check_call(
+    http: &reqwest::Client,
+    url: &str,
+    body: &str,
+    sse: bool,
+) -> anyhow::Result<()> {
+    let t0 = std::time::Instant::now();
+    loop {
+        let resp = http
+            .post(url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(body.to_string())
+            .send()
+            .await;
+        if let Ok(r) = resp {
+            let status = r.status().as_u16();
+            let ct = r
+                .headers()
+                .get("content-type")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_string();
+            let text = r.text().await.unwrap_or_default();
+            let want_ct = if sse {
+                "text/event-stream"
+            } else {
+                "application/json"
+            };
+            if status == 200 && ct.starts_with(want_ct) && text.contains("\"instance_id\"") {
+                return Ok(());
+            }
+            if t0.elapsed() > Duration::from_secs(30) {
+                bail!("{url} answered {status} {ct}: {text:.300}");
+            }
+        } else if t0.elapsed() > Duration::from_secs(30) {
+            bail!("{url} did not answer: {resp:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+impl Dataplane {
+    /// The markdown table of this suite, with the ratios under it.
+    pub fn markdown(&self) -> String {
+        let f = |s: &Spread, prec: usize| {
+            format!("{:.p$} ({:.p$}–{:.p$})", s.median, s.min, s.max, p = prec)
+        };
+        let mut out = String::new();
+        out.push_str(&format!(
+            "Data plane: wrk -t{} -c{}, {} × {} s per variant, alternating a,b,c,d; median (min–max). Pinning: {}.\n\n",
+            self.wrk_threads, self.connections, self.reps, self.secs_per_run, self.pinning
+        ));
+        out.push_str("| workload | variant | req/s | p50 ms | p99 ms | p99.9 ms | Envoy CPU µs/req | core 0 / core 1 busy % | other load % |\n");
+        out.push_str("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+        for w in &self.workloads {
+            for v in &w.variants {
+                let busy = v
+                    .core_busy_pct
+                    .iter()
+                    .take(2)
+                    .map(|s| format!("{:.0}", s.median))
+                    .collect::<Vec<_>>()
+                    .join(" / ");
+                out.push_str(&format!(
+                    "| {} | ({}) {} | {} | {} | {} | {} | {} | {} | {:.0} |\n",
+                    w.name,
+                    v.variant,
+                    v.label,
+                    f(&v.rps, 0),
+                    f(&v.p50_ms, 3),
+                    f(&v.p99_ms, 3),
+                    f(&v.p999_ms, 3),
+                    v.envoy_cpu_us_per_req
+                        .map(|s| f(&s, 1))
+                        .unwrap_or_else(|| "–".into()),
+                    busy,
+                    v.foreign_load_pct.max
+                ));
+            }
+            out.push_str(&format!(
+                "| {} | **ratios** (req/s, paired per rep) | (c)/(b) {} | (d)/(b) {} | (c)/(d) {} | goal {} | | | |\n",
+                w.name,
+                f(&w.c_over_b, 3),
+                f(&w.d_over_b, 3),
+                f(&w.c_over_d, 3),
+                if w.goal_met { "met" } else { "MISSED" }
+            ));
+        }
+        out.push_str(&format!(
+            "\nGoal: {}. Other load: the most CPU (percent of one core) that processes the bench \
+             did not start used during one run of the variant; runs above {MAX_FOREIGN_PCT}% were \
+             measured again.\n",
+            self.goal
+        ));
+        if let Some(p) = &self.profile {
+            out.push_str(&p.markdown());
+        }
+        if !self.anomalies.is_empty() {
+            out.push_str("\nAnomalies:\n");
+            for a in &self.anomalies {
+                out.push_str(&format!("- {a}\n"));
+            }
+        }
+        out
+    }
+}
+
+impl Profile {
+    /// Where the toolgate filter's time goes, as a markdown table.
+    pub fn markdown(&self) -> String {
+        let mut out = format!(
+            "\nWhere the filter's time goes ({}, {} × alternating runs; the probe filter repeats the toolgate filter's work level by level; Δ = Envoy CPU µs/req minus the row above, paired per rep):\n\n",
+            self.workload, self.reps
+        );
+        out.push_str("| variant | req/s | p50 ms | Envoy CPU µs/req | Δ µs/req |\n");
+        out.push_str("| --- | ---: | ---: | ---: | ---: |\n");
+        for row in &self.rows {
+            let r = &row.result;
+            out.push_str(&format!(
+                "| ({}) {} | {:.0} ({:.0}–{:.0}) | {:.3} | {} | {} |\n",
+                r.variant,
+                r.label,
+                r.rps.median,
+                r.rps.min,
+                r.rps.max,
+                r.p50_ms.median,
+                r.envoy_cpu_us_per_req.map_or_else(
+                    || "–".to_string(),
+                    |s| format!("{:.1} ({:.1}–{:.1})", s.median, s.min, s.max)
+                ),
+                row.delta_us
+                    .map_or_else(|| "–".to_string(), |s| format!("{:+.1}", s.median)),
+            ));
+        }
+        out
+    }
+}
