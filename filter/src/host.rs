@@ -1,5 +1,5 @@
 //! The only file that talks to proxy-wasm: Envoy's callbacks in, host calls out. Every
-//! decision is made by the plain modules (`mcp`, `breaker`, `upstream`).
+//! decision is made by the plain modules (`mcp`, `breaker`, `upstream`, `feedback`).
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -7,13 +7,14 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{Action, ContextType, LogLevel, MetricType, Status};
+use proxy_wasm::types::{Action, ContextType, LogLevel, MapType, MetricType, Status};
 use toolgate_model::policy::FilterConfig;
 use toolgate_model::BreakerPolicy;
 
 use crate::breaker::{
     breaker_key, Admission, Breakers, CasMismatch, Outcome, SharedStore, Transition,
 };
+use crate::feedback::{self, Answer, Batch, Delivery, Feedback, Kind};
 use crate::mcp::jsonrpc::{
     self, classify_response, parse_request, RawId, RequestInfo, ResponseClass, ToolName,
 };
@@ -100,10 +101,12 @@ struct Shared {
     config: FilterConfig,
     breakers: Breakers<HostStore>,
     stats: Stats<HostMetrics>,
+    feedback: Feedback,
 }
 
 struct Root {
     shared: Rc<RefCell<Shared>>,
+    delivery: Delivery,
 }
 
 impl Root {
@@ -118,12 +121,93 @@ impl Root {
                 config: FilterConfig::default(),
                 breakers: Breakers::new(HostStore, seed),
                 stats: Stats::new(HostMetrics),
+                feedback: Feedback::new(),
             })),
+            delivery: Delivery::new(),
+        }
+    }
+
+    /// Posts a batch of call feedback; a report that cannot go is dropped, never queued: the
+    /// next one carries fresher counts.
+    fn send_feedback(&mut self, batch: Batch) {
+        if batch.dropped > 0 {
+            let _ = hostcalls::log(
+                LogLevel::Warn,
+                &format!(
+                    "toolgate: call feedback left out {} calls: this worker already counts {} endpoints",
+                    batch.dropped,
+                    feedback::MAX_ENDPOINTS
+                ),
+            );
+        }
+        let Some(body) = batch.body else { return };
+        let sent = self.dispatch_http_call(
+            feedback::CLUSTER,
+            vec![
+                (":method", "POST"),
+                (":path", feedback::PATH),
+                (":authority", feedback::AUTHORITY),
+                ("content-type", "application/json"),
+            ],
+            Some(&body),
+            vec![],
+            feedback::TIMEOUT,
+        );
+        if let Err(status) = &sent {
+            if self.delivery.dispatched(false) {
+                let _ = hostcalls::log(
+                    LogLevel::Warn,
+                    &format!(
+                        "toolgate: cannot send call feedback to cluster {} ({status:?}); \
+                         reports are dropped until it can",
+                        feedback::CLUSTER
+                    ),
+                );
+            }
+        } else {
+            self.delivery.dispatched(true);
         }
     }
 }
 
-impl Context for Root {}
+impl Context for Root {
+    fn on_http_call_response(
+        &mut self,
+        _token_id: u32,
+        num_headers: usize,
+        _body_size: usize,
+        _num_trailers: usize,
+    ) {
+        // Envoy calls back with no headers when the call timed out or the connection failed.
+        let status = if num_headers == 0 {
+            None
+        } else {
+            hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, ":status")
+                .ok()
+                .flatten()
+                .and_then(|b| std::str::from_utf8(&b).ok()?.parse::<u16>().ok())
+        };
+        let Some(change) = self.delivery.answered(Answer::of_status(status)) else {
+            return;
+        };
+        let (level, message) = match change {
+            Answer::Accepted => (
+                LogLevel::Info,
+                "toolgate: toolgate-xds accepts call feedback again".to_string(),
+            ),
+            Answer::Rejected(status) => (
+                LogLevel::Warn,
+                format!("toolgate: toolgate-xds answered call feedback with HTTP {status}"),
+            ),
+            Answer::NoAnswer => (
+                LogLevel::Warn,
+                "toolgate: no answer from toolgate-xds to call feedback (timeout or connection failure)"
+                    .to_string(),
+            ),
+        };
+        let _ = hostcalls::log(level, &message);
+    }
+}
 
 impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
@@ -143,22 +227,29 @@ impl RootContext for Root {
     }
 
     fn on_tick(&mut self) {
-        let mut shared = self.shared.borrow_mut();
         let now = now_ms();
-        let transitions = shared.breakers.flush(now);
-        for t in &transitions {
-            log_transition("(merged counts)", t);
-        }
-        if !transitions.is_empty() {
-            // A flush does not say which breakers moved: read this worker's known ones.
-            let Shared {
-                breakers, stats, ..
-            } = &mut *shared;
-            stats.refresh(now, |key| {
-                breakers
-                    .snapshot(key)
-                    .map(|b| stats::breaker_value(&b, now))
-            });
+        let batch = {
+            let mut shared = self.shared.borrow_mut();
+            let transitions = shared.breakers.flush(now);
+            for t in &transitions {
+                log_transition("(merged counts)", t);
+            }
+            if !transitions.is_empty() {
+                // A flush does not say which breakers moved: read this worker's known ones.
+                let Shared {
+                    breakers, stats, ..
+                } = &mut *shared;
+                stats.refresh(now, |key| {
+                    breakers
+                        .snapshot(key)
+                        .map(|b| stats::breaker_value(&b, now))
+                });
+            }
+            shared.feedback.flush(now)
+        };
+        // Sent with the shared state released: the host call must not find it borrowed.
+        if let Some(batch) = batch {
+            self.send_feedback(batch);
         }
     }
 
@@ -181,6 +272,16 @@ enum Watch {
     Replace(Reply),
 }
 
+/// The upstream instance that served an admitted call, as far as the call feedback knows.
+enum Endpoint {
+    /// Not asked yet: asking costs a host call, made once per call and only when the answer
+    /// can be reported.
+    Unread,
+    Known(String),
+    /// Envoy chose no instance, or did not say.
+    Unknown,
+}
+
 /// A `tools/call` that went upstream, until its outcome is recorded.
 struct Admitted {
     key: String,
@@ -188,6 +289,7 @@ struct Admitted {
     admission: Admission,
     started_ms: u64,
     metrics: Option<ToolMetrics>,
+    endpoint: Endpoint,
 }
 
 struct Call {
@@ -230,12 +332,33 @@ impl Call {
         );
     }
 
-    /// Records the outcome of the admitted call, once.
-    fn record(&mut self, outcome: Outcome) {
+    /// Reads the upstream address of the admitted call, if not read yet.
+    fn read_endpoint(&mut self) {
+        let Some(a) = &mut self.admitted else { return };
+        if !matches!(a.endpoint, Endpoint::Unread) {
+            return;
+        }
+        a.endpoint = match hostcalls::get_property(vec!["upstream", "address"]) {
+            Ok(Some(bytes)) if !bytes.is_empty() => match String::from_utf8(bytes) {
+                Ok(address) => Endpoint::Known(address),
+                Err(_) => Endpoint::Unknown,
+            },
+            _ => Endpoint::Unknown,
+        };
+    }
+
+    /// Records the outcome of the admitted call, once; `report` is what the call feedback
+    /// says about its upstream instance, if anything.
+    fn record(&mut self, outcome: Outcome, report: Option<Kind>) {
         let Some(a) = self.admitted.take() else {
             return;
         };
         let mut shared = self.shared.borrow_mut();
+        if let (Some(kind), Endpoint::Known(address), Some(service)) =
+            (report, &a.endpoint, &self.service)
+        {
+            shared.feedback.record(service, address, kind);
+        }
         if let Some(ids) = &a.metrics {
             shared.stats.outcome(ids, outcome, a.policy.count_is_error);
         }
@@ -258,13 +381,14 @@ impl Call {
         } else {
             Outcome::Success
         };
-        self.record(outcome);
+        self.record(outcome, Some(Kind::Ok));
     }
 
     fn classified(&mut self, class: ResponseClass) {
         match class {
             ResponseClass::Result { is_error } => self.answered(is_error),
-            ResponseClass::Error { .. } => self.record(Outcome::Failure),
+            // A failure of the tool, not of the instance: it answered.
+            ResponseClass::Error { .. } => self.record(Outcome::Failure, Some(Kind::Ok)),
             // The client lied in a header: never held against the tool. A probe still
             // frees its slot: the server did answer.
             ResponseClass::HeaderMismatch | ResponseClass::Other | ResponseClass::Unparseable => {
@@ -345,6 +469,7 @@ impl Call {
                     admission,
                     started_ms: now,
                     metrics,
+                    endpoint: Endpoint::Unread,
                 });
                 self.id = Some(id);
                 self.tool = Some(tool);
@@ -371,7 +496,7 @@ impl Call {
             .as_ref()
             .map(|a| a.policy.open_ms.div_ceil(1000))
             .unwrap_or(10);
-        self.record(outcome);
+        self.record(outcome, Kind::of_verdict(v));
         let details = Unavailable {
             kind,
             tool: Some(&tool),
@@ -467,7 +592,11 @@ impl HttpContext for Call {
                     .unwrap_or_default(),
             )
         };
-        match verdict(status, overloaded, &details) {
+        let v = verdict(status, overloaded, &details);
+        if Kind::of_verdict(v).is_some() {
+            self.read_endpoint();
+        }
+        match v {
             Verdict::Answered => {
                 let ct = self
                     .get_http_response_header("content-type")
@@ -566,9 +695,12 @@ impl HttpContext for Call {
                 .map(|b| String::from_utf8_lossy(&b).into_owned())
                 .unwrap_or_default();
             if details.contains("downstream") {
+                // Reported as an answer only if response headers came, i.e. the endpoint was
+                // read: otherwise the instance's health is unknown.
                 self.answered(false);
             } else {
-                self.record(Outcome::Failure);
+                self.read_endpoint();
+                self.record(Outcome::Failure, Some(Kind::Reset));
             }
         }
     }

@@ -1,10 +1,12 @@
 //! toolgate's Envoy filter. The logic lives in plain Rust modules tested natively:
 //! `mcp/` reads JSON-RPC requests and responses and writes MCP replies, `breaker/` keeps the
 //! per-(service, tool) circuit breakers, `upstream` names what went wrong upstream, `stats`
-//! names and caches the per-(service, tool) Envoy stats.
+//! names and caches the per-(service, tool) Envoy stats, `feedback` counts call outcomes per
+//! upstream endpoint for toolgate-xds.
 //! `host.rs` is the only file that calls proxy-wasm.
 
 pub mod breaker;
+pub mod feedback;
 pub mod mcp;
 pub mod stats;
 pub mod upstream;
