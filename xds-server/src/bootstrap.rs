@@ -29,6 +29,9 @@ pub const SERVICE_TAG_REGEX: &str = r"^wasmcustom\.toolgate\.(service=([^=]+)\.)
 /// segment and has no dot, so a tool name with dots is taken whole.
 pub const TOOL_TAG_REGEX: &str = r"^wasmcustom\.toolgate\.service=[^=]+\.(tool=([^=]+)\.)[a-z_]+$";
 
+/// The cluster the filter posts its call reports to (a contract with the filter).
+pub const CONTROL_CLUSTER: &str = "toolgate_control";
+
 /// What `render` needs to know.
 #[derive(Debug, Clone)]
 pub struct BootstrapOptions {
@@ -42,6 +45,8 @@ pub struct BootstrapOptions {
     pub xds: SocketAddr,
     /// Envoy's admin interface; keep it on loopback, it can change Envoy's state.
     pub admin: SocketAddr,
+    /// toolgate-xds's admin API, where the filter reports call outcomes per instance.
+    pub control: SocketAddr,
     /// The toolgate wasm filter; its configuration then comes over ECDS. Without it Envoy
     /// routes, but no breaker protects the tools.
     pub filter: Option<PathBuf>,
@@ -93,7 +98,7 @@ fn bootstrap(opts: &BootstrapOptions) -> Value {
             "cds_config": ads_source()
         },
         "static_resources": {
-            "clusters": [xds_cluster(opts.xds)],
+            "clusters": [xds_cluster(opts.xds), control_cluster(opts.control)],
             "listeners": [listener(opts)]
         },
         "stats_config": stats_config()
@@ -108,6 +113,20 @@ fn stats_config() -> Value {
             { "tag_name": SERVICE_TAG, "regex": SERVICE_TAG_REGEX },
             { "tag_name": TOOL_TAG, "regex": TOOL_TAG_REGEX }
         ]
+    })
+}
+
+/// toolgate-xds's admin API, for the filter's call reports (`dispatch_http_call` needs a
+/// cluster). Plain HTTP/1.1; a report that cannot be delivered is dropped by the filter.
+fn control_cluster(control: SocketAddr) -> Value {
+    json!({
+        "name": CONTROL_CLUSTER,
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "load_assignment": {
+            "cluster_name": CONTROL_CLUSTER,
+            "endpoints": [{ "lb_endpoints": [{ "endpoint": { "address": socket_address(control) } }] }]
+        }
     })
 }
 
@@ -228,6 +247,7 @@ mod tests {
             listen: "127.0.0.1:10000".parse().expect("addr"),
             xds: "127.0.0.1:18000".parse().expect("addr"),
             admin: "127.0.0.1:9901".parse().expect("addr"),
+            control: "127.0.0.1:19000".parse().expect("addr"),
             filter: None,
         }
     }

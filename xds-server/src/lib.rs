@@ -8,6 +8,7 @@ pub mod admin;
 pub mod bootstrap;
 pub mod etcd;
 pub mod failpoint;
+pub mod health;
 pub mod metrics;
 pub mod registry;
 pub mod routing;

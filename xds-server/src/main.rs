@@ -3,17 +3,19 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::Notify;
 use toolgate_model::KeyLayout;
 use toolgate_xds::admin::{self, AdminState};
 use toolgate_xds::bootstrap::{self, BootstrapOptions};
 use toolgate_xds::etcd::watch::Watcher;
 use toolgate_xds::etcd::{EtcdConfig, EtcdStatus};
+use toolgate_xds::health::{self, HealthConfig, Hub};
 use toolgate_xds::metrics::Metrics;
 use toolgate_xds::registry::persist;
 use toolgate_xds::registry::publish::Publisher;
@@ -63,6 +65,79 @@ struct ServeArgs {
     /// At start, how long to keep trying etcd before serving the state-dir snapshot.
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     startup_wait: Duration,
+    #[command(flatten)]
+    health: HealthArgs,
+}
+
+/// Instance health beyond the lease.
+#[derive(Args, Debug)]
+struct HealthArgs {
+    /// Turn active probes off: instances are UP while their lease lives.
+    #[arg(long)]
+    no_probes: bool,
+    /// How often each instance's health_path is probed.
+    #[arg(long, default_value = "2s", value_parser = positive_duration)]
+    probe_interval: Duration,
+    /// How long a probe may take.
+    #[arg(long, default_value = "1s", value_parser = positive_duration)]
+    probe_timeout: Duration,
+    /// Probes in flight at once.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    probe_concurrency: u32,
+    /// Tolerate one more missed probe before SUSPECT (3 in a row instead of 2), for servers
+    /// with GC pauses.
+    #[arg(long)]
+    probe_tolerance: bool,
+    /// Probes failing this long while the lease is alive make an instance DOWN (a zombie).
+    #[arg(long, default_value = "30s", value_parser = positive_duration)]
+    down_window: Duration,
+    /// Window over which the filters' call failures are judged.
+    #[arg(long, default_value = "10s", value_parser = positive_duration)]
+    call_window: Duration,
+    /// Failure rate of calls (percent) over the window that makes an instance UNHEALTHY.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=100))]
+    call_failure_percent: u32,
+    /// Calls needed in the window before their failure rate is a verdict.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    call_min_calls: u64,
+    /// An UNHEALTHY instance keeps this percentage of its weight (never 0).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=100))]
+    unhealthy_weight_percent: u32,
+    /// How often the inspection re-probes quiet UP instances and compares the registry with etcd.
+    #[arg(long, default_value = "30s", value_parser = positive_duration)]
+    inspect_interval: Duration,
+    /// How often leases are asked for their remaining TTL (heartbeat loss); one etcd request
+    /// per lease.
+    #[arg(long, default_value = "5s", value_parser = positive_duration)]
+    lease_check_interval: Duration,
+}
+
+impl HealthArgs {
+    fn config(&self) -> HealthConfig {
+        HealthConfig {
+            probes: !self.no_probes,
+            probe_interval: self.probe_interval,
+            probe_timeout: self.probe_timeout,
+            probe_concurrency: self.probe_concurrency as usize,
+            suspect_after: if self.probe_tolerance { 3 } else { 2 },
+            down_window: self.down_window,
+            call_window: self.call_window,
+            call_min_calls: self.call_min_calls,
+            call_failure_percent: self.call_failure_percent,
+            unhealthy_weight_percent: self.unhealthy_weight_percent,
+            inspect_interval: self.inspect_interval,
+            lease_check_interval: self.lease_check_interval,
+            ..HealthConfig::default()
+        }
+    }
+}
+
+fn positive_duration(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e}"))?;
+    if d.is_zero() {
+        return Err(format!("{s:?}: must be more than zero"));
+    }
+    Ok(d)
 }
 
 #[derive(Args, Debug)]
@@ -82,6 +157,9 @@ struct BootstrapArgs {
     /// Envoy's admin listener (keep it on loopback).
     #[arg(long, default_value = "127.0.0.1:9901")]
     admin: SocketAddr,
+    /// toolgate-xds's admin API (its --admin-listen), where the filter reports call outcomes.
+    #[arg(long, default_value = "127.0.0.1:19000")]
+    control: SocketAddr,
     /// Path of the toolgate wasm filter.
     #[arg(long)]
     filter: Option<PathBuf>,
@@ -97,6 +175,7 @@ fn main() -> ExitCode {
                 listen: args.listen,
                 xds: args.xds,
                 admin: args.admin,
+                control: args.control,
                 filter: args.filter,
             };
             println!("{}", bootstrap::render(&opts));
@@ -130,9 +209,32 @@ fn main() -> ExitCode {
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::new());
-    let registry = Arc::new(RwLock::new(Registry::new(KeyLayout::new(&args.prefix))));
+    let health_config = Arc::new(args.health.config());
+    if health_config.probe_timeout >= health_config.probe_interval {
+        anyhow::bail!(
+            "--probe-timeout ({}) must be shorter than --probe-interval ({})",
+            humantime::format_duration(health_config.probe_timeout),
+            humantime::format_duration(health_config.probe_interval)
+        );
+    }
+    let registry = Arc::new(RwLock::new(Registry::with_health(
+        KeyLayout::new(&args.prefix),
+        health_config.clone(),
+    )));
     let status = Arc::new(EtcdStatus::default());
     let (publisher, snapshots) = Publisher::new(metrics.clone(), args.state_dir.clone());
+    let publisher = Arc::new(Mutex::new(publisher));
+    let hub = Hub {
+        registry: registry.clone(),
+        publisher: publisher.clone(),
+        metrics: metrics.clone(),
+        config: health_config.clone(),
+    };
+    let etcd_config = EtcdConfig {
+        endpoints: args.etcd.clone(),
+        request_timeout: args.etcd_timeout,
+    };
+    let (probed, resync) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
 
     let xds_listener = tokio::net::TcpListener::bind(args.xds_listen)
         .await
@@ -153,15 +255,15 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         None => None,
     };
     let watcher = Watcher {
-        config: EtcdConfig {
-            endpoints: args.etcd.clone(),
-            request_timeout: args.etcd_timeout,
-        },
+        config: etcd_config.clone(),
         registry: registry.clone(),
         publisher,
         metrics: metrics.clone(),
         status: status.clone(),
+        resync: resync.clone(),
+        probed: probed.clone(),
     };
+    health::monitor::spawn(hub.clone(), etcd_config, probed, resync);
     tokio::spawn(watcher.run(persisted, args.startup_wait));
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -169,6 +271,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let _ = rx.wait_for(|s| *s).await;
     };
     info!(xds = %args.xds_listen, admin = %args.admin_listen, etcd = ?args.etcd, prefix = %args.prefix,
+        probes = health_config.probes, probe_interval = ?health_config.probe_interval,
+        probe_timeout = ?health_config.probe_timeout, down_window = ?health_config.down_window,
         "toolgate-xds serving");
     let xds_task = tokio::spawn(xds::serve(
         xds_listener,
@@ -182,6 +286,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             metrics,
             registry,
             etcd: status,
+            hub,
         },
         stopped(stop_rx),
     ));

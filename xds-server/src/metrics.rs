@@ -6,6 +6,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TypeLabel {
@@ -17,6 +18,37 @@ pub struct TypeLabel {
 pub struct ReasonLabel {
     pub reason: &'static str,
 }
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TransitionLabel {
+    pub from: &'static str,
+    pub to: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ServiceLabel {
+    pub service: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ServiceStateLabel {
+    pub service: String,
+    pub state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RoutingErrorLabel {
+    pub service: String,
+    /// connect_failure, reset, timeout, http_5xx.
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    pub result: &'static str,
+}
+
+pub type Ratio = Gauge<f64, AtomicU64>;
 
 pub struct Metrics {
     registry: Registry,
@@ -31,6 +63,18 @@ pub struct Metrics {
     pub nacks: Family<TypeLabel, Counter>,
     pub connected_envoys: Gauge,
     pub registered_instances: Gauge,
+    pub instances_by_state: Family<ServiceStateLabel, Gauge>,
+    pub zombie_ratio: Family<ServiceLabel, Ratio>,
+    pub heartbeat_loss_rate: Family<ServiceLabel, Ratio>,
+    pub heartbeats_missed: Family<ServiceLabel, Counter>,
+    pub transitions: Family<TransitionLabel, Counter>,
+    pub transition_latency: Family<TransitionLabel, Histogram>,
+    pub routing_errors: Family<RoutingErrorLabel, Counter>,
+    pub probes: Family<ResultLabel, Counter>,
+    pub probe_wait: Histogram,
+    pub feedback_unknown: Counter,
+    pub reconcile_mismatches: Counter,
+    pub inspections: Counter,
 }
 
 impl Default for Metrics {
@@ -106,8 +150,94 @@ impl Metrics {
             "Valid instances registered in etcd",
             registered_instances.clone(),
         );
+        let instances_by_state = Family::<ServiceStateLabel, Gauge>::default();
+        registry.register(
+            "mcp_registry_instances",
+            "Registered instances by service and health state",
+            instances_by_state.clone(),
+        );
+        let zombie_ratio = Family::<ServiceLabel, Ratio>::default();
+        registry.register(
+            "mcp_registry_zombie_instance_ratio",
+            "Share of a service's instances whose lease is alive while their probes fail",
+            zombie_ratio.clone(),
+        );
+        let heartbeat_loss_rate = Family::<ServiceLabel, Ratio>::default();
+        registry.register(
+            "mcp_registry_heartbeat_loss_rate",
+            "Share of a service's leases that missed at least one keepalive at the last lease check (etcd TimeToLive)",
+            heartbeat_loss_rate.clone(),
+        );
+        let heartbeats_missed = Family::<ServiceLabel, Counter>::default();
+        registry.register(
+            "mcp_registry_heartbeats_missed",
+            "Keepalives a registrar should have sent but etcd's lease did not see",
+            heartbeats_missed.clone(),
+        );
+        let transitions = Family::<TransitionLabel, Counter>::default();
+        registry.register(
+            "mcp_registry_state_transitions",
+            "Instance health state changes",
+            transitions.clone(),
+        );
+        let transition_latency = Family::<TransitionLabel, Histogram>::new_with_constructor(|| {
+            Histogram::new([0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0])
+        });
+        registry.register(
+            "mcp_registry_state_transition_latency_seconds",
+            "From the first failed signal to SUSPECT, UNHEALTHY or DOWN",
+            transition_latency.clone(),
+        );
+        let routing_errors = Family::<RoutingErrorLabel, Counter>::default();
+        registry.register(
+            "mcp_scheduler_routing_error_count",
+            "Calls the filters saw routed to an instance that failed them, by failure kind",
+            routing_errors.clone(),
+        );
+        let probes = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "toolgate_health_probes",
+            "Active health probes, by result (pass, fail)",
+            probes.clone(),
+        );
+        let probe_wait = Histogram::new([0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0]);
+        registry.register(
+            "toolgate_health_probe_wait_seconds",
+            "How long a due probe waited for a slot under --probe-concurrency",
+            probe_wait.clone(),
+        );
+        let feedback_unknown = Counter::default();
+        registry.register(
+            "toolgate_health_feedback_unknown_endpoints",
+            "Call reports from filters for addresses no registered instance has",
+            feedback_unknown.clone(),
+        );
+        let reconcile_mismatches = Counter::default();
+        registry.register(
+            "toolgate_registry_reconcile_mismatches",
+            "Inspections that found the registry different from etcd (a full resync follows)",
+            reconcile_mismatches.clone(),
+        );
+        let inspections = Counter::default();
+        registry.register(
+            "toolgate_registry_inspections",
+            "Completed inspection rounds",
+            inspections.clone(),
+        );
         Metrics {
             registry,
+            instances_by_state,
+            zombie_ratio,
+            heartbeat_loss_rate,
+            heartbeats_missed,
+            transitions,
+            transition_latency,
+            routing_errors,
+            probes,
+            probe_wait,
+            feedback_unknown,
+            reconcile_mismatches,
+            inspections,
             etcd_up,
             watch_events,
             watch_resumes,

@@ -411,6 +411,7 @@ fn rendered_bootstrap_passes_envoy_validation() {
         listen: SocketAddr::new(LOCALHOST, free_port()),
         xds: SocketAddr::new(LOCALHOST, free_port()),
         admin: SocketAddr::new(LOCALHOST, free_port()),
+        control: SocketAddr::new(LOCALHOST, free_port()),
         filter: None,
     };
     std::fs::write(&config, bootstrap::render(&opts)).expect("writing the bootstrap");
@@ -473,6 +474,7 @@ async fn envoy_follows_snapshots_over_ads_and_nothing_is_sent_when_nothing_chang
         listen: SocketAddr::new(LOCALHOST, free_port()),
         xds,
         admin: SocketAddr::new(LOCALHOST, free_port()),
+        control: SocketAddr::new(LOCALHOST, free_port()),
         filter: None,
     };
     let envoy = Envoy::start(&scratch_dir("ads-envoy"), &options("envoy-under-test"));

@@ -1,16 +1,21 @@
-//! The admin HTTP API: `/healthz`, `/metrics` (Prometheus text), `/v1/registry` (JSON).
+//! The admin HTTP API: `/healthz`, `/metrics` (Prometheus text), `/v1/registry` (JSON), and
+//! `/v1/feedback`, where the filters report call outcomes per instance.
 
 use std::future::Future;
 use std::sync::{Arc, RwLock};
 
+use axum::extract::rejection::JsonRejection;
 use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
+use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
 
 use crate::etcd::EtcdStatus;
+use crate::health::feedback::{self, FeedbackBody};
+use crate::health::{self, Hub};
 use crate::metrics::Metrics;
 use crate::registry::Registry;
 
@@ -19,6 +24,7 @@ pub struct AdminState {
     pub metrics: Arc<Metrics>,
     pub registry: Arc<RwLock<Registry>>,
     pub etcd: Arc<EtcdStatus>,
+    pub hub: Hub,
 }
 
 pub fn router(state: AdminState) -> Router {
@@ -26,6 +32,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/v1/registry", get(registry))
+        .route("/v1/feedback", post(report_calls))
         .with_state(state)
 }
 
@@ -46,6 +53,10 @@ async fn healthz(State(s): State<AdminState>) -> impl IntoResponse {
 }
 
 async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
+    health::export_gauges(
+        &s.registry.read().unwrap_or_else(|p| p.into_inner()),
+        &s.metrics,
+    );
     (
         [(
             CONTENT_TYPE,
@@ -63,4 +74,27 @@ async fn registry(State(s): State<AdminState>) -> impl IntoResponse {
         "instances": view.instances,
         "services": view.services,
     }))
+}
+
+async fn report_calls(
+    State(s): State<AdminState>,
+    body: Result<Json<FeedbackBody>, JsonRejection>,
+) -> impl IntoResponse {
+    match body {
+        Ok(Json(body)) => {
+            let hub = s.hub.clone();
+            // Lock-taking work off the async workers.
+            match tokio::task::spawn_blocking(move || feedback::apply(&hub, body)).await {
+                Ok(outcome) => (StatusCode::OK, Json(json!(outcome))),
+                Err(e) => (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    Json(json!({"error": format!("applying the report failed: {e}")})),
+                ),
+            }
+        }
+        Err(rejection) => (
+            StatusCode::BAD_REQUEST,
+            Json(json!({"error": format!("not a feedback report: {}", rejection.body_text())})),
+        ),
+    }
 }

@@ -2,11 +2,12 @@
 //! applied revision after a break, full resync after a compaction, and while etcd is away keep
 //! the last state (never an empty table).
 
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, EventType, GetOptions, WatchOptions, WatchResponse};
 use futures::FutureExt;
+use tokio::sync::Notify;
 use toolgate_model::Backoff;
 use tracing::{debug, error, info, warn};
 
@@ -19,9 +20,13 @@ use crate::registry::{Registry, Rejected};
 pub struct Watcher {
     pub config: EtcdConfig,
     pub registry: Arc<RwLock<Registry>>,
-    pub publisher: Publisher,
+    pub publisher: Arc<Mutex<Publisher>>,
     pub metrics: Arc<Metrics>,
     pub status: Arc<EtcdStatus>,
+    /// Notified by the inspection when the registry differs from etcd.
+    pub resync: Arc<Notify>,
+    /// Notified after every applied probe: the cold-start warm-up waits on it.
+    pub probed: Arc<Notify>,
 }
 
 enum Next {
@@ -36,24 +41,77 @@ enum Next {
 enum WatchEnd {
     Compacted { compact_revision: i64 },
     Broken { reason: String },
+    ResyncRequested,
 }
 
 impl Watcher {
     /// Loads a state-dir snapshot and publishes it, for a start while etcd is unreachable.
-    pub fn serve_persisted(&mut self, state: &PersistedRegistry) {
+    pub async fn serve_persisted(&mut self, state: &PersistedRegistry) {
+        let started = Instant::now();
         let rejected = {
             let mut reg = self.registry.write().unwrap_or_else(|p| p.into_inner());
-            let rejected = reg.reset(
+            reg.reset(
                 state
                     .values
                     .iter()
                     .map(|(k, v)| (k.as_str(), v.as_bytes(), 0, 0)),
                 state.revision,
-            );
-            self.publisher.publish(&reg, Instant::now());
-            rejected
+            )
         };
+        self.warm_up().await;
+        self.publish(started);
         self.count_rejected(&rejected);
+    }
+
+    fn publish(&self, changed_at: Instant) {
+        let reg = self.registry.read().unwrap_or_else(|p| p.into_inner());
+        self.publisher
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .publish(&reg, changed_at);
+    }
+
+    fn is_ready(&self) -> bool {
+        self.publisher
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_ready()
+    }
+
+    /// Before the first publish, gives every instance one probe (bounded by the probe
+    /// timeout): UNKNOWN instances are not routed, and serving a table that is empty only
+    /// because nothing was probed yet would cut Envoy off from working servers. Later resyncs
+    /// keep their instances' states and do not wait.
+    async fn warm_up(&self) {
+        if self.is_ready() {
+            return;
+        }
+        let limit = {
+            let reg = self.registry.read().unwrap_or_else(|p| p.into_inner());
+            if !reg.health_config().probes {
+                return;
+            }
+            reg.health_config().probe_timeout + Duration::from_millis(250)
+        };
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let probed = self.probed.notified();
+            let unknown = self
+                .registry
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .unknown_count();
+            if unknown == 0 {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, probed).await.is_err() {
+                warn!(
+                    unknown,
+                    "first probes not finished in time; serving without those instances"
+                );
+                return;
+            }
+        }
     }
 
     /// Runs until the process ends. If etcd cannot be read within `startup_wait` and a
@@ -79,11 +137,11 @@ impl Watcher {
                     },
                     Err(reason) => {
                         self.mark_down(&reason);
-                        if !self.publisher.is_ready() && started.elapsed() >= startup_wait {
+                        if !self.is_ready() && started.elapsed() >= startup_wait {
                             if let Some(state) = persisted.take() {
                                 warn!(revision = state.revision, instances = state.values.len(),
                                     "etcd unreachable at start; serving the state-dir snapshot until it answers");
-                                self.serve_persisted(&state);
+                                self.serve_persisted(&state).await;
                             }
                         }
                         tokio::time::sleep(backoff.next_delay(rand::random())).await;
@@ -101,6 +159,10 @@ impl Watcher {
                             compact_revision,
                             "etcd compacted past the last applied revision; resyncing in full"
                         );
+                        Next::FullSync
+                    }
+                    WatchEnd::ResyncRequested => {
+                        self.metrics.full_resyncs.inc();
                         Next::FullSync
                     }
                     WatchEnd::Broken { reason } => {
@@ -140,7 +202,7 @@ impl Watcher {
         .map_err(|_| "the Get of the prefix timed out".to_string())?
         .map_err(|e| format!("the Get of the prefix failed: {e}"))?;
         let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
-        let rejected = {
+        let (rejected, instances) = {
             let mut reg = self.registry.write().unwrap_or_else(|p| p.into_inner());
             let kvs: Vec<(&str, &[u8], i64, i64)> = resp
                 .kvs()
@@ -154,16 +216,16 @@ impl Watcher {
                     ))
                 })
                 .collect();
-            let rejected = reg.reset(kvs, revision);
-            self.publisher.publish(&reg, started);
-            info!(
-                revision,
-                instances = reg.instance_count(),
-                took_ms = started.elapsed().as_millis() as u64,
-                "read the registry from etcd"
-            );
-            rejected
+            (reg.reset(kvs, revision), reg.instance_count())
         };
+        self.warm_up().await;
+        self.publish(started);
+        info!(
+            revision,
+            instances,
+            took_ms = started.elapsed().as_millis() as u64,
+            "read the registry from etcd"
+        );
         self.count_rejected(&rejected);
         self.mark_up();
         Ok(revision)
@@ -209,7 +271,11 @@ impl Watcher {
             }
         };
         loop {
-            let first = match stream.message().await {
+            let message = tokio::select! {
+                m = stream.message() => m,
+                _ = self.resync.notified() => return WatchEnd::ResyncRequested,
+            };
+            let first = match message {
                 Ok(Some(resp)) => resp,
                 Ok(None) => {
                     return WatchEnd::Broken {
@@ -266,7 +332,10 @@ impl Watcher {
                     changed |= apply(&mut reg, resp, &self.metrics, &mut rejected);
                 }
                 if changed {
-                    self.publisher.publish(&reg, arrived);
+                    self.publisher
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .publish(&reg, arrived);
                 }
             }
             self.count_rejected(&rejected);

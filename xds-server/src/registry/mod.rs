@@ -7,23 +7,57 @@
 pub mod persist;
 pub mod publish;
 
-use std::collections::BTreeMap;
-use std::net::IpAddr;
-use std::time::Instant;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
 
 use serde::Serialize;
+use tokio::sync::Notify;
 use toolgate_model::policy::{FilterConfig, PolicyOverrides, ServicePolicy};
 use toolgate_model::{InstanceMetadata, KeyLayout, ServiceKey};
 
+use crate::health::machine::{CallCounts, Health, ProbeResult, State};
+use crate::health::HealthConfig;
 use crate::routing::{Bulkhead, EndpointHealth, RouteEndpoint, RoutingSnapshot, ServiceRoute};
 
+/// Envoy weights are the registered weight times this, so an UNHEALTHY instance's reduced
+/// share stays a whole number even for weight 1.
+pub const WEIGHT_SCALE: u32 = 100;
+
 /// One valid registration.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Instance {
     pub meta: InstanceMetadata,
     pub ip: IpAddr,
     pub lease: i64,
     pub mod_revision: i64,
+    pub health: Health,
+    /// Wakes this instance's probe task early (a reported connect failure, a lagging lease,
+    /// the inspection).
+    pub wake: Arc<Notify>,
+    pub lease_check: Option<LeaseCheck>,
+}
+
+impl Instance {
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::new(self.ip, self.meta.endpoint.port)
+    }
+}
+
+/// What etcd's lease TimeToLive said at the last heartbeat check.
+#[derive(Debug, Clone, Serialize)]
+pub struct LeaseCheck {
+    #[serde(serialize_with = "rfc3339")]
+    pub at: SystemTime,
+    pub granted_ttl_s: i64,
+    pub remaining_ttl_s: i64,
+    /// Keepalives the registrar should have sent but etcd did not see.
+    pub missed_keepalives: u32,
+}
+
+fn rfc3339<S: serde::Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(&humantime::format_rfc3339_millis(*t))
 }
 
 /// A value that was not admitted, with the key it came from.
@@ -47,17 +81,91 @@ pub struct Registry {
     /// the state-dir snapshot).
     policies: BTreeMap<(String, Option<String>), (PolicyOverrides, String)>,
     revision: i64,
+    health: Arc<HealthConfig>,
+    /// Instances whose probe target appeared, changed or left since the health monitor last
+    /// looked; it starts and stops probe tasks for exactly these.
+    dirty: BTreeSet<ServiceKey>,
+    membership: Arc<Notify>,
+    /// (service, address) → instance, for the filters' call reports.
+    by_addr: HashMap<(String, SocketAddr), ServiceKey>,
 }
 
 impl Registry {
+    /// A registry without active probes: instances are UP while their lease lives.
     pub fn new(layout: KeyLayout) -> Self {
+        Self::with_health(
+            layout,
+            Arc::new(HealthConfig {
+                probes: false,
+                ..HealthConfig::default()
+            }),
+        )
+    }
+
+    pub fn with_health(layout: KeyLayout, health: Arc<HealthConfig>) -> Self {
         Registry {
             layout,
             instances: BTreeMap::new(),
             services: BTreeMap::new(),
             policies: BTreeMap::new(),
             revision: 0,
+            health,
+            dirty: BTreeSet::new(),
+            membership: Arc::new(Notify::new()),
+            by_addr: HashMap::new(),
         }
+    }
+
+    pub fn health_config(&self) -> &Arc<HealthConfig> {
+        &self.health
+    }
+
+    /// Notified whenever [`take_dirty`](Self::take_dirty) has something.
+    pub fn membership(&self) -> Arc<Notify> {
+        self.membership.clone()
+    }
+
+    /// The instances whose probe target changed since the last call.
+    pub fn take_dirty(&mut self) -> BTreeSet<ServiceKey> {
+        std::mem::take(&mut self.dirty)
+    }
+
+    fn mark_dirty(&mut self, key: ServiceKey) {
+        self.dirty.insert(key);
+        self.membership.notify_one();
+    }
+
+    pub fn instance(&self, key: &ServiceKey) -> Option<&Instance> {
+        self.instances.get(key)
+    }
+
+    pub fn instance_mut(&mut self, key: &ServiceKey) -> Option<&mut Instance> {
+        self.instances.get_mut(key)
+    }
+
+    pub fn health_mut(&mut self, key: &ServiceKey) -> Option<&mut Health> {
+        self.instances.get_mut(key).map(|i| &mut i.health)
+    }
+
+    pub fn instances(&self) -> impl Iterator<Item = (&ServiceKey, &Instance)> {
+        self.instances.iter()
+    }
+
+    pub fn instances_mut(&mut self) -> impl Iterator<Item = (&ServiceKey, &mut Instance)> {
+        self.instances.iter_mut()
+    }
+
+    /// The instance a filter's report names by its upstream address.
+    pub fn find_by_addr(&self, service: &str, addr: SocketAddr) -> Option<&ServiceKey> {
+        self.by_addr.get(&(service.to_string(), addr))
+    }
+
+    /// Instances still waiting for their first probe.
+    pub fn unknown_count(&self) -> usize {
+        self.instances
+            .values()
+            .filter(|i| i.health.state() == State::Unknown)
+            .count()
     }
 
     pub fn layout(&self) -> &KeyLayout {
@@ -84,12 +192,26 @@ impl Registry {
         kvs: impl IntoIterator<Item = (&'a str, &'a [u8], i64, i64)>,
         revision: i64,
     ) -> Vec<Rejected> {
-        self.instances.clear();
+        // Health is kept for instances that are still there at the same address: a resync
+        // after a compaction must not send every instance back to UNKNOWN.
+        let old = std::mem::take(&mut self.instances);
+        self.by_addr.clear();
         self.policies.clear();
         let mut rejected = Vec::new();
         for (key, value, lease, mod_revision) in kvs {
             if let Err(r) = self.put(key, value, lease, mod_revision) {
                 rejected.push(r);
+            }
+        }
+        for (sk, old) in old {
+            match self.instances.get_mut(&sk) {
+                Some(new) if same_target(&old, new) => {
+                    new.health = old.health;
+                    new.wake = old.wake;
+                    new.lease_check = old.lease_check;
+                    self.dirty.remove(&sk);
+                }
+                _ => self.mark_dirty(sk),
             }
         }
         self.revision = revision;
@@ -204,26 +326,53 @@ impl Registry {
                 format!("endpoint {} is an unspecified address", meta.endpoint),
             ));
         }
-        let instance = Instance {
+        let mut instance = Instance {
             meta,
             ip,
             lease,
             mod_revision,
+            health: Health::new(Instant::now(), self.health.probes),
+            wake: Arc::new(Notify::new()),
+            lease_check: None,
         };
         self.services
             .insert(sk.service.clone(), instance.meta.mcp_path.clone());
-        let routing_changed = self
-            .instances
-            .get(&sk)
-            .is_none_or(|old| !same_routing(old, &instance));
-        self.instances.insert(sk, instance);
+        let (routing_changed, target_changed) = match self.instances.get_mut(&sk) {
+            Some(old) if same_target(old, &instance) => {
+                // A new lease or new metadata at the same address: the health verdict holds.
+                std::mem::swap(&mut instance.health, &mut old.health);
+                std::mem::swap(&mut instance.wake, &mut old.wake);
+                instance.lease_check = old.lease_check.take();
+                (!same_routing(old, &instance), false)
+            }
+            Some(old) => {
+                let old_addr = old.addr();
+                self.by_addr.remove(&(sk.service.clone(), old_addr));
+                (true, true)
+            }
+            None => (true, true),
+        };
+        self.by_addr
+            .insert((sk.service.clone(), instance.addr()), sk.clone());
+        self.instances.insert(sk.clone(), instance);
+        if target_changed {
+            self.mark_dirty(sk);
+        }
         Ok(routing_changed)
     }
 
     /// Applies a DELETE. `true` when an instance or a policy left.
     pub fn delete(&mut self, key: &str) -> bool {
         if let Ok(sk) = self.layout.parse_instance_key(key) {
-            return self.instances.remove(&sk).is_some();
+            let Some(old) = self.instances.remove(&sk) else {
+                return false;
+            };
+            let addr_key = (sk.service.clone(), old.addr());
+            if self.by_addr.get(&addr_key) == Some(&sk) {
+                self.by_addr.remove(&addr_key);
+            }
+            self.mark_dirty(sk);
+            return true;
         }
         match self.layout.parse_policy_key(key) {
             Ok(k) => self.policies.remove(&k).is_some(),
@@ -260,12 +409,23 @@ impl Registry {
                     mcp_path = %inst.meta.mcp_path, using = %route.mcp_path,
                     "instance registered a different mcp_path than the rest of its service");
             }
+            let weight = inst.meta.weight.max(1) * WEIGHT_SCALE;
+            let (health, weight) = match inst.health.state() {
+                // Not yet known to work, or known not to: Envoy does not get it at all.
+                State::Unknown | State::Down => continue,
+                State::Up => (EndpointHealth::Healthy, weight),
+                State::Suspect => (EndpointHealth::Draining, weight),
+                State::Unhealthy => (
+                    EndpointHealth::Healthy,
+                    (weight * self.health.unhealthy_weight_percent / 100).max(1),
+                ),
+            };
             route.endpoints.push(RouteEndpoint {
                 instance_id: sk.instance.clone(),
                 ip: inst.ip,
                 port: inst.meta.endpoint.port,
-                weight: inst.meta.weight.max(1),
-                health: EndpointHealth::Healthy,
+                weight,
+                health,
             });
         }
         let filter = self.filter_config();
@@ -311,6 +471,52 @@ impl Registry {
         instances.chain(policies).collect()
     }
 
+    /// Everything etcd decides (key, value, lease), for comparing this registry with a fresh
+    /// read of etcd.
+    pub fn fingerprint(&self) -> Vec<(String, String, i64)> {
+        let mut out: Vec<(String, String, i64)> = self
+            .instances
+            .iter()
+            .map(|(sk, inst)| {
+                (
+                    self.layout.instance_key(&sk.service, &sk.instance),
+                    inst.meta.to_json(),
+                    inst.lease,
+                )
+            })
+            .collect();
+        out.extend(
+            self.raw_values()
+                .into_iter()
+                .filter(|(k, _)| k.starts_with(&self.layout.policies_prefix()))
+                .map(|(k, v)| (k, v, 0)),
+        );
+        out
+    }
+
+    /// Instances per (service, state), and zombies per service, for the metrics.
+    pub fn health_counts(&self) -> HealthCounts {
+        let mut by_state = BTreeMap::new();
+        let mut zombies: BTreeMap<String, (i64, i64)> = BTreeMap::new();
+        for service in self.services.keys() {
+            for s in State::ALL {
+                by_state.insert((service.clone(), s), 0);
+            }
+            zombies.insert(service.clone(), (0, 0));
+        }
+        for (sk, inst) in &self.instances {
+            *by_state
+                .entry((sk.service.clone(), inst.health.state()))
+                .or_insert(0) += 1;
+            let z = zombies.entry(sk.service.clone()).or_insert((0, 0));
+            z.1 += 1;
+            if inst.health.is_zombie(&self.health) {
+                z.0 += 1;
+            }
+        }
+        (by_state, zombies)
+    }
+
     /// JSON for `/v1/registry`.
     pub fn view(&self) -> RegistryView {
         let mut services: BTreeMap<String, Vec<InstanceView>> = self
@@ -318,7 +524,9 @@ impl Registry {
             .keys()
             .map(|s| (s.clone(), Vec::new()))
             .collect();
+        let now = Instant::now();
         for (sk, inst) in &self.instances {
+            let (calls, call_failure_rate) = inst.health.recent_calls(now, &self.health);
             services
                 .entry(sk.service.clone())
                 .or_default()
@@ -333,7 +541,13 @@ impl Registry {
                     zone: inst.meta.zone.clone(),
                     lease: format!("{:x}", inst.lease),
                     mod_revision: inst.mod_revision,
-                    state: "UP",
+                    state: inst.health.state(),
+                    since: humantime::format_rfc3339_millis(inst.health.since_wall()).to_string(),
+                    cause: inst.health.cause().to_string(),
+                    probes: inst.health.probes().cloned().collect(),
+                    calls,
+                    call_failure_rate,
+                    lease_check: inst.lease_check.clone(),
                 });
         }
         RegistryView {
@@ -344,9 +558,17 @@ impl Registry {
     }
 }
 
+/// Instances per (service, state), and (zombies, instances) per service.
+pub type HealthCounts = (BTreeMap<(String, State), i64>, BTreeMap<String, (i64, i64)>);
+
 /// Whether two registrations of one key route the same (a lease change alone does not).
 fn same_routing(a: &Instance, b: &Instance) -> bool {
     a.ip == b.ip && a.meta == b.meta
+}
+
+/// Whether two registrations of one key are probed the same way (same server).
+fn same_target(a: &Instance, b: &Instance) -> bool {
+    a.addr() == b.addr() && a.meta.health_path == b.meta.health_path
 }
 
 #[derive(Debug, Serialize)]
@@ -368,7 +590,16 @@ pub struct InstanceView {
     pub zone: String,
     pub lease: String,
     pub mod_revision: i64,
-    pub state: &'static str,
+    pub state: State,
+    /// When the instance entered its state (RFC 3339).
+    pub since: String,
+    pub cause: String,
+    /// The last probes, oldest first.
+    pub probes: Vec<ProbeResult>,
+    /// Calls the filters reported over the call window.
+    pub calls: CallCounts,
+    pub call_failure_rate: f64,
+    pub lease_check: Option<LeaseCheck>,
 }
 
 #[cfg(test)]

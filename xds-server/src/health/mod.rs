@@ -1,0 +1,163 @@
+//! Instance health beyond the lease: active probes, call-failure feedback from the filters,
+//! heartbeat loss read from the leases, and a periodic inspection, folded into one state
+//! machine per instance ([`machine`]) whose verdict shapes what Envoy routes to.
+
+pub mod feedback;
+pub mod lease;
+pub mod machine;
+pub mod monitor;
+pub mod probe;
+
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use toolgate_model::ServiceKey;
+use tracing::{info, warn};
+
+use crate::metrics::{Metrics, TransitionLabel};
+use crate::registry::publish::Publisher;
+use crate::registry::Registry;
+use machine::{State, Transition};
+
+/// How health is judged. Defaults are the issue's: probe every 2 s with a 1 s timeout, two
+/// misses make SUSPECT, 30 s of misses make DOWN.
+#[derive(Debug, Clone)]
+pub struct HealthConfig {
+    /// Off: the lease is the only liveness signal and instances are UP on registration.
+    pub probes: bool,
+    pub probe_interval: Duration,
+    pub probe_timeout: Duration,
+    /// Probes in flight at once, so 5,000 instances do not open 5,000 sockets together.
+    pub probe_concurrency: usize,
+    /// Failed probes in a row before SUSPECT (2; 3 with the GC-pause tolerance).
+    pub suspect_after: u32,
+    pub down_window: Duration,
+    /// Call-failure feedback: the window, the minimum evidence and the threshold.
+    pub call_window: Duration,
+    pub call_min_calls: u64,
+    pub call_min_failures: u64,
+    pub call_failure_percent: u32,
+    /// An UNHEALTHY instance's share of its configured weight (never 0).
+    pub unhealthy_weight_percent: u32,
+    pub inspect_interval: Duration,
+    pub lease_check_interval: Duration,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        HealthConfig {
+            probes: true,
+            probe_interval: Duration::from_secs(2),
+            probe_timeout: Duration::from_secs(1),
+            probe_concurrency: 64,
+            suspect_after: 2,
+            down_window: Duration::from_secs(30),
+            call_window: Duration::from_secs(10),
+            call_min_calls: 10,
+            call_min_failures: 3,
+            call_failure_percent: 50,
+            unhealthy_weight_percent: 10,
+            inspect_interval: Duration::from_secs(30),
+            lease_check_interval: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What every health signal needs: the registry to change, the publisher to tell Envoy, the
+/// metrics to count. Lock order: registry, then publisher.
+#[derive(Clone)]
+pub struct Hub {
+    pub registry: Arc<RwLock<Registry>>,
+    pub publisher: Arc<Mutex<Publisher>>,
+    pub metrics: Arc<Metrics>,
+    pub config: Arc<HealthConfig>,
+}
+
+impl Hub {
+    /// Applies `f` to one instance's health; logs, counts and publishes a transition. Returns
+    /// `None` when the instance is gone.
+    pub fn update<R>(
+        &self,
+        key: &ServiceKey,
+        f: impl FnOnce(&mut machine::Health, Instant, &HealthConfig) -> (Option<Transition>, R),
+    ) -> Option<R> {
+        let now = Instant::now();
+        let mut reg = self.registry.write().unwrap_or_else(|p| p.into_inner());
+        let health = reg.health_mut(key)?;
+        let (transition, out) = f(health, now, &self.config);
+        if let Some(t) = transition {
+            self.record(key, &t);
+            // Until the first publish (the cold-start warm-up) the watcher publishes.
+            let mut publisher = self.publisher.lock().unwrap_or_else(|p| p.into_inner());
+            if publisher.is_ready() && routes_differently(t.from, t.to) {
+                publisher.publish(&reg, now);
+            }
+        }
+        Some(out)
+    }
+
+    /// Logs and counts one transition.
+    pub fn record(&self, key: &ServiceKey, t: &Transition) {
+        let labels = TransitionLabel {
+            from: t.from.as_str(),
+            to: t.to.as_str(),
+        };
+        self.metrics.transitions.get_or_create(&labels).inc();
+        if let Some(d) = t.detection {
+            if matches!(t.to, State::Suspect | State::Down | State::Unhealthy) {
+                self.metrics
+                    .transition_latency
+                    .get_or_create(&labels)
+                    .observe(d.as_secs_f64());
+            }
+        }
+        let detection_ms = t.detection.map(|d| d.as_millis() as u64);
+        if matches!(t.to, State::Up) {
+            info!(service = %key.service, instance = %key.instance, from = t.from.as_str(),
+                to = t.to.as_str(), cause = %t.cause, "instance health changed");
+        } else {
+            warn!(service = %key.service, instance = %key.instance, from = t.from.as_str(),
+                to = t.to.as_str(), cause = %t.cause, detection_ms, "instance health changed");
+        }
+    }
+}
+
+/// Whether Envoy sees a difference between two states.
+fn routes_differently(a: State, b: State) -> bool {
+    let envoy = |s| match s {
+        State::Unknown | State::Down => 0,
+        State::Up => 1,
+        State::Suspect => 2,
+        State::Unhealthy => 3,
+    };
+    envoy(a) != envoy(b)
+}
+
+/// Sets the per-state and zombie gauges from the registry; called at scrape time, so the
+/// push path never pays for them.
+pub fn export_gauges(reg: &Registry, metrics: &Metrics) {
+    use crate::metrics::{ServiceLabel, ServiceStateLabel};
+    let (by_state, zombies) = reg.health_counts();
+    metrics.instances_by_state.clear();
+    for ((service, state), n) in by_state {
+        metrics
+            .instances_by_state
+            .get_or_create(&ServiceStateLabel {
+                service,
+                state: state.as_str(),
+            })
+            .set(n);
+    }
+    metrics.zombie_ratio.clear();
+    for (service, (zombie, total)) in zombies {
+        let ratio = if total == 0 {
+            0.0
+        } else {
+            zombie as f64 / total as f64
+        };
+        metrics
+            .zombie_ratio
+            .get_or_create(&ServiceLabel { service })
+            .set(ratio);
+    }
+}

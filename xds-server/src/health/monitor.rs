@@ -1,0 +1,285 @@
+//! The health tasks: one probe loop per instance (started and stopped as registrations come
+//! and go), the aging of call failures, and the periodic inspection.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etcd_client::GetOptions;
+use tokio::sync::{Notify, Semaphore};
+use tokio::task::JoinHandle;
+use toolgate_model::ServiceKey;
+use tracing::{debug, error, info};
+
+use super::machine::State;
+use super::{probe, Hub};
+use crate::etcd::EtcdConfig;
+use crate::metrics::ResultLabel;
+use crate::registry::Registry;
+
+/// Where an instance is probed, and what wakes its probe task early.
+type Target = (SocketAddr, String, Arc<Notify>);
+
+struct ProbeTask {
+    handle: JoinHandle<()>,
+    target: (SocketAddr, String),
+}
+
+impl Drop for ProbeTask {
+    fn drop(&mut self) {
+        self.handle.abort();
+    }
+}
+
+/// Starts every health task. `probed` is notified after each applied probe (the cold-start
+/// warm-up waits on it); `resync` asks the watcher for a full re-read of etcd.
+pub fn spawn(hub: Hub, etcd: EtcdConfig, probed: Arc<Notify>, resync: Arc<Notify>) {
+    tokio::spawn(supervise_probes(hub.clone(), probed));
+    tokio::spawn(age_call_failures(hub.clone()));
+    tokio::spawn(inspect(hub.clone(), etcd.clone(), resync));
+    tokio::spawn(super::lease::check_leases(hub, etcd));
+}
+
+/// Keeps exactly one probe task per registered instance, at its current address.
+async fn supervise_probes(hub: Hub, probed: Arc<Notify>) {
+    let membership = hub
+        .registry
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .membership();
+    let client = probe::client(hub.config.probe_timeout);
+    let slots = Arc::new(Semaphore::new(hub.config.probe_concurrency.max(1)));
+    let mut tasks: HashMap<ServiceKey, ProbeTask> = HashMap::new();
+    loop {
+        membership.notified().await;
+        let changes: Vec<(ServiceKey, Option<Target>)> = {
+            let mut reg = hub.registry.write().unwrap_or_else(|p| p.into_inner());
+            let dirty = reg.take_dirty();
+            dirty
+                .into_iter()
+                .map(|k| {
+                    let target = reg
+                        .instance(&k)
+                        .map(|i| (i.addr(), i.meta.health_path.clone(), i.wake.clone()));
+                    (k, target)
+                })
+                .collect()
+        };
+        if !hub.config.probes {
+            continue;
+        }
+        for (key, target) in changes {
+            let Some((addr, path, wake)) = target else {
+                tasks.remove(&key);
+                continue;
+            };
+            if tasks
+                .get(&key)
+                .is_some_and(|t| t.target == (addr, path.clone()))
+            {
+                continue;
+            }
+            let url = probe::url(addr, &path);
+            let handle = tokio::spawn(probe_loop(
+                hub.clone(),
+                key.clone(),
+                url,
+                wake,
+                client.clone(),
+                slots.clone(),
+                probed.clone(),
+            ));
+            tasks.insert(
+                key,
+                ProbeTask {
+                    handle,
+                    target: (addr, path),
+                },
+            );
+        }
+    }
+}
+
+/// Probes one instance at once, then every interval (with ±10% jitter so instances
+/// registered together do not probe in lockstep), or sooner when woken.
+async fn probe_loop(
+    hub: Hub,
+    key: ServiceKey,
+    url: String,
+    wake: Arc<Notify>,
+    client: reqwest::Client,
+    slots: Arc<Semaphore>,
+    probed: Arc<Notify>,
+) {
+    let cfg = hub.config.clone();
+    let mut delay = Duration::ZERO;
+    loop {
+        if !delay.is_zero() {
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = wake.notified() => {}
+            }
+        }
+        let queued = Instant::now();
+        let Ok(permit) = slots.acquire().await else {
+            return;
+        };
+        hub.metrics
+            .probe_wait
+            .observe(queued.elapsed().as_secs_f64());
+        let result = probe::probe(&client, &url, cfg.probe_timeout).await;
+        drop(permit);
+        let label = if result.ok { "pass" } else { "fail" };
+        hub.metrics
+            .probes
+            .get_or_create(&ResultLabel { result: label })
+            .inc();
+        if result.ok {
+            debug!(service = %key.service, instance = %key.instance, detail = %result.detail, "probe passed");
+        } else {
+            debug!(service = %key.service, instance = %key.instance, detail = %result.detail, "probe failed");
+        }
+        let applied = hub.update(&key, |h, now, cfg| (h.on_probe(result, now, cfg), ()));
+        probed.notify_waiters();
+        if applied.is_none() {
+            return;
+        }
+        let jitter = 0.9 + rand::random::<f64>() * 0.2;
+        delay = cfg.probe_interval.mul_f64(jitter);
+    }
+}
+
+/// Lets the failures reported for UNHEALTHY instances age out of the call window: an
+/// instance that gets few calls at its reduced weight must still be able to recover.
+async fn age_call_failures(hub: Hub) {
+    let mut every = tokio::time::interval(Duration::from_secs(1));
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let now = Instant::now();
+        let mut reg = hub.registry.write().unwrap_or_else(|p| p.into_inner());
+        let cfg = hub.config.clone();
+        let mut moved = Vec::new();
+        for (key, inst) in reg.instances_mut() {
+            if inst.health.state() == State::Unhealthy {
+                if let Some(t) = inst.health.on_tick(now, &cfg) {
+                    moved.push((key.clone(), t));
+                }
+            }
+        }
+        if moved.is_empty() {
+            continue;
+        }
+        for (key, t) in &moved {
+            hub.record(key, t);
+        }
+        let mut publisher = hub.publisher.lock().unwrap_or_else(|p| p.into_inner());
+        if publisher.is_ready() {
+            publisher.publish(&reg, now);
+        }
+    }
+}
+
+/// Every inspect interval: re-probes instances that look UP without a recent successful
+/// signal, and compares the registry with etcd read at the very revision the registry
+/// reflects (a difference means a missed event: a full resync follows). Idempotent.
+async fn inspect(hub: Hub, etcd: EtcdConfig, resync: Arc<Notify>) {
+    let client = match etcd.connect().await {
+        Ok(c) => c,
+        Err(e) => {
+            error!(error = %e, "inspection disabled: cannot use the etcd endpoints");
+            return;
+        }
+    };
+    let mut every = tokio::time::interval(hub.config.inspect_interval);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    every.tick().await;
+    loop {
+        every.tick().await;
+        let started = Instant::now();
+        let stale_after = hub.config.probe_interval * 2 + hub.config.probe_timeout;
+        let (revision, ours, prefix, layout, instances, reprobed) = {
+            let reg = hub.registry.read().unwrap_or_else(|p| p.into_inner());
+            let mut reprobed = 0;
+            if hub.config.probes {
+                for (_, inst) in reg.instances() {
+                    let recent = inst
+                        .health
+                        .last_ok()
+                        .is_some_and(|t| started.duration_since(t) < stale_after);
+                    if inst.health.state() == State::Up && !recent {
+                        inst.wake.notify_one();
+                        reprobed += 1;
+                    }
+                }
+            }
+            (
+                reg.revision(),
+                reg.fingerprint(),
+                reg.layout().prefix().to_string(),
+                reg.layout().clone(),
+                reg.instance_count(),
+                reprobed,
+            )
+        };
+        let verdict = if revision <= 0 {
+            "skipped (no revision from etcd yet)".to_string()
+        } else {
+            let mut kv = client.kv_client();
+            let opts = GetOptions::new().with_prefix().with_revision(revision);
+            match tokio::time::timeout(etcd.request_timeout, kv.get(prefix.as_str(), Some(opts)))
+                .await
+            {
+                Err(_) => "skipped (etcd did not answer in time)".to_string(),
+                // Compacted past our revision, or etcd away: the watcher handles both.
+                Ok(Err(e)) => format!("skipped ({e})"),
+                Ok(Ok(resp)) => {
+                    let mut fresh = Registry::new(layout);
+                    let kvs: Vec<(&str, &[u8], i64, i64)> = resp
+                        .kvs()
+                        .iter()
+                        .filter_map(|kv| {
+                            Some((
+                                kv.key_str().ok()?,
+                                kv.value(),
+                                kv.lease(),
+                                kv.mod_revision(),
+                            ))
+                        })
+                        .collect();
+                    fresh.reset(kvs, revision);
+                    let theirs = fresh.fingerprint();
+                    if theirs == ours {
+                        format!("registry matches etcd at revision {revision}")
+                    } else {
+                        let a: HashSet<_> = ours.iter().collect();
+                        let b: HashSet<_> = theirs.iter().collect();
+                        let differing: Vec<&str> = a
+                            .symmetric_difference(&b)
+                            .map(|(k, _, _)| k.as_str())
+                            .take(5)
+                            .collect();
+                        hub.metrics.reconcile_mismatches.inc();
+                        error!(
+                            revision,
+                            ?differing,
+                            "the registry differs from etcd; resyncing in full"
+                        );
+                        resync.notify_one();
+                        format!(
+                            "registry differed from etcd at revision {revision}; resync requested"
+                        )
+                    }
+                }
+            }
+        };
+        hub.metrics.inspections.inc();
+        info!(
+            instances,
+            reprobed,
+            took_ms = started.elapsed().as_millis() as u64,
+            "inspection: {verdict}"
+        );
+    }
+}
