@@ -9,6 +9,7 @@ use crate::paths::{free_port, project_bin, tool_bin};
 use crate::process::Proc;
 use crate::testenv::TestEnv;
 use crate::wait::wait_until;
+use crate::xds::Xds;
 
 pub struct Envoy {
     pub name: String,
@@ -30,15 +31,15 @@ pub struct EnvoyHost {
 
 impl Envoy {
     /// Starts Envoy with `--concurrency 1`; ready when its admin says LIVE.
-    pub async fn start(env: &TestEnv, name: &str, xds_addr: &str) -> Envoy {
-        Self::start_with(env, name, xds_addr, 1, &[]).await
+    pub async fn start(env: &TestEnv, name: &str, xds: &Xds) -> Envoy {
+        Self::start_with(env, name, xds, 1, &[]).await
     }
 
     /// `bootstrap_extra` is passed to `toolgate-xds bootstrap` (e.g. `--filter path.wasm`).
     pub async fn start_with(
         env: &TestEnv,
         name: &str,
-        xds_addr: &str,
+        xds: &Xds,
         concurrency: u32,
         bootstrap_extra: &[&str],
     ) -> Envoy {
@@ -50,7 +51,10 @@ impl Envoy {
             "--listen".into(),
             format!("127.0.0.1:{port}"),
             "--xds".into(),
-            xds_addr.into(),
+            xds.xds_addr(),
+            // The filter's call reports go to this toolgate-xds, never to a default port.
+            "--control".into(),
+            xds.admin_addr(),
             "--admin".into(),
             format!("127.0.0.1:{admin_port}"),
         ];

@@ -99,6 +99,16 @@ impl Xds {
         format!("127.0.0.1:{}", self.xds_port)
     }
 
+    /// The running process's pid (0 when it is not running).
+    pub fn pid(&self) -> i32 {
+        self.proc.as_ref().map_or(0, |p| p.pid())
+    }
+
+    /// `127.0.0.1:<admin port>`, for `toolgate-xds bootstrap --control`.
+    pub fn admin_addr(&self) -> String {
+        format!("127.0.0.1:{}", self.admin_port)
+    }
+
     pub fn admin_url(&self) -> String {
         format!("http://127.0.0.1:{}", self.admin_port)
     }

@@ -25,7 +25,7 @@ impl Gateway {
         let envoy = Envoy::start_with(
             env,
             "envoy",
-            &xds.xds_addr(),
+            &xds,
             concurrency,
             &["--filter", &wasm.to_string_lossy()],
         )

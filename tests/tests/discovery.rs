@@ -24,7 +24,7 @@ impl Stack {
     async fn start(env: &TestEnv) -> Stack {
         let etcd = Etcd::start(env).await;
         let xds = Xds::start(env, "xds", &etcd.endpoint(), &[]).await;
-        let envoy = Envoy::start(env, "envoy", &xds.xds_addr()).await;
+        let envoy = Envoy::start(env, "envoy", &xds).await;
         Stack { etcd, xds, envoy }
     }
 }
@@ -376,7 +376,7 @@ async fn partition_scenario(name: &str, compact: bool) {
     let etcd = Etcd::start(&env).await;
     let proxy = FaultProxy::start(format!("127.0.0.1:{}", etcd.port()).parse().unwrap());
     let xds = Xds::start(&env, "xds", &proxy.endpoint(), &[]).await;
-    let envoy = Envoy::start(&env, "envoy", &xds.xds_addr()).await;
+    let envoy = Envoy::start(&env, "envoy", &xds).await;
     let ep = etcd.endpoint();
     let mut old = Vec::new();
     for i in 0..3 {
@@ -717,7 +717,7 @@ async fn a_restarted_envoy_and_a_second_envoy_both_converge() {
     )
     .await;
 
-    let second = Envoy::start(&env, "envoy2", &stack.xds.xds_addr()).await;
+    let second = Envoy::start(&env, "envoy2", &stack.xds).await;
     wait_envoy_has(&second, "two", &endpoints(&[&a]), Duration::from_secs(20)).await;
     let c = Member::start(&env, &ep, "two", "two-c", &[], TTL).await;
     for envoy in [&stack.envoy, &second] {
@@ -812,7 +812,7 @@ async fn a_configuration_envoy_rejects_is_nacked_once_and_not_resent() {
         &[("TOOLGATE_FAILPOINT_NACK_SERVICE", "poison")],
     )
     .await;
-    let envoy = Envoy::start(&env, "envoy", &xds.xds_addr()).await;
+    let envoy = Envoy::start(&env, "envoy", &xds).await;
     let ep = etcd.endpoint();
     let good = Member::start(&env, &ep, "good", "good-1", &[], TTL).await;
     wait_envoy_has(

@@ -1,0 +1,715 @@
+//! Instance health beyond the lease, end to end: real etcd, toolgate-xds with active probes,
+//! Envoy with the filter reporting call outcomes, lab servers with their registrars.
+
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use serde_json::{json, Value};
+use toolgate_tests::{
+    filter_wasm, wait_until, Envoy, Etcd, McpServer, McpSession, Member, Registrant, TestEnv, Xds,
+};
+
+const TTL: u32 = 10;
+
+struct Stack {
+    etcd: Etcd,
+    xds: Xds,
+    envoy: Envoy,
+}
+
+impl Stack {
+    /// `xds_args` tune the probes (short intervals keep the tests quick).
+    async fn start(env: &TestEnv, xds_args: &[&str]) -> Stack {
+        let etcd = Etcd::start(env).await;
+        let xds = Xds::start(env, "xds", &etcd.endpoint(), xds_args).await;
+        let wasm = filter_wasm();
+        let envoy = Envoy::start_with(
+            env,
+            "envoy",
+            &xds,
+            1,
+            &["--filter", &wasm.to_string_lossy()],
+        )
+        .await;
+        Stack { etcd, xds, envoy }
+    }
+
+    /// Endpoints Envoy sends new calls to (EDS health HEALTHY), sorted.
+    async fn routed(&self, service: &str) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .envoy
+            .hosts()
+            .await
+            .remove(service)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|h| h.health == "HEALTHY")
+            .map(|h| h.address)
+            .collect();
+        v.sort();
+        v
+    }
+
+    async fn wait_routed(&self, service: &str, members: &[&Member], within: Duration) {
+        let mut want: Vec<String> = members.iter().map(|m| m.server.endpoint()).collect();
+        want.sort();
+        wait_until(
+            &format!("envoy routes {service} to {want:?}"),
+            within,
+            || {
+                let want = want.clone();
+                async move { self.routed(service).await == want }
+            },
+        )
+        .await;
+    }
+
+    /// The instance's entry in `/v1/registry`.
+    async fn instance(&self, service: &str, id: &str) -> Value {
+        let reg = self.xds.registry().await;
+        reg["services"][service]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|i| i["instance_id"] == id)
+            .cloned()
+            .unwrap_or(Value::Null)
+    }
+
+    async fn state(&self, service: &str, id: &str) -> String {
+        self.instance(service, id).await["state"]
+            .as_str()
+            .unwrap_or("absent")
+            .to_string()
+    }
+
+    async fn wait_state(&self, service: &str, id: &str, state: &str, within: Duration) -> Duration {
+        let started = Instant::now();
+        wait_until(
+            &format!("{service}/{id} is {state}"),
+            within,
+            || async move { self.state(service, id).await == state },
+        )
+        .await;
+        started.elapsed()
+    }
+
+    async fn policy(&self, service: &str, policy: Value) {
+        let mut c = self.etcd.client().await;
+        c.put(format!("/mcp/policies/{service}"), policy.to_string(), None)
+            .await
+            .expect("put policy");
+    }
+}
+
+async fn stateless_member(
+    env: &TestEnv,
+    etcd: &str,
+    service: &str,
+    id: &str,
+    extra: &[&str],
+) -> Member {
+    let mut args = vec!["--stateless", "--json-response"];
+    args.extend_from_slice(extra);
+    Member::start(env, etcd, service, id, &args, TTL).await
+}
+
+/// One `echo` call; true when the tool answered (not a semantic failure reply). Stateless
+/// servers: every call is balanced on its own.
+async fn echo(s: &mut McpSession) -> bool {
+    let r = s.call_tool("echo", json!({"text": "hi"})).await;
+    r.result().is_some_and(|res| res["isError"] != true)
+}
+
+#[tokio::test]
+async fn a_new_instance_is_probed_at_once_not_after_a_probe_interval() {
+    let env = TestEnv::new("health_probed_at_once");
+    // A long interval: only an immediate probe can make the instance routable in time.
+    let stack = Stack::start(&env, &["--probe-interval", "20s", "--probe-timeout", "1s"]).await;
+    let ep = stack.etcd.endpoint();
+    let server = McpServer::lab(&env, "fresh-1", &["--stateless", "--json-response"]).await;
+    let started = Instant::now();
+    let _registrar = Registrant::new(&ep, "fresh", &server.endpoint())
+        .arg("--instance-id", "fresh-1")
+        .arg("--tools", "echo")
+        .spawn(&env, "fresh-1.registrar");
+    wait_until("envoy routes fresh-1", Duration::from_secs(10), || async {
+        stack.routed("fresh").await == vec![server.endpoint()]
+    })
+    .await;
+    let took = started.elapsed();
+    println!(
+        "registrar start -> routed by Envoy: {} ms",
+        took.as_millis()
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "routed after {took:?}, a probe interval is 20 s"
+    );
+    let inst = stack.instance("fresh", "fresh-1").await;
+    assert_eq!(inst["state"], "UP", "{inst}");
+    assert_eq!(inst["probes"].as_array().map(Vec::len), Some(1), "{inst}");
+    assert_eq!(inst["probes"][0]["ok"], true, "{inst}");
+    assert!(echo(&mut McpSession::connect(&stack.envoy.url("fresh")).await).await);
+
+    // A registration whose health check fails from the start is never routed.
+    let sick = McpServer::lab(
+        &env,
+        "fresh-2",
+        &["--stateless", "--json-response", "--health-fail"],
+    )
+    .await;
+    let _r2 = Registrant::new(&ep, "fresh", &sick.endpoint())
+        .arg("--instance-id", "fresh-2")
+        .arg("--tools", "echo")
+        .spawn(&env, "fresh-2.registrar");
+    wait_until("fresh-2 probed", Duration::from_secs(10), || async {
+        stack.instance("fresh", "fresh-2").await["probes"]
+            .as_array()
+            .is_some_and(|p| !p.is_empty())
+    })
+    .await;
+    let inst = stack.instance("fresh", "fresh-2").await;
+    assert_eq!(inst["state"], "UNKNOWN", "{inst}");
+    assert_eq!(inst["probes"][0]["detail"], "HTTP 503", "{inst}");
+    assert_eq!(stack.routed("fresh").await, vec![server.endpoint()]);
+    assert!(
+        stack.envoy.hosts().await["fresh"]
+            .iter()
+            .all(|h| h.address != sick.endpoint()),
+        "an UNKNOWN instance is not given to Envoy at all"
+    );
+}
+
+#[tokio::test]
+async fn a_failing_health_check_drains_the_instance_and_its_recovery_brings_traffic_back() {
+    let env = TestEnv::new("health_drain");
+    let stack = Stack::start(
+        &env,
+        &["--probe-interval", "500ms", "--probe-timeout", "300ms"],
+    )
+    .await;
+    let ep = stack.etcd.endpoint();
+    let a = stateless_member(&env, &ep, "drain", "drain-a", &["--latency-ms", "2500"]).await;
+    let b = stateless_member(&env, &ep, "drain", "drain-b", &[]).await;
+    stack
+        .wait_routed("drain", &[&a, &b], Duration::from_secs(20))
+        .await;
+    let url = stack.envoy.url("drain");
+    let mut s = McpSession::connect(&url).await;
+
+    // Slow calls in flight, some of them on `a` (round robin over two instances).
+    let inflight: Vec<_> = (0..4)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { echo(&mut McpSession::connect(&url).await).await })
+        })
+        .collect();
+    wait_until(
+        "a slow call reached drain-a",
+        Duration::from_secs(5),
+        || async { a.server.calls("echo").await >= 1 },
+    )
+    .await;
+    a.server.set(json!({"health_fail": true})).await;
+    let took = stack
+        .wait_state("drain", "drain-a", "SUSPECT", Duration::from_secs(10))
+        .await;
+    println!(
+        "health failing -> SUSPECT: {} ms (interval 500 ms)",
+        took.as_millis()
+    );
+    assert!(
+        took < Duration::from_secs(3),
+        "two probe intervals are 1 s; took {took:?}"
+    );
+    wait_until("envoy drains drain-a", Duration::from_secs(5), || async {
+        stack.envoy.hosts().await.get("drain").is_some_and(|h| {
+            h.iter()
+                .any(|h| h.address == a.server.endpoint() && h.health == "DRAINING")
+        })
+    })
+    .await;
+    let a_calls = a.server.calls("echo").await;
+    for t in inflight {
+        assert!(
+            t.await.expect("call task"),
+            "a call in flight on a draining instance finishes"
+        );
+    }
+    // New calls go to b only; a's fast path would answer quickly, so set its latency to 0.
+    a.server.set(json!({"latency_ms": 0})).await;
+    for _ in 0..20 {
+        assert!(echo(&mut s).await);
+    }
+    assert_eq!(
+        a.server.calls("echo").await,
+        a_calls,
+        "no new call reached the SUSPECT instance"
+    );
+
+    a.server.set(json!({"health_fail": false})).await;
+    stack
+        .wait_state("drain", "drain-a", "UP", Duration::from_secs(10))
+        .await;
+    stack
+        .wait_routed("drain", &[&a, &b], Duration::from_secs(10))
+        .await;
+    for _ in 0..20 {
+        assert!(echo(&mut s).await);
+    }
+    assert!(
+        a.server.calls("echo").await > a_calls,
+        "traffic came back to drain-a"
+    );
+    let inst = stack.instance("drain", "drain-a").await;
+    assert!(
+        inst["cause"]
+            .as_str()
+            .unwrap_or("")
+            .contains("probe passed"),
+        "{inst}"
+    );
+}
+
+#[tokio::test]
+async fn a_frozen_server_is_a_zombie_down_after_the_window_and_back_on_sigcont() {
+    let env = TestEnv::new("health_frozen");
+    let stack = Stack::start(
+        &env,
+        &[
+            "--probe-interval",
+            "500ms",
+            "--probe-timeout",
+            "300ms",
+            "--down-window",
+            "3s",
+        ],
+    )
+    .await;
+    let ep = stack.etcd.endpoint();
+    let a = stateless_member(&env, &ep, "frz", "frz-a", &[]).await;
+    let b = stateless_member(&env, &ep, "frz", "frz-b", &[]).await;
+    stack
+        .wait_routed("frz", &[&a, &b], Duration::from_secs(20))
+        .await;
+
+    a.server.proc.signal(Signal::SIGSTOP);
+    let suspect = stack
+        .wait_state("frz", "frz-a", "SUSPECT", Duration::from_secs(10))
+        .await;
+    let down = stack
+        .wait_state("frz", "frz-a", "DOWN", Duration::from_secs(15))
+        .await;
+    println!(
+        "SIGSTOP -> SUSPECT {} ms, then -> DOWN {} ms later (down window 3 s)",
+        suspect.as_millis(),
+        down.as_millis()
+    );
+    wait_until("frz-a out of envoy", Duration::from_secs(5), || async {
+        stack
+            .envoy
+            .hosts()
+            .await
+            .get("frz")
+            .is_some_and(|h| h.iter().all(|h| h.address != a.server.endpoint()))
+    })
+    .await;
+    // The lease is alive all along: the registrar kept it.
+    assert!(stack.instance("frz", "frz-a").await["lease"].is_string());
+    let zombie = stack
+        .xds
+        .metric("mcp_registry_zombie_instance_ratio", "service=\"frz\"")
+        .await;
+    assert!(
+        (zombie - 0.5).abs() < 1e-9,
+        "one of two instances is a zombie: {zombie}"
+    );
+    assert_eq!(
+        stack
+            .xds
+            .metric("mcp_registry_instances", "service=\"frz\",state=\"DOWN\"")
+            .await,
+        1.0
+    );
+    let detections = stack
+        .xds
+        .metric(
+            "mcp_registry_state_transition_latency_seconds_count",
+            "from=\"UP\",to=\"SUSPECT\"",
+        )
+        .await;
+    assert!(detections >= 1.0, "SUSPECT's detection time is measured");
+    let inst = stack.instance("frz", "frz-a").await;
+    assert!(
+        inst["cause"]
+            .as_str()
+            .unwrap_or("")
+            .contains("while the lease is alive"),
+        "{inst}"
+    );
+
+    a.server.proc.signal(Signal::SIGCONT);
+    stack
+        .wait_state("frz", "frz-a", "UP", Duration::from_secs(10))
+        .await;
+    stack
+        .wait_routed("frz", &[&a, &b], Duration::from_secs(10))
+        .await;
+    assert_eq!(
+        stack
+            .xds
+            .metric("mcp_registry_zombie_instance_ratio", "service=\"frz\"")
+            .await,
+        0.0
+    );
+}
+
+#[tokio::test]
+async fn a_killed_server_leaves_rotation_within_two_probe_intervals_not_the_lease_ttl() {
+    let env = TestEnv::new("health_killed");
+    let stack = Stack::start(
+        &env,
+        &["--probe-interval", "1s", "--probe-timeout", "500ms"],
+    )
+    .await;
+    let ep = stack.etcd.endpoint();
+    let mut a = stateless_member(&env, &ep, "kill", "kill-a", &[]).await;
+    let b = stateless_member(&env, &ep, "kill", "kill-b", &[]).await;
+    stack
+        .wait_routed("kill", &[&a, &b], Duration::from_secs(20))
+        .await;
+
+    let killed = Instant::now();
+    a.server.proc.kill();
+    stack
+        .wait_routed("kill", &[&b], Duration::from_secs(8))
+        .await;
+    let took = killed.elapsed();
+    println!(
+        "SIGKILL (registrar alive, lease TTL {TTL} s) -> out of rotation: {} ms",
+        took.as_millis()
+    );
+    assert!(
+        took < Duration::from_millis(3500),
+        "two probe intervals are 2 s (plus the probe timeout); took {took:?}"
+    );
+    assert!(
+        a.registrar.is_running(),
+        "the registrar still holds the lease"
+    );
+    assert_eq!(stack.state("kill", "kill-a").await, "SUSPECT");
+}
+
+#[tokio::test]
+async fn failing_calls_reported_by_the_filter_make_an_instance_unhealthy_with_a_reduced_share() {
+    let env = TestEnv::new("health_call_failures");
+    let stack = Stack::start(
+        &env,
+        &["--probe-interval", "1s", "--probe-timeout", "500ms"],
+    )
+    .await;
+    let ep = stack.etcd.endpoint();
+    // Half the tool's calls fail until the bad instance is demoted: keep the tool's breaker
+    // closed so the instance-level verdict is what is measured.
+    stack
+        .policy(
+            "calls",
+            json!({"failure_rate_percent": 100, "min_calls": 1000}),
+        )
+        .await;
+    let bad = stateless_member(&env, &ep, "calls", "calls-bad", &["--fail", "echo=http500"]).await;
+    let good = stateless_member(&env, &ep, "calls", "calls-good", &[]).await;
+    stack
+        .wait_routed("calls", &[&bad, &good], Duration::from_secs(20))
+        .await;
+    let url = stack.envoy.url("calls");
+    let mut s = McpSession::connect(&url).await;
+
+    let started = Instant::now();
+    while stack.state("calls", "calls-bad").await != "UNHEALTHY" {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "calls-bad never became UNHEALTHY"
+        );
+        for _ in 0..10 {
+            echo(&mut s).await;
+        }
+    }
+    println!(
+        "500s on every call -> UNHEALTHY: {} ms",
+        started.elapsed().as_millis()
+    );
+    let inst = stack.instance("calls", "calls-bad").await;
+    assert!(
+        inst["call_failure_rate"].as_f64().unwrap_or(0.0) > 0.9,
+        "{inst}"
+    );
+    assert!(
+        inst["cause"]
+            .as_str()
+            .unwrap_or("")
+            .contains("calls failed"),
+        "{inst}"
+    );
+    assert_eq!(stack.state("calls", "calls-good").await, "UP");
+    wait_until(
+        "envoy weighs calls-bad down",
+        Duration::from_secs(5),
+        || async {
+            stack.envoy.hosts().await.get("calls").is_some_and(|h| {
+                h.iter()
+                    .any(|h| h.address == bad.server.endpoint() && h.weight == 10)
+                    && h.iter()
+                        .any(|h| h.address == good.server.endpoint() && h.weight == 100)
+            })
+        },
+    )
+    .await;
+
+    let (bad0, good0) = (
+        bad.server.calls("echo").await,
+        good.server.calls("echo").await,
+    );
+    let n = 300;
+    for _ in 0..n {
+        echo(&mut s).await;
+    }
+    let bad_n = bad.server.calls("echo").await - bad0;
+    let good_n = good.server.calls("echo").await - good0;
+    let share = bad_n as f64 / (bad_n + good_n) as f64;
+    println!(
+        "UNHEALTHY share over {n} calls: {bad_n} of {} = {:.1}% (weight 10 vs 100: 9.1%)",
+        bad_n + good_n,
+        share * 100.0
+    );
+    assert!(
+        bad_n > 0,
+        "an UNHEALTHY instance keeps a reduced weight, never 0"
+    );
+    assert!(share < 0.2, "share {share}");
+    let errors = stack
+        .xds
+        .metric(
+            "mcp_scheduler_routing_error_count_total",
+            "service=\"calls\",kind=\"http_5xx\"",
+        )
+        .await;
+    assert!(errors >= 10.0, "routing errors counted: {errors}");
+}
+
+#[tokio::test]
+async fn with_the_tolerance_option_two_lost_probes_do_not_leave_up() {
+    let env = TestEnv::new("health_tolerance");
+    let stack = Stack::start(
+        &env,
+        &[
+            "--probe-interval",
+            "1s",
+            "--probe-timeout",
+            "300ms",
+            "--probe-tolerance",
+        ],
+    )
+    .await;
+    let ep = stack.etcd.endpoint();
+    let a = stateless_member(&env, &ep, "tol", "tol-a", &[]).await;
+    stack
+        .wait_routed("tol", &[&a], Duration::from_secs(20))
+        .await;
+
+    let failed_in_a_row = || async {
+        let inst = stack.instance("tol", "tol-a").await;
+        let probes = inst["probes"].as_array().cloned().unwrap_or_default();
+        probes.iter().rev().take_while(|p| p["ok"] == false).count()
+    };
+    a.server.set(json!({"health_fail": true})).await;
+    wait_until(
+        "two failed probes in a row",
+        Duration::from_secs(10),
+        || async { failed_in_a_row().await >= 2 },
+    )
+    .await;
+    a.server.set(json!({"health_fail": false})).await;
+    assert_eq!(failed_in_a_row().await, 2, "restored before a third probe");
+    assert_eq!(stack.state("tol", "tol-a").await, "UP");
+    assert_eq!(stack.routed("tol").await, vec![a.server.endpoint()]);
+    wait_until("a probe passes again", Duration::from_secs(5), || async {
+        failed_in_a_row().await == 0
+    })
+    .await;
+    assert_eq!(
+        stack
+            .xds
+            .metric(
+                "mcp_registry_state_transitions_total",
+                "from=\"UP\",to=\"SUSPECT\""
+            )
+            .await,
+        0.0,
+        "never left UP"
+    );
+}
+
+#[tokio::test]
+async fn a_stalled_registrar_shows_as_heartbeat_loss_before_its_lease_expires() {
+    let env = TestEnv::new("health_heartbeat_loss");
+    let stack = Stack::start(&env, &["--lease-check-interval", "500ms"]).await;
+    let ep = stack.etcd.endpoint();
+    let a = Member::start(&env, &ep, "hb", "hb-a", &[], 9).await;
+    stack
+        .wait_routed("hb", &[&a], Duration::from_secs(20))
+        .await;
+    wait_until("the lease is checked", Duration::from_secs(5), || async {
+        stack.instance("hb", "hb-a").await["lease_check"].is_object()
+    })
+    .await;
+    assert_eq!(
+        stack
+            .xds
+            .metric("mcp_registry_heartbeat_loss_rate", "service=\"hb\"")
+            .await,
+        0.0
+    );
+
+    a.registrar.signal(Signal::SIGSTOP);
+    let stopped = Instant::now();
+    wait_until("heartbeat loss seen", Duration::from_secs(8), || async {
+        stack
+            .xds
+            .metric("mcp_registry_heartbeat_loss_rate", "service=\"hb\"")
+            .await
+            > 0.0
+    })
+    .await;
+    a.registrar.signal(Signal::SIGCONT);
+    println!(
+        "registrar stopped -> heartbeat loss seen: {} ms (keepalive every 3 s)",
+        stopped.elapsed().as_millis()
+    );
+    let inst = stack.instance("hb", "hb-a").await;
+    assert!(
+        inst["lease_check"]["missed_keepalives"]
+            .as_u64()
+            .unwrap_or(0)
+            >= 1,
+        "{inst}"
+    );
+    assert!(
+        stack
+            .xds
+            .metric("mcp_registry_heartbeats_missed_total", "service=\"hb\"")
+            .await
+            >= 1.0
+    );
+    wait_until("keepalives resume", Duration::from_secs(8), || async {
+        stack
+            .xds
+            .metric("mcp_registry_heartbeat_loss_rate", "service=\"hb\"")
+            .await
+            == 0.0
+    })
+    .await;
+    assert_eq!(
+        stack.state("hb", "hb-a").await,
+        "UP",
+        "the lease never expired"
+    );
+}
+
+#[tokio::test]
+async fn five_hundred_instances_are_probed_every_interval() {
+    use axum::routing::get;
+    let env = TestEnv::new("health_500");
+    let etcd = Etcd::start(&env).await;
+    let xds = Xds::start(&env, "xds", &etcd.endpoint(), &["--probe-interval", "2s"]).await;
+    // A stand-in health endpoint per instance: 500 listeners in this process.
+    let n = 500;
+    let mut ports = Vec::new();
+    for _ in 0..n {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        ports.push(l.local_addr().expect("addr").port());
+        let app = axum::Router::new().route("/health", get(|| async { "ok" }));
+        tokio::spawn(async move { axum::serve(l, app).await });
+    }
+    let mut c = etcd.client().await;
+    let lease = c.lease_grant(30, None).await.expect("lease").id();
+    let (mut keeper, _stream) = c.lease_keep_alive(lease).await.expect("keepalive");
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            if keeper.keep_alive().await.is_err() {
+                return;
+            }
+        }
+    });
+    for (i, port) in ports.iter().enumerate() {
+        let value =
+            json!({"instance_id": format!("i-{i}"), "endpoint": format!("127.0.0.1:{port}")});
+        c.put(
+            format!("/mcp/services/bulk/i-{i}"),
+            value.to_string(),
+            Some(etcd_client::PutOptions::new().with_lease(lease)),
+        )
+        .await
+        .expect("put");
+    }
+    wait_until("500 instances UP", Duration::from_secs(30), || async {
+        xds.metric("mcp_registry_instances", "service=\"bulk\",state=\"UP\"")
+            .await
+            == n as f64
+    })
+    .await;
+    let pid = xds.pid();
+    let (cpu0, probes0, t0) = (
+        cpu_ticks(pid),
+        xds.metric("toolgate_health_probes_total", "result=\"pass\"")
+            .await,
+        Instant::now(),
+    );
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let probes = xds
+        .metric("toolgate_health_probes_total", "result=\"pass\"")
+        .await
+        - probes0;
+    let secs = t0.elapsed().as_secs_f64();
+    let cpu = (cpu_ticks(pid) - cpu0) as f64 / 100.0 / secs;
+    let expected = n as f64 * secs / 2.0;
+    let rss = rss_kib(pid);
+    println!(
+        "500 instances, interval 2 s: {probes} probes in {secs:.1} s ({:.0}% of one round per interval); toolgate-xds CPU {:.1}% of a core, RSS {} MiB",
+        probes / expected * 100.0,
+        cpu * 100.0,
+        rss / 1024
+    );
+    assert!(
+        probes >= expected * 0.85,
+        "probe rounds fall behind: {probes} of {expected:.0}"
+    );
+    let failed = xds
+        .metric("toolgate_health_probes_total", "result=\"fail\"")
+        .await;
+    assert_eq!(failed, 0.0);
+}
+
+/// utime + stime of a process, in clock ticks (100 per second on Linux).
+fn cpu_ticks(pid: i32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which is in parentheses and may hold spaces).
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let get = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    // utime and stime are fields 14 and 15 of stat; 12 and 13 after the name.
+    get(11) + get(12)
+}
+
+fn rss_kib(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse().ok()))
+        .unwrap_or(0)
+}
