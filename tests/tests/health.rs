@@ -554,7 +554,16 @@ async fn with_the_tolerance_option_two_lost_probes_do_not_leave_up() {
 #[tokio::test]
 async fn a_stalled_registrar_shows_as_heartbeat_loss_before_its_lease_expires() {
     let env = TestEnv::new("health_heartbeat_loss");
-    let stack = Stack::start(&env, &["--lease-check-interval", "500ms"]).await;
+    let stack = Stack::start(
+        &env,
+        &[
+            "--lease-check-interval",
+            "500ms",
+            "--inspect-interval",
+            "1s",
+        ],
+    )
+    .await;
     let ep = stack.etcd.endpoint();
     let a = Member::start(&env, &ep, "hb", "hb-a", &[], 9).await;
     stack

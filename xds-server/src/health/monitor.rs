@@ -24,6 +24,7 @@ type Target = (SocketAddr, String, Arc<Notify>);
 struct ProbeTask {
     handle: JoinHandle<()>,
     target: (SocketAddr, String),
+    wake: Arc<Notify>,
 }
 
 impl Drop for ProbeTask {
@@ -74,10 +75,13 @@ async fn supervise_probes(hub: Hub, probed: Arc<Notify>) {
                 tasks.remove(&key);
                 continue;
             };
-            if tasks
-                .get(&key)
-                .is_some_and(|t| t.target == (addr, path.clone()))
-            {
+            // A key deleted and put again between two looks is a new registration: its task
+            // may have ended (the instance was gone when it looked) and its wake is new.
+            if tasks.get(&key).is_some_and(|t| {
+                t.target == (addr, path.clone())
+                    && Arc::ptr_eq(&t.wake, &wake)
+                    && !t.handle.is_finished()
+            }) {
                 continue;
             }
             let url = probe::url(addr, &path);
@@ -85,7 +89,7 @@ async fn supervise_probes(hub: Hub, probed: Arc<Notify>) {
                 hub.clone(),
                 key.clone(),
                 url,
-                wake,
+                wake.clone(),
                 client.clone(),
                 slots.clone(),
                 probed.clone(),
@@ -95,6 +99,7 @@ async fn supervise_probes(hub: Hub, probed: Arc<Notify>) {
                 ProbeTask {
                     handle,
                     target: (addr, path),
+                    wake,
                 },
             );
         }
