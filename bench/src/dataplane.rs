@@ -300,28 +300,14 @@ async fn measure(env: &TestEnv, pinned: bool, opts: &Options) -> anyhow::Result<
     }
     let path = |p: &Path| p.to_string_lossy().into_owned();
     let (toolgate, noop) = (path(&opts.toolgate_filter), path(&opts.noop_filter));
-    let plain = Envoy::start_with(env, "envoy-plain", &xds.xds_addr(), 1, &[]).await;
-    let with_toolgate = Envoy::start_with(
-        env,
-        "envoy-toolgate",
-        &xds.xds_addr(),
-        1,
-        &["--filter", &toolgate],
-    )
-    .await;
-    let with_noop =
-        Envoy::start_with(env, "envoy-noop", &xds.xds_addr(), 1, &["--filter", &noop]).await;
+    let plain = Envoy::start_with(env, "envoy-plain", &xds, 1, &[]).await;
+    let with_toolgate =
+        Envoy::start_with(env, "envoy-toolgate", &xds, 1, &["--filter", &toolgate]).await;
+    let with_noop = Envoy::start_with(env, "envoy-noop", &xds, 1, &["--filter", &noop]).await;
     let with_probe = match &opts.probe_filter {
-        Some(p) => Some(
-            Envoy::start_with(
-                env,
-                "envoy-probe",
-                &xds.xds_addr(),
-                1,
-                &["--filter", &path(p)],
-            )
-            .await,
-        ),
+        Some(p) => {
+            Some(Envoy::start_with(env, "envoy-probe", &xds, 1, &["--filter", &path(p)]).await)
+        }
         None => None,
     };
     let pinning = Pinning {

@@ -27,7 +27,7 @@ const PROBES: usize = 10;
 pub async fn run(env: &TestEnv, instances: usize, changes: usize) -> anyhow::Result<Propagation> {
     let etcd = Etcd::start(env).await;
     let xds = Xds::start(env, "xds", &etcd.endpoint(), &[]).await;
-    let envoy = Envoy::start(env, "envoy", &xds.xds_addr()).await;
+    let envoy = Envoy::start(env, "envoy", &xds).await;
     let lab = McpServer::lab(env, "probe-target", &["--stateless", "--json-response"]).await;
     let mut client = etcd.client().await;
 
