@@ -87,6 +87,45 @@ impl KeyLayout {
         }
     }
 
+    /// `<prefix>breakers/`: breaker openings shared by the fleet, leased for the open duration.
+    pub fn breakers_prefix(&self) -> String {
+        format!("{}breakers/", self.prefix)
+    }
+
+    /// `<prefix>overrides/`: operator overrides, kept until lifted.
+    pub fn overrides_prefix(&self) -> String {
+        format!("{}overrides/", self.prefix)
+    }
+
+    pub fn breaker_key(&self, service: &str, tool: &str) -> String {
+        format!("{}{service}/{tool}", self.breakers_prefix())
+    }
+
+    pub fn override_key(&self, service: &str, tool: &str) -> String {
+        format!("{}{service}/{tool}", self.overrides_prefix())
+    }
+
+    /// Splits `<kind_prefix><service>/<tool>` (a breaker or override key) into its names.
+    pub fn parse_tool_key(
+        &self,
+        kind_prefix: &str,
+        key: &str,
+    ) -> Result<(String, String), KeyError> {
+        let rest = key
+            .strip_prefix(kind_prefix)
+            .ok_or_else(|| KeyError::NotAService(key.to_string()))?;
+        let (service, tool) = rest.split_once('/').ok_or_else(|| KeyError::Shape {
+            key: key.to_string(),
+        })?;
+        let name_err = |source| KeyError::Name {
+            key: key.to_string(),
+            source,
+        };
+        validate_name("service", service).map_err(name_err)?;
+        validate_name("tool", tool).map_err(name_err)?;
+        Ok((service.to_string(), tool.to_string()))
+    }
+
     /// Splits an instance key into its service and instance, validating both names.
     pub fn parse_instance_key(&self, key: &str) -> Result<ServiceKey, KeyError> {
         let services = self.services_prefix();
@@ -112,6 +151,28 @@ impl KeyLayout {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn builds_and_parses_breaker_and_override_keys() {
+        let k = KeyLayout::default();
+        let key = k.breaker_key("inv", "read");
+        assert_eq!(key, "/mcp/breakers/inv/read");
+        assert_eq!(
+            k.parse_tool_key(&k.breakers_prefix(), &key).unwrap(),
+            ("inv".to_string(), "read".to_string())
+        );
+        assert_eq!(k.override_key("inv", "read"), "/mcp/overrides/inv/read");
+        for bad in [
+            "/mcp/breakers/inv",
+            "/mcp/breakers/in v/t",
+            "/mcp/breakers/a/b/c",
+        ] {
+            assert!(
+                k.parse_tool_key(&k.breakers_prefix(), bad).is_err(),
+                "{bad}"
+            );
+        }
+    }
 
     #[test]
     fn builds_and_parses_instance_keys() {

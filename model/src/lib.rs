@@ -4,6 +4,7 @@
 
 pub mod backoff;
 pub mod endpoint;
+pub mod fleet;
 pub mod instance;
 pub mod keys;
 pub mod names;

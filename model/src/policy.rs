@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::fleet::{ByTool, FleetOpen, Override};
 use crate::names::{validate_name, NameError};
 
 /// The shared-data record keeps one slot per probe; the bound keeps that record small.
@@ -333,6 +334,14 @@ pub struct FilterConfig {
     pub services: BTreeMap<String, ServicePolicy>,
     /// Request bodies above this are refused with a JSON-RPC error instead of buffered.
     pub max_body_bytes: u64,
+    /// Tools a gateway of the fleet opened: open here too until `until_ms`, then probed
+    /// locally (HALF_OPEN) as usual.
+    pub fleet_open: ByTool<FleetOpen>,
+    /// Operator overrides, until lifted.
+    pub overrides: ByTool<Override>,
+    /// The Envoy node id this configuration was served to (filled per Envoy by toolgate-xds):
+    /// the `gateway` of this filter's breaker events.
+    pub gateway: String,
 }
 
 impl Default for FilterConfig {
@@ -341,6 +350,9 @@ impl Default for FilterConfig {
             defaults: BreakerPolicy::default(),
             services: BTreeMap::new(),
             max_body_bytes: 1024 * 1024,
+            fleet_open: BTreeMap::new(),
+            overrides: BTreeMap::new(),
+            gateway: String::new(),
         }
     }
 }

@@ -1,0 +1,82 @@
+//! What one gateway tells the others through etcd: breaker openings (`<prefix>breakers/…`,
+//! leased for the open duration) and operator overrides (`<prefix>overrides/…`, until lifted),
+//! and how toolgate-xds hands both to its filters inside the ECDS configuration.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// A breaker opened somewhere in the fleet: the value of `<prefix>breakers/<service>/<tool>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FleetOpen {
+    /// Wall clock (Unix ms) until which the tool is open everywhere; the key's lease expires
+    /// then too.
+    pub until_ms: u64,
+    /// The gateway (Envoy node id) whose breaker opened.
+    pub opened_by: String,
+    /// When it opened (Unix ms).
+    #[serde(default)]
+    pub opened_at_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OverrideMode {
+    /// Every call gets the semantic reply with the operator's reason.
+    ForceOpen,
+    /// The breaker never opens (its window still counts).
+    ForceClosed,
+}
+
+impl OverrideMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OverrideMode::ForceOpen => "force_open",
+            OverrideMode::ForceClosed => "force_closed",
+        }
+    }
+}
+
+/// An operator override: the value of `<prefix>overrides/<service>/<tool>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Override {
+    pub mode: OverrideMode,
+    pub reason: String,
+    #[serde(default)]
+    pub author: String,
+    /// When it was set (Unix ms).
+    #[serde(default)]
+    pub at_ms: u64,
+}
+
+/// Longest operator reason accepted: it is shown to agents verbatim.
+pub const MAX_REASON_LEN: usize = 500;
+
+/// service → tool → value.
+pub type ByTool<T> = BTreeMap<String, BTreeMap<String, T>>;
+
+/// A breaker transition a filter reports to its toolgate-xds (`POST /v1/breaker-events`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BreakerEvent {
+    pub service: String,
+    pub tool: String,
+    pub state: EventState,
+    /// For `open`: how long this opening lasts (the lease TTL of the fleet event).
+    #[serde(default)]
+    pub open_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventState {
+    Open,
+    Closed,
+}
+
+/// The body of `POST /v1/breaker-events`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BreakerEvents {
+    /// The reporting Envoy's node id.
+    pub gateway: String,
+    pub events: Vec<BreakerEvent>,
+}
