@@ -1,32 +1,45 @@
 //! The only file that talks to proxy-wasm: Envoy's callbacks in, host calls out. Every
-//! decision is made by the plain modules (`mcp`, `breaker`, `upstream`, `feedback`).
+//! decision is made by the plain modules (`mcp`, `breaker`, `upstream`, `feedback`,
+//! `fleet`).
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel, MapType, MetricType, Status};
+use toolgate_model::fleet::BreakerEvent;
 use toolgate_model::policy::FilterConfig;
 use toolgate_model::BreakerPolicy;
 
 use crate::breaker::{
-    breaker_key, Admission, Breakers, CasMismatch, Outcome, SharedStore, Transition,
+    breaker_key, parse_breaker_key, Admission, Breakers, CasMismatch, Force, Outcome, SharedStore,
+    State, Transition,
 };
 use crate::feedback::{self, Answer, Batch, Delivery, Feedback, Kind};
+use crate::fleet::{self, Outbox};
 use crate::mcp::jsonrpc::{
     self, classify_response, parse_request, RawId, RequestInfo, ResponseClass, ToolName,
 };
 use crate::mcp::reply::{self, Framing, ProtocolVersion, Reply, Unavailable, UnavailableKind};
 use crate::mcp::sse::SseScanner;
-use crate::stats::{self, MetricHost, MetricKind, Stats, ToolMetrics};
+use crate::stats::{MetricHost, MetricKind, Stats, ToolMetrics};
 use crate::upstream::{verdict, Verdict};
 
 /// How often pending success counts are merged into shared data.
 const TICK: Duration = Duration::from_millis(100);
 /// A JSON response body larger than this is passed through unjudged rather than buffered.
 const MAX_JSON_RESPONSE: usize = 4 * 1024 * 1024;
+/// Events taken off the shared queue per drain; the rest wait for the next notification or
+/// tick, so one callback never runs long.
+const MAX_DRAIN: usize = 4 * fleet::MAX_EVENTS_PER_POST;
+/// Breaker-event posts tracked for their answer. Each ends within its timeout, so more than
+/// this means Envoy lost callbacks; past it, posts go out untracked.
+const MAX_TRACKED_POSTS: usize = 1024;
+/// Counter of breaker events this gateway could not report.
+const EVENTS_DROPPED: &str = "toolgate.breaker_events_dropped";
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
@@ -83,6 +96,16 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+fn log_unapplied(key: &str, what: &str) {
+    let _ = hostcalls::log(
+        LogLevel::Warn,
+        &format!(
+            "toolgate breaker {key}: the {what} lost every write race; \
+             it is applied again with the next configuration"
+        ),
+    );
+}
+
 fn log_transition(key: &str, t: &Transition) {
     let until = t
         .open_until_ms
@@ -97,16 +120,76 @@ fn log_transition(key: &str, t: &Transition) {
     );
 }
 
+fn log_fleet_opening(key: &str, opened_by: &str, t: &Transition) {
+    log_transition(&format!("{key} (opened by gateway {opened_by:?})"), t);
+}
+
 struct Shared {
     config: FilterConfig,
     breakers: Breakers<HostStore>,
     stats: Stats<HostMetrics>,
     feedback: Feedback,
+    /// The breaker-event queue, once this root registered it.
+    queue: Option<u32>,
+    outbox: Outbox,
+    dropped_metric: Option<u32>,
+}
+
+impl Shared {
+    /// Counts `n` breaker events that will not reach toolgate-xds. Other gateways then do not
+    /// learn of those transitions, so the first loss is logged and all are counted.
+    fn lost(&mut self, n: u64, why: &str) {
+        if n == 0 {
+            return;
+        }
+        if self.outbox.lost(n) {
+            let _ = hostcalls::log(
+                LogLevel::Warn,
+                &format!(
+                    "toolgate: lost {n} breaker event(s) ({why}): the fleet does not learn of \
+                     these transitions; further losses are only counted in {EVENTS_DROPPED}"
+                ),
+            );
+        }
+        if self.dropped_metric.is_none() {
+            self.dropped_metric =
+                hostcalls::define_metric(MetricType::Counter, EVENTS_DROPPED).ok();
+        }
+        if let Some(id) = self.dropped_metric {
+            let _ = hostcalls::increment_metric(id, i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+}
+
+/// Hands a breaker event to the root context that reports them. Called from HTTP contexts,
+/// with the shared state not borrowed.
+fn enqueue_event(shared: &RefCell<Shared>, event: &BreakerEvent) {
+    let (queue, room) = {
+        let mut s = shared.borrow_mut();
+        (s.queue, s.outbox.take())
+    };
+    let why = match (queue, room, fleet::encode_event(event)) {
+        (None, _, _) => "the event queue is not registered",
+        (_, false, _) => "too many events this tick",
+        (_, _, None) => "the event does not serialize",
+        (Some(queue), true, Some(bytes)) => {
+            match hostcalls::enqueue_shared_queue(queue, Some(&bytes)) {
+                Ok(()) => return,
+                Err(_) => "the event queue is gone",
+            }
+        }
+    };
+    shared.borrow_mut().lost(1, why);
 }
 
 struct Root {
     shared: Rc<RefCell<Shared>>,
     delivery: Delivery,
+    /// This Envoy's node id, read once: the `gateway` of the breaker events.
+    gateway: Option<String>,
+    /// Breaker-event posts awaiting an answer, with the number of events in each.
+    event_posts: HashMap<u32, u64>,
+    event_delivery: Delivery,
 }
 
 impl Root {
@@ -122,9 +205,162 @@ impl Root {
                 breakers: Breakers::new(HostStore, seed),
                 stats: Stats::new(HostMetrics),
                 feedback: Feedback::new(),
+                queue: None,
+                outbox: Outbox::new(),
+                dropped_metric: None,
             })),
             delivery: Delivery::new(),
+            gateway: None,
+            event_posts: HashMap::new(),
+            event_delivery: Delivery::new(),
         }
+    }
+
+    /// Lays the fleet's state over the shared breakers: operators' overrides first (a
+    /// force-closed tool ignores fleet openings), then openings of other gateways. Every
+    /// worker applies the same configuration; the second application changes nothing. Fleet
+    /// openings are not reported back: a gateway never re-publishes an event it received.
+    fn apply_fleet(&mut self) {
+        // Wall clock, as the fleet's `until_ms` are.
+        let now = now_ms();
+        let mut guard = self.shared.borrow_mut();
+        let Shared {
+            config,
+            breakers,
+            stats,
+            ..
+        } = &mut *guard;
+
+        let previous = hostcalls::get_shared_data(fleet::FORCED_KEY)
+            .ok()
+            .and_then(|(value, _)| value)
+            .unwrap_or_default();
+        let forces = fleet::forces(&config.overrides, &previous);
+        let mut forced: Vec<&str> = Vec::with_capacity(forces.set.len());
+        for (target, force) in &forces.set {
+            let policy = config.policy_for(target.service, target.tool);
+            if !breakers.force(&target.key, &policy, now, *force) {
+                log_unapplied(&target.key, "override");
+            }
+            forced.push(&target.key);
+        }
+        for key in &forces.lift {
+            let policy = parse_breaker_key(key)
+                .map(|(service, tool)| config.policy_for(service, tool))
+                .unwrap_or_else(|| config.defaults.clone());
+            if !breakers.force(key, &policy, now, Force::None) {
+                log_unapplied(key, "lifting of an override");
+                // Kept on the list, so the next configuration lifts it.
+                forced.push(key);
+            }
+        }
+        let record = fleet::encode_forced(forced);
+        if record != previous {
+            let _ = hostcalls::set_shared_data(fleet::FORCED_KEY, Some(&record), None);
+        }
+
+        for opening in fleet::openings(&config.fleet_open, now) {
+            let key = &opening.target.key;
+            let policy = config.policy_for(opening.target.service, opening.target.tool);
+            match breakers.open_until(key, &policy, now, opening.until_ms) {
+                Ok(Some(t)) => {
+                    log_fleet_opening(key, opening.opened_by, &t);
+                    stats.transition(key, t.to, t.at_ms);
+                }
+                Ok(None) => {}
+                Err(CasMismatch) => log_unapplied(key, "fleet opening"),
+            }
+        }
+    }
+
+    /// Takes the queued breaker events (and `events`, from this root's own flush) and posts
+    /// them to toolgate-xds.
+    fn post_events(&mut self, mut events: Vec<BreakerEvent>) {
+        let queue = self.shared.borrow().queue;
+        if let Some(queue) = queue {
+            let mut unreadable = 0;
+            for _ in 0..MAX_DRAIN {
+                match hostcalls::dequeue_shared_queue(queue) {
+                    Ok(Some(bytes)) => match fleet::decode_event(&bytes) {
+                        Some(event) => events.push(event),
+                        None => unreadable += 1,
+                    },
+                    Ok(None) | Err(_) => break,
+                }
+            }
+            self.shared
+                .borrow_mut()
+                .lost(unreadable, "unreadable entries on the event queue");
+        }
+        if events.is_empty() {
+            return;
+        }
+        let gateway = self.gateway.clone().unwrap_or_default();
+        for (body, n) in fleet::bodies(&gateway, events) {
+            let n = n as u64;
+            let sent = self.dispatch_http_call(
+                feedback::CLUSTER,
+                vec![
+                    (":method", "POST"),
+                    (":path", fleet::PATH),
+                    (":authority", feedback::AUTHORITY),
+                    ("content-type", "application/json"),
+                ],
+                Some(&body),
+                vec![],
+                fleet::TIMEOUT,
+            );
+            match sent {
+                Ok(token) => {
+                    self.event_delivery.dispatched(true);
+                    if self.event_posts.len() < MAX_TRACKED_POSTS {
+                        self.event_posts.insert(token, n);
+                    }
+                }
+                Err(status) => {
+                    if self.event_delivery.dispatched(false) {
+                        let _ = hostcalls::log(
+                            LogLevel::Warn,
+                            &format!(
+                                "toolgate: cannot send breaker events to cluster {} ({status:?})",
+                                feedback::CLUSTER
+                            ),
+                        );
+                    }
+                    self.shared
+                        .borrow_mut()
+                        .lost(n, "toolgate-xds cannot be called");
+                }
+            }
+        }
+    }
+
+    /// toolgate-xds answered (or did not) a post of `n` breaker events.
+    fn events_answered(&mut self, n: u64, answer: Answer) {
+        if answer != Answer::Accepted {
+            self.shared
+                .borrow_mut()
+                .lost(n, "toolgate-xds did not accept them");
+        }
+        let Some(change) = self.event_delivery.answered(answer) else {
+            return;
+        };
+        let (level, message) = match change {
+            Answer::Accepted => (
+                LogLevel::Info,
+                "toolgate: toolgate-xds accepts breaker events again".to_string(),
+            ),
+            Answer::Rejected(status) => (
+                LogLevel::Warn,
+                format!("toolgate: toolgate-xds answered breaker events with HTTP {status}"),
+            ),
+            Answer::NoAnswer => (
+                LogLevel::Warn,
+                "toolgate: no answer from toolgate-xds to breaker events (timeout or connection failure)"
+                    .to_string(),
+            ),
+        };
+        let _ = hostcalls::log(level, &message);
     }
 
     /// Posts a batch of call feedback; a report that cannot go is dropped, never queued: the
@@ -173,7 +409,7 @@ impl Root {
 impl Context for Root {
     fn on_http_call_response(
         &mut self,
-        _token_id: u32,
+        token_id: u32,
         num_headers: usize,
         _body_size: usize,
         _num_trailers: usize,
@@ -187,6 +423,10 @@ impl Context for Root {
                 .flatten()
                 .and_then(|b| std::str::from_utf8(&b).ok()?.parse::<u16>().ok())
         };
+        if let Some(n) = self.event_posts.remove(&token_id) {
+            self.events_answered(n, Answer::of_status(status));
+            return;
+        }
         let Some(change) = self.delivery.answered(Answer::of_status(status)) else {
             return;
         };
@@ -213,8 +453,12 @@ impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
         let bytes = self.get_plugin_configuration().unwrap_or_default();
         match FilterConfig::from_json(&bytes) {
-            // Breaker state lives in shared data: a new configuration never resets it.
-            Ok(config) => self.shared.borrow_mut().config = config,
+            // Breaker state lives in shared data: a new configuration never resets it, only
+            // lays the fleet's state over it.
+            Ok(config) => {
+                self.shared.borrow_mut().config = config;
+                self.apply_fleet();
+            }
             Err(e) => {
                 let _ = hostcalls::log(
                     LogLevel::Error,
@@ -222,35 +466,62 @@ impl RootContext for Root {
                 );
             }
         }
+        let served_to = self.shared.borrow().config.gateway.clone();
+        if !served_to.is_empty() {
+            self.gateway = Some(served_to);
+        }
+        if self.gateway.is_none() {
+            self.gateway = match hostcalls::get_property(vec!["node", "id"]) {
+                Ok(Some(id)) if !id.is_empty() => String::from_utf8(id).ok(),
+                _ => None,
+            };
+            if self.gateway.is_none() {
+                let _ = hostcalls::log(
+                    LogLevel::Warn,
+                    "toolgate: this Envoy has no node id; breaker events name no gateway",
+                );
+            }
+        }
+        // Every worker's root registers the same queue; Envoy keeps one consumer, the last
+        // to register (proxy-wasm-cpp-host `SharedQueue::registerQueue` overwrites the
+        // context id and thread of the queue, keeping its data), and calls its
+        // `on_queue_ready` on that worker's thread for every enqueue. Any root can post the
+        // events, so whichever it is will do; each root's tick drains the queue too, in case
+        // that root is gone (a newer configuration replaced it).
+        let queue = hostcalls::register_shared_queue(fleet::QUEUE).ok();
+        self.shared.borrow_mut().queue = queue;
         self.set_tick_period(TICK);
         true
     }
 
+    fn on_queue_ready(&mut self, _queue_id: u32) {
+        self.post_events(Vec::new());
+    }
+
     fn on_tick(&mut self) {
         let now = now_ms();
-        let batch = {
-            let mut shared = self.shared.borrow_mut();
+        let (batch, events) = {
+            let mut guard = self.shared.borrow_mut();
+            let shared = &mut *guard;
+            shared.outbox.refill();
             let transitions = shared.breakers.flush(now);
-            for t in &transitions {
-                log_transition("(merged counts)", t);
+            let mut events = Vec::new();
+            for (key, t) in &transitions {
+                log_transition(&format!("{key} (merged counts)"), t);
+                shared.stats.transition(key, t.to, t.at_ms);
+                if let Some(event) = parse_breaker_key(key)
+                    .and_then(|(service, tool)| fleet::event_of(service, tool, t))
+                {
+                    events.push(event);
+                }
             }
-            if !transitions.is_empty() {
-                // A flush does not say which breakers moved: read this worker's known ones.
-                let Shared {
-                    breakers, stats, ..
-                } = &mut *shared;
-                stats.refresh(now, |key| {
-                    breakers
-                        .snapshot(key)
-                        .map(|b| stats::breaker_value(&b, now))
-                });
-            }
-            shared.feedback.flush(now)
+            (shared.feedback.flush(now), events)
         };
         // Sent with the shared state released: the host call must not find it borrowed.
         if let Some(batch) = batch {
             self.send_feedback(batch);
         }
+        self.post_events(events);
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
@@ -353,22 +624,63 @@ impl Call {
         let Some(a) = self.admitted.take() else {
             return;
         };
-        let mut shared = self.shared.borrow_mut();
-        if let (Some(kind), Endpoint::Known(address), Some(service)) =
-            (report, &a.endpoint, &self.service)
-        {
-            shared.feedback.record(service, address, kind);
+        let event = {
+            let mut shared = self.shared.borrow_mut();
+            if let (Some(kind), Endpoint::Known(address), Some(service)) =
+                (report, &a.endpoint, &self.service)
+            {
+                shared.feedback.record(service, address, kind);
+            }
+            if let Some(ids) = &a.metrics {
+                shared.stats.outcome(ids, outcome, a.policy.count_is_error);
+            }
+            let t = shared
+                .breakers
+                .record(&a.key, &a.policy, now_ms(), a.admission, outcome);
+            t.and_then(|t| {
+                log_transition(&a.key, &t);
+                shared.stats.transition(&a.key, t.to, t.at_ms);
+                fleet::event_of(self.service.as_deref()?, self.tool.as_deref()?, &t)
+            })
+        };
+        // Not dispatched from here: the stream ends right after this call, and Envoy cancels
+        // a stream's callouts with it. The reporting root posts it.
+        if let Some(event) = event {
+            enqueue_event(&self.shared, &event);
         }
-        if let Some(ids) = &a.metrics {
-            shared.stats.outcome(ids, outcome, a.policy.count_is_error);
+    }
+
+    /// The reply for a tool an operator forced open, if it is: the call never reaches the
+    /// breaker nor the upstream. Free when there are no overrides at all.
+    fn forced_open(&self, service: &str, tool: &str, id: &RawId) -> Option<Reply> {
+        let mut guard = self.shared.borrow_mut();
+        let Shared { config, stats, .. } = &mut *guard;
+        if config.overrides.is_empty() {
+            return None;
         }
-        if let Some(t) = shared
-            .breakers
-            .record(&a.key, &a.policy, now_ms(), a.admission, outcome)
-        {
-            log_transition(&a.key, &t);
-            shared.stats.transition(&a.key, t.to, t.at_ms);
-        }
+        let reason = fleet::forced_open(&config.overrides, service, tool)?;
+        let policy = config.policy_for(service, tool);
+        let details = Unavailable {
+            kind: UnavailableKind::ForcedOpen { reason },
+            tool: Some(tool),
+            // An override has no end the agent could be told about.
+            retry_after_secs: 0,
+            fallback_tool: policy.fallback_tool.as_deref(),
+        };
+        let reply = reply::tool_unavailable(self.version, id, &details, self.framing);
+        let admission = Admission::Reject {
+            retry_after_ms: 0,
+            state: State::Open,
+            forced: true,
+        };
+        stats.admitted(
+            &breaker_key(service, tool),
+            service,
+            tool,
+            &admission,
+            now_ms(),
+        );
+        Some(reply)
     }
 
     /// Success or slow, by how long the call took.
@@ -424,6 +736,10 @@ impl Call {
                 return Action::Continue;
             }
         }
+        if let Some(reply) = self.forced_open(&service, tool, &request.id) {
+            self.send_reply(200, &reply);
+            return Action::Pause;
+        }
         let tool = tool.to_string();
         let id = request.id.clone();
         let key = breaker_key(&service, &tool);
@@ -455,7 +771,13 @@ impl Call {
                 let details = Unavailable {
                     kind,
                     tool: Some(&tool),
-                    retry_after_secs: retry_after_ms.div_ceil(1000).max(1),
+                    // A force has no end the agent could be told about (it lasts until
+                    // lifted); this one outlived the configuration that set it.
+                    retry_after_secs: if forced {
+                        0
+                    } else {
+                        retry_after_ms.div_ceil(1000).max(1)
+                    },
                     fallback_tool: policy.fallback_tool.as_deref(),
                 };
                 let reply = reply::tool_unavailable(self.version, &id, &details, self.framing);

@@ -14,5 +14,7 @@ pub mod window;
 mod tests;
 
 pub use state::{Admission, Breaker, Cause, Force, Limits, Outcome, State, Transition};
-pub use store::{breaker_key, Breakers, CasMismatch, MemStore, SharedStore, StoreStats};
+pub use store::{
+    breaker_key, parse_breaker_key, Breakers, CasMismatch, MemStore, SharedStore, StoreStats,
+};
 pub use window::{Counts, Window};

@@ -104,6 +104,8 @@ pub enum Cause {
     ProbesSucceeded {
         probes: u32,
     },
+    /// Another gateway of the fleet opened the tool (delivered by toolgate-xds).
+    Fleet,
 }
 
 impl fmt::Display for Cause {
@@ -132,6 +134,7 @@ impl fmt::Display for Cause {
             Cause::ProbeFailed => f.write_str("half-open probe failed"),
             Cause::ProbeSlow => f.write_str("half-open probe was slow"),
             Cause::ProbesSucceeded { probes } => write!(f, "all {probes} probes succeeded"),
+            Cause::Fleet => f.write_str("opened by another gateway of the fleet"),
         }
     }
 }
@@ -305,6 +308,29 @@ impl Breaker {
 
     pub fn set_force(&mut self, force: Force) {
         self.force = force;
+    }
+
+    /// Opens the breaker until `until_ms` because another gateway of the fleet opened the tool:
+    /// from then on it is this breaker's own, probed and closed or reopened by the local
+    /// policy as if it had tripped here. An opening that lasts longer already stands; an
+    /// operator's force-closed wins over the fleet. Returns the transition, if the state moved.
+    pub fn open_until(&mut self, now_ms: u64, until_ms: u64) -> Option<Transition> {
+        if self.force == Force::Closed || until_ms <= now_ms {
+            return None;
+        }
+        match self.state {
+            State::Open => {
+                self.open_until_ms = self.open_until_ms.max(until_ms);
+                None
+            }
+            State::Closed | State::HalfOpen => {
+                // Counted as a trip, so that a failed probe afterwards backs off as it would
+                // after a local opening.
+                self.trips = self.trips.saturating_add(1);
+                self.open_until_ms = until_ms;
+                Some(self.move_to(State::Open, Cause::Fleet, now_ms))
+            }
+        }
     }
 
     fn decide(&self, now_ms: u64) -> Decision {

@@ -48,6 +48,13 @@ pub fn breaker_key(service: &str, tool: &str) -> String {
     format!("tg/b/{service}/{tool}")
 }
 
+/// The (service, tool) of a breaker key, the inverse of [`breaker_key`]. Unambiguous because
+/// neither a service (one path segment) nor a valid tool name contains `/`.
+pub fn parse_breaker_key(key: &str) -> Option<(&str, &str)> {
+    let (service, tool) = key.strip_prefix("tg/b/")?.split_once('/')?;
+    (!service.is_empty() && !tool.is_empty() && !tool.contains('/')).then_some((service, tool))
+}
+
 /// Read-modify-write attempts before a write is deferred to the next flush. Each attempt
 /// is one get and one set; a bound keeps a hot key from stalling a request.
 pub const CAS_ATTEMPTS: usize = 8;
@@ -272,8 +279,8 @@ impl<S: SharedStore> Breakers<S> {
     }
 
     /// Merges this worker's pending counts into shared data; the host calls it on a short
-    /// tick (100-200 ms). Returns the transitions the merged counts caused.
-    pub fn flush(&mut self, now_ms: u64) -> Vec<Transition> {
+    /// tick (100-200 ms). Returns the transitions the merged counts caused, with their keys.
+    pub fn flush(&mut self, now_ms: u64) -> Vec<(String, Transition)> {
         let Breakers {
             store,
             entries,
@@ -308,7 +315,7 @@ impl<S: SharedStore> Breakers<S> {
             if let Some(caused) = written {
                 entry.pending.clear();
                 entry.pending_probes.clear();
-                transitions.extend(caused);
+                transitions.extend(caused.into_iter().map(|t| (key.clone(), t)));
             }
         }
         transitions
@@ -325,6 +332,24 @@ impl<S: SharedStore> Breakers<S> {
             b.set_force(force)
         })
         .is_some()
+    }
+
+    /// Opens the breaker of `key` until `until_ms` because the fleet says so (see
+    /// [`Breaker::open_until`]). `Err` if the write kept meeting CAS mismatches; the caller
+    /// applies it again with the next configuration push.
+    pub fn open_until(
+        &mut self,
+        key: &str,
+        policy: &BreakerPolicy,
+        now_ms: u64,
+        until_ms: u64,
+    ) -> Result<Option<Transition>, CasMismatch> {
+        let limits = Limits::from(policy);
+        let entry = entry_mut(&mut self.entries, key, limits, now_ms).ok_or(CasMismatch)?;
+        update(&self.store, key, entry, now_ms, &mut self.scratch, |b| {
+            b.open_until(now_ms, until_ms)
+        })
+        .ok_or(CasMismatch)
     }
 
     /// The record as shared data holds it now, e.g. to report fleet state; `None` if the
@@ -417,6 +442,25 @@ mod tests {
     use crate::breaker::state::State;
 
     #[test]
+    fn breaker_keys_parse_back() {
+        let key = breaker_key("weather", "forecast.daily-v2");
+        assert_eq!(
+            parse_breaker_key(&key),
+            Some(("weather", "forecast.daily-v2"))
+        );
+        for bad in [
+            "tg/b/weather",
+            "tg/b//t",
+            "tg/b/s/",
+            "tg/x/s/t",
+            "tg/b/s/t/u",
+            "",
+        ] {
+            assert_eq!(parse_breaker_key(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
     fn mem_store_refuses_stale_tokens() {
         let s = MemStore::new();
         assert_eq!(s.get("k"), (None, None));
@@ -507,7 +551,8 @@ mod tests {
             1,
             "the deferred failures trip the breaker at the flush"
         );
-        assert_eq!(t[0].to, State::Open);
+        assert_eq!(t[0].0, key);
+        assert_eq!(t[0].1.to, State::Open);
         assert!(!w.has_pending());
         assert!(matches!(
             w.admit(key, &policy, 200).0,

@@ -72,7 +72,7 @@ fn successes_merged_at_flush_can_complete_min_calls_and_trip() {
     assert_eq!(ws[3].snapshot(KEY).unwrap().totals(100).calls, 5);
     let mut caused = Vec::new();
     for w in &mut ws {
-        caused.extend(w.flush(150));
+        caused.extend(w.flush(150).into_iter().map(|(_, t)| t));
     }
     assert_eq!(caused.len(), 1, "{caused:?}");
     assert_eq!(
@@ -366,6 +366,8 @@ enum Op {
     Advance(u64),
     Contend(u32),
     Force(usize, u8),
+    /// The fleet opens the tool for this long, through this worker's configuration.
+    FleetOpen(usize, u64),
 }
 
 fn outcome() -> impl Strategy<Value = Outcome> {
@@ -386,7 +388,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => w.clone().prop_map(Op::Flush),
         3 => prop_oneof![0..50u64, 0..5_000u64, 0..40_000u64].prop_map(Op::Advance),
         1 => (0..20u32).prop_map(Op::Contend),
-        1 => (w, 0..6u8).prop_map(|(w, f)| Op::Force(w, f)),
+        1 => (w.clone(), 0..6u8).prop_map(|(w, f)| Op::Force(w, f)),
+        1 => (w, 0..30_000u64).prop_map(|(w, ms)| Op::FleetOpen(w, ms)),
     ]
 }
 
@@ -476,7 +479,7 @@ proptest! {
                     }
                 }
                 Op::Flush(n) => {
-                    for t in ws[n].flush(now) {
+                    for (_, t) in ws[n].flush(now) {
                         check_close(&t, &successes)?;
                     }
                 }
@@ -489,6 +492,12 @@ proptest! {
                         _ => Force::None,
                     };
                     ws[n].force(KEY, &policy, now, force);
+                }
+                Op::FleetOpen(n, ms) => {
+                    let until = now.saturating_add(ms);
+                    if let Ok(Some(t)) = ws[n].open_until(KEY, &policy, now, until) {
+                        prop_assert_eq!((t.to, t.open_until_ms), (State::Open, Some(until)));
+                    }
                 }
             }
             // No more probes of one half-open spell hold unexpired slots than the policy allows.
@@ -517,5 +526,123 @@ proptest! {
             b.encode(&mut again);
             prop_assert_eq!(Breaker::decode(&again), Some(b));
         }
+    }
+}
+
+/// The fleet's openings, as toolgate-xds delivers them to every worker's configuration.
+mod fleet_openings {
+    use super::*;
+
+    #[test]
+    fn closed_opens_until_the_fleet_says_on_every_worker() {
+        let store = MemStore::new();
+        let mut ws = workers(&store, 2);
+        let policy = no_jitter();
+        let t = ws[0]
+            .open_until(KEY, &policy, 1_000, 61_000)
+            .expect("written")
+            .expect("a transition");
+        assert_eq!(
+            (t.from, t.to, t.cause),
+            (State::Closed, State::Open, Cause::Fleet)
+        );
+        assert_eq!(t.open_until_ms, Some(61_000));
+        assert_eq!(t.trips, 1);
+        // The other worker applies the same configuration: nothing left to do.
+        assert_eq!(ws[1].open_until(KEY, &policy, 1_001, 61_000), Ok(None));
+        assert_eq!(
+            ws[1].admit(KEY, &policy, 31_000).0,
+            Admission::Reject {
+                retry_after_ms: 30_000,
+                state: State::Open,
+                forced: false
+            }
+        );
+    }
+
+    #[test]
+    fn an_earlier_opening_is_extended_and_a_later_one_stands() {
+        let store = MemStore::new();
+        let mut ws = workers(&store, 1);
+        let policy = no_jitter();
+        let until = trip(&mut ws, &policy, 0);
+        assert_eq!(until, 10_000);
+        assert_eq!(ws[0].open_until(KEY, &policy, 5, 25_000), Ok(None));
+        let snap = ws[0].snapshot(KEY).unwrap();
+        assert_eq!((snap.state(), snap.open_until_ms()), (State::Open, 25_000));
+        assert_eq!(ws[0].open_until(KEY, &policy, 6, 20_000), Ok(None));
+        assert_eq!(ws[0].snapshot(KEY).unwrap().open_until_ms(), 25_000);
+        assert_eq!(ws[0].snapshot(KEY).unwrap().trips(), 1, "no new trip");
+    }
+
+    #[test]
+    fn half_open_reopens_until_and_its_probes_are_void() {
+        let store = MemStore::new();
+        let mut ws = workers(&store, 2);
+        let policy = no_jitter();
+        let until = trip(&mut ws, &policy, 0);
+        let (probe, t) = ws[0].admit(KEY, &policy, until);
+        assert_eq!(t.map(|t| t.to), Some(State::HalfOpen));
+        let t = ws[1]
+            .open_until(KEY, &policy, until + 1, until + 30_000)
+            .expect("written")
+            .expect("a transition");
+        assert_eq!((t.from, t.to), (State::HalfOpen, State::Open));
+        assert_eq!(t.trips, 2);
+        // The probe let through before answers late: it belongs to a spell that is over.
+        assert_eq!(
+            ws[0].record(KEY, &policy, until + 2, probe, Outcome::Success),
+            None
+        );
+        assert!(matches!(
+            ws[0].admit(KEY, &policy, until + 29_999).0,
+            Admission::Reject {
+                state: State::Open,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn after_the_fleet_opening_local_probes_decide() {
+        let store = MemStore::new();
+        let mut ws = workers(&store, 1);
+        let policy = no_jitter();
+        ws[0].open_until(KEY, &policy, 0, 5_000).unwrap();
+        let (p, t) = ws[0].admit(KEY, &policy, 5_000);
+        assert_eq!(t.map(|t| t.to), Some(State::HalfOpen));
+        // A failed probe reopens with the backoff of a second trip.
+        let t = ws[0]
+            .record(KEY, &policy, 5_001, p, Outcome::Failure)
+            .expect("reopened");
+        assert_eq!((t.from, t.to), (State::HalfOpen, State::Open));
+        assert_eq!(t.open_until_ms, Some(5_001 + 2 * policy.open_ms));
+    }
+
+    #[test]
+    fn forced_closed_or_an_expired_opening_changes_nothing() {
+        let store = MemStore::new();
+        let mut ws = workers(&store, 1);
+        let policy = no_jitter();
+        assert!(ws[0].force(KEY, &policy, 0, Force::Closed));
+        assert_eq!(ws[0].open_until(KEY, &policy, 10, 60_000), Ok(None));
+        let snap = ws[0].snapshot(KEY).unwrap();
+        assert_eq!(snap.state(), State::Closed);
+        assert_eq!(ws[0].admit(KEY, &policy, 20).0, Admission::Allow);
+        assert!(ws[0].force(KEY, &policy, 30, Force::None));
+        assert_eq!(ws[0].open_until(KEY, &policy, 60_000, 60_000), Ok(None));
+        assert_eq!(ws[0].open_until(KEY, &policy, 60_000, 1_000), Ok(None));
+        assert_eq!(ws[0].snapshot(KEY).unwrap().state(), State::Closed);
+    }
+
+    #[test]
+    fn contention_is_reported_not_spun_on() {
+        let store = MemStore::new();
+        let mut ws = workers(&store, 1);
+        store.fail_next_sets(u32::MAX);
+        assert_eq!(
+            ws[0].open_until(KEY, &no_jitter(), 0, 1_000),
+            Err(CasMismatch)
+        );
     }
 }
