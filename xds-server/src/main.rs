@@ -11,10 +11,12 @@ use clap::{Args, Parser, Subcommand};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::Notify;
 use toolgate_model::KeyLayout;
+use toolgate_xds::admin::auth::AdminToken;
 use toolgate_xds::admin::{self, AdminState};
 use toolgate_xds::bootstrap::{self, BootstrapOptions};
 use toolgate_xds::etcd::watch::Watcher;
 use toolgate_xds::etcd::{EtcdConfig, EtcdStatus};
+use toolgate_xds::fleet::FleetWriter;
 use toolgate_xds::health::{self, HealthConfig, Hub};
 use toolgate_xds::metrics::Metrics;
 use toolgate_xds::registry::persist;
@@ -40,6 +42,16 @@ enum Command {
     Serve(ServeArgs),
     /// Print a ready Envoy bootstrap (JSON) that points at a toolgate-xds.
     Bootstrap(BootstrapArgs),
+    /// Print services, instances with their states, open breakers and overrides of a running
+    /// toolgate-xds, as tables.
+    Status(StatusArgs),
+}
+
+#[derive(Args, Debug)]
+struct StatusArgs {
+    /// The toolgate-xds admin API.
+    #[arg(long, default_value = "http://127.0.0.1:19000")]
+    admin: String,
 }
 
 #[derive(Args, Debug)]
@@ -65,6 +77,13 @@ struct ServeArgs {
     /// At start, how long to keep trying etcd before serving the state-dir snapshot.
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     startup_wait: Duration,
+    /// File holding the bearer token that admin changes (overrides, policies) require.
+    #[arg(long, conflicts_with = "admin_token_env")]
+    admin_token_file: Option<PathBuf>,
+    /// Name of the environment variable holding that token (never the token itself: a
+    /// command line shows in `ps`).
+    #[arg(long)]
+    admin_token_env: Option<String>,
     #[command(flatten)]
     health: HealthArgs,
 }
@@ -181,6 +200,28 @@ fn main() -> ExitCode {
             println!("{}", bootstrap::render(&opts));
             ExitCode::SUCCESS
         }
+        Command::Status(args) => {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("toolgate-xds: cannot start the runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match rt.block_on(status(&args.admin)) {
+                Ok(text) => {
+                    print!("{text}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("toolgate-xds status: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Serve(args) => {
             tracing_subscriber::fmt()
                 .with_env_filter(
@@ -205,6 +246,37 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+async fn status(admin: &str) -> anyhow::Result<String> {
+    let admin = admin.trim_end_matches('/');
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(5))
+        .build()?;
+    let get = |path: &'static str| {
+        let client = client.clone();
+        let url = format!("{admin}{path}");
+        async move {
+            let resp = client
+                .get(&url)
+                .send()
+                .await
+                .with_context(|| format!("GET {url}"))?;
+            anyhow::ensure!(resp.status().is_success(), "GET {url}: {}", resp.status());
+            resp.json::<serde_json::Value>()
+                .await
+                .with_context(|| format!("GET {url}: not JSON"))
+        }
+    };
+    let (registry, breakers, overrides) = tokio::try_join!(
+        get("/v1/registry"),
+        get("/v1/breakers"),
+        get("/v1/overrides")
+    )?;
+    Ok(toolgate_xds::status::render(
+        admin, &registry, &breakers, &overrides,
+    ))
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
@@ -235,6 +307,31 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         request_timeout: args.etcd_timeout,
     };
     let (probed, resync) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let token = AdminToken::new(match (&args.admin_token_file, &args.admin_token_env) {
+        (Some(path), _) => Some(std::fs::read_to_string(path).with_context(|| {
+            format!(
+                "reading the admin token from --admin-token-file {}",
+                path.display()
+            )
+        })?),
+        (None, Some(var)) => Some(
+            std::env::var(var)
+                .with_context(|| format!("reading the admin token from --admin-token-env {var}"))?,
+        ),
+        (None, None) => None,
+    });
+    if !token.is_set() {
+        warn!("no admin token configured: overrides and policies cannot be changed through the admin API");
+    }
+    let fleet = FleetWriter {
+        client: etcd_config
+            .connect()
+            .await
+            .with_context(|| format!("using the etcd endpoints {:?}", args.etcd))?,
+        registry: registry.clone(),
+        metrics: metrics.clone(),
+        timeout: args.etcd_timeout,
+    };
 
     let xds_listener = tokio::net::TcpListener::bind(args.xds_listen)
         .await
@@ -287,6 +384,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             registry,
             etcd: status,
             hub,
+            fleet,
+            token,
         },
         stopped(stop_rx),
     ));

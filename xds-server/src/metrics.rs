@@ -48,6 +48,14 @@ pub struct ResultLabel {
     pub result: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FleetLabel {
+    /// open, close.
+    pub action: &'static str,
+    /// written, already_open, lost_race, deleted, etcd_error…
+    pub result: &'static str,
+}
+
 pub type Ratio = Gauge<f64, AtomicU64>;
 
 pub struct Metrics {
@@ -75,6 +83,7 @@ pub struct Metrics {
     pub feedback_unknown: Counter,
     pub reconcile_mismatches: Counter,
     pub inspections: Counter,
+    pub fleet_writes: Family<FleetLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -224,7 +233,14 @@ impl Metrics {
             "Completed inspection rounds",
             inspections.clone(),
         );
+        let fleet_writes = Family::<FleetLabel, Counter>::default();
+        registry.register(
+            "toolgate_fleet_breaker_events",
+            "Breaker transitions reported by this gateway's filters, by what became of them in etcd",
+            fleet_writes.clone(),
+        );
         Metrics {
+            fleet_writes,
             registry,
             instances_by_state,
             zombie_ratio,

@@ -1,23 +1,32 @@
 //! The admin HTTP API: `/healthz`, `/metrics` (Prometheus text), `/v1/registry` (JSON), and
-//! `/v1/feedback`, where the filters report call outcomes per instance.
+//! `/v1/feedback`, where the filters report call outcomes per instance, `/v1/breaker-events`,
+//! where they report their breaker transitions, and the operator's `/v1/breakers`,
+//! `/v1/overrides` and `/v1/policies` (changes need the bearer token).
+
+pub mod auth;
 
 use std::future::Future;
 use std::sync::{Arc, RwLock};
 
+use axum::body::Bytes;
 use axum::extract::rejection::JsonRejection;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::header::CONTENT_TYPE;
+use axum::http::HeaderMap;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use serde_json::json;
 
 use crate::etcd::EtcdStatus;
+use crate::fleet::{now_ms, AdminError, FleetWriter};
 use crate::health::feedback::{self, FeedbackBody};
 use crate::health::{self, Hub};
 use crate::metrics::Metrics;
 use crate::registry::Registry;
+use auth::AdminToken;
+use toolgate_model::fleet::{BreakerEvents, Override};
 
 #[derive(Clone)]
 pub struct AdminState {
@@ -25,6 +34,8 @@ pub struct AdminState {
     pub registry: Arc<RwLock<Registry>>,
     pub etcd: Arc<EtcdStatus>,
     pub hub: Hub,
+    pub fleet: FleetWriter,
+    pub token: AdminToken,
 }
 
 pub fn router(state: AdminState) -> Router {
@@ -33,6 +44,22 @@ pub fn router(state: AdminState) -> Router {
         .route("/metrics", get(metrics))
         .route("/v1/registry", get(registry))
         .route("/v1/feedback", post(report_calls))
+        .route("/v1/breaker-events", post(breaker_events))
+        .route("/v1/breakers", get(breakers))
+        .route("/v1/overrides", get(overrides))
+        .route(
+            "/v1/overrides/{service}/{tool}",
+            put(put_override).delete(delete_override),
+        )
+        .route("/v1/policies", get(policies))
+        .route(
+            "/v1/policies/{service}",
+            put(put_service_policy).delete(delete_service_policy),
+        )
+        .route(
+            "/v1/policies/{service}/{tool}",
+            put(put_tool_policy).delete(delete_tool_policy),
+        )
         .with_state(state)
 }
 
@@ -97,4 +124,185 @@ async fn report_calls(
             Json(json!({"error": format!("not a feedback report: {}", rejection.body_text())})),
         ),
     }
+}
+
+impl IntoResponse for AdminError {
+    fn into_response(self) -> axum::response::Response {
+        (self.status, Json(json!({"error": self.message}))).into_response()
+    }
+}
+
+async fn breaker_events(
+    State(s): State<AdminState>,
+    body: Result<Json<BreakerEvents>, JsonRejection>,
+) -> axum::response::Response {
+    match body {
+        Ok(Json(body)) => {
+            Json(json!({"events": s.fleet.breaker_events(body).await})).into_response()
+        }
+        Err(rejection) => AdminError::bad_request(format!(
+            "not a breaker event report: {}",
+            rejection.body_text()
+        ))
+        .into_response(),
+    }
+}
+
+/// Breaker openings shared by the fleet, with the time left.
+async fn breakers(State(s): State<AdminState>) -> impl IntoResponse {
+    let now = now_ms();
+    let reg = s.registry.read().unwrap_or_else(|p| p.into_inner());
+    let list: Vec<_> = reg
+        .fleet()
+        .iter()
+        .map(|((service, tool), e)| {
+            json!({
+                "service": service,
+                "tool": tool,
+                "state": if e.open.until_ms > now { "open" } else { "expiring" },
+                "until": humantime::format_rfc3339_millis(
+                    std::time::UNIX_EPOCH + std::time::Duration::from_millis(e.open.until_ms)).to_string(),
+                "remaining_ms": e.open.until_ms.saturating_sub(now),
+                "opened_by": e.open.opened_by,
+            })
+        })
+        .collect();
+    Json(json!({"etcd_up": s.etcd.is_up(), "breakers": list}))
+}
+
+async fn overrides(State(s): State<AdminState>) -> impl IntoResponse {
+    let reg = s.registry.read().unwrap_or_else(|p| p.into_inner());
+    let list: Vec<_> = reg
+        .overrides()
+        .iter()
+        .map(|((service, tool), o)| {
+            json!({
+                "service": service,
+                "tool": tool,
+                "mode": o.mode,
+                "reason": o.reason,
+                "author": o.author,
+                "since": humantime::format_rfc3339_millis(
+                    std::time::UNIX_EPOCH + std::time::Duration::from_millis(o.at_ms)).to_string(),
+            })
+        })
+        .collect();
+    Json(json!({"etcd_up": s.etcd.is_up(), "overrides": list}))
+}
+
+async fn put_override(
+    State(s): State<AdminState>,
+    Path((service, tool)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<impl IntoResponse, AdminError> {
+    s.token.check(&headers)?;
+    let o: Override =
+        serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(&body))
+            .map_err(|e| {
+                AdminError::bad_request(format!(
+            "expected {{\"mode\": \"force_open\" | \"force_closed\", \"reason\": \"...\"}}: {e}"
+        ))
+            })?;
+    let stored = s.fleet.put_override(&service, &tool, o).await?;
+    Ok(Json(
+        json!({"service": service, "tool": tool, "override": stored}),
+    ))
+}
+
+async fn delete_override(
+    State(s): State<AdminState>,
+    Path((service, tool)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<impl IntoResponse, AdminError> {
+    s.token.check(&headers)?;
+    if s.fleet.delete_override(&service, &tool).await? {
+        Ok(Json(
+            json!({"service": service, "tool": tool, "lifted": true}),
+        ))
+    } else {
+        Err(AdminError {
+            status: StatusCode::NOT_FOUND,
+            message: format!("no override on {service}/{tool}"),
+        })
+    }
+}
+
+async fn policies(State(s): State<AdminState>) -> impl IntoResponse {
+    let config = s
+        .registry
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .filter_config();
+    Json(json!({"defaults": config.defaults, "services": config.services}))
+}
+
+async fn put_policy(
+    s: &AdminState,
+    headers: &HeaderMap,
+    service: &str,
+    tool: Option<&str>,
+    body: &[u8],
+) -> Result<Json<serde_json::Value>, AdminError> {
+    s.token.check(headers)?;
+    s.fleet.put_policy(service, tool, body).await?;
+    Ok(Json(
+        json!({"service": service, "tool": tool, "stored": true}),
+    ))
+}
+
+async fn delete_policy(
+    s: &AdminState,
+    headers: &HeaderMap,
+    service: &str,
+    tool: Option<&str>,
+) -> Result<Json<serde_json::Value>, AdminError> {
+    s.token.check(headers)?;
+    if s.fleet.delete_policy(service, tool).await? {
+        Ok(Json(
+            json!({"service": service, "tool": tool, "deleted": true}),
+        ))
+    } else {
+        Err(AdminError {
+            status: StatusCode::NOT_FOUND,
+            message: format!(
+                "no policy for {service}{}",
+                tool.map(|t| format!("/{t}")).unwrap_or_default()
+            ),
+        })
+    }
+}
+
+async fn put_service_policy(
+    State(s): State<AdminState>,
+    Path(service): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Json<serde_json::Value>, AdminError> {
+    put_policy(&s, &headers, &service, None, &body).await
+}
+
+async fn put_tool_policy(
+    State(s): State<AdminState>,
+    Path((service, tool)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Json<serde_json::Value>, AdminError> {
+    put_policy(&s, &headers, &service, Some(&tool), &body).await
+}
+
+async fn delete_service_policy(
+    State(s): State<AdminState>,
+    Path(service): Path<String>,
+    headers: HeaderMap,
+) -> Result<Json<serde_json::Value>, AdminError> {
+    delete_policy(&s, &headers, &service, None).await
+}
+
+async fn delete_tool_policy(
+    State(s): State<AdminState>,
+    Path((service, tool)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Json<serde_json::Value>, AdminError> {
+    delete_policy(&s, &headers, &service, Some(&tool)).await
 }

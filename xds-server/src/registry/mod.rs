@@ -14,6 +14,7 @@ use std::time::{Instant, SystemTime};
 
 use serde::Serialize;
 use tokio::sync::Notify;
+use toolgate_model::fleet::{FleetOpen, Override, MAX_REASON_LEN};
 use toolgate_model::policy::{FilterConfig, PolicyOverrides, ServicePolicy};
 use toolgate_model::{InstanceMetadata, KeyLayout, ServiceKey};
 
@@ -60,6 +61,14 @@ fn rfc3339<S: serde::Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error
     s.collect_str(&humantime::format_rfc3339_millis(*t))
 }
 
+/// A fleet breaker opening as stored in etcd.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FleetEntry {
+    pub open: FleetOpen,
+    pub mod_revision: i64,
+    pub lease: i64,
+}
+
 /// A value that was not admitted, with the key it came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rejected {
@@ -80,6 +89,11 @@ pub struct Registry {
     /// Breaker policies from `<prefix>policies/<service>[/<tool>]`, as stored (raw JSON kept for
     /// the state-dir snapshot).
     policies: BTreeMap<(String, Option<String>), (PolicyOverrides, String)>,
+    /// Breaker openings shared by the fleet (`<prefix>breakers/`), with their key's
+    /// mod_revision (the compare of the next write) and lease.
+    fleet: BTreeMap<(String, String), FleetEntry>,
+    /// Operator overrides (`<prefix>overrides/`).
+    overrides: BTreeMap<(String, String), Override>,
     revision: i64,
     health: Arc<HealthConfig>,
     /// Instances whose probe target appeared, changed or left since the health monitor last
@@ -108,6 +122,8 @@ impl Registry {
             instances: BTreeMap::new(),
             services: BTreeMap::new(),
             policies: BTreeMap::new(),
+            fleet: BTreeMap::new(),
+            overrides: BTreeMap::new(),
             revision: 0,
             health,
             dirty: BTreeSet::new(),
@@ -197,6 +213,8 @@ impl Registry {
         let old = std::mem::take(&mut self.instances);
         self.by_addr.clear();
         self.policies.clear();
+        self.fleet.clear();
+        self.overrides.clear();
         let mut rejected = Vec::new();
         for (key, value, lease, mod_revision) in kvs {
             if let Err(r) = self.put(key, value, lease, mod_revision) {
@@ -231,9 +249,75 @@ impl Registry {
             self.put_instance(key, value, lease, mod_revision)
         } else if key.starts_with(&self.layout.policies_prefix()) {
             self.put_policy(key, value)
+        } else if key.starts_with(&self.layout.breakers_prefix()) {
+            self.put_fleet(key, value, lease, mod_revision)
+        } else if key.starts_with(&self.layout.overrides_prefix()) {
+            self.put_override(key, value)
         } else {
             Ok(false)
         }
+    }
+
+    fn put_fleet(
+        &mut self,
+        key: &str,
+        value: &[u8],
+        lease: i64,
+        mod_revision: i64,
+    ) -> Result<bool, Rejected> {
+        let reject = |reason: &'static str, detail: String| Rejected {
+            key: key.to_string(),
+            reason,
+            detail,
+        };
+        let names = self
+            .layout
+            .parse_tool_key(&self.layout.breakers_prefix(), key)
+            .map_err(|e| reject("bad_key", e.to_string()))?;
+        let open: FleetOpen = serde_json::from_slice(value)
+            .map_err(|e| reject("bad_breaker", format!("not a fleet breaker opening: {e}")))?;
+        let changed = self.fleet.get(&names).is_none_or(|e| e.open != open);
+        self.fleet.insert(
+            names,
+            FleetEntry {
+                open,
+                mod_revision,
+                lease,
+            },
+        );
+        Ok(changed)
+    }
+
+    fn put_override(&mut self, key: &str, value: &[u8]) -> Result<bool, Rejected> {
+        let reject = |reason: &'static str, detail: String| Rejected {
+            key: key.to_string(),
+            reason,
+            detail,
+        };
+        let names = self
+            .layout
+            .parse_tool_key(&self.layout.overrides_prefix(), key)
+            .map_err(|e| reject("bad_key", e.to_string()))?;
+        let o = parse_override(value).map_err(|e| reject("bad_override", e))?;
+        let changed = self.overrides.get(&names) != Some(&o);
+        self.overrides.insert(names, o);
+        Ok(changed)
+    }
+
+    pub fn fleet(&self) -> &BTreeMap<(String, String), FleetEntry> {
+        &self.fleet
+    }
+
+    pub fn overrides(&self) -> &BTreeMap<(String, String), Override> {
+        &self.overrides
+    }
+
+    /// Whether `value` would be admitted at `key` (a policy, an override), without changing
+    /// anything: the admin API refuses with the same reason the watch would log.
+    pub fn check(&self, key: &str, value: &[u8]) -> Result<(), Rejected> {
+        let mut scratch = Registry::new(self.layout.clone());
+        scratch.policies = self.policies.clone();
+        scratch.put(key, value, 0, 0).map(|_| ())
     }
 
     /// A policy override: parsed, merged over the defaults and validated before it is admitted,
@@ -248,8 +332,9 @@ impl Registry {
             .layout
             .parse_policy_key(key)
             .map_err(|e| reject("bad_key", e.to_string()))?;
-        let overrides: PolicyOverrides = serde_json::from_slice(value)
-            .map_err(|e| reject("bad_policy", format!("not policy JSON: {e}")))?;
+        let overrides: PolicyOverrides =
+            serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(value))
+                .map_err(|e| reject("bad_policy", format!("not policy JSON: {e}")))?;
         let mut candidate = self.filter_config();
         let entry = candidate.services.entry(service.clone()).or_default();
         match &tool {
@@ -268,9 +353,24 @@ impl Registry {
         Ok(changed)
     }
 
-    /// The filter's configuration: the defaults and every admitted policy override.
+    /// The filter's configuration: the defaults, every admitted policy override, the fleet's
+    /// breaker openings and the operator overrides.
     pub fn filter_config(&self) -> FilterConfig {
         let mut config = FilterConfig::default();
+        for ((service, tool), e) in &self.fleet {
+            config
+                .fleet_open
+                .entry(service.clone())
+                .or_default()
+                .insert(tool.clone(), e.open.clone());
+        }
+        for ((service, tool), o) in &self.overrides {
+            config
+                .overrides
+                .entry(service.clone())
+                .or_default()
+                .insert(tool.clone(), o.clone());
+        }
         for ((service, tool), (overrides, _)) in &self.policies {
             let entry: &mut ServicePolicy = config.services.entry(service.clone()).or_default();
             match tool {
@@ -374,6 +474,18 @@ impl Registry {
             self.mark_dirty(sk);
             return true;
         }
+        if let Ok(k) = self
+            .layout
+            .parse_tool_key(&self.layout.breakers_prefix(), key)
+        {
+            return self.fleet.remove(&k).is_some();
+        }
+        if let Ok(k) = self
+            .layout
+            .parse_tool_key(&self.layout.overrides_prefix(), key)
+        {
+            return self.overrides.remove(&k).is_some();
+        }
         match self.layout.parse_policy_key(key) {
             Ok(k) => self.policies.remove(&k).is_some(),
             Err(_) => false,
@@ -468,7 +580,23 @@ impl Registry {
             };
             (key, raw.clone())
         });
-        instances.chain(policies).collect()
+        let fleet = self.fleet.iter().map(|((service, tool), e)| {
+            (
+                self.layout.breaker_key(service, tool),
+                serde_json::to_string(&e.open).unwrap_or_default(),
+            )
+        });
+        let overrides = self.overrides.iter().map(|((service, tool), o)| {
+            (
+                self.layout.override_key(service, tool),
+                serde_json::to_string(o).unwrap_or_default(),
+            )
+        });
+        instances
+            .chain(policies)
+            .chain(fleet)
+            .chain(overrides)
+            .collect()
     }
 
     /// Everything etcd decides (key, value, lease), for comparing this registry with a fresh
@@ -485,11 +613,20 @@ impl Registry {
                 )
             })
             .collect();
+        let services = self.layout.services_prefix();
         out.extend(
             self.raw_values()
                 .into_iter()
-                .filter(|(k, _)| k.starts_with(&self.layout.policies_prefix()))
-                .map(|(k, v)| (k, v, 0)),
+                .filter(|(k, _)| !k.starts_with(&services))
+                .map(|(k, v)| {
+                    let lease = self
+                        .layout
+                        .parse_tool_key(&self.layout.breakers_prefix(), &k)
+                        .ok()
+                        .and_then(|n| self.fleet.get(&n))
+                        .map_or(0, |e| e.lease);
+                    (k, v, lease)
+                }),
         );
         out
     }
@@ -560,6 +697,21 @@ impl Registry {
 
 /// Instances per (service, state), and (zombies, instances) per service.
 pub type HealthCounts = (BTreeMap<(String, State), i64>, BTreeMap<String, (i64, i64)>);
+
+/// An override as the admin API and the watch accept it.
+pub fn parse_override(value: &[u8]) -> Result<Override, String> {
+    let o: Override = serde_json::from_slice(value).map_err(|e| format!("not an override: {e}"))?;
+    if o.reason.trim().is_empty() {
+        return Err("reason: say why (it is shown to the agents)".into());
+    }
+    if o.reason.chars().count() > MAX_REASON_LEN {
+        return Err(format!(
+            "reason: {} characters, at most {MAX_REASON_LEN}",
+            o.reason.chars().count()
+        ));
+    }
+    Ok(o)
+}
 
 /// Whether two registrations of one key route the same (a lease change alone does not).
 fn same_routing(a: &Instance, b: &Instance) -> bool {
@@ -730,5 +882,82 @@ mod tests {
         assert_eq!(r.instance_count(), 1);
         let snap = r.routing(1, Instant::now());
         assert_eq!(snap.services["fin"].endpoints[0].instance_id, "i-2");
+    }
+
+    #[test]
+    fn health_decides_what_envoy_gets_and_survives_a_resync() {
+        use crate::health::machine::ProbeResult;
+        let probed = Arc::new(HealthConfig::default());
+        let mut r = Registry::with_health(KeyLayout::default(), probed.clone());
+        let v2: &[u8] = br#"{"instance_id":"i-2","endpoint":"127.0.0.1:9002","weight":3}"#;
+        r.put("/mcp/services/inv/i-1", V1, 7, 2).unwrap();
+        r.put("/mcp/services/inv/i-2", v2, 7, 3).unwrap();
+        let dirty = r.take_dirty();
+        assert_eq!(dirty.len(), 2, "both need a probe task");
+        let routed = |r: &Registry| {
+            r.routing(1, Instant::now()).services["inv"]
+                .endpoints
+                .clone()
+        };
+        assert!(routed(&r).is_empty(), "UNKNOWN is not routed");
+
+        let pass = || ProbeResult {
+            at: SystemTime::now(),
+            ok: true,
+            latency_ms: 1.0,
+            detail: "HTTP 200".into(),
+        };
+        let now = Instant::now();
+        let k1 = ServiceKey {
+            service: "inv".into(),
+            instance: "i-1".into(),
+        };
+        let k2 = ServiceKey {
+            service: "inv".into(),
+            instance: "i-2".into(),
+        };
+        r.health_mut(&k1).unwrap().on_probe(pass(), now, &probed);
+        r.health_mut(&k2).unwrap().on_probe(pass(), now, &probed);
+        let bad = crate::health::machine::CallCounts {
+            http_5xx: 20,
+            ..Default::default()
+        };
+        r.health_mut(&k2).unwrap().on_calls(&bad, now, &probed);
+        let eps = routed(&r);
+        assert_eq!(eps[0].weight, WEIGHT_SCALE, "UP: the registered weight");
+        assert_eq!(eps[1].health, EndpointHealth::Healthy);
+        assert_eq!(eps[1].weight, 3 * WEIGHT_SCALE / 10, "UNHEALTHY: a tenth");
+
+        // A resync with the same registrations keeps their states and asks for no new task.
+        r.reset(
+            [
+                ("/mcp/services/inv/i-1", V1, 8, 4),
+                ("/mcp/services/inv/i-2", v2, 8, 4),
+            ],
+            4,
+        );
+        assert!(r.take_dirty().is_empty());
+        assert_eq!(routed(&r).len(), 2);
+        // The same key at a new address is a new server: UNKNOWN again.
+        r.put(
+            "/mcp/services/inv/i-1",
+            br#"{"instance_id":"i-1","endpoint":"127.0.0.1:9009"}"#,
+            8,
+            5,
+        )
+        .unwrap();
+        assert_eq!(
+            r.take_dirty().into_iter().collect::<Vec<_>>(),
+            vec![k1.clone()]
+        );
+        assert_eq!(routed(&r).len(), 1);
+        assert_eq!(
+            r.find_by_addr("inv", "127.0.0.1:9009".parse().unwrap()),
+            Some(&k1)
+        );
+        assert_eq!(
+            r.find_by_addr("inv", "127.0.0.1:9001".parse().unwrap()),
+            None
+        );
     }
 }

@@ -456,7 +456,7 @@ impl AdsStream {
         let resources = match (&self.filter_path, ty) {
             (Some(path), ResourceType::ExtensionConfig) => resources
                 .iter()
-                .map(|r| super::ecds::with_filter_path(r, path))
+                .map(|r| super::ecds::for_node(r, path, &self.node))
                 .collect(),
             _ => resources,
         };

@@ -33,8 +33,10 @@ pub fn extension_config(plugin_json: &str) -> Any {
     to_any(&typed_extension_config(plugin_json, ""))
 }
 
-/// Fills the node's filter path into a resource made by [`extension_config`].
-pub fn with_filter_path(resource: &Any, path: &str) -> Any {
+/// Fills the node's filter path into a resource made by [`extension_config`], and its node
+/// id into the plugin configuration's `gateway` (the filter names itself with it in its breaker
+/// events; Envoy does not show the node id to wasm reliably).
+pub fn for_node(resource: &Any, path: &str, node_id: &str) -> Any {
     match TypedExtensionConfig::decode(resource.value.as_slice()) {
         Ok(mut tec) => {
             if let Some(wasm) = tec
@@ -49,6 +51,13 @@ pub fn with_filter_path(resource: &Any, path: &str) -> Any {
                     .and_then(|a| StringValue::decode(a.value.as_slice()).ok())
                     .map(|s| s.value)
                     .unwrap_or_default();
+                let plugin_json = match serde_json::from_str::<serde_json::Value>(&plugin_json) {
+                    Ok(serde_json::Value::Object(mut map)) => {
+                        map.insert("gateway".into(), node_id.into());
+                        serde_json::Value::Object(map).to_string()
+                    }
+                    _ => plugin_json,
+                };
                 tec = typed_extension_config(&plugin_json, path);
             }
             to_any(&tec)
@@ -110,7 +119,7 @@ mod tests {
     #[test]
     fn the_path_is_filled_in_and_the_configuration_kept() {
         let any = extension_config(r#"{"x":1}"#);
-        let filled = with_filter_path(&any, "/opt/toolgate/filter.wasm");
+        let filled = for_node(&any, "/opt/toolgate/filter.wasm", "envoy-1");
         let tec = TypedExtensionConfig::decode(filled.value.as_slice()).unwrap();
         assert_eq!(tec.name, FILTER_CONFIG_NAME);
         let wasm = Wasm::decode(tec.typed_config.unwrap().value.as_slice()).unwrap();
@@ -128,7 +137,7 @@ mod tests {
             ))
         );
         let conf = StringValue::decode(plugin.configuration.unwrap().value.as_slice()).unwrap();
-        assert_eq!(conf.value, r#"{"x":1}"#);
+        assert_eq!(conf.value, r#"{"gateway":"envoy-1","x":1}"#);
         assert_eq!(
             plugin.allow_on_headers_stop_iteration,
             Some(BoolValue { value: true })
