@@ -1,0 +1,573 @@
+//! One fleet: breaker openings, operator overrides and policies shared by every gateway
+//! through etcd. One etcd, two (or three) toolgate-xds, two Envoys with the filter, lab
+//! servers.
+
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use toolgate_tests::{
+    filter_wasm, wait_until, Envoy, Etcd, McpSession, Member, Reply, TestEnv, Xds,
+};
+
+const TTL: u32 = 10;
+const TOKEN: &str = "fleet-test-token";
+
+struct Gateway {
+    xds: Xds,
+    envoy: Envoy,
+}
+
+impl Gateway {
+    async fn start(env: &TestEnv, name: &str, etcd: &Etcd) -> Gateway {
+        let xds = Xds::start_with_env(
+            env,
+            &format!("{name}.xds"),
+            &etcd.endpoint(),
+            &["--admin-token-env", "TOOLGATE_TEST_TOKEN"],
+            &[("TOOLGATE_TEST_TOKEN", TOKEN)],
+        )
+        .await;
+        let wasm = filter_wasm();
+        let envoy = Envoy::start_with(
+            env,
+            &format!("{name}.envoy"),
+            &xds,
+            1,
+            &["--filter", &wasm.to_string_lossy()],
+        )
+        .await;
+        Gateway { xds, envoy }
+    }
+
+    async fn routes(&self, service: &str, m: &Member) {
+        let want = vec![m.server.endpoint()];
+        wait_until(
+            &format!("{} routes {service}", self.envoy.name),
+            Duration::from_secs(20),
+            || {
+                let want = want.clone();
+                async move { self.envoy.addresses(service).await == want }
+            },
+        )
+        .await;
+    }
+
+    async fn call(&self, service: &str, tool: &str) -> Reply {
+        let mut s = McpSession::connect(&self.envoy.url(service)).await;
+        s.call_tool(tool, json!({})).await
+    }
+
+    /// The ECDS configuration this Envoy applied (the filter's plugin configuration).
+    async fn filter_config(&self) -> String {
+        reqwest::get(format!(
+            "{}/config_dump?resource=ecds_filters",
+            self.envoy.admin_url()
+        ))
+        .await
+        .expect("config_dump")
+        .text()
+        .await
+        .unwrap_or_default()
+    }
+
+    async fn admin(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
+        let client = reqwest::Client::new();
+        let mut req = client.request(method, format!("{}{path}", self.xds.admin_url()));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let resp = req.send().await.expect("admin request");
+        let status = resp.status();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+}
+
+/// The `io.toolgate/breaker` state of a semantic reply, or `None` for a real answer.
+fn semantic_state(r: &Reply) -> Option<String> {
+    let result = r.result()?;
+    if result["isError"] != true {
+        return None;
+    }
+    result["_meta"]["io.toolgate/breaker"]["state"]
+        .as_str()
+        .map(str::to_string)
+}
+
+async fn breaker_keys(etcd: &Etcd) -> Vec<(String, String)> {
+    let mut c = etcd.client().await;
+    let resp = c
+        .get(
+            "/mcp/breakers/",
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .expect("get breakers");
+    resp.kvs()
+        .iter()
+        .map(|kv| {
+            (
+                kv.key_str().unwrap_or_default().to_string(),
+                kv.value_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_breaker_opened_on_one_gateway_protects_the_other_and_both_close_after_recovery() {
+    let env = TestEnv::new("fleet_breaker");
+    let etcd = Etcd::start(&env).await;
+    let mut c = etcd.client().await;
+    c.put(
+        "/mcp/policies/flt",
+        json!({"min_calls": 5, "open_ms": 3000, "open_jitter_percent": 0}).to_string(),
+        None,
+    )
+    .await
+    .expect("policy");
+    let a = Gateway::start(&env, "a", &etcd).await;
+    let b = Gateway::start(&env, "b", &etcd).await;
+    let m = Member::start(
+        &env,
+        &etcd.endpoint(),
+        "flt",
+        "flt-1",
+        &["--fail", "write_order=http500"],
+        TTL,
+    )
+    .await;
+    a.routes("flt", &m).await;
+    b.routes("flt", &m).await;
+
+    // Fail through A until A's own breaker opens.
+    let mut opened = None;
+    for _ in 0..20 {
+        let r = a.call("flt", "write_order").await;
+        if semantic_state(&r).as_deref() == Some("open") {
+            opened = Some(Instant::now());
+            break;
+        }
+    }
+    let opened = opened.expect("A's breaker never opened");
+    let calls_at_open = m.server.calls("write_order").await;
+    wait_until(
+        "B's Envoy has the fleet opening",
+        Duration::from_secs(5),
+        || async { b.filter_config().await.contains("opened_by") },
+    )
+    .await;
+    let took = opened.elapsed();
+    println!(
+        "A's breaker open -> B's Envoy configured with it: {} ms (an upper bound: includes polling)",
+        took.as_millis()
+    );
+    assert!(took < Duration::from_secs(1), "took {took:?}");
+    let r = b.call("flt", "write_order").await;
+    assert_eq!(semantic_state(&r).as_deref(), Some("open"), "{}", r.body);
+    assert_eq!(
+        m.server.calls("write_order").await,
+        calls_at_open,
+        "B rejected without any call of its own reaching the tool"
+    );
+    assert_eq!(
+        b.envoy.stat("toolgate_failures").await,
+        0,
+        "no call failed on B"
+    );
+    let keys = breaker_keys(&etcd).await;
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    assert!(keys[0].1.contains("a.envoy"), "opened by A: {keys:?}");
+    let (status, listed) = b
+        .admin(reqwest::Method::GET, "/v1/breakers", None, None)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(listed["breakers"][0]["opened_by"], "a.envoy", "{listed}");
+
+    // The tool recovers; once the opening expires both gateways probe and close.
+    m.server.set(json!({"fail": {"write_order": "none"}})).await;
+    for gw in [&a, &b] {
+        wait_until(
+            &format!("{} closes again", gw.envoy.name),
+            Duration::from_secs(15),
+            || async { semantic_state(&gw.call("flt", "write_order").await).is_none() },
+        )
+        .await;
+    }
+    wait_until("the fleet key is gone", Duration::from_secs(10), || async {
+        breaker_keys(&etcd).await.is_empty()
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn operator_overrides_apply_everywhere_survive_restarts_and_etcd_loss() {
+    let env = TestEnv::new("fleet_overrides");
+    let mut etcd = Etcd::start(&env).await;
+    let mut a = Gateway::start(&env, "a", &etcd).await;
+    let mut b = Gateway::start(&env, "b", &etcd).await;
+    let m = Member::start(&env, &etcd.endpoint(), "ovr", "ovr-1", &[], TTL).await;
+    a.routes("ovr", &m).await;
+    b.routes("ovr", &m).await;
+    assert!(semantic_state(&a.call("ovr", "read_order").await).is_none());
+
+    let reason = "maintenance of the orders database until 14:00";
+    let (status, body) = a
+        .admin(
+            reqwest::Method::PUT,
+            "/v1/overrides/ovr/read_order",
+            Some(TOKEN),
+            Some(json!({"mode": "force_open", "reason": reason, "author": "alice"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    for gw in [&a, &b] {
+        wait_until(
+            &format!("{} forces read_order open", gw.envoy.name),
+            Duration::from_secs(5),
+            || async {
+                let r = gw.call("ovr", "read_order").await;
+                semantic_state(&r).as_deref() == Some("forced_open") && r.text().contains(reason)
+            },
+        )
+        .await;
+    }
+    let before = m.server.calls("read_order").await;
+    for gw in [&a, &b] {
+        let r = gw.call("ovr", "read_order").await;
+        assert_eq!(
+            semantic_state(&r).as_deref(),
+            Some("forced_open"),
+            "{}",
+            r.body
+        );
+    }
+    assert_eq!(
+        m.server.calls("read_order").await,
+        before,
+        "no forced call reached the tool"
+    );
+    assert!(
+        semantic_state(&a.call("ovr", "write_order").await).is_none(),
+        "other tools unaffected"
+    );
+    let (_, listed) = b
+        .admin(reqwest::Method::GET, "/v1/overrides", None, None)
+        .await;
+    assert_eq!(listed["overrides"][0]["reason"], reason, "{listed}");
+    assert_eq!(listed["overrides"][0]["author"], "alice", "{listed}");
+
+    // A restarted toolgate-xds reads it back from etcd.
+    b.xds.restart(&env).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let r = b.call("ovr", "read_order").await;
+    assert_eq!(
+        semantic_state(&r).as_deref(),
+        Some("forced_open"),
+        "{}",
+        r.body
+    );
+
+    // etcd gone: both keep the override, even across a restart (from the state dir).
+    etcd.kill();
+    a.xds.restart(&env).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for gw in [&a, &b] {
+        let r = gw.call("ovr", "read_order").await;
+        assert_eq!(
+            semantic_state(&r).as_deref(),
+            Some("forced_open"),
+            "{}",
+            r.body
+        );
+    }
+    etcd.restart(&env).await;
+
+    let (status, body) = b
+        .admin(
+            reqwest::Method::DELETE,
+            "/v1/overrides/ovr/read_order",
+            Some(TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    for gw in [&a, &b] {
+        wait_until(
+            &format!("{} lets read_order through again", gw.envoy.name),
+            Duration::from_secs(10),
+            || async { semantic_state(&gw.call("ovr", "read_order").await).is_none() },
+        )
+        .await;
+    }
+    assert!(m.server.calls("read_order").await > before);
+}
+
+#[tokio::test]
+async fn admin_changes_need_the_token_and_a_refused_one_changes_nothing() {
+    let env = TestEnv::new("fleet_token");
+    let etcd = Etcd::start(&env).await;
+    let a = Gateway::start(&env, "a", &etcd).await;
+    let body = json!({"mode": "force_open", "reason": "test"});
+    let revision = etcd.revision().await;
+    let put = reqwest::Method::PUT;
+    let cases = [
+        (None, StatusCode::UNAUTHORIZED),
+        (Some("wrong-token"), StatusCode::FORBIDDEN),
+    ];
+    for (token, want) in cases {
+        let (status, resp) = a
+            .admin(
+                put.clone(),
+                "/v1/overrides/svc/tool",
+                token,
+                Some(body.clone()),
+            )
+            .await;
+        assert_eq!(status, want, "{resp}");
+        assert!(
+            resp["error"].as_str().is_some_and(|e| !e.is_empty()),
+            "{resp}"
+        );
+        let (status, _) = a
+            .admin(
+                put.clone(),
+                "/v1/policies/svc",
+                token,
+                Some(json!({"min_calls": 3})),
+            )
+            .await;
+        assert_eq!(status, want);
+        let (status, _) = a
+            .admin(
+                reqwest::Method::DELETE,
+                "/v1/overrides/svc/tool",
+                token,
+                None,
+            )
+            .await;
+        assert_eq!(status, want);
+    }
+    // Bad input with the right token: 400 with the reason, nothing written.
+    for (path, bad, says) in [
+        (
+            "/v1/policies/svc",
+            json!({"failure_rate_percent": 0}),
+            "failure_rate_percent",
+        ),
+        (
+            "/v1/policies/svc/t",
+            json!({"min_calls": "many"}),
+            "min_calls",
+        ),
+        (
+            "/v1/overrides/svc/tool",
+            json!({"mode": "sideways", "reason": "x"}),
+            "mode",
+        ),
+        (
+            "/v1/overrides/svc/tool",
+            json!({"mode": "force_open", "reason": " "}),
+            "reason",
+        ),
+        (
+            "/v1/overrides/s%20v/tool",
+            json!({"mode": "force_open", "reason": "x"}),
+            "service",
+        ),
+    ] {
+        let (status, resp) = a.admin(put.clone(), path, Some(TOKEN), Some(bad)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path}: {resp}");
+        assert!(
+            resp["error"].as_str().unwrap_or("").contains(says),
+            "{path}: {resp}"
+        );
+    }
+    assert_eq!(
+        etcd.revision().await,
+        revision,
+        "nothing refused reached etcd"
+    );
+
+    // A toolgate-xds without a token refuses every change and says why.
+    let bare = Xds::start(&env, "bare.xds", &etcd.endpoint(), &[]).await;
+    let resp = reqwest::Client::new()
+        .put(format!("{}/v1/overrides/svc/tool", bare.admin_url()))
+        .bearer_auth(TOKEN)
+        .json(&body)
+        .send()
+        .await
+        .expect("put");
+    assert_eq!(resp.status(), StatusCode::FORBIDDEN);
+    let text = resp.text().await.unwrap_or_default();
+    assert!(text.contains("disabled"), "{text}");
+    assert_eq!(etcd.revision().await, revision);
+
+    // And the right token works.
+    let (status, _) = a
+        .admin(put, "/v1/overrides/svc/tool", Some(TOKEN), Some(body))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(etcd.revision().await > revision);
+}
+
+#[tokio::test]
+async fn a_policy_change_reaches_both_gateways_and_keeps_an_open_breaker_open() {
+    let env = TestEnv::new("fleet_policy");
+    let etcd = Etcd::start(&env).await;
+    let a = Gateway::start(&env, "a", &etcd).await;
+    let b = Gateway::start(&env, "b", &etcd).await;
+    let m = Member::start(
+        &env,
+        &etcd.endpoint(),
+        "pol",
+        "pol-1",
+        &[
+            "--fail",
+            "write_order=http500",
+            "--fail",
+            "read_order=http500",
+        ],
+        TTL,
+    )
+    .await;
+    a.routes("pol", &m).await;
+    b.routes("pol", &m).await;
+    // Open write_order (10 failures by default) and keep it open through a policy change.
+    let put = |path: &'static str, body: Value| {
+        let a = &a;
+        async move {
+            a.admin(reqwest::Method::PUT, path, Some(TOKEN), Some(body))
+                .await
+        }
+    };
+    let (status, body) = put("/v1/policies/pol/write_order", json!({"open_ms": 60000})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    wait_until(
+        "A has the write_order policy",
+        Duration::from_secs(5),
+        || async { a.filter_config().await.contains("60000") },
+    )
+    .await;
+    let mut open = false;
+    for _ in 0..15 {
+        if semantic_state(&a.call("pol", "write_order").await).as_deref() == Some("open") {
+            open = true;
+            break;
+        }
+    }
+    assert!(open, "write_order opened on A");
+
+    // Lower read_order's threshold to 3 calls, through the admin API of A.
+    let (status, body) = put("/v1/policies/pol/read_order", json!({"min_calls": 3})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    for gw in [&a, &b] {
+        wait_until(
+            &format!("{} has the new policy", gw.envoy.name),
+            Duration::from_secs(5),
+            || async { gw.filter_config().await.contains("min_calls\\\":3") },
+        )
+        .await;
+    }
+    // On B, the 4th call is refused: three failures opened it under the new policy.
+    let mut states = Vec::new();
+    for _ in 0..4 {
+        states.push(semantic_state(&b.call("pol", "read_order").await));
+    }
+    assert_eq!(
+        states,
+        vec![
+            Some("upstream_failure".to_string()),
+            Some("upstream_failure".to_string()),
+            Some("upstream_failure".to_string()),
+            Some("open".to_string()),
+        ]
+    );
+    // write_order's breaker on A stayed open through both changes.
+    assert_eq!(
+        semantic_state(&a.call("pol", "write_order").await).as_deref(),
+        Some("open")
+    );
+}
+
+#[tokio::test]
+async fn three_gateways_opening_one_tool_at_once_leave_one_key_and_no_echo() {
+    let env = TestEnv::new("fleet_race");
+    let etcd = Etcd::start(&env).await;
+    let mut gateways = Vec::new();
+    for i in 0..3 {
+        gateways.push(Xds::start(&env, &format!("x{i}"), &etcd.endpoint(), &[]).await);
+    }
+    let before = etcd.revision().await;
+    let client = reqwest::Client::new();
+    let posts = gateways.iter().enumerate().map(|(i, x)| {
+        let client = client.clone();
+        let url = format!("{}/v1/breaker-events", x.admin_url());
+        async move {
+            client
+                .post(url)
+                .json(&json!({"gateway": format!("gw-{i}"), "events": [
+                    {"service": "race", "tool": "t", "state": "open", "open_ms": 5000}]}))
+                .send()
+                .await
+                .expect("post")
+                .json::<Value>()
+                .await
+                .expect("json")
+        }
+    });
+    let results = futures::future::join_all(posts).await;
+    let written = results
+        .iter()
+        .filter(|r| r["events"][0]["result"] == "written")
+        .count();
+    assert_eq!(written, 1, "{results:?}");
+    assert_eq!(breaker_keys(&etcd).await.len(), 1);
+    // Every toolgate-xds learns it; reporting it again writes nothing.
+    for x in &gateways {
+        wait_until("fleet opening seen", Duration::from_secs(5), || async {
+            x.registry().await.is_object()
+                && reqwest::get(format!("{}/v1/breakers", x.admin_url()))
+                    .await
+                    .expect("get")
+                    .json::<Value>()
+                    .await
+                    .expect("json")["breakers"]
+                    .as_array()
+                    .is_some_and(|b| b.len() == 1)
+        })
+        .await;
+        let r: Value = client
+            .post(format!("{}/v1/breaker-events", x.admin_url()))
+            .json(&json!({"gateway": "late", "events": [
+                {"service": "race", "tool": "t", "state": "open", "open_ms": 5000}]}))
+            .send()
+            .await
+            .expect("post")
+            .json()
+            .await
+            .expect("json");
+        assert_eq!(r["events"][0]["result"], "already_open", "{r}");
+    }
+    let after = etcd.revision().await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        etcd.revision().await,
+        after,
+        "no writes keep coming (no echo)"
+    );
+    assert!(
+        after - before <= 2,
+        "bounded writes: {} revisions",
+        after - before
+    );
+}
