@@ -47,8 +47,12 @@ start etcd "$TOOLS/etcd" --name demo --data-dir "$RUN/etcd.data" \
   --initial-cluster "demo=http://127.0.0.1:$((ETCD_PORT+1))" --listen-metrics-urls ""
 wait_http "$ETCD/health" etcd
 
+# The admin token guards overrides and policies; a fresh one per demo, readable only by us.
+TOKEN_FILE="$RUN/admin.token"
+(umask 077; head -c 18 /dev/urandom | base64 | tr -d '/+=' >"$TOKEN_FILE")
 start toolgate-xds "$BIN/toolgate-xds" serve --etcd "$ETCD" \
-  --xds-listen "127.0.0.1:$XDS_PORT" --admin-listen "127.0.0.1:$ADMIN_PORT" --state-dir "$RUN/xds.state"
+  --xds-listen "127.0.0.1:$XDS_PORT" --admin-listen "127.0.0.1:$ADMIN_PORT" --state-dir "$RUN/xds.state" \
+  --admin-token-file "$TOKEN_FILE"
 wait_http "http://127.0.0.1:$ADMIN_PORT/healthz" toolgate-xds
 
 port=9101
@@ -92,6 +96,12 @@ back as tool results explaining the failure; after 10 the breaker opens and the 
 at once, telling the model not to retry for a while:
   pkill -f 'toolgate-demo --service finance'
   for i in \$(seq 12); do scripts/mcp-call.sh http://127.0.0.1:$GATEWAY_PORT/mcp/finance tax_calc '{"amount":1,"region":"de"}'; done
+
+The fleet as an operator sees it, and a tool cut by hand (everywhere, until lifted):
+  $BIN/toolgate-xds status --admin http://127.0.0.1:$ADMIN_PORT
+  curl -X PUT -H "Authorization: Bearer \$(cat $TOKEN_FILE)" http://127.0.0.1:$ADMIN_PORT/v1/overrides/code/ast_parse \\
+       -d '{"mode":"force_open","reason":"parser upgrade in progress, use a text search instead"}'
+  curl -X DELETE -H "Authorization: Bearer \$(cat $TOKEN_FILE)" http://127.0.0.1:$ADMIN_PORT/v1/overrides/code/ast_parse
 
 EOT
 while true; do sleep 1; done
