@@ -2,6 +2,7 @@
 //! markdown table per suite and writes every figure (and the machine) to a JSON file.
 
 mod dataplane;
+mod fleet;
 mod machine;
 mod propagation;
 mod stats;
@@ -24,6 +25,8 @@ enum Suite {
     /// tools/call throughput and latency: direct, Envoy, Envoy + toolgate filter, Envoy +
     /// no-op wasm filter.
     Dataplane,
+    /// Gateway A's breaker opens -> gateway B rejects the tool.
+    Fleet,
 }
 
 #[derive(Parser, Debug)]
@@ -37,7 +40,7 @@ struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "propagation,dataplane"
+        default_value = "propagation,fleet,dataplane"
     )]
     suites: Vec<Suite>,
     /// Short run (under 2 minutes): 200 instances x 50 changes, 2 x 2 s per data-plane variant.
@@ -71,6 +74,9 @@ struct Args {
     /// Data plane: workloads to run [default: all].
     #[arg(long, value_delimiter = ',', value_parser = ["1k-json", "8k-json", "1k-sse"])]
     workloads: Vec<String>,
+    /// Fleet sync trials [default: 50; quick: 10].
+    #[arg(long)]
+    fleet_trials: Option<usize>,
     /// Where to write the figures as JSON.
     #[arg(long, default_value = "bench/results.json")]
     json: PathBuf,
@@ -100,6 +106,23 @@ async fn main() -> anyhow::Result<()> {
         }
         println!("{}", propagation_table(&results));
         report["propagation"] = serde_json::to_value(&results)?;
+    }
+
+    if args.suites.contains(&Suite::Fleet) {
+        let trials = args
+            .fleet_trials
+            .unwrap_or(if args.quick { 10 } else { 50 });
+        eprintln!("fleet sync, {trials} trials ...");
+        let env = TestEnv::new("bench_fleet");
+        let r = fleet::run(&env, trials).await?;
+        println!(
+            "| suite | trials | A open -> B rejects p50 / p99 / max |\n| --- | ---: | ---: |\n| fleet sync | {} | {:.1} / {:.1} / {:.1} ms |\n",
+            r.a_open_to_b_rejects.n,
+            r.a_open_to_b_rejects.p50_ms,
+            r.a_open_to_b_rejects.p99_ms,
+            r.a_open_to_b_rejects.max_ms
+        );
+        report["fleet"] = serde_json::to_value(&r)?;
     }
 
     if args.suites.contains(&Suite::Dataplane) {

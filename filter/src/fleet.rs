@@ -15,6 +15,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
 use toolgate_model::fleet::{
     BreakerEvent, BreakerEvents, ByTool, EventState, FleetOpen, Override, OverrideMode,
 };
@@ -205,6 +206,69 @@ pub fn bodies(gateway: &str, events: Vec<BreakerEvent>) -> Vec<(Vec<u8>, usize)>
     out
 }
 
+/// Shared-data key of the events posted but not yet acknowledged by toolgate-xds. Envoy
+/// cancels a root context's callouts when a new configuration replaces that root, and every
+/// fleet opening is such a configuration: a post in flight at that moment vanishes without
+/// an answer. Every new root posts what is still unacknowledged (toolgate-xds takes
+/// duplicates as no-ops), so an event is delivered at least once.
+pub const UNACKED_KEY: &str = "tg/unacked";
+/// Unacknowledged events kept; the oldest go first.
+pub const MAX_UNACKED: usize = 256;
+/// A closing stays worth delivering this long.
+const CLOSED_RELEVANT_MS: u64 = 10_000;
+
+/// An event posted and not yet acknowledged.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pending {
+    pub id: u64,
+    pub at_ms: u64,
+    pub event: BreakerEvent,
+}
+
+impl Pending {
+    /// An opening is worth delivering while it lasts: a late one must not reopen a tool
+    /// that has recovered meanwhile.
+    pub fn relevant(&self, now_ms: u64) -> bool {
+        let lasts = match self.event.state {
+            EventState::Open => self.event.open_ms,
+            EventState::Closed => CLOSED_RELEVANT_MS,
+        };
+        now_ms < self.at_ms.saturating_add(lasts)
+    }
+}
+
+pub fn decode_pending(bytes: Option<&[u8]>) -> Vec<Pending> {
+    bytes
+        .and_then(|b| serde_json::from_slice(b).ok())
+        .unwrap_or_default()
+}
+
+pub fn encode_pending(list: &[Pending]) -> Vec<u8> {
+    serde_json::to_vec(list).unwrap_or_default()
+}
+
+/// `list` with `new` added (by id, once), what is no longer relevant dropped, and at most
+/// [`MAX_UNACKED`] kept.
+pub fn with_pending(mut list: Vec<Pending>, new: &[Pending], now_ms: u64) -> Vec<Pending> {
+    for p in new {
+        if !list.iter().any(|q| q.id == p.id) {
+            list.push(p.clone());
+        }
+    }
+    list.retain(|p| p.relevant(now_ms));
+    if list.len() > MAX_UNACKED {
+        let excess = list.len() - MAX_UNACKED;
+        list.drain(..excess);
+    }
+    list
+}
+
+/// `list` without the acknowledged `ids`.
+pub fn without(mut list: Vec<Pending>, ids: &[u64]) -> Vec<Pending> {
+    list.retain(|p| !ids.contains(&p.id));
+    list
+}
+
 /// One root context's share of the queue, and the events it lost.
 #[derive(Debug)]
 pub struct Outbox {
@@ -250,6 +314,58 @@ impl Outbox {
 
     pub fn dropped(&self) -> u64 {
         self.dropped
+    }
+}
+
+#[cfg(test)]
+mod pending_tests {
+    use super::*;
+
+    fn ev(state: EventState, open_ms: u64) -> BreakerEvent {
+        BreakerEvent {
+            service: "s".into(),
+            tool: "t".into(),
+            state,
+            open_ms,
+        }
+    }
+
+    #[test]
+    fn unacknowledged_events_are_kept_once_while_relevant_and_bounded() {
+        let open = Pending {
+            id: 1,
+            at_ms: 1_000,
+            event: ev(EventState::Open, 5_000),
+        };
+        let closed = Pending {
+            id: 2,
+            at_ms: 1_000,
+            event: ev(EventState::Closed, 0),
+        };
+        let list = with_pending(Vec::new(), &[open.clone(), closed.clone()], 2_000);
+        let list = with_pending(list, std::slice::from_ref(&open), 2_000);
+        assert_eq!(list, vec![open.clone(), closed.clone()], "once per id");
+        assert_eq!(
+            with_pending(list.clone(), &[], 6_500),
+            vec![closed.clone()],
+            "opening over"
+        );
+        assert!(with_pending(list.clone(), &[], 11_500).is_empty());
+        assert_eq!(without(list, &[1]), vec![closed]);
+        let many: Vec<Pending> = (0..(MAX_UNACKED as u64 + 10))
+            .map(|id| Pending {
+                id,
+                at_ms: 1_000,
+                event: ev(EventState::Open, 60_000),
+            })
+            .collect();
+        let kept = with_pending(Vec::new(), &many, 2_000);
+        assert_eq!(kept.len(), MAX_UNACKED);
+        assert_eq!(kept[0].id, 10, "the oldest go first");
+        let bytes = encode_pending(&kept);
+        assert_eq!(decode_pending(Some(&bytes)), kept);
+        assert!(decode_pending(Some(b"garbage")).is_empty());
+        assert!(decode_pending(None).is_empty());
     }
 }
 

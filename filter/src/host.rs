@@ -19,6 +19,7 @@ use crate::breaker::{
     State, Transition,
 };
 use crate::feedback::{self, Answer, Batch, Delivery, Feedback, Kind};
+use crate::fleet::Pending;
 use crate::fleet::{self, Outbox};
 use crate::mcp::jsonrpc::{
     self, classify_response, parse_request, RawId, RequestInfo, ResponseClass, ToolName,
@@ -161,6 +162,25 @@ impl Shared {
     }
 }
 
+/// How often a root sends again the events toolgate-xds has not acknowledged (and how old
+/// they must be: younger posts may still be answered).
+const RESEND_EVERY_MS: u64 = 250;
+
+/// Read-modify-write of the unacknowledged events, with shared data's compare-and-swap (the
+/// workers share the list). A few attempts; losing them only costs a duplicate or a resend.
+fn update_unacked(f: impl Fn(Vec<Pending>) -> Vec<Pending>) {
+    for _ in 0..4 {
+        let (bytes, cas) = hostcalls::get_shared_data(fleet::UNACKED_KEY).unwrap_or((None, None));
+        let next = f(fleet::decode_pending(bytes.as_deref()));
+        let encoded = fleet::encode_pending(&next);
+        match hostcalls::set_shared_data(fleet::UNACKED_KEY, Some(&encoded), cas) {
+            Ok(()) => return,
+            Err(Status::CasMismatch) => continue,
+            Err(_) => return,
+        }
+    }
+}
+
 /// Hands a breaker event to the root context that reports them. Called from HTTP contexts,
 /// with the shared state not borrowed.
 fn enqueue_event(shared: &RefCell<Shared>, event: &BreakerEvent) {
@@ -188,8 +208,29 @@ struct Root {
     /// This Envoy's node id, read once: the `gateway` of the breaker events.
     gateway: Option<String>,
     /// Breaker-event posts awaiting an answer, with the number of events in each.
-    event_posts: HashMap<u32, u64>,
+    event_posts: HashMap<u32, Vec<u64>>,
+    /// Ids of this root's events (seeded per root, so roots do not collide).
+    next_event_id: u64,
+    last_resend_ms: u64,
     event_delivery: Delivery,
+}
+
+/// The event queue of this VM. Every worker runs its own VM instance, so this is one queue
+/// per worker thread: a name shared by every worker would have a single consumer, the last
+/// root to register, which after a configuration update can be the main thread's root (it
+/// drops what it is handed). Within one VM every root registers the same name, so the newest
+/// root consumes what the HTTP contexts of older roots (still finishing their streams)
+/// enqueue.
+fn vm_queue_name() -> &'static str {
+    static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    NAME.get_or_init(|| {
+        let unique = hostcalls::get_current_time()
+            .ok()
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        format!("{}.{unique:016x}", fleet::QUEUE)
+    })
 }
 
 impl Root {
@@ -212,6 +253,8 @@ impl Root {
             delivery: Delivery::new(),
             gateway: None,
             event_posts: HashMap::new(),
+            next_event_id: seed.rotate_left(32),
+            last_resend_ms: 0,
             event_delivery: Delivery::new(),
         }
     }
@@ -295,9 +338,32 @@ impl Root {
         if events.is_empty() {
             return;
         }
+        let now = now_ms();
+        let pending: Vec<Pending> = events
+            .into_iter()
+            .map(|event| {
+                self.next_event_id = self.next_event_id.wrapping_add(1);
+                Pending {
+                    id: self.next_event_id,
+                    at_ms: now,
+                    event,
+                }
+            })
+            .collect();
+        update_unacked(|list| fleet::with_pending(list, &pending, now));
+        self.send_pending(pending);
+    }
+
+    /// Posts events to toolgate-xds; each post remembers which events it carries, so an
+    /// answer acknowledges exactly those.
+    fn send_pending(&mut self, pending: Vec<Pending>) {
         let gateway = self.gateway.clone().unwrap_or_default();
-        for (body, n) in fleet::bodies(&gateway, events) {
-            let n = n as u64;
+        for chunk in pending.chunks(fleet::MAX_EVENTS_PER_POST) {
+            let ids: Vec<u64> = chunk.iter().map(|p| p.id).collect();
+            let events = chunk.iter().map(|p| p.event.clone()).collect();
+            let Some((body, _)) = fleet::bodies(&gateway, events).into_iter().next() else {
+                continue;
+            };
             let sent = self.dispatch_http_call(
                 feedback::CLUSTER,
                 vec![
@@ -314,7 +380,7 @@ impl Root {
                 Ok(token) => {
                     self.event_delivery.dispatched(true);
                     if self.event_posts.len() < MAX_TRACKED_POSTS {
-                        self.event_posts.insert(token, n);
+                        self.event_posts.insert(token, ids);
                     }
                 }
                 Err(status) => {
@@ -322,26 +388,34 @@ impl Root {
                         let _ = hostcalls::log(
                             LogLevel::Warn,
                             &format!(
-                                "toolgate: cannot send breaker events to cluster {} ({status:?})",
+                                "toolgate: cannot send breaker events to cluster {} ({status:?}); \
+                                 they are sent again while they matter",
                                 feedback::CLUSTER
                             ),
                         );
                     }
-                    self.shared
-                        .borrow_mut()
-                        .lost(n, "toolgate-xds cannot be called");
                 }
             }
         }
     }
 
-    /// toolgate-xds answered (or did not) a post of `n` breaker events.
-    fn events_answered(&mut self, n: u64, answer: Answer) {
-        if answer != Answer::Accepted {
-            self.shared
-                .borrow_mut()
-                .lost(n, "toolgate-xds did not accept them");
+    /// Sends again what toolgate-xds has not acknowledged: posts of a replaced root context
+    /// were cancelled with it. `older_than_ms` spares the posts still in flight.
+    fn resend_unacked(&mut self, older_than_ms: u64) {
+        let now = now_ms();
+        let (bytes, _) = hostcalls::get_shared_data(fleet::UNACKED_KEY).unwrap_or((None, None));
+        let due: Vec<Pending> = fleet::decode_pending(bytes.as_deref())
+            .into_iter()
+            .filter(|p| p.relevant(now) && now.saturating_sub(p.at_ms) >= older_than_ms)
+            .collect();
+        if !due.is_empty() {
+            self.send_pending(due);
         }
+    }
+
+    /// toolgate-xds answered (or did not) a post of `n` breaker events.
+    fn events_answered(&mut self, _n: u64, answer: Answer) {
+        // Unacknowledged events are sent again while they matter: nothing is lost here.
         let Some(change) = self.event_delivery.answered(answer) else {
             return;
         };
@@ -423,8 +497,12 @@ impl Context for Root {
                 .flatten()
                 .and_then(|b| std::str::from_utf8(&b).ok()?.parse::<u16>().ok())
         };
-        if let Some(n) = self.event_posts.remove(&token_id) {
-            self.events_answered(n, Answer::of_status(status));
+        if let Some(ids) = self.event_posts.remove(&token_id) {
+            let answer = Answer::of_status(status);
+            if answer == Answer::Accepted {
+                update_unacked(|list| fleet::without(list, &ids));
+            }
+            self.events_answered(ids.len() as u64, answer);
             return;
         }
         let Some(change) = self.delivery.answered(Answer::of_status(status)) else {
@@ -482,13 +560,10 @@ impl RootContext for Root {
                 );
             }
         }
-        // Every worker's root registers the same queue; Envoy keeps one consumer, the last
-        // to register (proxy-wasm-cpp-host `SharedQueue::registerQueue` overwrites the
-        // context id and thread of the queue, keeping its data), and calls its
-        // `on_queue_ready` on that worker's thread for every enqueue. Any root can post the
-        // events, so whichever it is will do; each root's tick drains the queue too, in case
-        // that root is gone (a newer configuration replaced it).
-        let queue = hostcalls::register_shared_queue(fleet::QUEUE).ok();
+        // Envoy calls `on_queue_ready` of a queue's last registrant on its thread right after
+        // every enqueue (proxy-wasm-cpp-host `SharedQueue::registerQueue` keeps the queue's
+        // data and replaces its consumer). The tick drains it too, as a fallback.
+        let queue = hostcalls::register_shared_queue(vm_queue_name()).ok();
         self.shared.borrow_mut().queue = queue;
         self.set_tick_period(TICK);
         true
@@ -522,6 +597,10 @@ impl RootContext for Root {
             self.send_feedback(batch);
         }
         self.post_events(events);
+        if now.saturating_sub(self.last_resend_ms) >= RESEND_EVERY_MS {
+            self.last_resend_ms = now;
+            self.resend_unacked(RESEND_EVERY_MS);
+        }
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {

@@ -54,6 +54,7 @@ pub fn for_node(resource: &Any, path: &str, node_id: &str) -> Any {
                 let plugin_json = match serde_json::from_str::<serde_json::Value>(&plugin_json) {
                     Ok(serde_json::Value::Object(mut map)) => {
                         map.insert("gateway".into(), node_id.into());
+                        drop_own_openings(&mut map, node_id);
                         serde_json::Value::Object(map).to_string()
                     }
                     _ => plugin_json,
@@ -64,6 +65,21 @@ pub fn for_node(resource: &Any, path: &str, node_id: &str) -> Any {
         }
         Err(_) => resource.clone(),
     }
+}
+
+/// Removes the fleet openings this Envoy reported itself: its breaker already holds them, and
+/// a configuration change for nothing would replace the filter's root contexts, which
+/// cancels their calls in flight (the very posts that report openings).
+fn drop_own_openings(map: &mut serde_json::Map<String, serde_json::Value>, node_id: &str) {
+    let Some(serde_json::Value::Object(services)) = map.get_mut("fleet_open") else {
+        return;
+    };
+    for tools in services.values_mut() {
+        if let serde_json::Value::Object(tools) = tools {
+            tools.retain(|_, open| open["opened_by"] != node_id);
+        }
+    }
+    services.retain(|_, tools| tools.as_object().is_none_or(|t| !t.is_empty()));
 }
 
 /// The filter path from an Envoy's node metadata, if its bootstrap set one.
@@ -138,6 +154,21 @@ mod tests {
         );
         let conf = StringValue::decode(plugin.configuration.unwrap().value.as_slice()).unwrap();
         assert_eq!(conf.value, r#"{"gateway":"envoy-1","x":1}"#);
+
+        // An Envoy does not get back the openings it reported itself.
+        let any = extension_config(
+            r#"{"fleet_open":{"s":{"a":{"opened_by":"envoy-1","until_ms":9},"b":{"opened_by":"envoy-2","until_ms":9}},"t":{"c":{"opened_by":"envoy-1","until_ms":9}}}}"#,
+        );
+        let filled = for_node(&any, "/f.wasm", "envoy-1");
+        let tec = TypedExtensionConfig::decode(filled.value.as_slice()).unwrap();
+        let wasm = Wasm::decode(tec.typed_config.unwrap().value.as_slice()).unwrap();
+        let conf =
+            StringValue::decode(wasm.config.unwrap().configuration.unwrap().value.as_slice())
+                .unwrap();
+        assert_eq!(
+            conf.value,
+            r#"{"fleet_open":{"s":{"b":{"opened_by":"envoy-2","until_ms":9}}},"gateway":"envoy-1"}"#
+        );
         assert_eq!(
             plugin.allow_on_headers_stop_iteration,
             Some(BoolValue { value: true })
