@@ -26,7 +26,10 @@ const PROBES: usize = 10;
 
 pub async fn run(env: &TestEnv, instances: usize, changes: usize) -> anyhow::Result<Propagation> {
     let etcd = Etcd::start(env).await;
-    let xds = Xds::start(env, "xds", &etcd.endpoint(), &[]).await;
+    // Probes off: the bulk and the burst are fake endpoints nobody serves, which probes
+    // would (rightly) never route. This measures etcd -> registry -> Envoy; with probes on,
+    // a new instance is routed one probe round trip later (the health tests measure it).
+    let xds = Xds::start(env, "xds", &etcd.endpoint(), &["--no-probes"]).await;
     let envoy = Envoy::start(env, "envoy", &xds).await;
     let lab = McpServer::lab(env, "probe-target", &["--stateless", "--json-response"]).await;
     let mut client = etcd.client().await;
