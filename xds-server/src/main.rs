@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -84,6 +84,10 @@ struct ServeArgs {
     /// command line shows in `ps`).
     #[arg(long)]
     admin_token_env: Option<String>,
+    /// Also configure Envoy's own outlier detection on every service cluster (5 consecutive
+    /// 5xx eject a host for 30 s). toolgate's probes and breakers already do this job.
+    #[arg(long)]
+    envoy_outlier_detection: bool,
     #[command(flatten)]
     health: HealthArgs,
 }
@@ -281,6 +285,7 @@ async fn status(admin: &str) -> anyhow::Result<String> {
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::new());
+    xds::resources::set_envoy_outlier_detection(args.envoy_outlier_detection);
     let health_config = Arc::new(args.health.config());
     if health_config.probe_timeout >= health_config.probe_interval {
         anyhow::bail!(
@@ -294,8 +299,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         health_config.clone(),
     )));
     let status = Arc::new(EtcdStatus::default());
-    let (publisher, snapshots) = Publisher::new(metrics.clone(), args.state_dir.clone());
-    let publisher = Arc::new(Mutex::new(publisher));
+    let (publisher, snapshots) =
+        Publisher::new(registry.clone(), metrics.clone(), args.state_dir.clone());
     let hub = Hub {
         registry: registry.clone(),
         publisher: publisher.clone(),

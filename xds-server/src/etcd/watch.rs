@@ -2,7 +2,7 @@
 //! applied revision after a break, full resync after a compaction, and while etcd is away keep
 //! the last state (never an empty table).
 
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, EventType, GetOptions, WatchOptions, WatchResponse};
@@ -20,7 +20,7 @@ use crate::registry::{Registry, Rejected};
 pub struct Watcher {
     pub config: EtcdConfig,
     pub registry: Arc<RwLock<Registry>>,
-    pub publisher: Arc<Mutex<Publisher>>,
+    pub publisher: Publisher,
     pub metrics: Arc<Metrics>,
     pub status: Arc<EtcdStatus>,
     /// Notified by the inspection when the registry differs from etcd.
@@ -64,18 +64,12 @@ impl Watcher {
     }
 
     fn publish(&self, changed_at: Instant) {
-        let reg = self.registry.read().unwrap_or_else(|p| p.into_inner());
-        self.publisher
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .publish(&reg, changed_at);
+        self.publisher.publish(changed_at);
     }
 
+    /// Whether publishing has begun (a first table went out).
     fn is_ready(&self) -> bool {
-        self.publisher
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_ready()
+        self.publisher.is_started()
     }
 
     /// Before the first publish, gives every instance one probe (bounded by the probe
@@ -332,10 +326,7 @@ impl Watcher {
                     changed |= apply(&mut reg, resp, &self.metrics, &mut rejected);
                 }
                 if changed {
-                    self.publisher
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .publish(&reg, arrived);
+                    self.publisher.publish(arrived);
                 }
             }
             self.count_rejected(&rejected);

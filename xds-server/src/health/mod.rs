@@ -8,7 +8,7 @@ pub mod machine;
 pub mod monitor;
 pub mod probe;
 
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use toolgate_model::ServiceKey;
@@ -64,11 +64,11 @@ impl Default for HealthConfig {
 }
 
 /// What every health signal needs: the registry to change, the publisher to tell Envoy, the
-/// metrics to count. Lock order: registry, then publisher.
+/// metrics to count.
 #[derive(Clone)]
 pub struct Hub {
     pub registry: Arc<RwLock<Registry>>,
-    pub publisher: Arc<Mutex<Publisher>>,
+    pub publisher: Publisher,
     pub metrics: Arc<Metrics>,
     pub config: Arc<HealthConfig>,
 }
@@ -88,9 +88,8 @@ impl Hub {
         if let Some(t) = transition {
             self.record(key, &t);
             // Until the first publish (the cold-start warm-up) the watcher publishes.
-            let mut publisher = self.publisher.lock().unwrap_or_else(|p| p.into_inner());
-            if publisher.is_ready() && routes_differently(t.from, t.to) {
-                publisher.publish(&reg, now);
+            if routes_differently(t.from, t.to) {
+                self.publisher.changed(now);
             }
         }
         Some(out)

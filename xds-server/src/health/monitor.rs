@@ -179,10 +179,8 @@ async fn age_call_failures(hub: Hub) {
         for (key, t) in &moved {
             hub.record(key, t);
         }
-        let mut publisher = hub.publisher.lock().unwrap_or_else(|p| p.into_inner());
-        if publisher.is_ready() {
-            publisher.publish(&reg, now);
-        }
+        drop(reg);
+        hub.publisher.changed(now);
     }
 }
 

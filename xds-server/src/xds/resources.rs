@@ -12,7 +12,7 @@ use std::net::IpAddr;
 use envoy_types::pb::envoy::config::cluster::v3::{
     circuit_breakers::Thresholds,
     cluster::{ClusterDiscoveryType, CommonLbConfig, DiscoveryType, EdsClusterConfig},
-    CircuitBreakers, Cluster,
+    CircuitBreakers, Cluster, OutlierDetection,
 };
 use envoy_types::pb::envoy::config::core::v3::{
     address, config_source::ConfigSourceSpecifier, socket_address::PortSpecifier, Address,
@@ -119,7 +119,10 @@ pub type NamedResources = BTreeMap<String, Any>;
 
 /// Everything toolgate serves for `snapshot`, by type. Each of CDS, EDS and RDS is present even
 /// when empty, so "no services" is a state Envoy is told about rather than a missing answer.
-pub fn build(snapshot: &RoutingSnapshot) -> BTreeMap<ResourceType, NamedResources> {
+/// The cache builds the same thing incrementally (`SnapshotCache::build`); this whole-snapshot
+/// form is the reference its tests compare with.
+#[cfg(test)]
+pub(crate) fn build(snapshot: &RoutingSnapshot) -> BTreeMap<ResourceType, NamedResources> {
     let mut clusters = NamedResources::new();
     let mut assignments = NamedResources::new();
     for (service, route) in &snapshot.services {
@@ -153,6 +156,29 @@ pub fn cluster_name(service: &str) -> String {
 /// The public path prefix of a service, `/mcp/<service>`.
 pub fn service_path(service: &str) -> String {
     format!("{SERVICE_PATH_PREFIX}{service}")
+}
+
+static ENVOY_OUTLIER_DETECTION: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Adds Envoy's own outlier detection to every service cluster. Off by default: toolgate's
+/// probes and breakers do that job and tell the agent why; on, it is a second line of
+/// defence (and the bench's point of comparison).
+pub fn set_envoy_outlier_detection(on: bool) {
+    ENVOY_OUTLIER_DETECTION.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Five 5xx (timeouts and resets count) in a row eject a host for 30 s; any host may go.
+fn outlier_detection() -> Option<OutlierDetection> {
+    ENVOY_OUTLIER_DETECTION
+        .load(std::sync::atomic::Ordering::Relaxed)
+        .then(|| OutlierDetection {
+            consecutive_5xx: u32_value(5),
+            interval: Some(duration_secs(1)),
+            base_ejection_time: Some(duration_secs(30)),
+            max_ejection_percent: u32_value(100),
+            ..Default::default()
+        })
 }
 
 /// Wraps a message in `google.protobuf.Any` with its canonical type URL.
@@ -233,6 +259,7 @@ pub fn cluster(service: &str, route: &ServiceRoute) -> Cluster {
             update_merge_window: Some(duration_secs(0)),
             ..Default::default()
         }),
+        outlier_detection: outlier_detection(),
         // The bulkhead: one slow MCP server fills only its own cluster's connection slots.
         circuit_breakers: Some(CircuitBreakers {
             thresholds: vec![Thresholds {
