@@ -2,9 +2,12 @@
 //! markdown table per suite and writes every figure (and the machine) to a JSON file.
 
 mod dataplane;
+mod failfast;
 mod fleet;
 mod machine;
 mod propagation;
+mod removal;
+mod scale;
 mod stats;
 
 use std::cell::Cell;
@@ -27,6 +30,13 @@ enum Suite {
     Dataplane,
     /// Gateway A's breaker opens -> gateway B rejects the tool.
     Fleet,
+    /// Revoke -> out of Envoy; server crash -> out of rotation by the probes.
+    Removal,
+    /// A hung tool: the open-circuit reply, and the toolgate filter against Envoy's outlier
+    /// detection in the 10 s after it breaks.
+    Failfast,
+    /// 10,000 instances: memory, cold start, resync, propagation under churn.
+    Scale,
 }
 
 #[derive(Parser, Debug)]
@@ -40,13 +50,14 @@ struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "propagation,fleet,dataplane"
+        default_value = "propagation,removal,failfast,fleet,scale,dataplane"
     )]
     suites: Vec<Suite>,
-    /// Short run (under 2 minutes): 200 instances x 50 changes, 2 x 2 s per data-plane variant.
+    /// Short run (about 2 minutes, a smoke test of every suite): smaller sizes, fewer trials,
+    /// one data-plane workload.
     #[arg(long)]
     quick: bool,
-    /// Instance counts for the propagation suite [default: 1000; quick: 200].
+    /// Instance counts for the propagation suite [default: 1000,10000; quick: 200].
     #[arg(long, value_delimiter = ',')]
     instances: Option<Vec<usize>>,
     /// Single changes measured per instance count [default: 200; quick: 50].
@@ -93,10 +104,13 @@ async fn main() -> anyhow::Result<()> {
     });
 
     if args.suites.contains(&Suite::Propagation) {
-        let instances = args
-            .instances
-            .clone()
-            .unwrap_or_else(|| vec![if args.quick { 200 } else { 1000 }]);
+        let instances = args.instances.clone().unwrap_or_else(|| {
+            if args.quick {
+                vec![200]
+            } else {
+                vec![1000, 10_000]
+            }
+        });
         let changes = args.changes.unwrap_or(if args.quick { 50 } else { 200 });
         let mut results = Vec::new();
         for &n in &instances {
@@ -106,6 +120,37 @@ async fn main() -> anyhow::Result<()> {
         }
         println!("{}", propagation_table(&results));
         report["propagation"] = serde_json::to_value(&results)?;
+    }
+
+    if args.suites.contains(&Suite::Removal) {
+        let (revokes, crashes) = if args.quick { (5, 2) } else { (50, 10) };
+        eprintln!("removal: {revokes} revokes, {crashes} crashes ...");
+        let env = TestEnv::new("bench_removal");
+        let r = removal::run(&env, revokes, crashes).await?;
+        println!(
+            "| suite | revoke -> out of Envoy p50 / p99 / max (n) | crash (SIGKILL, lease alive) -> out of rotation p50 / p99 / max (n) |\n| --- | ---: | ---: |\n| removal | {:.1} / {:.1} / {:.1} ms ({}) | {:.0} / {:.0} / {:.0} ms ({}) |\n",
+            r.revoke.p50_ms, r.revoke.p99_ms, r.revoke.max_ms, r.revoke.n,
+            r.crash.p50_ms, r.crash.p99_ms, r.crash.max_ms, r.crash.n,
+        );
+        report["removal"] = serde_json::to_value(&r)?;
+    }
+
+    if args.suites.contains(&Suite::Failfast) {
+        let (samples, window) = if args.quick { (200, 4) } else { (2000, 10) };
+        eprintln!("fail-fast ...");
+        let env = TestEnv::new("bench_failfast");
+        let r = failfast::run(&env, samples, Duration::from_secs(window)).await?;
+        println!("{}", r.markdown());
+        report["failfast"] = serde_json::to_value(&r)?;
+    }
+
+    if args.suites.contains(&Suite::Scale) {
+        let (instances, churn_secs) = if args.quick { (1000, 3) } else { (10_000, 10) };
+        eprintln!("control plane at scale: {instances} instances ...");
+        let env = TestEnv::new("bench_scale");
+        let r = scale::run(&env, instances, churn_secs).await?;
+        println!("{}", r.markdown());
+        report["scale"] = serde_json::to_value(&r)?;
     }
 
     if args.suites.contains(&Suite::Fleet) {
@@ -144,7 +189,12 @@ async fn main() -> anyhow::Result<()> {
             quiet_wait: Duration::from_secs(if args.quick { 3 } else { 60 }),
             attempts: if args.quick { 2 } else { 4 },
             extra_budget: Cell::new(Duration::from_secs(if args.quick { 12 } else { 900 })),
-            workloads: args.workloads.clone(),
+            // Quick mode is a smoke test of every suite: one workload is enough for that.
+            workloads: if args.workloads.is_empty() && args.quick {
+                vec!["1k-json".to_string()]
+            } else {
+                args.workloads.clone()
+            },
         };
         let env = TestEnv::new("bench_dataplane");
         let result = dataplane::run(&env, machine.cores, &opts).await?;

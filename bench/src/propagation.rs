@@ -227,7 +227,7 @@ async fn etcd_floor(client: &mut Client, n: usize) -> anyhow::Result<Summary> {
 }
 
 /// Polls `url` through Envoy until it answers `status`.
-async fn wait_status(
+pub(crate) async fn wait_status(
     http: &reqwest::Client,
     url: &str,
     status: u16,
@@ -247,7 +247,7 @@ async fn wait_status(
     }
 }
 
-async fn wait_hosts(xds: &Xds, n: usize, timeout: Duration) -> anyhow::Result<()> {
+pub(crate) async fn wait_hosts(xds: &Xds, n: usize, timeout: Duration) -> anyhow::Result<()> {
     let t0 = Instant::now();
     while xds.registry().await["instances"].as_u64().unwrap_or(0) < n as u64 {
         if t0.elapsed() > timeout {

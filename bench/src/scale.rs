@@ -1,0 +1,330 @@
+//! The control plane at scale: 10,000 instances in 1,000 services. toolgate-xds's memory, its
+//! cold start (Get and registry) and an Envoy's first full push, a full resync after a
+//! compaction, and propagation while 500 registrations and revocations a second churn the
+//! registry; Envoy's own memory and CPU with every endpoint. Probes are off: the instances are
+//! fake endpoints.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use etcd_client::PutOptions;
+use futures::StreamExt;
+use serde::Serialize;
+use toolgate_tests::{Envoy, Etcd, FaultProxy, McpServer, TestEnv, Xds};
+
+use crate::propagation::{wait_hosts, wait_status};
+use crate::stats::{summarize, Summary};
+
+#[derive(Debug, Serialize)]
+pub struct Scale {
+    pub instances: usize,
+    pub services: usize,
+    pub xds_rss_mib: f64,
+    /// toolgate-xds restarted: process start -> registry read from etcd and served.
+    pub cold_start_ms: f64,
+    /// The Get + rebuild + publish inside it, as toolgate-xds logs it.
+    pub cold_read_ms: f64,
+    /// A fresh Envoy: start -> every endpoint applied.
+    pub envoy_first_push_ms: f64,
+    /// Full re-read after etcd compacted past the watch (as toolgate-xds logs it).
+    pub resync_ms: f64,
+    pub churn_ops_per_sec: f64,
+    pub churn_propagation: Summary,
+    pub envoy_rss_mib: f64,
+    pub envoy_cpu_percent_during_churn: f64,
+}
+
+fn rss_mib(pid: i32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        .unwrap_or(0.0)
+        / 1024.0
+}
+
+fn cpu_ticks(pid: i32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let get = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    get(11) + get(12)
+}
+
+/// A log line without its terminal colour codes (ESC [ ... m).
+fn plain(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The last `took_ms` toolgate-xds logged for a full read of etcd.
+fn last_read_ms(log: &str) -> Option<f64> {
+    let line = plain(
+        log.lines()
+            .rev()
+            .find(|l| l.contains("read the registry from etcd"))?,
+    );
+    line.split("took_ms=")
+        .nth(1)?
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Endpoints Envoy holds over all toolgate clusters.
+async fn envoy_endpoints(http: &reqwest::Client, envoy: &Envoy) -> u64 {
+    let Ok(r) = http
+        .get(format!(
+            "{}/stats?filter=membership_total$",
+            envoy.admin_url()
+        ))
+        .send()
+        .await
+    else {
+        return 0;
+    };
+    r.text()
+        .await
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with("cluster.mcp."))
+        .filter_map(|l| l.rsplit_once(": ")?.1.trim().parse::<u64>().ok())
+        .sum()
+}
+
+fn fake(i: usize) -> String {
+    format!(
+        r#"{{"instance_id":"i-{i}","endpoint":"127.{}.{}.{}:{}","tools":["t"]}}"#,
+        1 + i / 62500 % 250,
+        1 + i / 250 % 250,
+        1 + i % 250,
+        10000 + i % 50000
+    )
+}
+
+pub async fn run(env: &TestEnv, instances: usize, churn_secs: u64) -> anyhow::Result<Scale> {
+    let services = instances / 10;
+    let etcd = Etcd::start(env).await;
+    let proxy = FaultProxy::start(format!("127.0.0.1:{}", etcd.port()).parse()?);
+    let mut xds = Xds::start(env, "xds", &proxy.endpoint(), &["--no-probes"]).await;
+    let envoy = Envoy::start(env, "envoy", &xds).await;
+    let lab = McpServer::lab(env, "scale-lab", &["--stateless", "--json-response"]).await;
+    let mut client = etcd.client().await;
+    let lease = client.lease_grant(600, None).await?.id();
+    let opts = PutOptions::new().with_lease(lease);
+    futures::stream::iter(0..instances)
+        .map(|i| {
+            let (mut c, opts) = (client.clone(), opts.clone());
+            async move {
+                c.put(
+                    format!("/mcp/services/s{}/i-{i}", i / 10),
+                    fake(i),
+                    Some(opts),
+                )
+                .await
+            }
+        })
+        .buffer_unordered(64)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
+    // The probe service: the lab's /health through Envoy answers 200 while it is routed.
+    let probe_value = format!(
+        r#"{{"instance_id":"p","endpoint":"{}","mcp_path":"/health","tools":["t"]}}"#,
+        lab.endpoint()
+    );
+    client
+        .put(
+            "/mcp/services/probe/p",
+            probe_value.clone(),
+            Some(opts.clone()),
+        )
+        .await?;
+    let total = instances + 1;
+    wait_hosts(&xds, total, Duration::from_secs(120)).await?;
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(10))
+        .build()?;
+    let t0 = Instant::now();
+    while envoy_endpoints(&http, &envoy).await < total as u64 {
+        if t0.elapsed() > Duration::from_secs(120) {
+            bail!("Envoy never got all {total} endpoints");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let xds_rss_mib = rss_mib(xds.pid());
+    let envoy_pid = envoy.proc.as_ref().map_or(0, |p| p.pid());
+    let envoy_rss_mib = rss_mib(envoy_pid);
+    eprintln!("  {total} instances in Envoy; toolgate-xds RSS {xds_rss_mib:.0} MiB");
+
+    // Cold start.
+    xds.kill();
+    let t0 = Instant::now();
+    xds.restart(env).await;
+    wait_hosts(&xds, total, Duration::from_secs(60)).await?;
+    let cold_start_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let cold_read_ms = last_read_ms(&xds.log()).context("no full read logged")?;
+    let t0 = Instant::now();
+    let fresh = Envoy::start(env, "envoy-fresh", &xds).await;
+    while envoy_endpoints(&http, &fresh).await < total as u64 {
+        if t0.elapsed() > Duration::from_secs(60) {
+            bail!("the fresh Envoy never got all {total} endpoints");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let envoy_first_push_ms = t0.elapsed().as_secs_f64() * 1e3;
+    drop(fresh);
+
+    // Resync after a compaction: cut toolgate-xds off, change and compact, let it back.
+    let resyncs = xds.metric("toolgate_etcd_full_resyncs_total", "").await;
+    proxy.cut();
+    for i in 0..10 {
+        client
+            .put(
+                format!("/mcp/services/s0/extra-{i}"),
+                fake(instances + i).replace(&format!("i-{}", instances + i), &format!("extra-{i}")),
+                Some(opts.clone()),
+            )
+            .await?;
+    }
+    etcd.compact().await;
+    proxy.restore();
+    let t0 = Instant::now();
+    while xds.metric("toolgate_etcd_full_resyncs_total", "").await <= resyncs {
+        if t0.elapsed() > Duration::from_secs(60) {
+            bail!("toolgate-xds never resynced after the compaction");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let resync_ms = last_read_ms(&xds.log()).context("no resync logged")?;
+
+    // Churn: registrations and revocations at 500/s, while a probe change propagates.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let churn = {
+        let (mut c, opts, stop) = (client.clone(), opts.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut ops = 0u64;
+            let mut every = tokio::time::interval(Duration::from_millis(2));
+            let mut n = 0usize;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                every.tick().await;
+                let key = format!("/mcp/services/churn{}/c{}", n % 100, n / 2);
+                let r = if n.is_multiple_of(2) {
+                    let v = format!(
+                        r#"{{"instance_id":"c{}","endpoint":"127.0.254.{}:9","tools":["t"]}}"#,
+                        n / 2,
+                        1 + (n / 2) % 250
+                    );
+                    c.put(key, v, Some(opts.clone())).await.map(|_| ())
+                } else {
+                    c.delete(key, None).await.map(|_| ())
+                };
+                if r.is_ok() {
+                    ops += 1;
+                }
+                n += 1;
+            }
+            ops
+        })
+    };
+    let url = envoy.url("probe");
+    // The churn's first second creates its 100 services (CDS, every cluster sent again); the
+    // figure is the steady state after that, where registrations come and go in services
+    // that exist.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let cpu0 = cpu_ticks(envoy_pid);
+    let t_churn = Instant::now();
+    let mut samples = Vec::new();
+    let mut routed = true;
+    while t_churn.elapsed() < Duration::from_secs(churn_secs) {
+        let t0 = Instant::now();
+        if routed {
+            client.delete("/mcp/services/probe/p", None).await?;
+            wait_status(&http, &url, 503, Duration::from_secs(10)).await?;
+        } else {
+            client
+                .put(
+                    "/mcp/services/probe/p",
+                    probe_value.clone(),
+                    Some(opts.clone()),
+                )
+                .await?;
+            wait_status(&http, &url, 200, Duration::from_secs(10)).await?;
+        }
+        samples.push(t0.elapsed());
+        routed = !routed;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut worst: Vec<(usize, Duration)> = samples.iter().copied().enumerate().collect();
+    worst.sort_by_key(|(_, d)| std::cmp::Reverse(*d));
+    eprintln!(
+        "  slowest changes under churn (index, ms): {:?}",
+        worst
+            .iter()
+            .take(3)
+            .map(|(i, d)| (*i, d.as_millis()))
+            .collect::<Vec<_>>()
+    );
+    let secs = t_churn.elapsed().as_secs_f64();
+    let ops = churn.await?;
+    let envoy_cpu_percent_during_churn = (cpu_ticks(envoy_pid) - cpu0) as f64 / secs;
+    let _ = client.lease_revoke(lease).await;
+    Ok(Scale {
+        instances,
+        services,
+        xds_rss_mib,
+        cold_start_ms,
+        cold_read_ms,
+        envoy_first_push_ms,
+        resync_ms,
+        churn_ops_per_sec: ops as f64 / secs,
+        churn_propagation: summarize(&samples),
+        envoy_rss_mib,
+        envoy_cpu_percent_during_churn,
+    })
+}
+
+impl Scale {
+    pub fn markdown(&self) -> String {
+        format!(
+            "| control plane at scale ({} instances, {} services) | figure | goal |\n| --- | ---: | --- |\n\
+             | toolgate-xds resident memory | {:.0} MiB | < 200 MB |\n\
+             | cold start: process start -> registry read and served | {:.0} ms (Get + build + publish {:.0} ms) | < 2 s |\n\
+             | a fresh Envoy: start -> every endpoint applied | {:.0} ms | |\n\
+             | full resync after a compaction | {:.0} ms | < 1 s |\n\
+             | propagation under churn ({:.0} registrations + revocations/s) p50 / p99 / max | {:.1} / {:.1} / {:.1} ms ({} changes) | p99 < 200 ms |\n\
+             | Envoy with every endpoint: RSS, CPU during churn | {:.0} MiB, {:.0}% of a core | |\n",
+            self.instances,
+            self.services,
+            self.xds_rss_mib,
+            self.cold_start_ms,
+            self.cold_read_ms,
+            self.envoy_first_push_ms,
+            self.resync_ms,
+            self.churn_ops_per_sec,
+            self.churn_propagation.p50_ms,
+            self.churn_propagation.p99_ms,
+            self.churn_propagation.max_ms,
+            self.churn_propagation.n,
+            self.envoy_rss_mib,
+            self.envoy_cpu_percent_during_churn,
+        )
+    }
+}
