@@ -76,7 +76,8 @@ async fn window(
                 let r = s.call_tool(TOOL, json!({})).await;
                 let took = t0.elapsed();
                 let k = kind(&r);
-                if took >= Duration::from_millis(TIMEOUT_MS) {
+                // A call the route timeout ended (Envoy's 504, or the filter's timeout reply).
+                if k.contains("504") || k.contains("(timeout)") {
                     timed_out
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
