@@ -18,6 +18,9 @@ use tracing::{debug, info, warn};
 use crate::metrics::{FleetLabel, Metrics};
 use crate::registry::{parse_override, Registry};
 
+/// The longest fleet opening accepted.
+const MAX_OPEN_MS: u64 = 3_600_000;
+
 pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -126,7 +129,9 @@ impl FleetWriter {
         if known.as_ref().is_some_and(|k| k.open.until_ms > now) {
             return "already_open";
         }
-        let open_ms = e.open_ms.max(1);
+        // A filter's open duration is capped by its policy (5 min by default); an hour bounds
+        // what a bogus report could do.
+        let open_ms = e.open_ms.clamp(1, MAX_OPEN_MS);
         let key = layout.breaker_key(&e.service, &e.tool);
         let value = FleetOpen {
             until_ms: now + open_ms,

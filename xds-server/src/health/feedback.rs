@@ -40,6 +40,17 @@ pub fn apply(hub: &Hub, body: FeedbackBody) -> FeedbackOutcome {
             continue;
         };
         let c = report.counts;
+        let key = {
+            let reg = hub.registry.read().unwrap_or_else(|p| p.into_inner());
+            reg.find_by_addr(&report.service, addr).cloned()
+        };
+        let Some(key) = key else {
+            hub.metrics.feedback_unknown.inc();
+            out.unknown += 1;
+            continue;
+        };
+        // Counted only for registered instances: a service label comes from the registry,
+        // never from whatever a report names.
         for (kind, n) in [
             ("connect_failure", c.connect_failure),
             ("reset", c.reset),
@@ -50,21 +61,12 @@ pub fn apply(hub: &Hub, body: FeedbackBody) -> FeedbackOutcome {
                 hub.metrics
                     .routing_errors
                     .get_or_create(&RoutingErrorLabel {
-                        service: report.service.clone(),
+                        service: key.service.clone(),
                         kind,
                     })
                     .inc_by(n);
             }
         }
-        let key = {
-            let reg = hub.registry.read().unwrap_or_else(|p| p.into_inner());
-            reg.find_by_addr(&report.service, addr).cloned()
-        };
-        let Some(key) = key else {
-            hub.metrics.feedback_unknown.inc();
-            out.unknown += 1;
-            continue;
-        };
         let applied = hub.update(&key, |h, now, cfg| (h.on_calls(&c, now, cfg), ()));
         if applied.is_none() {
             out.unknown += 1;
