@@ -22,6 +22,8 @@ fi
 missing=()
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 command -v wrk >/dev/null 2>&1 || missing+=(wrk)
+# The font make bench's plots are drawn with.
+[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || missing+=(fonts-dejavu-core)
 if [ ${#missing[@]} -gt 0 ]; then
   say "installing Debian packages: ${missing[*]}"
   if [ "$(id -u)" -ne 0 ]; then

@@ -5,6 +5,7 @@ mod dataplane;
 mod failfast;
 mod fleet;
 mod machine;
+mod plot;
 mod propagation;
 mod removal;
 mod scale;
@@ -119,6 +120,22 @@ async fn main() -> anyhow::Result<()> {
             results.push(propagation::run(&env, n, changes).await?);
         }
         println!("{}", propagation_table(&results));
+        let mut series = Vec::new();
+        for r in &results {
+            series.push((
+                format!("etcd put->watch, {}", r.instances),
+                r.etcd_floor.samples_ms.clone(),
+            ));
+            series.push((
+                format!("add, {} instances", r.instances),
+                r.add.samples_ms.clone(),
+            ));
+            series.push((
+                format!("remove, {} instances", r.instances),
+                r.remove.samples_ms.clone(),
+            ));
+        }
+        draw("propagation", "etcd write -> Envoy applied", &series);
         report["propagation"] = serde_json::to_value(&results)?;
     }
 
@@ -133,6 +150,14 @@ async fn main() -> anyhow::Result<()> {
             r.crash.p50_ms, r.crash.p99_ms, r.crash.max_ms, r.crash.n,
         );
         report["removal"] = serde_json::to_value(&r)?;
+        draw(
+            "removal",
+            "out of rotation: revoke, and crash with probes on",
+            &[
+                ("revoke".to_string(), r.revoke.samples_ms.clone()),
+                ("crash (SIGKILL)".to_string(), r.crash.samples_ms.clone()),
+            ],
+        );
     }
 
     if args.suites.contains(&Suite::Failfast) {
@@ -142,6 +167,20 @@ async fn main() -> anyhow::Result<()> {
         let r = failfast::run(&env, samples, Duration::from_secs(window)).await?;
         println!("{}", r.markdown());
         report["failfast"] = serde_json::to_value(&r)?;
+        draw(
+            "failfast",
+            "a hung tool: the open-circuit reply against the route timeout",
+            &[
+                (
+                    "open-circuit reply".to_string(),
+                    r.open_reply.samples_ms.clone(),
+                ),
+                (
+                    "without a breaker".to_string(),
+                    r.without_breaker.samples_ms.clone(),
+                ),
+            ],
+        );
     }
 
     if args.suites.contains(&Suite::Scale) {
@@ -151,6 +190,14 @@ async fn main() -> anyhow::Result<()> {
         let r = scale::run(&env, instances, churn_secs).await?;
         println!("{}", r.markdown());
         report["scale"] = serde_json::to_value(&r)?;
+        draw(
+            "scale",
+            &format!("propagation under churn, {} instances", r.instances),
+            &[(
+                "etcd write -> Envoy applied".to_string(),
+                r.churn_propagation.samples_ms.clone(),
+            )],
+        );
     }
 
     if args.suites.contains(&Suite::Fleet) {
@@ -168,6 +215,14 @@ async fn main() -> anyhow::Result<()> {
             r.a_open_to_b_rejects.max_ms
         );
         report["fleet"] = serde_json::to_value(&r)?;
+        draw(
+            "fleet",
+            "gateway A's breaker opens -> gateway B rejects",
+            &[(
+                "A open -> B rejects".to_string(),
+                r.a_open_to_b_rejects.samples_ms.clone(),
+            )],
+        );
     }
 
     if args.suites.contains(&Suite::Dataplane) {
@@ -209,6 +264,19 @@ async fn main() -> anyhow::Result<()> {
     std::fs::write(&args.json, serde_json::to_string_pretty(&report)?)?;
     eprintln!("figures written to {}", args.json.display());
     Ok(())
+}
+
+/// Writes `bench/out/<name>.png`; a plot that cannot be drawn is reported, not fatal.
+fn draw(name: &str, title: &str, series: &[(String, Vec<f64>)]) {
+    let dir = workspace_root().join("bench/out");
+    let path = dir.join(format!("{name}.png"));
+    let res = std::fs::create_dir_all(&dir)
+        .map_err(anyhow::Error::from)
+        .and_then(|()| plot::cdf(&path, title, series));
+    match res {
+        Ok(()) => eprintln!("  plot: {}", path.display()),
+        Err(e) => eprintln!("  no plot for {name}: {e:#}"),
+    }
 }
 
 fn propagation_table(results: &[Propagation]) -> String {

@@ -6,6 +6,9 @@ use serde::Serialize;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
+    /// Every sample, in ms, for the plots (not written to the JSON).
+    #[serde(skip)]
+    pub samples_ms: Vec<f64>,
     pub n: usize,
     pub p50_ms: f64,
     pub p99_ms: f64,
@@ -24,6 +27,7 @@ pub fn summarize(samples: &[Duration]) -> Summary {
         ms[idx]
     };
     Summary {
+        samples_ms: ms.clone(),
         n: ms.len(),
         p50_ms: rank(0.50),
         p99_ms: rank(0.99),
