@@ -28,10 +28,11 @@ clean:
 	$(CARGO) clean
 	rm -rf tests/logs .toolgate
 
-# make bench: every suite, full size (several minutes); make bench-quick: the same suites at a
-# reduced size, under two minutes. Both build the do-nothing wasm filter and the probe filter
-# (bench/noop-filter) that the data-plane suite compares the toolgate filter with, and write
-# bench/results.json.
+# make bench: every suite, full size (about 15 minutes), writes bench/results.json and the plots
+# in bench/out/; make bench-quick: the same suites at a reduced size (about a minute), a smoke
+# test CI runs, writing bench/out/results-quick.json. Both build the do-nothing wasm filter and
+# the probe filter (bench/noop-filter) that the data-plane suite compares the toolgate filter
+# with.
 .PHONY: bench bench-quick bench-filters
 
 bench-filters:
@@ -41,4 +42,4 @@ bench: build bench-filters
 	target/release/toolgate-bench
 
 bench-quick: build bench-filters
-	target/release/toolgate-bench --quick
+	target/release/toolgate-bench --quick --json bench/out/results-quick.json
