@@ -7,9 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use serde::Serialize;
 use serde_json::json;
-use toolgate_tests::{
-    filter_wasm, Envoy, Etcd, McpServer, McpSession, Registrant, Reply, TestEnv, Xds,
-};
+use toolgate_tests::{filter_wasm, Envoy, Etcd, McpServer, McpSession, Registrant, TestEnv, Xds};
 
 use crate::stats::{summarize, Summary};
 
@@ -21,16 +19,6 @@ pub struct FleetSync {
 
 /// Failures that trip a breaker in this suite (the service's `min_calls`).
 const TRIP_AFTER: usize = 3;
-
-fn state(r: &Reply) -> Option<String> {
-    let result = r.result()?;
-    if result["isError"] != true {
-        return None;
-    }
-    result["_meta"]["io.toolgate/breaker"]["state"]
-        .as_str()
-        .map(str::to_string)
-}
 
 pub async fn run(env: &TestEnv, trials: usize) -> anyhow::Result<FleetSync> {
     let etcd = Etcd::start(env).await;
@@ -78,7 +66,7 @@ pub async fn run(env: &TestEnv, trials: usize) -> anyhow::Result<FleetSync> {
         lab.set(json!({"fail": {tool.as_str(): "http500"}})).await;
         for _ in 0..TRIP_AFTER {
             let r = sa.call_tool(tool, json!({})).await;
-            if state(&r).as_deref() != Some("upstream_failure") {
+            if r.breaker_state().as_deref() != Some("upstream_failure") {
                 bail!("{tool}: expected a failure through A, got {}", r.body);
             }
         }
@@ -87,7 +75,7 @@ pub async fn run(env: &TestEnv, trials: usize) -> anyhow::Result<FleetSync> {
         lab.set(json!({"fail": {tool.as_str(): "none"}})).await;
         loop {
             let r = sb.call_tool(tool, json!({})).await;
-            if state(&r).as_deref() == Some("open") {
+            if r.breaker_state().as_deref() == Some("open") {
                 samples.push(opened.elapsed());
                 break;
             }
@@ -96,7 +84,7 @@ pub async fn run(env: &TestEnv, trials: usize) -> anyhow::Result<FleetSync> {
             }
         }
         let r = sa.call_tool(tool, json!({})).await;
-        if state(&r).as_deref() != Some("open") {
+        if r.breaker_state().as_deref() != Some("open") {
             bail!("{tool}: A is not open after the trial: {}", r.body);
         }
     }

@@ -10,7 +10,7 @@ use anyhow::{bail, Context};
 use etcd_client::PutOptions;
 use futures::StreamExt;
 use serde::Serialize;
-use toolgate_tests::{Envoy, Etcd, FaultProxy, McpServer, TestEnv, Xds};
+use toolgate_tests::{cpu_ticks, rss_kib, Envoy, Etcd, FaultProxy, McpServer, TestEnv, Xds};
 
 use crate::propagation::{wait_hosts, wait_status};
 use crate::stats::{summarize, Summary};
@@ -35,21 +35,7 @@ pub struct Scale {
 }
 
 fn rss_mib(pid: i32) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-        .unwrap_or(0.0)
-        / 1024.0
-}
-
-fn cpu_ticks(pid: i32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let get = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-    get(11) + get(12)
+    rss_kib(pid) as f64 / 1024.0
 }
 
 /// A log line without its terminal colour codes (ESC [ ... m).

@@ -111,41 +111,36 @@ impl KeyLayout {
         kind_prefix: &str,
         key: &str,
     ) -> Result<(String, String), KeyError> {
-        let rest = key
-            .strip_prefix(kind_prefix)
-            .ok_or_else(|| KeyError::NotAService(key.to_string()))?;
-        let (service, tool) = rest.split_once('/').ok_or_else(|| KeyError::Shape {
-            key: key.to_string(),
-        })?;
-        let name_err = |source| KeyError::Name {
-            key: key.to_string(),
-            source,
-        };
-        validate_name("service", service).map_err(name_err)?;
-        validate_name("tool", tool).map_err(name_err)?;
-        Ok((service.to_string(), tool.to_string()))
+        split_names(kind_prefix, key, "tool")
     }
 
     /// Splits an instance key into its service and instance, validating both names.
     pub fn parse_instance_key(&self, key: &str) -> Result<ServiceKey, KeyError> {
-        let services = self.services_prefix();
-        let rest = key
-            .strip_prefix(services.as_str())
-            .ok_or_else(|| KeyError::NotAService(key.to_string()))?;
-        let (service, instance) = rest.split_once('/').ok_or_else(|| KeyError::Shape {
-            key: key.to_string(),
-        })?;
-        let name_err = |source| KeyError::Name {
-            key: key.to_string(),
-            source,
-        };
-        validate_name("service", service).map_err(name_err)?;
-        validate_name("instance", instance).map_err(name_err)?;
-        Ok(ServiceKey {
-            service: service.to_string(),
-            instance: instance.to_string(),
-        })
+        let (service, instance) = split_names(&self.services_prefix(), key, "instance")?;
+        Ok(ServiceKey { service, instance })
     }
+}
+
+/// `<prefix><service>/<second>`, both names validated (`second_kind` names the second in
+/// errors).
+fn split_names(
+    prefix: &str,
+    key: &str,
+    second_kind: &'static str,
+) -> Result<(String, String), KeyError> {
+    let rest = key
+        .strip_prefix(prefix)
+        .ok_or_else(|| KeyError::NotAService(key.to_string()))?;
+    let (service, second) = rest.split_once('/').ok_or_else(|| KeyError::Shape {
+        key: key.to_string(),
+    })?;
+    let name_err = |source| KeyError::Name {
+        key: key.to_string(),
+        source,
+    };
+    validate_name("service", service).map_err(name_err)?;
+    validate_name(second_kind, second).map_err(name_err)?;
+    Ok((service.to_string(), second.to_string()))
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ pub use etcd::Etcd;
 pub use faultproxy::FaultProxy;
 pub use mcp::{McpSession, Reply};
 pub use paths::{filter_wasm, free_port, project_bin, tool_bin};
-pub use process::Proc;
+pub use process::{cpu_ticks, rss_kib, Proc};
 pub use servers::{McpServer, Member, Registrant};
 pub use testenv::TestEnv;
 pub use wait::{wait_for, wait_until};

@@ -26,6 +26,18 @@ impl Reply {
         self.message.as_ref()?.get("result")
     }
 
+    /// The `io.toolgate/breaker` state of a semantic reply (`open`, `forced_open`,
+    /// `upstream_failure`…), or `None` for the tool's own answer.
+    pub fn breaker_state(&self) -> Option<String> {
+        let result = self.result()?;
+        if result["isError"] != true {
+            return None;
+        }
+        result["_meta"]["io.toolgate/breaker"]["state"]
+            .as_str()
+            .map(str::to_string)
+    }
+
     /// The text of the first content block of a tool result.
     pub fn text(&self) -> String {
         self.result()

@@ -92,17 +92,6 @@ impl Gateway {
     }
 }
 
-/// The `io.toolgate/breaker` state of a semantic reply, or `None` for a real answer.
-fn semantic_state(r: &Reply) -> Option<String> {
-    let result = r.result()?;
-    if result["isError"] != true {
-        return None;
-    }
-    result["_meta"]["io.toolgate/breaker"]["state"]
-        .as_str()
-        .map(str::to_string)
-}
-
 async fn breaker_keys(etcd: &Etcd) -> Vec<(String, String)> {
     let mut c = etcd.client().await;
     let resp = c
@@ -153,7 +142,7 @@ async fn a_breaker_opened_on_one_gateway_protects_the_other_and_both_close_after
     let mut opened = None;
     for _ in 0..20 {
         let r = a.call("flt", "write_order").await;
-        if semantic_state(&r).as_deref() == Some("open") {
+        if r.breaker_state().as_deref() == Some("open") {
             opened = Some(Instant::now());
             break;
         }
@@ -173,7 +162,7 @@ async fn a_breaker_opened_on_one_gateway_protects_the_other_and_both_close_after
     );
     assert!(took < Duration::from_secs(1), "took {took:?}");
     let r = b.call("flt", "write_order").await;
-    assert_eq!(semantic_state(&r).as_deref(), Some("open"), "{}", r.body);
+    assert_eq!(r.breaker_state().as_deref(), Some("open"), "{}", r.body);
     assert_eq!(
         m.server.calls("write_order").await,
         calls_at_open,
@@ -199,7 +188,12 @@ async fn a_breaker_opened_on_one_gateway_protects_the_other_and_both_close_after
         wait_until(
             &format!("{} closes again", gw.envoy.name),
             Duration::from_secs(15),
-            || async { semantic_state(&gw.call("flt", "write_order").await).is_none() },
+            || async {
+                gw.call("flt", "write_order")
+                    .await
+                    .breaker_state()
+                    .is_none()
+            },
         )
         .await;
     }
@@ -218,7 +212,7 @@ async fn operator_overrides_apply_everywhere_survive_restarts_and_etcd_loss() {
     let m = Member::start(&env, &etcd.endpoint(), "ovr", "ovr-1", &[], TTL).await;
     a.routes("ovr", &m).await;
     b.routes("ovr", &m).await;
-    assert!(semantic_state(&a.call("ovr", "read_order").await).is_none());
+    assert!(a.call("ovr", "read_order").await.breaker_state().is_none());
 
     let reason = "maintenance of the orders database until 14:00";
     let (status, body) = a
@@ -236,7 +230,7 @@ async fn operator_overrides_apply_everywhere_survive_restarts_and_etcd_loss() {
             Duration::from_secs(5),
             || async {
                 let r = gw.call("ovr", "read_order").await;
-                semantic_state(&r).as_deref() == Some("forced_open") && r.text().contains(reason)
+                r.breaker_state().as_deref() == Some("forced_open") && r.text().contains(reason)
             },
         )
         .await;
@@ -245,7 +239,7 @@ async fn operator_overrides_apply_everywhere_survive_restarts_and_etcd_loss() {
     for gw in [&a, &b] {
         let r = gw.call("ovr", "read_order").await;
         assert_eq!(
-            semantic_state(&r).as_deref(),
+            r.breaker_state().as_deref(),
             Some("forced_open"),
             "{}",
             r.body
@@ -257,7 +251,7 @@ async fn operator_overrides_apply_everywhere_survive_restarts_and_etcd_loss() {
         "no forced call reached the tool"
     );
     assert!(
-        semantic_state(&a.call("ovr", "write_order").await).is_none(),
+        a.call("ovr", "write_order").await.breaker_state().is_none(),
         "other tools unaffected"
     );
     let (_, listed) = b
@@ -271,7 +265,7 @@ async fn operator_overrides_apply_everywhere_survive_restarts_and_etcd_loss() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let r = b.call("ovr", "read_order").await;
     assert_eq!(
-        semantic_state(&r).as_deref(),
+        r.breaker_state().as_deref(),
         Some("forced_open"),
         "{}",
         r.body
@@ -284,7 +278,7 @@ async fn operator_overrides_apply_everywhere_survive_restarts_and_etcd_loss() {
     for gw in [&a, &b] {
         let r = gw.call("ovr", "read_order").await;
         assert_eq!(
-            semantic_state(&r).as_deref(),
+            r.breaker_state().as_deref(),
             Some("forced_open"),
             "{}",
             r.body
@@ -305,7 +299,7 @@ async fn operator_overrides_apply_everywhere_survive_restarts_and_etcd_loss() {
         wait_until(
             &format!("{} lets read_order through again", gw.envoy.name),
             Duration::from_secs(10),
-            || async { semantic_state(&gw.call("ovr", "read_order").await).is_none() },
+            || async { gw.call("ovr", "read_order").await.breaker_state().is_none() },
         )
         .await;
     }
@@ -460,7 +454,12 @@ async fn a_policy_change_reaches_both_gateways_and_keeps_an_open_breaker_open() 
     .await;
     let mut open = false;
     for _ in 0..15 {
-        if semantic_state(&a.call("pol", "write_order").await).as_deref() == Some("open") {
+        if a.call("pol", "write_order")
+            .await
+            .breaker_state()
+            .as_deref()
+            == Some("open")
+        {
             open = true;
             break;
         }
@@ -481,7 +480,7 @@ async fn a_policy_change_reaches_both_gateways_and_keeps_an_open_breaker_open() 
     // On B, the 4th call is refused: three failures opened it under the new policy.
     let mut states = Vec::new();
     for _ in 0..4 {
-        states.push(semantic_state(&b.call("pol", "read_order").await));
+        states.push(b.call("pol", "read_order").await.breaker_state());
     }
     assert_eq!(
         states,
@@ -494,7 +493,10 @@ async fn a_policy_change_reaches_both_gateways_and_keeps_an_open_breaker_open() 
     );
     // write_order's breaker on A stayed open through both changes.
     assert_eq!(
-        semantic_state(&a.call("pol", "write_order").await).as_deref(),
+        a.call("pol", "write_order")
+            .await
+            .breaker_state()
+            .as_deref(),
         Some("open")
     );
 }

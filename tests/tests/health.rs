@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use serde_json::{json, Value};
 use toolgate_tests::{
-    filter_wasm, wait_until, Envoy, Etcd, McpServer, McpSession, Member, Registrant, TestEnv, Xds,
+    cpu_ticks, filter_wasm, rss_kib, wait_until, Envoy, Etcd, McpServer, McpSession, Member,
+    Registrant, TestEnv, Xds,
 };
 
 const TTL: u32 = 10;
@@ -701,24 +702,4 @@ async fn five_hundred_instances_are_probed_every_interval() {
         .metric("toolgate_health_probes_total", "result=\"fail\"")
         .await;
     assert_eq!(failed, 0.0);
-}
-
-/// utime + stime of a process, in clock ticks (100 per second on Linux).
-fn cpu_ticks(pid: i32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name (which is in parentheses and may hold spaces).
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let get = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-    // utime and stime are fields 14 and 15 of stat; 12 and 13 after the name.
-    get(11) + get(12)
-}
-
-fn rss_kib(pid: i32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse().ok()))
-        .unwrap_or(0)
 }

@@ -34,6 +34,21 @@ impl EtcdConfig {
     }
 }
 
+/// A Get's key-values as [`crate::registry::Registry::reset`] takes them; keys that are not
+/// UTF-8 cannot be registry keys and are left out.
+pub fn kv_tuples(kvs: &[etcd_client::KeyValue]) -> Vec<(&str, &[u8], i64, i64)> {
+    kvs.iter()
+        .filter_map(|kv| {
+            Some((
+                kv.key_str().ok()?,
+                kv.value(),
+                kv.lease(),
+                kv.mod_revision(),
+            ))
+        })
+        .collect()
+}
+
 /// Whether etcd is reachable now, for the admin API (the metric mirrors it).
 #[derive(Debug, Default)]
 pub struct EtcdStatus {

@@ -198,18 +198,7 @@ impl Watcher {
         let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
         let (rejected, instances) = {
             let mut reg = self.registry.write().unwrap_or_else(|p| p.into_inner());
-            let kvs: Vec<(&str, &[u8], i64, i64)> = resp
-                .kvs()
-                .iter()
-                .filter_map(|kv| {
-                    Some((
-                        kv.key_str().ok()?,
-                        kv.value(),
-                        kv.lease(),
-                        kv.mod_revision(),
-                    ))
-                })
-                .collect();
+            let kvs = crate::etcd::kv_tuples(resp.kvs());
             (reg.reset(kvs, revision), reg.instance_count())
         };
         self.warm_up().await;

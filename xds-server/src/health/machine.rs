@@ -138,7 +138,6 @@ impl CallWindow {
 #[derive(Debug, Clone)]
 pub struct Health {
     state: State,
-    since: Instant,
     since_wall: SystemTime,
     cause: String,
     failures_in_row: u32,
@@ -148,7 +147,6 @@ pub struct Health {
     first_call_failure: Option<Instant>,
     /// The last probe that passed or call that succeeded.
     last_ok: Option<Instant>,
-    last_probe: Option<Instant>,
     probes: VecDeque<ProbeResult>,
     calls: CallWindow,
 }
@@ -159,7 +157,7 @@ const PROBE_HISTORY: usize = 5;
 impl Health {
     /// A fresh registration: UNKNOWN until probed, or UP at once when probes are off (the
     /// lease is then the only liveness signal).
-    pub fn new(now: Instant, probes: bool) -> Health {
+    pub fn new(probes: bool) -> Health {
         let (state, cause) = if probes {
             (State::Unknown, "registered; waiting for the first probe")
         } else {
@@ -167,14 +165,12 @@ impl Health {
         };
         Health {
             state,
-            since: now,
             since_wall: SystemTime::now(),
             cause: cause.to_string(),
             failures_in_row: 0,
             first_failure: None,
             first_call_failure: None,
             last_ok: None,
-            last_probe: None,
             probes: VecDeque::new(),
             calls: CallWindow::default(),
         }
@@ -182,10 +178,6 @@ impl Health {
 
     pub fn state(&self) -> State {
         self.state
-    }
-
-    pub fn since(&self) -> Instant {
-        self.since
     }
 
     pub fn since_wall(&self) -> SystemTime {
@@ -202,10 +194,6 @@ impl Health {
 
     pub fn last_ok(&self) -> Option<Instant> {
         self.last_ok
-    }
-
-    pub fn last_probe(&self) -> Option<Instant> {
-        self.last_probe
     }
 
     /// The lease is alive (it is registered) but probes have been failing long enough to
@@ -248,7 +236,6 @@ impl Health {
             detection: since_failure.map(|f| now.duration_since(f)),
         };
         self.state = to;
-        self.since = now;
         self.since_wall = SystemTime::now();
         self.cause = cause;
         Some(t)
@@ -263,7 +250,6 @@ impl Health {
     ) -> Option<Transition> {
         let ok = result.ok;
         let detail = result.detail.clone();
-        self.last_probe = Some(now);
         if self.probes.len() == PROBE_HISTORY {
             self.probes.pop_front();
         }
@@ -440,18 +426,18 @@ mod tests {
     #[test]
     fn unknown_until_the_first_probe_passes() {
         let t0 = Instant::now();
-        let mut h = Health::new(t0, true);
+        let mut h = Health::new(true);
         assert_eq!(h.state(), State::Unknown);
         let t = h.on_probe(probe(true), t0, &cfg()).unwrap();
         assert_eq!((t.from, t.to), (State::Unknown, State::Up));
-        assert_eq!(Health::new(t0, false).state(), State::Up, "probes off");
+        assert_eq!(Health::new(false).state(), State::Up, "probes off");
     }
 
     #[test]
     fn two_failures_in_a_row_make_suspect_and_a_pass_brings_it_back() {
         let t0 = Instant::now();
         let c = cfg();
-        let mut h = Health::new(t0, true);
+        let mut h = Health::new(true);
         h.on_probe(probe(true), t0, &c);
         assert!(
             h.on_probe(probe(false), secs(t0, 2), &c).is_none(),
@@ -482,7 +468,7 @@ mod tests {
             suspect_after: 3,
             ..cfg()
         };
-        let mut h = Health::new(t0, true);
+        let mut h = Health::new(true);
         h.on_probe(probe(true), t0, &c);
         assert!(h.on_probe(probe(false), secs(t0, 2), &c).is_none());
         assert!(h.on_probe(probe(false), secs(t0, 4), &c).is_none());
@@ -496,7 +482,7 @@ mod tests {
     fn failing_past_the_down_window_is_down_and_a_pass_revives_it() {
         let t0 = Instant::now();
         let c = cfg();
-        let mut h = Health::new(t0, true);
+        let mut h = Health::new(true);
         h.on_probe(probe(true), t0, &c);
         let mut last = None;
         for s in (2..=40).step_by(2) {
@@ -518,7 +504,7 @@ mod tests {
     fn a_registration_that_never_answers_goes_down_without_being_routed() {
         let t0 = Instant::now();
         let c = cfg();
-        let mut h = Health::new(t0, true);
+        let mut h = Health::new(true);
         for s in (0..30).step_by(2) {
             assert!(h.on_probe(probe(false), secs(t0, s), &c).is_none());
         }
@@ -532,7 +518,7 @@ mod tests {
     fn failing_calls_make_unhealthy_and_recovery_brings_it_back() {
         let t0 = Instant::now();
         let c = cfg();
-        let mut h = Health::new(t0, true);
+        let mut h = Health::new(true);
         h.on_probe(probe(true), t0, &c);
         let bad = CallCounts {
             http_5xx: 6,
@@ -556,7 +542,7 @@ mod tests {
     fn a_single_timeout_is_not_a_verdict() {
         let t0 = Instant::now();
         let c = cfg();
-        let mut h = Health::new(t0, true);
+        let mut h = Health::new(true);
         h.on_probe(probe(true), t0, &c);
         let one = CallCounts {
             timeout: 1,
@@ -578,7 +564,7 @@ mod tests {
     fn unhealthy_ages_out_when_failures_leave_the_window() {
         let t0 = Instant::now();
         let c = cfg();
-        let mut h = Health::new(t0, true);
+        let mut h = Health::new(true);
         h.on_probe(probe(true), t0, &c);
         let bad = CallCounts {
             http_5xx: 10,

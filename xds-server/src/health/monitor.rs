@@ -239,18 +239,7 @@ async fn inspect(hub: Hub, etcd: EtcdConfig, resync: Arc<Notify>) {
                 Ok(Err(e)) => format!("skipped ({e})"),
                 Ok(Ok(resp)) => {
                     let mut fresh = Registry::new(layout);
-                    let kvs: Vec<(&str, &[u8], i64, i64)> = resp
-                        .kvs()
-                        .iter()
-                        .filter_map(|kv| {
-                            Some((
-                                kv.key_str().ok()?,
-                                kv.value(),
-                                kv.lease(),
-                                kv.mod_revision(),
-                            ))
-                        })
-                        .collect();
+                    let kvs = crate::etcd::kv_tuples(resp.kvs());
                     fresh.reset(kvs, revision);
                     let theirs = fresh.fingerprint();
                     if theirs == ours {

@@ -431,7 +431,7 @@ impl Registry {
             ip,
             lease,
             mod_revision,
-            health: Health::new(Instant::now(), self.health.probes),
+            health: Health::new(self.health.probes),
             wake: Arc::new(Notify::new()),
             lease_check: None,
         };

@@ -89,11 +89,6 @@ impl Publisher {
     pub fn is_started(&self) -> bool {
         self.inner.started.load(Ordering::Acquire)
     }
-
-    /// The generation last published (0: none yet).
-    pub fn generation(&self) -> u64 {
-        self.inner.generation.load(Ordering::Acquire)
-    }
 }
 
 async fn run(
