@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Instant;
 
 use serde::Serialize;
@@ -14,7 +15,9 @@ pub struct RoutingSnapshot {
     pub generation: u64,
     /// When the oldest etcd event folded into this snapshot arrived (for push latency).
     pub changed_at: Instant,
-    pub services: BTreeMap<String, ServiceRoute>,
+    /// A service whose route did not change shares its `Arc` with the previous snapshot, so
+    /// the xDS side finds what changed without comparing contents.
+    pub services: BTreeMap<String, Arc<ServiceRoute>>,
     /// The wasm filter's plugin configuration (JSON), delivered over ECDS.
     pub filter_config: String,
 }

@@ -237,7 +237,8 @@ fn snapshot(
                         limits: LIMITS,
                         timeout_ms: 60_000,
                         endpoints: endpoints.clone(),
-                    },
+                    }
+                    .into(),
                 )
             })
             .collect::<BTreeMap<_, _>>(),
@@ -710,7 +711,7 @@ async fn envoy_follows_snapshots_over_ads_and_nothing_is_sent_when_nothing_chang
     let mut bigger = (*health).clone();
     bigger.generation = 5;
     if let Some(inventory) = bigger.services.get_mut("inventory") {
-        inventory.limits.max_connections = 65;
+        Arc::make_mut(inventory).limits.max_connections = 65;
     }
     let bigger = Arc::new(bigger);
     publish.send_replace(Arc::clone(&bigger));

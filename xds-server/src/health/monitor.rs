@@ -165,12 +165,15 @@ async fn age_call_failures(hub: Hub) {
         let now = Instant::now();
         let mut reg = hub.registry.write().unwrap_or_else(|p| p.into_inner());
         let cfg = hub.config.clone();
+        let unhealthy: Vec<ServiceKey> = reg
+            .instances()
+            .filter(|(_, inst)| inst.health.state() == State::Unhealthy)
+            .map(|(key, _)| key.clone())
+            .collect();
         let mut moved = Vec::new();
-        for (key, inst) in reg.instances_mut() {
-            if inst.health.state() == State::Unhealthy {
-                if let Some(t) = inst.health.on_tick(now, &cfg) {
-                    moved.push((key.clone(), t));
-                }
+        for key in unhealthy {
+            if let Some(t) = reg.health_mut(&key).and_then(|h| h.on_tick(now, &cfg)) {
+                moved.push((key, t));
             }
         }
         if moved.is_empty() {

@@ -30,6 +30,9 @@ pub const WEIGHT_SCALE: u32 = 100;
 #[derive(Debug, Clone)]
 pub struct Instance {
     pub meta: InstanceMetadata,
+    /// `meta` as JSON, encoded once: the state-dir writer and the inspection read every
+    /// instance's, under the registry lock the watcher waits for.
+    pub json: Arc<str>,
     pub ip: IpAddr,
     pub lease: i64,
     pub mod_revision: i64,
@@ -102,6 +105,12 @@ pub struct Registry {
     membership: Arc<Notify>,
     /// (service, address) → instance, for the filters' call reports.
     by_addr: HashMap<(String, SocketAddr), ServiceKey>,
+    /// Each service's route as last built. A publish rebuilds only the services marked stale
+    /// since (all of them after a reset or a policy change): one change among 10,000 instances
+    /// costs the work of its own service, not of the registry.
+    routes: BTreeMap<String, Arc<ServiceRoute>>,
+    stale: BTreeSet<String>,
+    all_stale: bool,
 }
 
 impl Registry {
@@ -129,6 +138,9 @@ impl Registry {
             dirty: BTreeSet::new(),
             membership: Arc::new(Notify::new()),
             by_addr: HashMap::new(),
+            routes: BTreeMap::new(),
+            stale: BTreeSet::new(),
+            all_stale: true,
         }
     }
 
@@ -155,20 +167,28 @@ impl Registry {
         self.instances.get(key)
     }
 
+    /// Mutable access marks the instance's route stale: whatever the caller changes is
+    /// published.
     pub fn instance_mut(&mut self, key: &ServiceKey) -> Option<&mut Instance> {
-        self.instances.get_mut(key)
+        let inst = self.instances.get_mut(key)?;
+        if !self.stale.contains(&key.service) {
+            self.stale.insert(key.service.clone());
+        }
+        Some(inst)
     }
 
     pub fn health_mut(&mut self, key: &ServiceKey) -> Option<&mut Health> {
-        self.instances.get_mut(key).map(|i| &mut i.health)
+        self.instance_mut(key).map(|i| &mut i.health)
+    }
+
+    fn mark_stale(&mut self, service: &str) {
+        if !self.stale.contains(service) {
+            self.stale.insert(service.to_string());
+        }
     }
 
     pub fn instances(&self) -> impl Iterator<Item = (&ServiceKey, &Instance)> {
         self.instances.iter()
-    }
-
-    pub fn instances_mut(&mut self) -> impl Iterator<Item = (&ServiceKey, &mut Instance)> {
-        self.instances.iter_mut()
     }
 
     /// The instance a filter's report names by its upstream address.
@@ -215,6 +235,7 @@ impl Registry {
         self.policies.clear();
         self.fleet.clear();
         self.overrides.clear();
+        self.all_stale = true;
         let mut rejected = Vec::new();
         for (key, value, lease, mod_revision) in kvs {
             if let Err(r) = self.put(key, value, lease, mod_revision) {
@@ -350,6 +371,10 @@ impl Registry {
         let k = (service, tool);
         let changed = self.policies.get(&k).is_none_or(|(o, _)| *o != overrides);
         self.policies.insert(k, (overrides, raw));
+        if changed {
+            // A policy sets its service's bulkhead and timeout; rare enough to rebuild all.
+            self.all_stale = true;
+        }
         Ok(changed)
     }
 
@@ -427,6 +452,7 @@ impl Registry {
             ));
         }
         let mut instance = Instance {
+            json: meta.to_json().into(),
             meta,
             ip,
             lease,
@@ -454,6 +480,7 @@ impl Registry {
         };
         self.by_addr
             .insert((sk.service.clone(), instance.addr()), sk.clone());
+        self.mark_stale(&sk.service);
         self.instances.insert(sk.clone(), instance);
         if target_changed {
             self.mark_dirty(sk);
@@ -471,6 +498,7 @@ impl Registry {
             if self.by_addr.get(&addr_key) == Some(&sk) {
                 self.by_addr.remove(&addr_key);
             }
+            self.mark_stale(&sk.service);
             self.mark_dirty(sk);
             return true;
         }
@@ -487,32 +515,72 @@ impl Registry {
             return self.overrides.remove(&k).is_some();
         }
         match self.layout.parse_policy_key(key) {
-            Ok(k) => self.policies.remove(&k).is_some(),
+            Ok(k) => {
+                let removed = self.policies.remove(&k).is_some();
+                self.all_stale |= removed;
+                removed
+            }
             Err(_) => false,
         }
     }
 
-    /// What Envoy should route to now.
-    pub fn routing(&self, generation: u64, changed_at: Instant) -> RoutingSnapshot {
-        let mut services: BTreeMap<String, ServiceRoute> = self
-            .services
-            .keys()
-            .map(|s| {
-                (
-                    s.clone(),
-                    ServiceRoute {
-                        mcp_path: String::new(),
-                        limits: Bulkhead::default(),
-                        timeout_ms: 60_000,
-                        endpoints: Vec::new(),
-                    },
-                )
-            })
-            .collect();
-        for (sk, inst) in &self.instances {
-            let Some(route) = services.get_mut(&sk.service) else {
-                continue;
-            };
+    /// What Envoy should route to now. Rebuilds the routes of the services that changed since
+    /// the last call; the others are shared with the previous snapshot.
+    pub fn routing(&mut self, generation: u64, changed_at: Instant) -> RoutingSnapshot {
+        let filter = self.filter_config();
+        let stale: Vec<String> = if std::mem::take(&mut self.all_stale) {
+            self.stale.clear();
+            self.routes.retain(|s, _| self.services.contains_key(s));
+            self.services.keys().cloned().collect()
+        } else {
+            std::mem::take(&mut self.stale).into_iter().collect()
+        };
+        for service in stale {
+            if self.services.contains_key(&service) {
+                let route = self.build_route(&service, &filter);
+                match self.routes.get(&service) {
+                    Some(old) if **old == route => {}
+                    _ => {
+                        self.routes.insert(service, Arc::new(route));
+                    }
+                }
+            } else {
+                self.routes.remove(&service);
+            }
+        }
+        RoutingSnapshot {
+            generation,
+            changed_at,
+            services: self.routes.clone(),
+            // Serializing plain structs with string keys cannot fail.
+            filter_config: serde_json::to_string(&filter).unwrap_or_default(),
+        }
+    }
+
+    /// One service's route from its instances (a range of the ordered instance map).
+    fn build_route(&self, service: &str, filter: &FilterConfig) -> ServiceRoute {
+        // The bulkhead comes from the service's policy (a tool cannot have its own pool).
+        let policy = filter.policy_for(service, "");
+        let mut route = ServiceRoute {
+            mcp_path: String::new(),
+            limits: Bulkhead {
+                max_connections: policy.max_connections,
+                max_pending_requests: policy.max_pending_requests,
+                max_requests: policy.max_requests,
+                max_retries: policy.max_retries,
+            },
+            timeout_ms: policy.timeout_ms,
+            endpoints: Vec::new(),
+        };
+        let first = ServiceKey {
+            service: service.to_string(),
+            instance: String::new(),
+        };
+        let instances = self
+            .instances
+            .range(first..)
+            .take_while(|(sk, _)| sk.service == service);
+        for (sk, inst) in instances {
             // Instances of one service share the MCP path; the first one (by id) decides.
             if route.mcp_path.is_empty() {
                 route.mcp_path = inst.meta.mcp_path.clone();
@@ -540,28 +608,10 @@ impl Registry {
                 health,
             });
         }
-        let filter = self.filter_config();
-        for (service, route) in services.iter_mut() {
-            if route.mcp_path.is_empty() {
-                route.mcp_path = self.services.get(service).cloned().unwrap_or_default();
-            }
-            // The bulkhead comes from the service's policy (a tool cannot have its own pool).
-            let policy = filter.policy_for(service, "");
-            route.limits = Bulkhead {
-                max_connections: policy.max_connections,
-                max_pending_requests: policy.max_pending_requests,
-                max_requests: policy.max_requests,
-                max_retries: policy.max_retries,
-            };
-            route.timeout_ms = policy.timeout_ms;
+        if route.mcp_path.is_empty() {
+            route.mcp_path = self.services.get(service).cloned().unwrap_or_default();
         }
-        RoutingSnapshot {
-            generation,
-            changed_at,
-            services,
-            // Serializing plain structs with string keys cannot fail.
-            filter_config: serde_json::to_string(&filter).unwrap_or_default(),
-        }
+        route
     }
 
     /// The raw (key, value) pairs of every admitted instance and policy, for the state-dir
@@ -570,7 +620,7 @@ impl Registry {
         let instances = self.instances.iter().map(|(sk, inst)| {
             (
                 self.layout.instance_key(&sk.service, &sk.instance),
-                inst.meta.to_json(),
+                inst.json.to_string(),
             )
         });
         let policies = self.policies.iter().map(|((service, tool), (_, raw))| {
@@ -608,7 +658,7 @@ impl Registry {
             .map(|(sk, inst)| {
                 (
                     self.layout.instance_key(&sk.service, &sk.instance),
-                    inst.meta.to_json(),
+                    inst.json.to_string(),
                     inst.lease,
                 )
             })
@@ -894,12 +944,12 @@ mod tests {
         r.put("/mcp/services/inv/i-2", v2, 7, 3).unwrap();
         let dirty = r.take_dirty();
         assert_eq!(dirty.len(), 2, "both need a probe task");
-        let routed = |r: &Registry| {
+        let routed = |r: &mut Registry| {
             r.routing(1, Instant::now()).services["inv"]
                 .endpoints
                 .clone()
         };
-        assert!(routed(&r).is_empty(), "UNKNOWN is not routed");
+        assert!(routed(&mut r).is_empty(), "UNKNOWN is not routed");
 
         let pass = || ProbeResult {
             at: SystemTime::now(),
@@ -923,7 +973,7 @@ mod tests {
             ..Default::default()
         };
         r.health_mut(&k2).unwrap().on_calls(&bad, now, &probed);
-        let eps = routed(&r);
+        let eps = routed(&mut r);
         assert_eq!(eps[0].weight, WEIGHT_SCALE, "UP: the registered weight");
         assert_eq!(eps[1].health, EndpointHealth::Healthy);
         assert_eq!(eps[1].weight, 3 * WEIGHT_SCALE / 10, "UNHEALTHY: a tenth");
@@ -937,7 +987,7 @@ mod tests {
             4,
         );
         assert!(r.take_dirty().is_empty());
-        assert_eq!(routed(&r).len(), 2);
+        assert_eq!(routed(&mut r).len(), 2);
         // The same key at a new address is a new server: UNKNOWN again.
         r.put(
             "/mcp/services/inv/i-1",
@@ -950,7 +1000,7 @@ mod tests {
             r.take_dirty().into_iter().collect::<Vec<_>>(),
             vec![k1.clone()]
         );
-        assert_eq!(routed(&r).len(), 1);
+        assert_eq!(routed(&mut r).len(), 1);
         assert_eq!(
             r.find_by_addr("inv", "127.0.0.1:9009".parse().unwrap()),
             Some(&k1)

@@ -438,15 +438,15 @@ impl AdsStream {
                 let wanted: Vec<&String> = names
                     .iter()
                     .filter(|n| {
-                        let hash = current.hashes.get(*n);
-                        hash.is_some() && (!partial || state.delivered.get(*n) != hash)
+                        let hash = current.hash(n);
+                        hash.is_some() && (!partial || state.delivered.get(*n).copied() != hash)
                     })
                     .collect();
                 if ty == ResourceType::Endpoint {
                     state.delivered.retain(|n, _| names.contains(n));
                     for name in &wanted {
-                        if let Some(h) = current.hashes.get(*name) {
-                            state.delivered.insert((*name).clone(), *h);
+                        if let Some(h) = current.hash(name) {
+                            state.delivered.insert((*name).clone(), h);
                         }
                     }
                 }
@@ -547,7 +547,8 @@ mod tests {
                                     health: EndpointHealth::Healthy,
                                 })
                                 .collect(),
-                        },
+                        }
+                        .into(),
                     )
                 })
                 .collect(),
@@ -848,7 +849,7 @@ mod tests {
         let limited = |generation| {
             let mut r = routing(generation, &[("a", &[1, 3]), ("b", &[2])]);
             if let Some(a) = r.services.get_mut("a") {
-                a.limits.max_connections = 7;
+                Arc::make_mut(a).limits.max_connections = 7;
             }
             r
         };

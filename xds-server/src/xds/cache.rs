@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use envoy_types::pb::google::protobuf::Any;
 
-use super::resources::{self, NamedResources, ResourceType};
+use super::resources::{self, ResourceType};
 use crate::routing::{RoutingSnapshot, ServiceRoute};
 
 /// All resources of one type at one version. Immutable: shared by every stream through `Arc`,
@@ -22,10 +22,7 @@ use crate::routing::{RoutingSnapshot, ServiceRoute};
 pub struct TypeSnapshot {
     /// Changes if and only if the encoded resources change.
     pub version: String,
-    pub resources: NamedResources,
-    /// A content hash per resource, so a stream can send only the resources it has not
-    /// delivered in this form yet (EDS in state of the world allows partial responses).
-    pub hashes: BTreeMap<String, u64>,
+    entries: BTreeMap<String, Entry>,
     /// `changed_at` of the routing snapshot that produced this version: when the oldest etcd
     /// event folded into it reached toolgate-xds. Push latency is measured from here.
     pub changed_at: Instant,
@@ -34,24 +31,44 @@ pub struct TypeSnapshot {
     pub current_since: Instant,
 }
 
-/// The content hash of one resource.
-fn resource_hash(any: &Any) -> u64 {
-    fnv1a([any.type_url.as_bytes(), &any.value[..]])
+/// One encoded resource and its content hash. The hash lets a stream send only the resources
+/// it has not delivered in this form yet (EDS in state of the world allows partial responses).
+#[derive(Debug, Clone, PartialEq)]
+struct Entry {
+    any: Arc<Any>,
+    hash: u64,
+}
+
+impl Entry {
+    fn new(any: Any) -> Entry {
+        Entry {
+            hash: fnv1a([any.type_url.as_bytes(), &any.value[..]]),
+            any: Arc::new(any),
+        }
+    }
 }
 
 impl TypeSnapshot {
-    fn from_parts(
-        resources: NamedResources,
-        hashes: BTreeMap<String, u64>,
-        changed_at: Instant,
-    ) -> TypeSnapshot {
+    fn new(entries: BTreeMap<String, Entry>, changed_at: Instant) -> TypeSnapshot {
         TypeSnapshot {
-            version: content_version(&hashes),
-            resources,
-            hashes,
+            version: content_version(&entries),
+            entries,
             changed_at,
             current_since: Instant::now(),
         }
+    }
+
+    /// The content hash of the resource `name`, if the type has it.
+    pub fn hash(&self, name: &str) -> Option<u64> {
+        self.entries.get(name).map(|e| e.hash)
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
     }
 
     /// The resources among `names` that exist, in name order. A name toolgate does not know
@@ -59,13 +76,13 @@ impl TypeSnapshot {
     pub fn select<'a>(&'a self, names: impl IntoIterator<Item = &'a String>) -> Vec<Any> {
         names
             .into_iter()
-            .filter_map(|n| self.resources.get(n).cloned())
+            .filter_map(|n| self.entries.get(n).map(|e| Any::clone(&e.any)))
             .collect()
     }
 
     /// Every resource of the type, in name order (a wildcard subscription).
     pub fn all(&self) -> Vec<Any> {
-        self.resources.values().cloned().collect()
+        self.entries.values().map(|e| Any::clone(&e.any)).collect()
     }
 }
 
@@ -96,9 +113,8 @@ impl CacheSnapshot {
 /// the immutable `Arc<CacheSnapshot>`.
 #[derive(Debug, Default)]
 pub struct SnapshotCache {
-    /// The services and filter configuration of the last applied snapshot: an unchanged
-    /// registry costs one comparison.
-    services: Option<(BTreeMap<String, ServiceRoute>, String)>,
+    /// The services and filter configuration of the last applied snapshot.
+    services: Option<(BTreeMap<String, Arc<ServiceRoute>>, String)>,
     current: Option<Arc<CacheSnapshot>>,
 }
 
@@ -116,28 +132,18 @@ impl SnapshotCache {
     /// update reports every type. Types that did not change keep their `Arc`, version and
     /// `changed_at`.
     pub fn update(&mut self, snapshot: &RoutingSnapshot) -> Vec<ResourceType> {
-        if let (Some(current), Some(services)) = (&self.current, &self.services) {
-            if services.0 == snapshot.services && services.1 == snapshot.filter_config {
-                if current.generation != snapshot.generation {
-                    self.current = Some(Arc::new(CacheSnapshot {
-                        generation: snapshot.generation,
-                        types: current.types.clone(),
-                    }));
-                }
-                return Vec::new();
-            }
-        }
+        let built = self.build(snapshot);
         let mut changed = Vec::new();
         let mut types = BTreeMap::new();
-        for (ty, (built, hashes)) in self.build(snapshot) {
+        for (ty, entries) in built {
             let previous = self.current.as_ref().and_then(|c| c.types.get(&ty));
-            let next = match previous {
-                // Compare bytes, not versions: a hash only says "maybe equal".
-                Some(prev) if prev.resources == built => Arc::clone(prev),
-                _ => {
+            let next = match (previous, entries) {
+                (Some(prev), None) => Arc::clone(prev),
+                (_, Some(entries)) => {
                     changed.push(ty);
-                    Arc::new(TypeSnapshot::from_parts(built, hashes, snapshot.changed_at))
+                    Arc::new(TypeSnapshot::new(entries, snapshot.changed_at))
                 }
+                (None, None) => continue,
             };
             types.insert(ty, next);
         }
@@ -148,85 +154,180 @@ impl SnapshotCache {
         }));
         changed
     }
+
+    /// Each type's resources for `snapshot`, or `None` for a type whose bytes are those of the
+    /// current version. Only what changed is encoded: a service whose route is the same `Arc`
+    /// (or equal) keeps its encoded cluster and assignment; the route configuration is rebuilt
+    /// only when a service came, went or changed its path or timeout; the filter configuration
+    /// only when its text changed. One change among 10,000 instances costs its own service
+    /// plus a copy of the name → resource maps, not an encoding of the registry.
+    fn build(&self, snapshot: &RoutingSnapshot) -> BTreeMap<ResourceType, Option<Entries>> {
+        let empty = BTreeMap::new();
+        let previous_routes = self.services.as_ref().map_or(&empty, |(s, _)| s);
+        let previous = |ty| self.current.as_ref().and_then(|c| c.types.get(&ty));
+        let mut clusters = Patch::new(previous(ResourceType::Cluster));
+        let mut assignments = Patch::new(previous(ResourceType::Endpoint));
+        let mut route_table_changed = previous(ResourceType::Route).is_none();
+        for change in diff(previous_routes, &snapshot.services) {
+            match change {
+                Change::Gone(service) => {
+                    route_table_changed = true;
+                    let name = resources::cluster_name(service);
+                    clusters.remove(&name);
+                    assignments.remove(&name);
+                }
+                Change::Set(service, old, route) => {
+                    route_table_changed |= old.is_none_or(|old| {
+                        old.mcp_path != route.mcp_path || old.timeout_ms != route.timeout_ms
+                    });
+                    let name = resources::cluster_name(service);
+                    clusters.put(name.clone(), &resources::cluster(service, route));
+                    assignments.put(name, &resources::load_assignment(service, route));
+                }
+            }
+        }
+        let mut routes = Patch::new(previous(ResourceType::Route));
+        if route_table_changed {
+            routes.put(
+                resources::ROUTE_CONFIG_NAME.to_string(),
+                &resources::route_configuration(snapshot),
+            );
+        }
+        let mut extension = Patch::new(previous(ResourceType::ExtensionConfig));
+        let same_filter = self
+            .services
+            .as_ref()
+            .is_some_and(|(_, f)| *f == snapshot.filter_config);
+        if !same_filter {
+            extension.put_any(
+                super::ecds::FILTER_CONFIG_NAME.to_string(),
+                super::ecds::extension_config(&snapshot.filter_config),
+            );
+        }
+        BTreeMap::from([
+            (ResourceType::Cluster, clusters.finish()),
+            (ResourceType::Endpoint, assignments.finish()),
+            (ResourceType::Route, routes.finish()),
+            (ResourceType::ExtensionConfig, extension.finish()),
+        ])
+    }
 }
 
-impl SnapshotCache {
-    /// Every resource of `snapshot`, with its hash. A service whose route did not change since
-    /// the last snapshot keeps its encoded cluster and assignment: under churn over 10,000
-    /// instances only the services that changed are encoded again.
-    fn build(
-        &self,
-        snapshot: &RoutingSnapshot,
-    ) -> BTreeMap<ResourceType, (NamedResources, BTreeMap<String, u64>)> {
-        let previous_routes = self.services.as_ref().map(|(s, _)| s);
-        let previous = |ty| self.current.as_ref().and_then(|c| c.types.get(&ty));
-        let (prev_clusters, prev_assignments) = (
-            previous(ResourceType::Cluster),
-            previous(ResourceType::Endpoint),
-        );
-        let reuse = |snap: Option<&Arc<TypeSnapshot>>, name: &str| {
-            let snap = snap?;
-            Some((snap.resources.get(name)?.clone(), *snap.hashes.get(name)?))
-        };
-        let mut clusters = (NamedResources::new(), BTreeMap::new());
-        let mut assignments = (NamedResources::new(), BTreeMap::new());
-        for (service, route) in &snapshot.services {
-            let name = resources::cluster_name(service);
-            let same = previous_routes
-                .and_then(|p| p.get(service))
-                .is_some_and(|r| r == route);
-            let kept = same
-                .then(|| {
-                    Some((
-                        reuse(prev_clusters, &name)?,
-                        reuse(prev_assignments, &name)?,
-                    ))
-                })
-                .flatten();
-            let ((c, ch), (a, ah)) = kept.unwrap_or_else(|| {
-                let c = resources::to_any(&resources::cluster(service, route));
-                let a = resources::to_any(&resources::load_assignment(service, route));
-                let (ch, ah) = (resource_hash(&c), resource_hash(&a));
-                ((c, ch), (a, ah))
-            });
-            clusters.0.insert(name.clone(), c);
-            clusters.1.insert(name.clone(), ch);
-            assignments.0.insert(name.clone(), a);
-            assignments.1.insert(name, ah);
+type Entries = BTreeMap<String, Entry>;
+
+/// How a service's route differs between two snapshots.
+enum Change<'a> {
+    Gone(&'a str),
+    /// New (no old route) or changed.
+    Set(&'a str, Option<&'a ServiceRoute>, &'a ServiceRoute),
+}
+
+/// The services that came, went or changed, by walking both (sorted) maps once. A route kept
+/// from one snapshot to the next is the same `Arc`, so most services cost a pointer compare.
+fn diff<'a>(
+    old: &'a BTreeMap<String, Arc<ServiceRoute>>,
+    new: &'a BTreeMap<String, Arc<ServiceRoute>>,
+) -> Vec<Change<'a>> {
+    let mut changes = Vec::new();
+    let (mut old, mut new) = (old.iter().peekable(), new.iter().peekable());
+    loop {
+        match (old.peek(), new.peek()) {
+            (None, None) => break,
+            (Some((o, _)), None) => {
+                changes.push(Change::Gone(o.as_str()));
+                old.next();
+            }
+            (None, Some((n, r))) => {
+                changes.push(Change::Set(n.as_str(), None, r));
+                new.next();
+            }
+            (Some((o, or)), Some((n, nr))) => match o.cmp(n) {
+                std::cmp::Ordering::Less => {
+                    changes.push(Change::Gone(o.as_str()));
+                    old.next();
+                }
+                std::cmp::Ordering::Greater => {
+                    changes.push(Change::Set(n.as_str(), None, nr));
+                    new.next();
+                }
+                std::cmp::Ordering::Equal => {
+                    // `Arc`'s `==` compares pointers first.
+                    if or != nr {
+                        changes.push(Change::Set(n.as_str(), Some(or), nr));
+                    }
+                    old.next();
+                    new.next();
+                }
+            },
         }
-        let hashed = |resources: NamedResources| {
-            let hashes = resources
-                .iter()
-                .map(|(n, a)| (n.clone(), resource_hash(a)))
-                .collect();
-            (resources, hashes)
-        };
-        let mut routes = NamedResources::new();
-        routes.insert(
-            resources::ROUTE_CONFIG_NAME.to_string(),
-            resources::to_any(&resources::route_configuration(snapshot)),
-        );
-        let mut extension = NamedResources::new();
-        extension.insert(
-            super::ecds::FILTER_CONFIG_NAME.to_string(),
-            super::ecds::extension_config(&snapshot.filter_config),
-        );
-        BTreeMap::from([
-            (ResourceType::Cluster, clusters),
-            (ResourceType::Endpoint, assignments),
-            (ResourceType::Route, hashed(routes)),
-            (ResourceType::ExtensionConfig, hashed(extension)),
-        ])
+    }
+    changes
+}
+
+/// A type's previous resources with some replaced or removed, copied on the first change;
+/// remembers whether the bytes differ from the previous version's.
+struct Patch<'a> {
+    previous: Option<&'a Arc<TypeSnapshot>>,
+    /// `None` while nothing changed.
+    entries: Option<Entries>,
+}
+
+impl<'a> Patch<'a> {
+    fn new(previous: Option<&'a Arc<TypeSnapshot>>) -> Patch<'a> {
+        Patch {
+            previous,
+            entries: None,
+        }
+    }
+
+    fn get(&self, name: &str) -> Option<&Entry> {
+        match (&self.entries, self.previous) {
+            (Some(entries), _) => entries.get(name),
+            (None, Some(prev)) => prev.entries.get(name),
+            (None, None) => None,
+        }
+    }
+
+    fn entries(&mut self) -> &mut Entries {
+        let previous = self.previous;
+        self.entries
+            .get_or_insert_with(|| previous.map(|p| p.entries.clone()).unwrap_or_default())
+    }
+
+    fn put<M: prost::Message + prost::Name>(&mut self, name: String, message: &M) {
+        self.put_any(name, resources::to_any(message));
+    }
+
+    fn put_any(&mut self, name: String, any: Any) {
+        // Compare bytes, not hashes: a hash only says "maybe equal".
+        if self.get(&name).is_some_and(|old| *old.any == any) {
+            return;
+        }
+        self.entries().insert(name, Entry::new(any));
+    }
+
+    fn remove(&mut self, name: &str) {
+        if self.get(name).is_some() {
+            self.entries().remove(name);
+        }
+    }
+
+    /// The new entries, or `None` when they are the previous version's.
+    fn finish(self) -> Option<Entries> {
+        match (self.entries, self.previous) {
+            (None, Some(_)) => None,
+            (entries, _) => Some(entries.unwrap_or_default()),
+        }
     }
 }
 
 /// 64-bit FNV-1a over every (name, content hash), each length-prefixed so that no two
 /// different contents concatenate to the same input. Stable across builds and restarts, unlike
 /// `std`'s `DefaultHasher`.
-fn content_version(hashes: &BTreeMap<String, u64>) -> String {
-    let encoded: Vec<[u8; 8]> = hashes.values().map(|h| h.to_le_bytes()).collect();
+fn content_version(entries: &Entries) -> String {
+    let encoded: Vec<[u8; 8]> = entries.values().map(|e| e.hash.to_le_bytes()).collect();
     let hash = fnv1a(
-        hashes
+        entries
             .keys()
             .zip(&encoded)
             .flat_map(|(name, h)| [name.as_bytes(), &h[..]]),
@@ -265,17 +366,53 @@ mod tests {
                 ("c", &[("c-1", 5)]),
             ],
         );
-        let incremental = cache.build(&second);
+        cache.update(&second);
+        let incremental = cache.current().expect("updated");
         let full = resources::build(&second);
-        assert_eq!(incremental.len(), full.len());
         for (ty, resources) in full {
-            assert_eq!(incremental[&ty].0, resources, "{ty:?}");
-            let hashes: BTreeMap<String, u64> = resources
+            let entries = &incremental.get(ty).expect("type served").entries;
+            let anys: resources::NamedResources = entries
                 .iter()
-                .map(|(n, a)| (n.clone(), resource_hash(a)))
+                .map(|(n, e)| (n.clone(), e.any.clone()))
                 .collect();
-            assert_eq!(incremental[&ty].1, hashes, "{ty:?}");
+            assert_eq!(anys, resources, "{ty:?}");
+            for (n, a) in &resources {
+                assert_eq!(
+                    entries[n].hash,
+                    Entry::new(Any::clone(a)).hash,
+                    "{ty:?} {n}"
+                );
+            }
         }
+    }
+
+    #[test]
+    fn a_change_re_encodes_only_its_own_service() {
+        let mut cache = SnapshotCache::new();
+        cache.update(&snapshot(1, &[("a", &[("a-1", 1)]), ("b", &[("b-1", 3)])]));
+        let before = cache.current().expect("updated");
+        let changed = cache.update(&snapshot(
+            2,
+            &[("a", &[("a-1", 1)]), ("b", &[("b-1", 3), ("b-2", 4)])],
+        ));
+        assert_eq!(changed, [ResourceType::Endpoint]);
+        let after = cache.current().expect("updated");
+        let entry = |c: &CacheSnapshot, ty, name: &str| {
+            Arc::clone(&c.get(ty).expect("type served").entries[name].any)
+        };
+        let (a, b) = (resources::cluster_name("a"), resources::cluster_name("b"));
+        assert!(Arc::ptr_eq(
+            &entry(&before, ResourceType::Endpoint, &a),
+            &entry(&after, ResourceType::Endpoint, &a)
+        ));
+        assert!(!Arc::ptr_eq(
+            &entry(&before, ResourceType::Endpoint, &b),
+            &entry(&after, ResourceType::Endpoint, &b)
+        ));
+        assert!(Arc::ptr_eq(
+            before.get(ResourceType::Cluster).expect("cds"),
+            after.get(ResourceType::Cluster).expect("cds")
+        ));
     }
     use super::*;
     use crate::routing::{Bulkhead, EndpointHealth, RouteEndpoint};
@@ -304,7 +441,8 @@ mod tests {
                                     health: EndpointHealth::Healthy,
                                 })
                                 .collect(),
-                        },
+                        }
+                        .into(),
                     )
                 })
                 .collect(),

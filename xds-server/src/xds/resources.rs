@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::cluster::v3::{
     circuit_breakers::Thresholds,
@@ -114,8 +115,9 @@ impl ResourceType {
     }
 }
 
-/// Resources of one type by name, each encoded as `google.protobuf.Any`.
-pub type NamedResources = BTreeMap<String, Any>;
+/// Resources of one type by name, each encoded as `google.protobuf.Any`. Shared (`Arc`), so
+/// the next version of a type reuses every resource that did not change without copying it.
+pub type NamedResources = BTreeMap<String, Arc<Any>>;
 
 /// Everything toolgate serves for `snapshot`, by type. Each of CDS, EDS and RDS is present even
 /// when empty, so "no services" is a state Envoy is told about rather than a missing answer.
@@ -127,18 +129,18 @@ pub(crate) fn build(snapshot: &RoutingSnapshot) -> BTreeMap<ResourceType, NamedR
     let mut assignments = NamedResources::new();
     for (service, route) in &snapshot.services {
         let name = cluster_name(service);
-        clusters.insert(name.clone(), to_any(&cluster(service, route)));
-        assignments.insert(name, to_any(&load_assignment(service, route)));
+        clusters.insert(name.clone(), Arc::new(to_any(&cluster(service, route))));
+        assignments.insert(name, Arc::new(to_any(&load_assignment(service, route))));
     }
     let mut routes = NamedResources::new();
     routes.insert(
         ROUTE_CONFIG_NAME.to_string(),
-        to_any(&route_configuration(snapshot)),
+        Arc::new(to_any(&route_configuration(snapshot))),
     );
     let mut extension = NamedResources::new();
     extension.insert(
         super::ecds::FILTER_CONFIG_NAME.to_string(),
-        super::ecds::extension_config(&snapshot.filter_config),
+        Arc::new(super::ecds::extension_config(&snapshot.filter_config)),
     );
     BTreeMap::from([
         (ResourceType::Cluster, clusters),
@@ -475,7 +477,8 @@ mod tests {
                             endpoint("inv-a", 1, 10, EndpointHealth::Healthy),
                             endpoint("inv-b", 2, 0, EndpointHealth::Draining),
                         ],
-                    },
+                    }
+                    .into(),
                 ),
                 (
                     "billing".to_string(),
@@ -484,7 +487,8 @@ mod tests {
                         limits: Bulkhead::default(),
                         timeout_ms: 60_000,
                         endpoints: Vec::new(),
-                    },
+                    }
+                    .into(),
                 ),
             ]),
             filter_config: String::from("{}"),
@@ -732,7 +736,7 @@ mod tests {
         // Another generation and another order of the same instances is the same content.
         b.generation = 7;
         if let Some(s) = b.services.get_mut("inventory") {
-            s.endpoints.reverse();
+            Arc::make_mut(s).endpoints.reverse();
         }
         assert_eq!(build(&a), build(&b));
     }
