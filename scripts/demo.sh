@@ -80,6 +80,7 @@ done
 cat <<EOT
 
 toolgate demo is running (Ctrl-C stops it):
+  console        http://127.0.0.1:$ADMIN_PORT/ui/   (admin token: $TOKEN_FILE)
   gateway        http://127.0.0.1:$GATEWAY_PORT/mcp/inventory
                  http://127.0.0.1:$GATEWAY_PORT/mcp/finance
                  http://127.0.0.1:$GATEWAY_PORT/mcp/code

@@ -22,8 +22,11 @@ fi
 missing=()
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 command -v wrk >/dev/null 2>&1 || missing+=(wrk)
-# The font make bench's plots are drawn with.
+# The font make bench's plots (and the console's screenshots) are drawn with.
 [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || missing+=(fonts-dejavu-core)
+# A real browser for the console test: headless Chromium and its WebDriver.
+[ -x /usr/bin/chromium ] || missing+=(chromium)
+[ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
 if [ ${#missing[@]} -gt 0 ]; then
   say "installing Debian packages: ${missing[*]}"
   if [ "$(id -u)" -ne 0 ]; then
@@ -63,3 +66,5 @@ echo "  $("$BIN/etcd" --version | head -1)"
 echo "  etcdctl $("$BIN/etcdctl" version | head -1)"
 echo "  python mcp $("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("mcp"))')"
 echo "  $(wrk --version 2>&1 | head -1 | cut -d' ' -f1-2)"
+echo "  $(/usr/bin/chromium --version 2>/dev/null | head -1)"
+echo "  $(/usr/bin/chromedriver --version 2>/dev/null | head -1 | cut -d' ' -f1-2)"

@@ -2,6 +2,7 @@
 //! loopback ports, each in its own process group, stopped on drop (also when a test panics),
 //! with per-test log files that are printed when the test fails.
 
+pub mod browser;
 pub mod envoy;
 pub mod etcd;
 pub mod faultproxy;
@@ -15,6 +16,7 @@ pub mod testenv;
 pub mod wait;
 pub mod xds;
 
+pub use browser::Browser;
 pub use envoy::{Envoy, EnvoyHost};
 pub use etcd::Etcd;
 pub use faultproxy::FaultProxy;

@@ -376,10 +376,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         probes = health_config.probes, probe_interval = ?health_config.probe_interval,
         probe_timeout = ?health_config.probe_timeout, down_window = ?health_config.down_window,
         "toolgate-xds serving");
+    let envoys = Arc::new(xds::Connections::default());
     let xds_task = tokio::spawn(xds::serve(
         xds_listener,
         snapshots,
         metrics.clone(),
+        envoys.clone(),
         stopped(stop_rx.clone()),
     ));
     let admin_task = tokio::spawn(admin::serve(
@@ -391,6 +393,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             hub,
             fleet,
             token,
+            envoys,
         },
         stopped(stop_rx),
     ));

@@ -460,10 +460,12 @@ async fn envoy_follows_snapshots_over_ads_and_nothing_is_sent_when_nothing_chang
         &[("inventory", "/rpc", vec![instance("inv-a", inv_a, Healthy)])],
     ));
     let (stop, stopped) = oneshot::channel::<()>();
+    let connections = Arc::new(toolgate_xds::xds::Connections::default());
     let server = tokio::spawn(toolgate_xds::xds::serve(
         xds_listener,
         snapshots,
         Arc::clone(&metrics),
+        Arc::clone(&connections),
         async move {
             let _ = stopped.await;
         },
@@ -548,6 +550,27 @@ async fn envoy_follows_snapshots_over_ads_and_nothing_is_sent_when_nothing_chang
         .await
         .expect("POST");
     assert_eq!((r.status, r.body.as_str()), (200, "inv-a POST /rpc"));
+    // Both Envoys are listed with what they were sent and acknowledged (`/v1/envoys`).
+    let listed = wait_for("both Envoys listed with CDS acked", CONVERGE, || async {
+        let list = connections.list();
+        let mut nodes: Vec<&str> = list
+            .iter()
+            .filter(|c| {
+                c.types
+                    .get("cds")
+                    .is_some_and(|t| t.acked_version.is_some() && t.acked_version == t.sent_version)
+            })
+            .map(|c| c.node.as_str())
+            .collect();
+        nodes.sort();
+        if nodes.len() == 2 {
+            Ok(nodes.join(","))
+        } else {
+            Err(format!("{list:?}"))
+        }
+    })
+    .await;
+    assert_eq!(listed, "envoy-under-test,second-envoy");
     for unknown in ["/mcp/inventoryX", "/mcp/billing", "/elsewhere"] {
         let r = call(&client, Method::GET, &mcp(unknown), None)
             .await

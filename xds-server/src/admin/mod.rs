@@ -4,6 +4,7 @@
 //! `/v1/overrides` and `/v1/policies` (changes need the bearer token).
 
 pub mod auth;
+mod console;
 
 use std::future::Future;
 use std::sync::{Arc, RwLock};
@@ -36,6 +37,8 @@ pub struct AdminState {
     pub hub: Hub,
     pub fleet: FleetWriter,
     pub token: AdminToken,
+    /// The Envoys connected over ADS, for `/v1/envoys`.
+    pub envoys: Arc<crate::xds::Connections>,
 }
 
 pub fn router(state: AdminState) -> Router {
@@ -43,6 +46,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/v1/registry", get(registry))
+        .route("/v1/envoys", get(envoys))
         .route("/v1/feedback", post(report_calls))
         .route("/v1/breaker-events", post(breaker_events))
         .route("/v1/breakers", get(breakers))
@@ -60,6 +64,7 @@ pub fn router(state: AdminState) -> Router {
             "/v1/policies/{service}/{tool}",
             put(put_tool_policy).delete(delete_tool_policy),
         )
+        .merge(console::routes())
         .with_state(state)
 }
 
@@ -101,6 +106,10 @@ async fn registry(State(s): State<AdminState>) -> impl IntoResponse {
         "instances": view.instances,
         "services": view.services,
     }))
+}
+
+async fn envoys(State(s): State<AdminState>) -> impl IntoResponse {
+    Json(json!({"envoys": s.envoys.list()}))
 }
 
 async fn report_calls(

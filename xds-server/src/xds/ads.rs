@@ -23,6 +23,7 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 
 use super::cache::{CacheSnapshot, SnapshotCache, TypeSnapshot};
+use super::connections::Connections;
 use super::resources::ResourceType;
 use crate::metrics::{Metrics, TypeLabel};
 use crate::routing::RoutingSnapshot;
@@ -41,6 +42,7 @@ pub struct AdsService {
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
     next_stream: AtomicU64,
+    connections: Arc<Connections>,
 }
 
 impl AdsService {
@@ -64,7 +66,14 @@ impl AdsService {
             metrics,
             shutdown,
             next_stream: AtomicU64::new(1),
+            connections: Arc::default(),
         }
+    }
+
+    /// Lists its streams in `connections` (the admin API's `/v1/envoys`).
+    pub fn with_connections(mut self, connections: Arc<Connections>) -> AdsService {
+        self.connections = connections;
+        self
     }
 }
 
@@ -107,8 +116,10 @@ impl AggregatedDiscoveryService for AdsService {
         let peer = request.remote_addr();
         let requests = request.into_inner();
         let (tx, rx) = mpsc::channel(RESPONSE_QUEUE);
+        let id = self.next_stream.fetch_add(1, Ordering::Relaxed);
         let stream = AdsStream {
-            id: self.next_stream.fetch_add(1, Ordering::Relaxed),
+            id,
+            connections: Arc::clone(&self.connections),
             peer,
             node: String::new(),
             filter_path: None,
@@ -218,6 +229,7 @@ struct Closed;
 /// One ADS stream: one Envoy.
 struct AdsStream {
     id: u64,
+    connections: Arc<Connections>,
     peer: Option<SocketAddr>,
     /// From the first request (`set_node_on_first_message_only`).
     node: String,
@@ -257,6 +269,7 @@ impl AdsStream {
     ) {
         let shutdown = self.shutdown.clone();
         let _connected = ConnectedGuard::new(&self.metrics);
+        let _listed = self.connections.open(self.id, self.peer);
         debug!(stream = self.id, peer = ?self.peer, "ADS stream opened");
         // Responses already sent reflect the cache as of now; only later views are pushes.
         cache.borrow_and_update();
@@ -328,6 +341,8 @@ impl AdsStream {
             if let Some(node) = &request.node {
                 self.node = node.id.clone();
                 self.filter_path = super::ecds::filter_path(node.metadata.as_ref());
+                self.connections
+                    .identified(self.id, &node.id, &node.cluster);
                 info!(node = %self.node, cluster = %node.cluster, stream = self.id,
                     peer = ?self.peer, "Envoy connected");
             }
@@ -363,11 +378,14 @@ impl AdsStream {
                     })
                     .inc();
                 state.nacked = Some(sent.version.clone());
+                self.connections
+                    .nacked(self.id, ty, &sent.version, &error.message);
                 // Envoy applied none of it: the next response must carry everything again.
                 state.delivered.clear();
             } else {
                 debug!(node = %node, r#type = ty.short_name(), version = %sent.version, "ACK");
                 state.acked = Some(sent.version.clone());
+                self.connections.acked(self.id, ty, &sent.version);
             }
         }
         state.subscription = Subscription::from_request(ty, &request.resource_names);
@@ -497,6 +515,7 @@ impl AdsStream {
             r#type: ty.short_name(),
         };
         self.metrics.pushes.get_or_create(&label).inc();
+        self.connections.sent(self.id, ty, &current.version);
         // Latency of propagating a change, not of catching up: only a version that became
         // current while this Envoy was connected, measured once per version.
         if first_of_version && current.current_since >= self.started {
@@ -570,6 +589,7 @@ mod tests {
             let (tx, rx) = mpsc::channel(64);
             Harness {
                 stream: AdsStream {
+                    connections: Arc::default(),
                     id: 1,
                     peer: None,
                     node: String::new(),

@@ -6,6 +6,7 @@
 
 pub mod ads;
 pub mod cache;
+pub mod connections;
 pub mod ecds;
 pub mod resources;
 
@@ -26,6 +27,7 @@ use crate::metrics::Metrics;
 use crate::routing::RoutingSnapshot;
 
 pub use ads::AdsService;
+pub use connections::Connections;
 
 /// HTTP/2 PING interval on each connection: finds an Envoy that vanished without closing its
 /// TCP connection (host crash, network partition), so its stream task and the
@@ -46,6 +48,7 @@ pub async fn serve(
     listener: TcpListener,
     snapshots: watch::Receiver<Arc<RoutingSnapshot>>,
     metrics: Arc<Metrics>,
+    connections: Arc<Connections>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let addr = listener
@@ -54,7 +57,7 @@ pub async fn serve(
     let token = CancellationToken::new();
     // Also stops the cache task if serving fails.
     let _stop_on_return = token.clone().drop_guard();
-    let ads = AdsService::new(snapshots, metrics, token.clone());
+    let ads = AdsService::new(snapshots, metrics, token.clone()).with_connections(connections);
     // `serve_with_incoming` ignores the builder's TCP settings: they go on the incoming stream.
     let incoming = TcpIncoming::from(listener)
         .with_nodelay(Some(true))
