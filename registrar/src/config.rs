@@ -3,6 +3,7 @@
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, ConnectOptions, PutOptions};
+use toolgate_etcd_access::EtcdAccess;
 use toolgate_model::{validate_name, Endpoint, InstanceMetadata, KeyLayout};
 use tracing::{info, warn};
 
@@ -30,6 +31,7 @@ pub struct Registrar {
     pub(crate) metadata: InstanceMetadata,
     pub(crate) ttl: i64,
     pub(crate) startup_timeout: Duration,
+    pub(crate) access: EtcdAccess,
 }
 
 impl Registrar {
@@ -48,7 +50,14 @@ impl Registrar {
             metadata: InstanceMetadata::new(instance_id, endpoint),
             ttl: 10,
             startup_timeout: Duration::from_secs(5),
+            access: EtcdAccess::none(),
         }
+    }
+
+    /// TLS and credentials for a secured etcd.
+    pub fn etcd_access(mut self, access: EtcdAccess) -> Self {
+        self.access = access;
+        self
     }
 
     pub fn prefix(mut self, prefix: &str) -> Self {
@@ -96,6 +105,9 @@ impl Registrar {
         if self.etcd.is_empty() {
             return Err(RegisterError::Invalid("no etcd endpoints given".into()));
         }
+        self.access
+            .check_endpoints(&self.etcd)
+            .map_err(|e| RegisterError::Invalid(e.to_string()))?;
         Ok(())
     }
 
@@ -103,35 +115,67 @@ impl Registrar {
     /// [`Registration::deregister`] is called or the registration is dropped.
     pub async fn register(self) -> Result<Registration, RegisterError> {
         self.validate()?;
-        let client = self.connect().await?;
-        let lease = self.grant_with_retry(&client).await?;
+        let (client, lease) = self.connect_and_register().await?;
         let key = self.key();
         info!(key = %key, lease = format_args!("{:x}", lease.id), ttl = lease.ttl, "registered");
         Ok(Registration::spawn(self, client, lease))
     }
 
     async fn connect(&self) -> Result<Client, RegisterError> {
-        let opts = ConnectOptions::new()
-            .with_connect_timeout(RPC_TIMEOUT)
-            .with_timeout(RPC_TIMEOUT)
-            .with_keep_alive(ETCD_PING_INTERVAL, Duration::from_secs(3))
-            .with_keep_alive_while_idle(true);
-        // The channel connects lazily, so this only fails on malformed URLs.
-        Client::connect(&self.etcd, Some(opts)).await.map_err(|e| {
-            RegisterError::Invalid(format!("etcd endpoints {:?}: {e}", self.etcd.join(",")))
-        })
+        let opts = self.access.apply(
+            ConnectOptions::new()
+                .with_connect_timeout(RPC_TIMEOUT)
+                .with_timeout(RPC_TIMEOUT)
+                .with_keep_alive(ETCD_PING_INTERVAL, Duration::from_secs(3))
+                .with_keep_alive_while_idle(true),
+        );
+        // Without a user the channel connects lazily and this only fails on malformed URLs;
+        // with one it authenticates at once, so etcd must answer (the caller retries).
+        Client::connect(&self.etcd, Some(opts))
+            .await
+            .map_err(|e| match refusal(&e) {
+                Some(detail) => RegisterError::Refused {
+                    what: format!(
+                        "the login of etcd user {}",
+                        self.access.user().unwrap_or("-")
+                    ),
+                    detail,
+                },
+                None if self.access.user().is_some() => RegisterError::Etcd(e),
+                None => {
+                    RegisterError::Invalid(format!("etcd endpoints {:?}: {e}", self.etcd.join(",")))
+                }
+            })
     }
 
     /// The first registration retries with backoff, but only for `startup_timeout`: a
-    /// registrar pointed at the wrong address must say so rather than hang.
-    async fn grant_with_retry(&self, client: &Client) -> Result<Lease, RegisterError> {
+    /// registrar pointed at the wrong address must say so rather than hang. A refusal by
+    /// etcd (wrong password, no permission on the key) is final and said at once.
+    async fn connect_and_register(&self) -> Result<(Client, Lease), RegisterError> {
         let started = Instant::now();
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
         let mut warned = false;
+        let mut client = None;
         loop {
-            match tokio::time::timeout(RPC_TIMEOUT, self.grant_and_put(client.clone())).await {
-                Ok(Ok(lease)) => return Ok(lease),
+            let attempt = async {
+                let c = match &client {
+                    Some(c) => Client::clone(c),
+                    None => self.connect().await?,
+                };
+                client = Some(c.clone());
+                self.grant_and_put(c).await
+            };
+            match tokio::time::timeout(RPC_TIMEOUT, attempt).await {
+                Ok(Ok(lease)) => {
+                    let Some(client) = client else {
+                        return Err(RegisterError::Invalid("no etcd client".into()));
+                    };
+                    return Ok((client, lease));
+                }
                 Ok(Err(e @ RegisterError::TtlBelowServerMinimum { .. })) => return Err(e),
+                Ok(Err(e @ (RegisterError::Refused { .. } | RegisterError::Invalid(_)))) => {
+                    return Err(e)
+                }
                 Ok(Err(e)) => {
                     if started.elapsed() >= self.startup_timeout {
                         return Err(self.unreachable(started, e.to_string()));
@@ -183,9 +227,37 @@ impl Registrar {
         if let Err(e) = put {
             // Don't leave an orphan lease behind a failed put.
             let _ = client.lease_revoke(lease.id).await;
-            return Err(e.into());
+            return Err(match refusal(&e) {
+                Some(detail) => RegisterError::Refused {
+                    what: format!(
+                        "writing {}{}",
+                        self.key(),
+                        self.access
+                            .user()
+                            .map(|u| format!(" as etcd user {u}"))
+                            .unwrap_or_default()
+                    ),
+                    detail,
+                },
+                None => e.into(),
+            });
         }
         Ok(lease)
+    }
+}
+
+/// etcd's answer when it will not let this client do something: no retry can change it.
+fn refusal(e: &etcd_client::Error) -> Option<String> {
+    match e {
+        etcd_client::Error::GRpcStatus(s)
+            if matches!(
+                s.code(),
+                tonic::Code::PermissionDenied | tonic::Code::Unauthenticated
+            ) || s.message().contains("authentication failed") =>
+        {
+            Some(s.message().to_string())
+        }
+        _ => None,
     }
 }
 

@@ -19,6 +19,10 @@ pub enum RegisterError {
     },
     #[error("etcd granted a lease of {granted} s for a requested TTL of {requested} s: the server's minimum TTL is higher; use --ttl {granted} or more")]
     TtlBelowServerMinimum { requested: i64, granted: i64 },
+    /// etcd authenticated (or tried to) and said no: a wrong password, or a role that does not
+    /// allow this key. Final: retrying cannot change it.
+    #[error("etcd refused {what}: {detail}")]
+    Refused { what: String, detail: String },
     #[error("etcd: {0}")]
     Etcd(#[from] etcd_client::Error),
 }

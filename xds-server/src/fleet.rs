@@ -7,7 +7,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::http::StatusCode;
-use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use serde::Serialize;
 use toolgate_model::fleet::{
     BreakerEvent, BreakerEvents, EventState, FleetOpen, Override, OverrideMode,
@@ -61,7 +61,7 @@ pub struct EventOutcome {
 
 #[derive(Clone)]
 pub struct FleetWriter {
-    pub client: Client,
+    pub client: crate::etcd::LazyClient,
     pub registry: Arc<RwLock<Registry>>,
     pub metrics: Arc<Metrics>,
     pub timeout: Duration,
@@ -138,7 +138,13 @@ impl FleetWriter {
             opened_by: gateway.to_string(),
             opened_at_ms: now,
         };
-        let mut client = self.client.clone();
+        let mut client = match self.client.get().await {
+            Ok(c) => c,
+            Err(err) => {
+                warn!(key, error = %err, "cannot share a breaker opening: no etcd client");
+                return "etcd_error";
+            }
+        };
         // etcd's lease TTL is whole seconds; the value's until_ms is what the filters obey.
         let ttl = open_ms.div_ceil(1000) as i64;
         let lease = match tokio::time::timeout(self.timeout, client.lease_grant(ttl, None)).await {
@@ -209,7 +215,9 @@ impl FleetWriter {
                 known.mod_revision,
             )])
             .and_then([TxnOp::delete(key.as_str(), None)]);
-        let mut client = self.client.clone();
+        let Ok(mut client) = self.client.get().await else {
+            return "etcd_error";
+        };
         match tokio::time::timeout(self.timeout, client.txn(txn)).await {
             Ok(Ok(resp)) if resp.succeeded() => "deleted",
             Ok(Ok(_)) => "lost_race",
@@ -231,7 +239,11 @@ impl FleetWriter {
         let raw = serde_json::to_vec(&o).unwrap_or_default();
         parse_override(&raw).map_err(AdminError::bad_request)?;
         let key = self.layout().override_key(service, tool);
-        let mut client = self.client.clone();
+        let mut client = self
+            .client
+            .get()
+            .await
+            .map_err(|e| AdminError::etcd("override", e))?;
         tokio::time::timeout(self.timeout, client.put(key.as_str(), raw, None))
             .await
             .map_err(|_| AdminError::etcd("override", "timed out"))?
@@ -260,7 +272,11 @@ impl FleetWriter {
             .unwrap_or_else(|p| p.into_inner())
             .check(&key, raw)
             .map_err(|r| AdminError::bad_request(r.detail))?;
-        let mut client = self.client.clone();
+        let mut client = self
+            .client
+            .get()
+            .await
+            .map_err(|e| AdminError::etcd("policy", e))?;
         tokio::time::timeout(self.timeout, client.put(key.as_str(), raw.to_vec(), None))
             .await
             .map_err(|_| AdminError::etcd("policy", "timed out"))?
@@ -279,7 +295,11 @@ impl FleetWriter {
     }
 
     async fn delete(&self, key: &str, what: &str) -> Result<bool, AdminError> {
-        let mut client = self.client.clone();
+        let mut client = self
+            .client
+            .get()
+            .await
+            .map_err(|e| AdminError::etcd(what, e))?;
         let resp = tokio::time::timeout(self.timeout, client.delete(key, None))
             .await
             .map_err(|_| AdminError::etcd(what, "timed out"))?

@@ -19,6 +19,7 @@ use toolgate_xds::etcd::{EtcdConfig, EtcdStatus};
 use toolgate_xds::fleet::FleetWriter;
 use toolgate_xds::health::{self, HealthConfig, Hub};
 use toolgate_xds::metrics::Metrics;
+use toolgate_xds::registry::admission::EndpointPolicy;
 use toolgate_xds::registry::persist;
 use toolgate_xds::registry::publish::Publisher;
 use toolgate_xds::registry::Registry;
@@ -39,7 +40,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Watch etcd and serve Envoys over ADS, with an admin API.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Print a ready Envoy bootstrap (JSON) that points at a toolgate-xds.
     Bootstrap(BootstrapArgs),
     /// Print services, instances with their states, open breakers and overrides of a running
@@ -52,6 +53,10 @@ struct StatusArgs {
     /// The toolgate-xds admin API.
     #[arg(long, default_value = "http://127.0.0.1:19000")]
     admin: String,
+    /// Name of the environment variable holding the admin token, for a toolgate-xds started
+    /// with --protect-reads.
+    #[arg(long, value_name = "VAR")]
+    admin_token_env: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -59,6 +64,13 @@ struct ServeArgs {
     /// etcd endpoints, comma-separated.
     #[arg(long, env = "TOOLGATE_ETCD", value_delimiter = ',', required = true)]
     etcd: Vec<String>,
+    #[command(flatten)]
+    access: toolgate_etcd_access::EtcdAccessArgs,
+    /// Networks registrations may point into, comma-separated CIDRs (default: any address
+    /// but the dangerous ones: unspecified, link-local and cloud metadata, multicast,
+    /// broadcast, which are always refused).
+    #[arg(long, value_delimiter = ',', value_name = "CIDR")]
+    allowed_cidrs: Vec<ipnet::IpNet>,
     /// Key prefix in etcd.
     #[arg(long, env = "TOOLGATE_PREFIX", default_value = toolgate_model::DEFAULT_PREFIX)]
     prefix: String,
@@ -84,6 +96,10 @@ struct ServeArgs {
     /// command line shows in `ps`).
     #[arg(long)]
     admin_token_env: Option<String>,
+    /// Reads of the admin API (`/metrics`, `GET /v1/...`) need the admin token too.
+    /// `/healthz` and the console page stay open.
+    #[arg(long)]
+    protect_reads: bool,
     /// Also configure Envoy's own outlier detection on every service cluster (5 consecutive
     /// 5xx eject a host for 30 s). toolgate's probes and breakers already do this job.
     #[arg(long)]
@@ -215,7 +231,17 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            match rt.block_on(status(&args.admin)) {
+            let token = match &args.admin_token_env {
+                Some(var) => match std::env::var(var) {
+                    Ok(t) => Some(t.trim().to_string()),
+                    Err(_) => {
+                        eprintln!("toolgate-xds status: --admin-token-env {var}: not set");
+                        return ExitCode::from(2);
+                    }
+                },
+                None => None,
+            };
+            match rt.block_on(status(&args.admin, token.as_deref())) {
                 Ok(text) => {
                     print!("{text}");
                     ExitCode::SUCCESS
@@ -241,7 +267,7 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            match rt.block_on(serve(args)) {
+            match rt.block_on(serve(*args)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("toolgate-xds: error: {e:#}");
@@ -252,7 +278,7 @@ fn main() -> ExitCode {
     }
 }
 
-async fn status(admin: &str) -> anyhow::Result<String> {
+async fn status(admin: &str, token: Option<&str>) -> anyhow::Result<String> {
     let admin = admin.trim_end_matches('/');
     let client = reqwest::Client::builder()
         .no_proxy()
@@ -261,12 +287,12 @@ async fn status(admin: &str) -> anyhow::Result<String> {
     let get = |path: &'static str| {
         let client = client.clone();
         let url = format!("{admin}{path}");
+        let mut request = client.get(&url);
+        if let Some(t) = token {
+            request = request.bearer_auth(t);
+        }
         async move {
-            let resp = client
-                .get(&url)
-                .send()
-                .await
-                .with_context(|| format!("GET {url}"))?;
+            let resp = request.send().await.with_context(|| format!("GET {url}"))?;
             anyhow::ensure!(resp.status().is_success(), "GET {url}: {}", resp.status());
             resp.json::<serde_json::Value>()
                 .await
@@ -294,10 +320,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             humantime::format_duration(health_config.probe_interval)
         );
     }
-    let registry = Arc::new(RwLock::new(Registry::with_health(
-        KeyLayout::new(&args.prefix),
-        health_config.clone(),
-    )));
+    let registry = Arc::new(RwLock::new(
+        Registry::with_health(KeyLayout::new(&args.prefix), health_config.clone())
+            .with_endpoint_policy(EndpointPolicy::new(args.allowed_cidrs.clone())),
+    ));
     let status = Arc::new(EtcdStatus::default());
     let (publisher, snapshots) =
         Publisher::new(registry.clone(), metrics.clone(), args.state_dir.clone());
@@ -307,9 +333,15 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         metrics: metrics.clone(),
         config: health_config.clone(),
     };
+    let access = args
+        .access
+        .load()
+        .and_then(|a| a.check_endpoints(&args.etcd).map(|()| a))
+        .context("etcd access")?;
     let etcd_config = EtcdConfig {
         endpoints: args.etcd.clone(),
         request_timeout: args.etcd_timeout,
+        access,
     };
     let (probed, resync) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
     let token = AdminToken::new(match (&args.admin_token_file, &args.admin_token_env) {
@@ -326,13 +358,14 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         (None, None) => None,
     });
     if !token.is_set() {
+        anyhow::ensure!(
+            !args.protect_reads,
+            "--protect-reads needs the admin token: give --admin-token-file or --admin-token-env"
+        );
         warn!("no admin token configured: overrides and policies cannot be changed through the admin API");
     }
     let fleet = FleetWriter {
-        client: etcd_config
-            .connect()
-            .await
-            .with_context(|| format!("using the etcd endpoints {:?}", args.etcd))?,
+        client: toolgate_xds::etcd::LazyClient::new(etcd_config.clone()),
         registry: registry.clone(),
         metrics: metrics.clone(),
         timeout: args.etcd_timeout,
@@ -365,6 +398,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         resync: resync.clone(),
         probed: probed.clone(),
     };
+    let etcd_access = etcd_config.access.describe();
     health::monitor::spawn(hub.clone(), etcd_config, probed, resync);
     tokio::spawn(watcher.run(persisted, args.startup_wait));
 
@@ -372,7 +406,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
-    info!(xds = %args.xds_listen, admin = %args.admin_listen, etcd = ?args.etcd, prefix = %args.prefix,
+    info!(xds = %args.xds_listen, admin = %args.admin_listen, etcd = ?args.etcd,
+        %etcd_access, prefix = %args.prefix,
         probes = health_config.probes, probe_interval = ?health_config.probe_interval,
         probe_timeout = ?health_config.probe_timeout, down_window = ?health_config.down_window,
         "toolgate-xds serving");
@@ -394,6 +429,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             fleet,
             token,
             envoys,
+            protect_reads: args.protect_reads,
         },
         stopped(stop_rx),
     ));

@@ -26,6 +26,8 @@ struct Args {
     /// etcd endpoints, comma-separated (http://host:port or host:port).
     #[arg(long, env = "TOOLGATE_ETCD", value_delimiter = ',', required = true)]
     etcd: Vec<String>,
+    #[command(flatten)]
+    access: toolgate_etcd_access::EtcdAccessArgs,
     /// Key prefix in etcd.
     #[arg(long, env = "TOOLGATE_PREFIX", default_value = toolgate_model::DEFAULT_PREFIX)]
     prefix: String,
@@ -132,7 +134,12 @@ impl From<RegisterError> for Failure {
 }
 
 async fn run(args: Args) -> Result<ExitCode, Failure> {
+    let access = args
+        .access
+        .load()
+        .map_err(|e| Failure::Usage(e.to_string()))?;
     let mut registrar = Registrar::new(&args.etcd, &args.service, args.endpoint.clone())
+        .etcd_access(access)
         .prefix(&args.prefix)
         .tools(args.tools.iter().filter(|t| !t.is_empty()).cloned())
         .ttl_secs(args.ttl)

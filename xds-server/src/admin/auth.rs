@@ -34,6 +34,22 @@ impl AdminToken {
 
     /// 401 without a bearer token, 403 with a wrong one (or when mutation is disabled).
     pub fn check(&self, headers: &HeaderMap) -> Result<(), AdminError> {
+        self.check_for(
+            headers,
+            "this call changes the fleet: send Authorization: Bearer <token>",
+        )
+    }
+
+    /// The same check for a read, when toolgate-xds runs with `--protect-reads`.
+    pub fn check_read(&self, headers: &HeaderMap) -> Result<(), AdminError> {
+        self.check_for(
+            headers,
+            "this toolgate-xds protects its reads too (--protect-reads): send Authorization: \
+             Bearer <token>",
+        )
+    }
+
+    fn check_for(&self, headers: &HeaderMap, missing: &str) -> Result<(), AdminError> {
         let Some(expected) = &self.0 else {
             return Err(AdminError {
                 status: StatusCode::FORBIDDEN,
@@ -50,7 +66,7 @@ impl AdminToken {
         match presented {
             None => Err(AdminError {
                 status: StatusCode::UNAUTHORIZED,
-                message: "this call changes the fleet: send Authorization: Bearer <token>".into(),
+                message: missing.into(),
             }),
             Some(t) if constant_time_eq(t.as_bytes(), expected.as_bytes()) => Ok(()),
             Some(_) => Err(AdminError {

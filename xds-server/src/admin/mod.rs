@@ -39,6 +39,8 @@ pub struct AdminState {
     pub token: AdminToken,
     /// The Envoys connected over ADS, for `/v1/envoys`.
     pub envoys: Arc<crate::xds::Connections>,
+    /// Reads (`/metrics`, `GET /v1/...`) need the token too.
+    pub protect_reads: bool,
 }
 
 pub fn router(state: AdminState) -> Router {
@@ -65,6 +67,10 @@ pub fn router(state: AdminState) -> Router {
             put(put_tool_policy).delete(delete_tool_policy),
         )
         .merge(console::routes())
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            guard_reads,
+        ))
         .with_state(state)
 }
 
@@ -76,6 +82,28 @@ pub async fn serve(
     axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown)
         .await
+}
+
+/// With `--protect-reads`, what the admin API tells (registry, breakers, overrides, policies,
+/// Envoys, metrics) needs the admin token like a change does. `/healthz` stays open for
+/// liveness probes and `/ui/` for the page itself, which then asks for the token. The
+/// filters' reports (`POST /v1/feedback`, `/v1/breaker-events`) are not reads.
+async fn guard_reads(
+    State(s): State<AdminState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let read = matches!(
+        *request.method(),
+        axum::http::Method::GET | axum::http::Method::HEAD
+    );
+    let path = request.uri().path();
+    if s.protect_reads && read && (path == "/metrics" || path.starts_with("/v1/")) {
+        if let Err(e) = s.token.check_read(request.headers()) {
+            return e.into_response();
+        }
+    }
+    next.run(request).await
 }
 
 /// Alive: the process serves. etcd being away is reported, not fatal: the gateway keeps

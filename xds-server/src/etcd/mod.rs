@@ -19,18 +19,69 @@ pub struct EtcdConfig {
     pub endpoints: Vec<String>,
     /// How long one request (Get, watch creation) may take before it counts as failed.
     pub request_timeout: Duration,
+    /// TLS and credentials for a secured etcd.
+    pub access: toolgate_etcd_access::EtcdAccess,
 }
 
 impl EtcdConfig {
     /// The channel connects lazily and reconnects by itself; HTTP/2 pings find a silent
     /// partition within a few seconds even when no event flows.
+    ///
+    /// With an etcd user, connecting also logs in, so it needs etcd up and may be refused:
+    /// callers that run from the start use [`LazyClient`] or retry.
     pub async fn connect(&self) -> Result<Client, etcd_client::Error> {
-        let opts = ConnectOptions::new()
-            .with_connect_timeout(self.request_timeout)
-            .with_keep_alive(ETCD_PING_INTERVAL, Duration::from_secs(3))
-            .with_keep_alive_while_idle(true)
-            .with_require_leader(true);
-        Client::connect(&self.endpoints, Some(opts)).await
+        let opts = self.access.apply(
+            ConnectOptions::new()
+                .with_connect_timeout(self.request_timeout)
+                .with_keep_alive(ETCD_PING_INTERVAL, Duration::from_secs(3))
+                .with_keep_alive_while_idle(true)
+                .with_require_leader(true),
+        );
+        match tokio::time::timeout(
+            self.request_timeout,
+            Client::connect(&self.endpoints, Some(opts)),
+        )
+        .await
+        {
+            Ok(result) => result,
+            Err(_) => Err(etcd_client::Error::EndpointError(format!(
+                "connecting to {:?} timed out after {:?}",
+                self.endpoints, self.request_timeout
+            ))),
+        }
+    }
+
+    /// Whether `e` means the endpoints themselves are unusable (retrying cannot help).
+    pub fn is_malformed(e: &etcd_client::Error) -> bool {
+        matches!(
+            e,
+            etcd_client::Error::InvalidUri(_) | etcd_client::Error::InvalidArgs(_)
+        )
+    }
+}
+
+/// A client made on first use and kept: with etcd authentication, making one means logging
+/// in, which must not stop toolgate-xds from starting (and serving its state dir) while etcd
+/// is away.
+#[derive(Clone)]
+pub struct LazyClient {
+    config: EtcdConfig,
+    cell: std::sync::Arc<tokio::sync::OnceCell<Client>>,
+}
+
+impl LazyClient {
+    pub fn new(config: EtcdConfig) -> LazyClient {
+        LazyClient {
+            config,
+            cell: Default::default(),
+        }
+    }
+
+    pub async fn get(&self) -> Result<Client, etcd_client::Error> {
+        self.cell
+            .get_or_try_init(|| self.config.connect())
+            .await
+            .cloned()
     }
 }
 

@@ -112,40 +112,52 @@ impl Watcher {
     /// state-dir snapshot was found, that snapshot is served until etcd answers.
     pub async fn run(mut self, mut persisted: Option<PersistedRegistry>, startup_wait: Duration) {
         let started = Instant::now();
-        let client = match self.config.connect().await {
-            Ok(c) => c,
-            Err(e) => {
-                // Only malformed endpoints fail here: the channel connects lazily.
-                error!(error = %e, endpoints = ?self.config.endpoints, "cannot use the etcd endpoints");
-                return;
-            }
-        };
+        // Made on the first full sync: with etcd authentication, connecting logs in, which
+        // needs etcd up, and the state-dir snapshot must be served meanwhile.
+        let mut client: Option<Client> = None;
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         let mut next = Next::FullSync;
         loop {
             next = match next {
-                Next::FullSync => match self.full_sync(&client).await {
-                    Ok(revision) => Next::Watch {
-                        revision,
-                        resumed: false,
-                    },
-                    Err(reason) => {
-                        self.mark_down(&reason);
-                        if !self.is_ready() && started.elapsed() >= startup_wait {
-                            if let Some(state) = persisted.take() {
-                                warn!(revision = state.revision, instances = state.values.len(),
-                                    "etcd unreachable at start; serving the state-dir snapshot until it answers");
-                                self.serve_persisted(&state).await;
+                Next::FullSync => {
+                    if client.is_none() {
+                        match self.config.connect().await {
+                            Ok(c) => client = Some(c),
+                            Err(e) if EtcdConfig::is_malformed(&e) => {
+                                error!(error = %e, endpoints = ?self.config.endpoints,
+                                    "cannot use the etcd endpoints");
+                                return;
                             }
+                            Err(e) => debug!(error = %e, "no etcd client yet"),
                         }
-                        tokio::time::sleep(backoff.next_delay(rand::random())).await;
-                        Next::FullSync
                     }
-                },
-                Next::Watch { revision, resumed } => match self
-                    .watch_from(&client, revision, resumed, &mut backoff)
-                    .await
-                {
+                    let synced = match &client {
+                        Some(c) => self.full_sync(c).await,
+                        None => Err("cannot connect to etcd (or log in)".to_string()),
+                    };
+                    match synced {
+                        Ok(revision) => Next::Watch {
+                            revision,
+                            resumed: false,
+                        },
+                        Err(reason) => {
+                            self.mark_down(&reason);
+                            if !self.is_ready() && started.elapsed() >= startup_wait {
+                                if let Some(state) = persisted.take() {
+                                    warn!(revision = state.revision, instances = state.values.len(),
+                                        "etcd unreachable at start; serving the state-dir snapshot until it answers");
+                                    self.serve_persisted(&state).await;
+                                }
+                            }
+                            tokio::time::sleep(backoff.next_delay(rand::random())).await;
+                            Next::FullSync
+                        }
+                    }
+                }
+                Next::Watch { revision, resumed } => match match &client {
+                    Some(c) => self.watch_from(c, revision, resumed, &mut backoff).await,
+                    None => WatchEnd::ResyncRequested,
+                } {
                     WatchEnd::Compacted { compact_revision } => {
                         self.metrics.full_resyncs.inc();
                         warn!(

@@ -4,7 +4,7 @@
 //! (a stalled registrar, a congested link, an overloaded etcd).
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use futures::StreamExt;
 use toolgate_model::ServiceKey;
@@ -39,11 +39,15 @@ pub fn missed_keepalives(granted: i64, remaining: i64) -> u32 {
 }
 
 pub async fn check_leases(hub: Hub, etcd: EtcdConfig) {
-    let client = match etcd.connect().await {
-        Ok(c) => c,
-        Err(e) => {
-            error!(error = %e, "heartbeat checks disabled: cannot use the etcd endpoints");
-            return;
+    // With etcd authentication connecting logs in: wait for etcd rather than give up.
+    let client = loop {
+        match etcd.connect().await {
+            Ok(c) => break c,
+            Err(e) if EtcdConfig::is_malformed(&e) => {
+                error!(error = %e, "heartbeat checks disabled: cannot use the etcd endpoints");
+                return;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
         }
     };
     let mut every = tokio::time::interval(hub.config.lease_check_interval);

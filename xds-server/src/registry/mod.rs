@@ -4,6 +4,7 @@
 //! Invalid values are rejected here with their key and a reason; they never remove a valid
 //! instance's last good value and never empty a service.
 
+pub mod admission;
 pub mod persist;
 pub mod publish;
 
@@ -111,6 +112,7 @@ pub struct Registry {
     routes: BTreeMap<String, Arc<ServiceRoute>>,
     stale: BTreeSet<String>,
     all_stale: bool,
+    endpoints: Arc<admission::EndpointPolicy>,
 }
 
 impl Registry {
@@ -141,7 +143,14 @@ impl Registry {
             routes: BTreeMap::new(),
             stale: BTreeSet::new(),
             all_stale: true,
+            endpoints: Arc::default(),
         }
+    }
+
+    /// Which endpoint addresses registrations may name (dangerous ones never).
+    pub fn with_endpoint_policy(mut self, policy: admission::EndpointPolicy) -> Self {
+        self.endpoints = Arc::new(policy);
+        self
     }
 
     pub fn health_config(&self) -> &Arc<HealthConfig> {
@@ -445,10 +454,10 @@ impl Registry {
                 ),
             )
         })?;
-        if ip.is_unspecified() {
+        if let Err(why) = self.endpoints.check(ip) {
             return Err(reject(
-                "bad_endpoint",
-                format!("endpoint {} is an unspecified address", meta.endpoint),
+                "refused_endpoint",
+                format!("endpoint {}: {why}; not routed", meta.endpoint),
             ));
         }
         let mut instance = Instance {
@@ -855,7 +864,12 @@ mod tests {
             (
                 "/mcp/services/inv/i-4",
                 br#"{"instance_id":"i-4","endpoint":"0.0.0.0:80"}"#,
-                "bad_endpoint",
+                "refused_endpoint",
+            ),
+            (
+                "/mcp/services/inv/i-1",
+                br#"{"instance_id":"i-1","endpoint":"169.254.169.254:80"}"#,
+                "refused_endpoint",
             ),
         ] {
             let err = r.put(key, value, 1, 3).unwrap_err();
