@@ -43,6 +43,41 @@ impl Envoy {
         concurrency: u32,
         bootstrap_extra: &[&str],
     ) -> Envoy {
+        Self::start_inner(env, name, xds, concurrency, bootstrap_extra, true).await
+    }
+
+    /// Like [`start_with`](Self::start_with), but only waits for the admin listener: for an
+    /// Envoy that is expected never to get its configuration (and so never to be LIVE).
+    pub async fn start_unconfigured(
+        env: &TestEnv,
+        name: &str,
+        xds: &Xds,
+        bootstrap_extra: &[&str],
+    ) -> Envoy {
+        Self::start_inner(env, name, xds, 1, bootstrap_extra, false).await
+    }
+
+    /// What Envoy's `/ready` says (`LIVE`, `PRE_INITIALIZING`, ...), empty if it does not answer.
+    pub async fn readiness(&self) -> String {
+        match self
+            .http
+            .get(format!("{}/ready", self.admin_url()))
+            .send()
+            .await
+        {
+            Ok(r) => r.text().await.unwrap_or_default().trim().to_string(),
+            Err(_) => String::new(),
+        }
+    }
+
+    async fn start_inner(
+        env: &TestEnv,
+        name: &str,
+        xds: &Xds,
+        concurrency: u32,
+        bootstrap_extra: &[&str],
+        wait_live: bool,
+    ) -> Envoy {
         let (port, admin_port) = (free_port(), free_port());
         let mut args: Vec<String> = vec![
             "bootstrap".into(),
@@ -83,11 +118,21 @@ impl Envoy {
                 .build()
                 .expect("http client"),
         };
-        envoy.launch(env).await;
+        if wait_live {
+            envoy.launch(env).await;
+        } else {
+            envoy.spawn(env);
+            wait_until(
+                &format!("envoy {} admin answers", envoy.name),
+                Duration::from_secs(30),
+                || async { !envoy.readiness().await.is_empty() },
+            )
+            .await;
+        }
         envoy
     }
 
-    async fn launch(&mut self, env: &TestEnv) {
+    fn spawn(&mut self, env: &TestEnv) {
         let args: Vec<String> = vec![
             "-c".into(),
             self.bootstrap.to_string_lossy().into_owned(),
@@ -101,6 +146,10 @@ impl Envoy {
             "1".into(),
         ];
         self.proc = Some(env.spawn(&self.name, &tool_bin("envoy"), &args));
+    }
+
+    async fn launch(&mut self, env: &TestEnv) {
+        self.spawn(env);
         let url = format!("{}/ready", self.admin_url());
         let http = self.http.clone();
         wait_until(

@@ -27,7 +27,12 @@ struct Pki {
 
 impl Pki {
     fn new(env: &TestEnv, names: &[&str]) -> Pki {
-        let dir = env.path("pki");
+        Self::named(env, "pki", names)
+    }
+
+    /// Another, unrelated CA in `<test dir>/<dir>`.
+    fn named(env: &TestEnv, dir: &str, names: &[&str]) -> Pki {
+        let dir = env.path(dir);
         std::fs::create_dir_all(&dir).expect("pki dir");
         let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA params");
         ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -500,4 +505,102 @@ async fn reads_of_the_admin_api_can_need_the_admin_token() {
         String::from_utf8_lossy(&ok.stderr)
     );
     assert!(String::from_utf8_lossy(&ok.stdout).contains("etcd reachable"));
+}
+
+#[tokio::test]
+async fn ads_with_mutual_tls_serves_only_envoys_with_a_certificate_from_its_ca() {
+    let env = TestEnv::new("security_ads_mtls");
+    let pki = Pki::new(&env, &["toolgate-xds", "envoy-good"]);
+    let rogue = Pki::named(&env, "rogue-pki", &["envoy-rogue"]);
+    let etcd = toolgate_tests::Etcd::start(&env).await;
+    let (cert, key, ca) = (
+        pki.cert("toolgate-xds"),
+        pki.key("toolgate-xds"),
+        pki.path("ca.pem"),
+    );
+    let xds = Xds::start(
+        &env,
+        "xds",
+        &etcd.endpoint(),
+        &[
+            "--xds-tls-cert",
+            &cert,
+            "--xds-tls-key",
+            &key,
+            "--xds-tls-client-ca",
+            &ca,
+        ],
+    )
+    .await;
+    let member =
+        toolgate_tests::Member::start(&env, &etcd.endpoint(), "orders", "orders-1", &[], 10).await;
+
+    let (good_cert, good_key) = (pki.cert("envoy-good"), pki.key("envoy-good"));
+    let good = toolgate_tests::Envoy::start_with(
+        &env,
+        "envoy-good",
+        &xds,
+        1,
+        &[
+            "--xds-tls-ca",
+            &ca,
+            "--xds-tls-cert",
+            &good_cert,
+            "--xds-tls-key",
+            &good_key,
+        ],
+    )
+    .await;
+    let want = vec![member.server.endpoint()];
+    wait_until(
+        "the mTLS Envoy routes orders",
+        Duration::from_secs(20),
+        || async { good.addresses("orders").await == want },
+    )
+    .await;
+
+    // An Envoy whose certificate another CA signed trusts toolgate-xds but is not trusted back.
+    let (rogue_cert, rogue_key) = (rogue.cert("envoy-rogue"), rogue.key("envoy-rogue"));
+    let bad = toolgate_tests::Envoy::start_unconfigured(
+        &env,
+        "envoy-rogue",
+        &xds,
+        &[
+            "--xds-tls-ca",
+            &ca,
+            "--xds-tls-cert",
+            &rogue_cert,
+            "--xds-tls-key",
+            &rogue_key,
+        ],
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_ne!(
+        bad.readiness().await,
+        "LIVE",
+        "the rogue Envoy got no configuration"
+    );
+    assert!(
+        bad.addresses("orders").await.is_empty(),
+        "the rogue Envoy has no route"
+    );
+    let envoys = reqwest::get(format!("{}/v1/envoys", xds.admin_url()))
+        .await
+        .expect("GET /v1/envoys")
+        .text()
+        .await
+        .unwrap_or_default();
+    assert!(
+        envoys.contains("envoy-good") && !envoys.contains("envoy-rogue"),
+        "{envoys}"
+    );
+
+    // Plain HTTP to the ADS port does not even get an answer.
+    let plain = reqwest::Client::new()
+        .get(format!("http://{}/", xds.xds_addr()))
+        .timeout(Duration::from_secs(2))
+        .send()
+        .await;
+    assert!(plain.is_err(), "plaintext must fail: {plain:?}");
 }

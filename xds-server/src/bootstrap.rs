@@ -50,6 +50,21 @@ pub struct BootstrapOptions {
     /// The toolgate wasm filter; its configuration then comes over ECDS. Without it Envoy
     /// routes, but no breaker protects the tools.
     pub filter: Option<PathBuf>,
+    /// mTLS to toolgate-xds's ADS listener (a toolgate-xds started with `--xds-tls-*`).
+    pub xds_tls: Option<XdsClientTls>,
+}
+
+/// The files Envoy presents and trusts on its ADS connection.
+#[derive(Debug, Clone)]
+pub struct XdsClientTls {
+    /// CA that signed toolgate-xds's certificate.
+    pub ca: PathBuf,
+    /// Envoy's own certificate and key (toolgate-xds checks them against its client CA).
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// The name toolgate-xds's certificate carries (SNI and SAN check); `None`: its IP
+    /// address, as in `xds`.
+    pub server_name: Option<String>,
 }
 
 /// A complete Envoy bootstrap (pretty JSON, which Envoy reads as YAML too).
@@ -98,7 +113,7 @@ fn bootstrap(opts: &BootstrapOptions) -> Value {
             "cds_config": ads_source()
         },
         "static_resources": {
-            "clusters": [xds_cluster(opts.xds), control_cluster(opts.control)],
+            "clusters": [xds_cluster(opts.xds, opts.xds_tls.as_ref()), control_cluster(opts.control)],
             "listeners": [listener(opts)]
         },
         "stats_config": stats_config()
@@ -133,8 +148,8 @@ fn control_cluster(control: SocketAddr) -> Value {
 /// toolgate-xds itself: gRPC needs HTTP/2. The keepalive PINGs find a dead control plane
 /// behind a connection that still looks open, so Envoy reconnects (to a restarted one) instead
 /// of waiting on a silent stream.
-fn xds_cluster(xds: SocketAddr) -> Value {
-    json!({
+fn xds_cluster(xds: SocketAddr, tls: Option<&XdsClientTls>) -> Value {
+    let mut cluster = json!({
         "name": XDS_CLUSTER,
         "type": "STATIC",
         "connect_timeout": "1s",
@@ -152,7 +167,40 @@ fn xds_cluster(xds: SocketAddr) -> Value {
             "cluster_name": XDS_CLUSTER,
             "endpoints": [{ "lb_endpoints": [{ "endpoint": { "address": socket_address(xds) } }] }]
         }
-    })
+    });
+    if let Some(tls) = tls {
+        // Envoy checks the server's certificate against the CA and the expected name (DNS
+        // SAN) or address (IP SAN), and presents its own for toolgate-xds's client check.
+        let (sni, san) = match &tls.server_name {
+            Some(name) => (
+                name.clone(),
+                json!({"san_type": "DNS", "matcher": {"exact": name}}),
+            ),
+            None => (
+                String::new(),
+                json!({"san_type": "IP_ADDRESS", "matcher": {"exact": xds.ip().to_string()}}),
+            ),
+        };
+        cluster["transport_socket"] = json!({
+            "name": "envoy.transport_sockets.tls",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+                "sni": sni,
+                "common_tls_context": {
+                    "alpn_protocols": ["h2"],
+                    "tls_certificates": [{
+                        "certificate_chain": { "filename": tls.cert.display().to_string() },
+                        "private_key": { "filename": tls.key.display().to_string() }
+                    }],
+                    "validation_context": {
+                        "trusted_ca": { "filename": tls.ca.display().to_string() },
+                        "match_typed_subject_alt_names": [san]
+                    }
+                }
+            }
+        });
+    }
+    cluster
 }
 
 fn listener(opts: &BootstrapOptions) -> Value {
@@ -249,6 +297,7 @@ mod tests {
             admin: "127.0.0.1:9901".parse().expect("addr"),
             control: "127.0.0.1:19000".parse().expect("addr"),
             filter: None,
+            xds_tls: None,
         }
     }
 

@@ -42,7 +42,7 @@ enum Command {
     /// Watch etcd and serve Envoys over ADS, with an admin API.
     Serve(Box<ServeArgs>),
     /// Print a ready Envoy bootstrap (JSON) that points at a toolgate-xds.
-    Bootstrap(BootstrapArgs),
+    Bootstrap(Box<BootstrapArgs>),
     /// Print services, instances with their states, open breakers and overrides of a running
     /// toolgate-xds, as tables.
     Status(StatusArgs),
@@ -74,6 +74,15 @@ struct ServeArgs {
     /// Key prefix in etcd.
     #[arg(long, env = "TOOLGATE_PREFIX", default_value = toolgate_model::DEFAULT_PREFIX)]
     prefix: String,
+    /// mTLS on the ADS listener: toolgate-xds's certificate (PEM); needs --xds-tls-key and
+    /// --xds-tls-client-ca. Envoys without a certificate from that CA are refused.
+    #[arg(long, value_name = "PEM", requires_all = ["xds_tls_key", "xds_tls_client_ca"])]
+    xds_tls_cert: Option<PathBuf>,
+    #[arg(long, value_name = "PEM", requires = "xds_tls_cert")]
+    xds_tls_key: Option<PathBuf>,
+    /// The CA whose certificates Envoys must present on the ADS connection.
+    #[arg(long, value_name = "PEM", requires = "xds_tls_cert")]
+    xds_tls_client_ca: Option<PathBuf>,
     /// Where Envoys connect for ADS (gRPC).
     #[arg(long, default_value = "127.0.0.1:18000")]
     xds_listen: SocketAddr,
@@ -202,6 +211,17 @@ struct BootstrapArgs {
     /// Path of the toolgate wasm filter.
     #[arg(long)]
     filter: Option<PathBuf>,
+    /// mTLS to toolgate-xds: the CA that signed its certificate (needs --xds-tls-cert and
+    /// --xds-tls-key, Envoy's own certificate and key).
+    #[arg(long, value_name = "PEM", requires_all = ["xds_tls_cert", "xds_tls_key"])]
+    xds_tls_ca: Option<PathBuf>,
+    #[arg(long, value_name = "PEM", requires = "xds_tls_ca")]
+    xds_tls_cert: Option<PathBuf>,
+    #[arg(long, value_name = "PEM", requires = "xds_tls_ca")]
+    xds_tls_key: Option<PathBuf>,
+    /// The DNS name in toolgate-xds's certificate (default: check its IP address).
+    #[arg(long, requires = "xds_tls_ca")]
+    xds_tls_server_name: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -216,6 +236,15 @@ fn main() -> ExitCode {
                 admin: args.admin,
                 control: args.control,
                 filter: args.filter,
+                xds_tls: match (args.xds_tls_ca, args.xds_tls_cert, args.xds_tls_key) {
+                    (Some(ca), Some(cert), Some(key)) => Some(bootstrap::XdsClientTls {
+                        ca,
+                        cert,
+                        key,
+                        server_name: args.xds_tls_server_name,
+                    }),
+                    _ => None,
+                },
             };
             println!("{}", bootstrap::render(&opts));
             ExitCode::SUCCESS
@@ -371,6 +400,36 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         timeout: args.etcd_timeout,
     };
 
+    let xds_tls = match (
+        &args.xds_tls_cert,
+        &args.xds_tls_key,
+        &args.xds_tls_client_ca,
+    ) {
+        (Some(cert), Some(key), Some(ca)) => {
+            let read = |what: &str, p: &PathBuf| {
+                std::fs::read(p).with_context(|| format!("reading the {what} {}", p.display()))
+            };
+            Some(
+                tonic::transport::ServerTlsConfig::new()
+                    .identity(tonic::transport::Identity::from_pem(
+                        read("xDS certificate", cert)?,
+                        read("xDS key", key)?,
+                    ))
+                    .client_ca_root(tonic::transport::Certificate::from_pem(read(
+                        "xDS client CA",
+                        ca,
+                    )?)),
+            )
+        }
+        _ => None,
+    };
+    // Binding beyond loopback is explicit (a flag value), but say what it exposes.
+    if !args.xds_listen.ip().is_loopback() && xds_tls.is_none() {
+        warn!(xds = %args.xds_listen, "ADS listens beyond loopback without mTLS: any host that reaches it gets every endpoint and policy (use --xds-tls-cert/--xds-tls-key/--xds-tls-client-ca)");
+    }
+    if !args.admin_listen.ip().is_loopback() && !args.protect_reads {
+        warn!(admin = %args.admin_listen, "the admin API listens beyond loopback with open reads (use --protect-reads)");
+    }
     let xds_listener = tokio::net::TcpListener::bind(args.xds_listen)
         .await
         .with_context(|| format!("binding the xDS listener on {}", args.xds_listen))?;
@@ -417,6 +476,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         snapshots,
         metrics.clone(),
         envoys.clone(),
+        xds_tls,
         stopped(stop_rx.clone()),
     ));
     let admin_task = tokio::spawn(admin::serve(

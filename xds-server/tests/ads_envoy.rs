@@ -414,6 +414,7 @@ fn rendered_bootstrap_passes_envoy_validation() {
         admin: SocketAddr::new(LOCALHOST, free_port()),
         control: SocketAddr::new(LOCALHOST, free_port()),
         filter: None,
+        xds_tls: None,
     };
     std::fs::write(&config, bootstrap::render(&opts)).expect("writing the bootstrap");
     let out = Command::new(envoy_bin())
@@ -466,6 +467,7 @@ async fn envoy_follows_snapshots_over_ads_and_nothing_is_sent_when_nothing_chang
         snapshots,
         Arc::clone(&metrics),
         Arc::clone(&connections),
+        None,
         async move {
             let _ = stopped.await;
         },
@@ -479,6 +481,7 @@ async fn envoy_follows_snapshots_over_ads_and_nothing_is_sent_when_nothing_chang
         admin: SocketAddr::new(LOCALHOST, free_port()),
         control: SocketAddr::new(LOCALHOST, free_port()),
         filter: None,
+        xds_tls: None,
     };
     let envoy = Envoy::start(&scratch_dir("ads-envoy"), &options("envoy-under-test"));
     // A second Envoy on the same server: every stream gets every change.

@@ -49,6 +49,7 @@ pub async fn serve(
     snapshots: watch::Receiver<Arc<RoutingSnapshot>>,
     metrics: Arc<Metrics>,
     connections: Arc<Connections>,
+    tls: Option<tonic::transport::ServerTlsConfig>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let addr = listener
@@ -69,8 +70,14 @@ pub async fn serve(
             token.cancel();
         }
     };
-    info!(%addr, "xDS server listening");
-    Server::builder()
+    info!(%addr, mtls = tls.is_some(), "xDS server listening");
+    let mut builder = Server::builder();
+    if let Some(tls) = tls {
+        builder = builder
+            .tls_config(tls)
+            .context("the xDS TLS configuration")?;
+    }
+    builder
         .http2_keepalive_interval(Some(HTTP2_KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(HTTP2_KEEPALIVE_TIMEOUT))
         .add_service(AggregatedDiscoveryServiceServer::new(ads))
