@@ -33,6 +33,21 @@ clean:
 # test CI runs, writing bench/out/results-quick.json. Both build the do-nothing wasm filter and
 # the probe filter (bench/noop-filter) that the data-plane suite compares the toolgate filter
 # with.
+# Property-based fuzzing (proptest; cargo-fuzz needs a nightly toolchain): the JSON-RPC request
+# parser, the SSE scanner, reply synthesis and the depth scan (filter/tests/fuzz.rs), instance
+# metadata and policy parsing (model/tests/fuzz.rs). make test runs a few thousand cases per
+# property; make fuzz-smoke about 30 s per property on 2 cores (CI runs it); make fuzz about
+# 10 minutes per property. Case counts, not seconds: proptest has no time budget.
+.PHONY: fuzz-smoke fuzz
+FUZZ_SCALE ?= 1
+
+fuzz-smoke: setup
+	TOOLGATE_FUZZ_CASES=$$((600000 * $(FUZZ_SCALE))) $(CARGO) test $(PROFILE) -p toolgate-filter --test fuzz -- --test-threads=2
+	TOOLGATE_FUZZ_CASES=$$((1500000 * $(FUZZ_SCALE))) $(CARGO) test $(PROFILE) -p toolgate-model --test fuzz -- --test-threads=2
+
+fuzz:
+	$(MAKE) fuzz-smoke FUZZ_SCALE=20
+
 .PHONY: bench bench-quick bench-filters
 
 bench-filters:

@@ -970,6 +970,12 @@ impl HttpContext for Call {
             return Action::Pause;
         }
         let body = self.get_http_request_body(0, body_size).unwrap_or_default();
+        let depth = self.shared.borrow().config.max_json_depth;
+        if jsonrpc::nests_deeper_than(&body, depth) {
+            let reply = reply::too_deep(self.version, depth, self.framing);
+            self.send_reply(400, &reply);
+            return Action::Pause;
+        }
         self.on_request(&body)
     }
 

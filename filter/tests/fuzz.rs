@@ -127,8 +127,33 @@ fn bytes() -> impl Strategy<Value = Vec<u8>> {
     prop_oneof![prop::collection::vec(any::<u8>(), 0..512), jsonish()]
 }
 
+/// `TOOLGATE_FUZZ_CASES` sets the cases per property (`make fuzz-smoke` and `make fuzz` raise it).
+fn cases() -> u32 {
+    std::env::var("TOOLGATE_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2_000)
+}
+
+/// Nesting depth as a full JSON reading sees it.
+fn depth(v: &Value) -> u64 {
+    match v {
+        Value::Array(a) => 1 + a.iter().map(depth).max().unwrap_or(0),
+        Value::Object(o) => 1 + o.values().map(depth).max().unwrap_or(0),
+        _ => 0,
+    }
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(2_000))]
+    #![proptest_config(ProptestConfig::with_cases(cases()))]
+
+    #[test]
+    fn the_depth_scan_agrees_with_a_full_json_reading(body in bytes(), limit in 1u64..8) {
+        let deeper = toolgate_filter::mcp::jsonrpc::nests_deeper_than(&body, limit);
+        if let Ok(v) = serde_json::from_slice::<Value>(&body) {
+            prop_assert_eq!(deeper, depth(&v) > limit, "{}", v);
+        }
+    }
 
     #[test]
     fn parse_request_never_panics(body in bytes(), method in proptest::option::of(".{0,20}"), name in proptest::option::of(".{0,20}")) {

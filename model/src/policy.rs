@@ -334,6 +334,9 @@ pub struct FilterConfig {
     pub services: BTreeMap<String, ServicePolicy>,
     /// Request bodies above this are refused with a JSON-RPC error instead of buffered.
     pub max_body_bytes: u64,
+    /// Request bodies nested deeper than this (arrays and objects) are refused with a JSON-RPC
+    /// error: a parser, the gateway's or a tool server's, must not be made to recurse that far.
+    pub max_json_depth: u64,
     /// Tools a gateway of the fleet opened: open here too until `until_ms`, then probed
     /// locally (HALF_OPEN) as usual.
     pub fleet_open: ByTool<FleetOpen>,
@@ -350,6 +353,7 @@ impl Default for FilterConfig {
             defaults: BreakerPolicy::default(),
             services: BTreeMap::new(),
             max_body_bytes: 1024 * 1024,
+            max_json_depth: 64,
             fleet_open: BTreeMap::new(),
             overrides: BTreeMap::new(),
             gateway: String::new(),
@@ -388,6 +392,8 @@ impl FilterConfig {
             1,
             MAX_BODY_BYTES_LIMIT,
         )?;
+        // serde_json stops at 128 levels whatever this says: beyond that no body parses.
+        check_range("max_json_depth", self.max_json_depth, 1, 128)?;
         self.defaults.validate().map_err(|e| e.within("defaults"))?;
         for (service, svc) in &self.services {
             let scope = format!("services.{service}");
@@ -658,6 +664,8 @@ mod tests {
 
         let err = FilterConfig::from_json(br#"{"max_body_bytes": 0}"#).unwrap_err();
         assert_eq!(invalid_field(err), ("max_body_bytes".into(), "0".into()));
+        let err = FilterConfig::from_json(br#"{"max_json_depth": 129}"#).unwrap_err();
+        assert_eq!(invalid_field(err), ("max_json_depth".into(), "129".into()));
 
         assert!(matches!(
             FilterConfig::from_json(br#"{"defaults": {"min_calls": "ten"}}"#),

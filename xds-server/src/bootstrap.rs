@@ -203,6 +203,44 @@ fn xds_cluster(xds: SocketAddr, tls: Option<&XdsClientTls>) -> Value {
     cluster
 }
 
+/// Request header limits of the MCP listener.
+pub const MAX_REQUEST_HEADERS_KB: u32 = 60;
+pub const MAX_REQUEST_HEADERS: u32 = 100;
+
+/// Envoy's own 431 (headers too large or too many) as a JSON-RPC error. Only that status is
+/// mapped: the filter's replies are local replies too and must pass unchanged.
+fn headers_too_large_reply() -> Value {
+    json!({
+        "mappers": [{
+            "filter": {
+                "status_code_filter": {
+                    "comparison": {
+                        "op": "EQ",
+                        "value": { "default_value": 431, "runtime_key": "toolgate.local_reply.431" }
+                    }
+                }
+            },
+            "body_format_override": {
+                "json_format": {
+                    "jsonrpc": "2.0",
+                    "id": null,
+                    "error": {
+                        "code": -32600,
+                        "message": format!(
+                            "The request headers are larger than this gateway accepts ({MAX_REQUEST_HEADERS_KB} KB, {MAX_REQUEST_HEADERS} headers); send fewer or smaller headers."
+                        ),
+                        "data": { "io.toolgate/limits": {
+                            "maxRequestHeadersKb": MAX_REQUEST_HEADERS_KB,
+                            "maxRequestHeaders": MAX_REQUEST_HEADERS
+                        } }
+                    }
+                },
+                "content_type": "application/json"
+            }
+        }]
+    })
+}
+
 fn listener(opts: &BootstrapOptions) -> Value {
     // The toolgate filter comes first: it answers an open breaker before anything else runs,
     // and on the way back it is last, so it sees (and can rewrite) the final response.
@@ -232,6 +270,12 @@ fn listener(opts: &BootstrapOptions) -> Value {
                     // `/mcp/a/../b` must not reach service b's route by way of service a.
                     "normalize_path": true,
                     "merge_slashes": true,
+                    // Envoy refuses oversized headers in its codec, before any filter runs: the
+                    // limits are explicit here and the refusal is a JSON-RPC error, not a bare
+                    // 431 an agent cannot read.
+                    "max_request_headers_kb": MAX_REQUEST_HEADERS_KB,
+                    "common_http_protocol_options": { "max_headers_count": MAX_REQUEST_HEADERS },
+                    "local_reply_config": headers_too_large_reply(),
                     "http_filters": http_filters
                 }
             }]

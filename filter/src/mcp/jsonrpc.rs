@@ -188,6 +188,36 @@ fn is_valid_tool_name(name: &str) -> bool {
 }
 
 /// Reads the fields the filter needs from a request body; never fails (see [`RequestInfo`]).
+/// Whether arrays and objects in `body` nest deeper than `limit`. One pass over the bytes;
+/// brackets inside strings (escapes included) do not count, and it stops at the first level
+/// too deep.
+pub fn nests_deeper_than(body: &[u8], limit: u64) -> bool {
+    let (mut depth, mut in_string, mut escaped) = (0u64, false, false);
+    for &b in body {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => {
+                depth += 1;
+                if depth > limit {
+                    return true;
+                }
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    false
+}
+
 pub fn parse_request(body: &[u8]) -> RequestInfo<'_> {
     match first_non_ws(body) {
         Some(b'{') => {}
@@ -708,6 +738,27 @@ impl<'de> Deserialize<'de> for ErrorFields {
             }
         }
         d.deserialize_map(V)
+    }
+}
+
+#[cfg(test)]
+mod depth_tests {
+    use super::nests_deeper_than;
+
+    #[test]
+    fn counts_arrays_and_objects_but_not_brackets_in_strings() {
+        let body = br#"{"a":[[{"b":1}]]}"#;
+        assert!(nests_deeper_than(body, 3));
+        assert!(!nests_deeper_than(body, 4));
+        assert!(!nests_deeper_than(br#"{"a":"[[[[[[{{{{"}"#, 1));
+        assert!(!nests_deeper_than(br#"{"a":"\"[[[[\\"}"#, 1));
+        assert!(
+            nests_deeper_than(br#"{"a":"\\",[[1]]}"#, 2),
+            "an escaped backslash ends"
+        );
+        let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        assert!(nests_deeper_than(deep.as_bytes(), 64));
+        assert!(!nests_deeper_than(b"", 1));
     }
 }
 

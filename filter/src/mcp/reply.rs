@@ -470,6 +470,23 @@ pub fn body_too_large(
     end(out, framing)
 }
 
+/// The answer to a request body nested deeper than the gateway accepts (`id` null: such a body
+/// is not parsed).
+pub fn too_deep(version: ProtocolVersion, limit: u64, framing: Framing) -> Reply {
+    let message = format!(
+        "The request nests arrays and objects deeper than this gateway accepts ({limit} levels); send a flatter request."
+    );
+    let mut out = begin(framing, message.len() + 200);
+    write_error(&mut out, version, None, INVALID_REQUEST, &message, |out| {
+        let _ = write!(
+            out,
+            "{{\"io.toolgate/limits\":{{\"maxJsonDepth\":{limit}}}}}"
+        );
+        true
+    });
+    end(out, framing)
+}
+
 fn write_error(
     out: &mut String,
     version: ProtocolVersion,
@@ -776,6 +793,17 @@ mod tests {
         ));
         assert_eq!(v["error"]["message"], "x\ny");
         assert_eq!(v["error"].get("data"), None);
+    }
+
+    #[test]
+    fn too_deep_names_the_limit() {
+        let v = json(&too_deep(ProtocolVersion::V2025_06_18, 64, Framing::Json));
+        assert_eq!(v.get("id"), Some(&Value::Null));
+        assert_eq!(v["error"]["code"], INVALID_REQUEST);
+        assert_eq!(v["error"]["data"]["io.toolgate/limits"]["maxJsonDepth"], 64);
+        assert!(v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("64 levels")));
     }
 
     #[test]
