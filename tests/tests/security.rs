@@ -4,7 +4,7 @@
 //! environment; a registrar of one service cannot register under another, and toolgate-xds
 //! cannot write registrations. Certificates are generated for the test with rcgen.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
@@ -425,7 +425,27 @@ async fn a_secured_etcd_admits_each_program_only_where_its_role_allows() {
     );
     assert!(log.contains("outside the allowed networks (127.0.0.0/8)"));
 
-    // Plain HTTP to a TLS etcd, or a TLS client without a certificate, gets nowhere.
+    // A toolgate-xds with a wrong password keeps running (etcd_up 0) and says why.
+    let wrong_pw = env.path("wrong-password");
+    std::fs::write(&wrong_pw, "not-the-password\n").expect("write");
+    let mut wrong_args = vec![
+        "--etcd-user".to_string(),
+        "toolgate-xds".into(),
+        "--etcd-password-file".into(),
+        wrong_pw.to_string_lossy().into_owned(),
+    ];
+    wrong_args.extend(pki.flags("toolgate-xds"));
+    let wrong_args: Vec<&str> = wrong_args.iter().map(String::as_str).collect();
+    let refused = Xds::start(&env, "xds-wrong-password", &etcd.endpoint, &wrong_args).await;
+    wait_until(
+        "the refused login is logged",
+        Duration::from_secs(10),
+        || async { refused.log().contains("authentication failed") },
+    )
+    .await;
+    assert_eq!(refused.registry().await["etcd_up"], false);
+
+    // Plain HTTP to a TLS etcd gets nowhere.
     let status = Command::new(project_bin("toolgate-register"))
         .args([
             "--etcd",
@@ -437,7 +457,6 @@ async fn a_secured_etcd_admits_each_program_only_where_its_role_allows() {
         .output()
         .expect("run");
     assert!(!status.status.success(), "plain HTTP must fail");
-    assert!(Path::new(&pki.path("ca.pem")).exists());
 }
 
 #[tokio::test]

@@ -115,11 +115,16 @@ impl Watcher {
         // Made on the first full sync: with etcd authentication, connecting logs in, which
         // needs etcd up, and the state-dir snapshot must be served meanwhile.
         let mut client: Option<Client> = None;
+        // Logged when it changes: a refused login repeats every retry.
+        let mut last_connect_error = String::new();
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         let mut next = Next::FullSync;
         loop {
             next = match next {
                 Next::FullSync => {
+                    // Why there is no client yet: a refused login must reach the log and the
+                    // status, not only "unreachable".
+                    let mut no_client = String::new();
                     if client.is_none() {
                         match self.config.connect().await {
                             Ok(c) => client = Some(c),
@@ -128,12 +133,19 @@ impl Watcher {
                                     "cannot use the etcd endpoints");
                                 return;
                             }
-                            Err(e) => debug!(error = %e, "no etcd client yet"),
+                            Err(e) => {
+                                no_client = format!("connecting to etcd failed: {e}");
+                                if no_client != last_connect_error {
+                                    error!(error = %e, endpoints = ?self.config.endpoints,
+                                        "cannot connect to etcd (or log in); retrying");
+                                    last_connect_error.clone_from(&no_client);
+                                }
+                            }
                         }
                     }
                     let synced = match &client {
                         Some(c) => self.full_sync(c).await,
-                        None => Err("cannot connect to etcd (or log in)".to_string()),
+                        None => Err(no_client),
                     };
                     match synced {
                         Ok(revision) => Next::Watch {
