@@ -36,14 +36,15 @@ clean:
 # Property-based fuzzing (proptest; cargo-fuzz needs a nightly toolchain): the JSON-RPC request
 # parser, the SSE scanner, reply synthesis and the depth scan (filter/tests/fuzz.rs), instance
 # metadata and policy parsing (model/tests/fuzz.rs). make test runs a few thousand cases per
-# property; make fuzz-smoke about 30 s per property on 2 cores (CI runs it); make fuzz about
-# 10 minutes per property. Case counts, not seconds: proptest has no time budget.
+# property; make fuzz-smoke about 30 s per property on 2 cores (1.2 million cases per filter
+# property, 3 million per model property; CI runs it); make fuzz 20 times that, about 10
+# minutes per property. Case counts, not seconds: proptest has no time budget.
 .PHONY: fuzz-smoke fuzz
 FUZZ_SCALE ?= 1
 
 fuzz-smoke: setup
-	TOOLGATE_FUZZ_CASES=$$((600000 * $(FUZZ_SCALE))) $(CARGO) test $(PROFILE) -p toolgate-filter --test fuzz -- --test-threads=2
-	TOOLGATE_FUZZ_CASES=$$((1500000 * $(FUZZ_SCALE))) $(CARGO) test $(PROFILE) -p toolgate-model --test fuzz -- --test-threads=2
+	TOOLGATE_FUZZ_CASES=$$((1200000 * $(FUZZ_SCALE))) $(CARGO) test $(PROFILE) -p toolgate-filter --test fuzz -- --test-threads=2
+	TOOLGATE_FUZZ_CASES=$$((3000000 * $(FUZZ_SCALE))) $(CARGO) test $(PROFILE) -p toolgate-model --test fuzz -- --test-threads=2
 
 fuzz:
 	$(MAKE) fuzz-smoke FUZZ_SCALE=20

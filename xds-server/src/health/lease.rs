@@ -104,13 +104,15 @@ pub async fn check_leases(hub: Hub, etcd: EtcdConfig) {
             };
             let missed = missed_keepalives(granted, remaining);
             for key in keys {
-                let Some(inst) = reg.instance_mut(&key) else {
+                let check = LeaseCheck {
+                    at: now,
+                    granted_ttl_s: granted,
+                    remaining_ttl_s: remaining,
+                    missed_keepalives: missed,
+                };
+                let Some((before, wake)) = reg.record_lease_check(&key, lease, check) else {
                     continue;
                 };
-                if inst.lease != lease {
-                    continue;
-                }
-                let before = inst.lease_check.as_ref().map_or(0, |c| c.missed_keepalives);
                 // Within one gap the estimate only grows; count each lost keepalive once.
                 if missed > before {
                     hub.metrics
@@ -124,14 +126,8 @@ pub async fn check_leases(hub: Hub, etcd: EtcdConfig) {
                     warn!(service = %key.service, instance = %key.instance,
                         lease = format!("{lease:x}"), granted, remaining, missed,
                         "lease is behind its keepalives; probing the instance now");
-                    inst.wake.notify_one();
+                    wake.notify_one();
                 }
-                inst.lease_check = Some(LeaseCheck {
-                    at: now,
-                    granted_ttl_s: granted,
-                    remaining_ttl_s: remaining,
-                    missed_keepalives: missed,
-                });
                 let entry = per_service.entry(key.service.clone()).or_default();
                 entry.1 += 1;
                 if missed > 0 {

@@ -190,6 +190,24 @@ impl Registry {
         self.instance_mut(key).map(|i| &mut i.health)
     }
 
+    /// Records a lease check on `key`'s instance if it still holds `lease`. Returns the missed
+    /// keepalives of the previous check and the instance's wake handle. Envoy sees nothing of
+    /// it, so unlike [`instance_mut`](Self::instance_mut) no route goes stale: a check of
+    /// 10,000 leases must not make the next publish rebuild every service.
+    pub fn record_lease_check(
+        &mut self,
+        key: &ServiceKey,
+        lease: i64,
+        check: LeaseCheck,
+    ) -> Option<(u32, Arc<Notify>)> {
+        let inst = self.instances.get_mut(key).filter(|i| i.lease == lease)?;
+        let before = inst
+            .lease_check
+            .replace(check)
+            .map_or(0, |c| c.missed_keepalives);
+        Some((before, Arc::clone(&inst.wake)))
+    }
+
     fn mark_stale(&mut self, service: &str) {
         if !self.stale.contains(service) {
             self.stale.insert(service.to_string());
