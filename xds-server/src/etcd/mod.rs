@@ -51,6 +51,22 @@ impl EtcdConfig {
         }
     }
 
+    /// Connects, waiting for etcd (with authentication, connecting logs in, which needs etcd
+    /// up) instead of giving up. `None` only when the endpoints themselves are unusable, which
+    /// is logged as disabling `what`.
+    pub async fn connect_patiently(&self, what: &str) -> Option<Client> {
+        loop {
+            match self.connect().await {
+                Ok(c) => return Some(c),
+                Err(e) if Self::is_malformed(&e) => {
+                    tracing::error!(error = %e, "{what} disabled: cannot use the etcd endpoints");
+                    return None;
+                }
+                Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
+            }
+        }
+    }
+
     /// Whether `e` means the endpoints themselves are unusable (retrying cannot help).
     pub fn is_malformed(e: &etcd_client::Error) -> bool {
         matches!(

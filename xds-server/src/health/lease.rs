@@ -4,11 +4,11 @@
 //! (a stalled registrar, a congested link, an overloaded etcd).
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use futures::StreamExt;
 use toolgate_model::ServiceKey;
-use tracing::{debug, error, warn};
+use tracing::{debug, warn};
 
 use super::Hub;
 use crate::etcd::EtcdConfig;
@@ -39,16 +39,8 @@ pub fn missed_keepalives(granted: i64, remaining: i64) -> u32 {
 }
 
 pub async fn check_leases(hub: Hub, etcd: EtcdConfig) {
-    // With etcd authentication connecting logs in: wait for etcd rather than give up.
-    let client = loop {
-        match etcd.connect().await {
-            Ok(c) => break c,
-            Err(e) if EtcdConfig::is_malformed(&e) => {
-                error!(error = %e, "heartbeat checks disabled: cannot use the etcd endpoints");
-                return;
-            }
-            Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
-        }
+    let Some(client) = etcd.connect_patiently("heartbeat checks").await else {
+        return;
     };
     let mut every = tokio::time::interval(hub.config.lease_check_interval);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -191,16 +191,8 @@ async fn age_call_failures(hub: Hub) {
 /// signal, and compares the registry with etcd read at the very revision the registry
 /// reflects (a difference means a missed event: a full resync follows). Idempotent.
 async fn inspect(hub: Hub, etcd: EtcdConfig, resync: Arc<Notify>) {
-    // With etcd authentication connecting logs in: wait for etcd rather than give up.
-    let client = loop {
-        match etcd.connect().await {
-            Ok(c) => break c,
-            Err(e) if EtcdConfig::is_malformed(&e) => {
-                error!(error = %e, "inspection disabled: cannot use the etcd endpoints");
-                return;
-            }
-            Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
-        }
+    let Some(client) = etcd.connect_patiently("inspection").await else {
+        return;
     };
     let mut every = tokio::time::interval(hub.config.inspect_interval);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
