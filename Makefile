@@ -33,21 +33,19 @@ clean:
 # test CI runs, writing bench/out/results-quick.json. Both build the do-nothing wasm filter and
 # the probe filter (bench/noop-filter) that the data-plane suite compares the toolgate filter
 # with.
-# Property-based fuzzing (proptest; cargo-fuzz needs a nightly toolchain): the JSON-RPC request
-# parser, the SSE scanner, reply synthesis and the depth scan (filter/tests/fuzz.rs), instance
-# metadata and policy parsing (model/tests/fuzz.rs). make test runs a few thousand cases per
-# property; make fuzz-smoke about 30 s per property on 2 cores (1.2 million cases per filter
-# property, 3 million per model property; CI runs it); make fuzz 20 times that, about 10
-# minutes per property. Case counts, not seconds: proptest has no time budget.
+# Property-based fuzzing (proptest; cargo-fuzz needs a nightly toolchain) of five targets: the
+# JSON-RPC request parser (jsonrpc), the SSE scanner (sse), reply synthesis (reply) in
+# filter/tests/fuzz.rs, instance metadata (metadata) and policy parsing (policy) in
+# model/tests/fuzz.rs. make test runs a few thousand cases per property; scripts/fuzz.sh gives
+# each target a time budget on two workers and prints the cases it executed: make fuzz-smoke
+# 30 s per target (CI runs it), make fuzz 10 minutes per target (30 minutes in all).
 .PHONY: fuzz-smoke fuzz
-FUZZ_SCALE ?= 1
 
 fuzz-smoke: setup
-	TOOLGATE_FUZZ_CASES=$$((1200000 * $(FUZZ_SCALE))) $(CARGO) test $(PROFILE) -p toolgate-filter --test fuzz -- --test-threads=2
-	TOOLGATE_FUZZ_CASES=$$((3000000 * $(FUZZ_SCALE))) $(CARGO) test $(PROFILE) -p toolgate-model --test fuzz -- --test-threads=2
+	bash scripts/fuzz.sh 30
 
-fuzz:
-	$(MAKE) fuzz-smoke FUZZ_SCALE=20
+fuzz: setup
+	bash scripts/fuzz.sh 600
 
 .PHONY: bench bench-quick bench-filters
 

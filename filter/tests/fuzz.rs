@@ -148,7 +148,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(cases()))]
 
     #[test]
-    fn the_depth_scan_agrees_with_a_full_json_reading(body in bytes(), limit in 1u64..8) {
+    fn jsonrpc_depth_scan_agrees_with_a_full_json_reading(body in bytes(), limit in 1u64..8) {
         let deeper = toolgate_filter::mcp::jsonrpc::nests_deeper_than(&body, limit);
         if let Ok(v) = serde_json::from_slice::<Value>(&body) {
             prop_assert_eq!(deeper, depth(&v) > limit, "{}", v);
@@ -156,7 +156,7 @@ proptest! {
     }
 
     #[test]
-    fn parse_request_never_panics(body in bytes(), method in proptest::option::of(".{0,20}"), name in proptest::option::of(".{0,20}")) {
+    fn jsonrpc_parse_request_never_panics(body in bytes(), method in proptest::option::of(".{0,20}"), name in proptest::option::of(".{0,20}")) {
         let info = parse_request(&body);
         let _ = check_headers(method.as_deref(), name.as_deref(), &info);
         if let RequestInfo::Single(request) = &info {
@@ -165,14 +165,14 @@ proptest! {
     }
 
     #[test]
-    fn classify_and_decode_never_panic(body in bytes(), id in raw_id(), header in ".{0,40}") {
+    fn reply_classify_and_decode_never_panic(body in bytes(), id in raw_id(), header in ".{0,40}") {
         let _ = classify_response(&body, &id);
         let _ = decode_header_value(&header);
         let _ = decode_header_value(&format!("=?base64?{header}?="));
     }
 
     #[test]
-    fn tool_calls_are_read_as_a_full_json_reading_would(
+    fn jsonrpc_tool_calls_are_read_as_a_full_json_reading_would(
         id in raw_id(),
         name in ".{0,140}",
         filler in ".{0,20}",
@@ -203,7 +203,7 @@ proptest! {
     }
 
     #[test]
-    fn random_bodies_agree_with_a_full_json_reading(body in bytes()) {
+    fn jsonrpc_random_bodies_agree_with_a_full_json_reading(body in bytes()) {
         let reference = reference_tool(&body);
         match parse_request(&body) {
             RequestInfo::Single(request) => {
@@ -269,7 +269,7 @@ proptest! {
     }
 
     #[test]
-    fn replies_are_json_that_echo_the_id(
+    fn reply_synthesis_is_json_that_echoes_the_id(
         version in version(),
         framing in framing(),
         id in raw_id(),

@@ -154,7 +154,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(cases()))]
 
     #[test]
-    fn instance_metadata_is_refused_or_valid_and_round_trips(body in bytes()) {
+    fn metadata_is_refused_or_valid_and_round_trips(body in bytes()) {
         if let Ok(meta) = InstanceMetadata::from_json(&body) {
             prop_assert!(meta.validate().is_ok());
             let again = InstanceMetadata::from_json(meta.to_json().as_bytes());
@@ -163,7 +163,7 @@ proptest! {
     }
 
     #[test]
-    fn filter_configs_are_refused_or_yield_valid_policies(body in bytes(), tool in ".{0,12}") {
+    fn policy_filter_configs_are_refused_or_yield_valid(body in bytes(), tool in ".{0,12}") {
         if let Ok(config) = FilterConfig::from_json(&body) {
             for service in config.services.keys().chain(std::iter::once(&String::new())) {
                 prop_assert!(config.policy_for(service, &tool).validate().is_ok());

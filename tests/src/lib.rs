@@ -18,7 +18,7 @@ pub mod xds;
 
 pub use browser::Browser;
 pub use envoy::{Envoy, EnvoyHost};
-pub use etcd::Etcd;
+pub use etcd::{Etcd, EtcdCluster};
 pub use faultproxy::FaultProxy;
 pub use mcp::{McpSession, Reply};
 pub use paths::{filter_wasm, free_port, project_bin, tool_bin};
