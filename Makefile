@@ -47,6 +47,21 @@ fuzz-smoke: setup
 fuzz: setup
 	bash scripts/fuzz.sh 600
 
+# Chaos run (tests/src/bin/toolgate-chaos): a three-member etcd cluster, toolgate-xds, Envoy
+# with the filter and a lab service scaled 5 -> 50 -> 5 under steady agent load, while pods are
+# killed, crash, restart and freeze, toolgate-xds is cut off from etcd (and etcd compacted
+# meanwhile) and restarted, Envoy hot-restarts and the etcd leader is killed. Prints the
+# invariants and exits non-zero if one failed; logs and report.json in tests/logs/chaos/.
+# make chaos runs 10 minutes; make chaos-quick 2 (CI runs it). CHAOS_ARGS adds flags, e.g.
+# CHAOS_ARGS="--seed 42" to repeat a run's fault schedule.
+.PHONY: chaos chaos-quick
+
+chaos: build
+	target/release/toolgate-chaos --duration 10m $(CHAOS_ARGS)
+
+chaos-quick: build
+	target/release/toolgate-chaos --duration 2m $(CHAOS_ARGS)
+
 .PHONY: bench bench-quick bench-filters
 
 bench-filters:

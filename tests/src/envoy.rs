@@ -17,7 +17,11 @@ pub struct Envoy {
     pub admin_port: u16,
     bootstrap: std::path::PathBuf,
     concurrency: u32,
+    /// Hot restart epoch of the running process (0 until [`hot_restart`](Self::hot_restart)).
+    epoch: u32,
     pub proc: Option<Proc>,
+    /// Earlier epochs, draining after a hot restart until they exit on their own.
+    retired: Vec<Proc>,
     http: reqwest::Client,
 }
 
@@ -111,7 +115,9 @@ impl Envoy {
             admin_port,
             bootstrap,
             concurrency,
+            epoch: 0,
             proc: None,
+            retired: Vec::new(),
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(5))
                 .no_proxy()
@@ -132,20 +138,83 @@ impl Envoy {
         envoy
     }
 
+    fn base_id_path(&self) -> std::path::PathBuf {
+        self.bootstrap.with_extension("base-id")
+    }
+
     fn spawn(&mut self, env: &TestEnv) {
-        let args: Vec<String> = vec![
+        let mut args: Vec<String> = vec![
             "-c".into(),
             self.bootstrap.to_string_lossy().into_owned(),
             "--concurrency".into(),
             self.concurrency.to_string(),
-            // Several Envoys per machine (parallel tests) need distinct shared-memory ids.
-            "--use-dynamic-base-id".into(),
             "--log-level".into(),
             "info".into(),
             "--drain-time-s".into(),
             "1".into(),
         ];
-        self.proc = Some(env.spawn(&self.name, &tool_bin("envoy"), &args));
+        if self.epoch == 0 {
+            // Several Envoys per machine (parallel tests) need distinct shared-memory ids; the
+            // one picked is written down for a hot restart, which must use the same.
+            args.extend([
+                "--use-dynamic-base-id".into(),
+                "--base-id-path".into(),
+                self.base_id_path().to_string_lossy().into_owned(),
+            ]);
+        } else {
+            let base_id = std::fs::read_to_string(self.base_id_path())
+                .expect("the base id the first epoch wrote");
+            args.extend([
+                "--base-id".into(),
+                base_id.trim().to_string(),
+                "--restart-epoch".into(),
+                self.epoch.to_string(),
+                "--parent-shutdown-time-s".into(),
+                "4".into(),
+            ]);
+        }
+        let name = match self.epoch {
+            0 => self.name.clone(),
+            n => format!("{}.epoch{n}", self.name),
+        };
+        self.proc = Some(env.spawn(&name, &tool_bin("envoy"), &args));
+    }
+
+    /// A hot restart: a process of the next epoch takes the listening sockets over from the
+    /// running one, which drains its connections and exits a few seconds later. Returns once
+    /// the new process answers the admin API as LIVE.
+    pub async fn hot_restart(&mut self, env: &TestEnv) {
+        self.retired.retain_mut(|p| p.is_running());
+        if let Some(old) = self.proc.take() {
+            self.retired.push(old);
+        }
+        self.epoch += 1;
+        self.spawn(env);
+        let url = format!("{}/server_info", self.admin_url());
+        let http = self.http.clone();
+        let epoch = self.epoch;
+        wait_until(
+            &format!("envoy {} epoch {epoch} is LIVE", self.name),
+            Duration::from_secs(30),
+            || {
+                let (http, url) = (http.clone(), url.clone());
+                async move {
+                    let Ok(r) = http.get(&url).send().await else {
+                        return false;
+                    };
+                    let v: Value = r.json().await.unwrap_or_default();
+                    v["state"] == "LIVE"
+                        && v["command_line_options"]["restart_epoch"].as_u64()
+                            == Some(u64::from(epoch))
+                }
+            },
+        )
+        .await;
+    }
+
+    /// The hot restart epoch of the running process.
+    pub fn epoch(&self) -> u32 {
+        self.epoch
     }
 
     async fn launch(&mut self, env: &TestEnv) {
@@ -184,10 +253,15 @@ impl Envoy {
         }
     }
 
+    /// Stops Envoy and starts it again (not a hot restart: connections are lost).
     pub async fn restart(&mut self, env: &TestEnv) {
         if let Some(mut p) = self.proc.take() {
             p.stop(Duration::from_secs(5)).await;
         }
+        for mut p in self.retired.drain(..) {
+            p.kill();
+        }
+        self.epoch = 0;
         self.launch(env).await;
     }
 
@@ -245,17 +319,21 @@ impl AdminView {
     }
 
     pub async fn hosts(&self) -> BTreeMap<String, Vec<EnvoyHost>> {
-        let Ok(resp) = self
+        self.try_hosts().await.unwrap_or_default()
+    }
+
+    /// Like [`hosts`](Self::hosts), but `None` when Envoy does not answer.
+    pub async fn try_hosts(&self) -> Option<BTreeMap<String, Vec<EnvoyHost>>> {
+        let resp = self
             .http
             .get(format!("{}/clusters?format=json", self.url))
             .send()
             .await
-        else {
-            return BTreeMap::new();
-        };
-        let Ok(v) = resp.json::<Value>().await else {
-            return BTreeMap::new();
-        };
+            .ok()?;
+        if !resp.status().is_success() {
+            return None;
+        }
+        let v = resp.json::<Value>().await.ok()?;
         let mut out = BTreeMap::new();
         for c in v["cluster_statuses"].as_array().into_iter().flatten() {
             let name = c["name"].as_str().unwrap_or_default();
@@ -285,7 +363,7 @@ impl AdminView {
                 .collect();
             out.insert(service.to_string(), hosts);
         }
-        out
+        Some(out)
     }
 
     /// Envoy's own stat (admin `/stats?filter=`), summed; 0 when Envoy does not answer.

@@ -13,6 +13,8 @@ pub struct TestEnv {
     name: String,
     dir: PathBuf,
     logs: Arc<Mutex<Vec<PathBuf>>>,
+    /// When set, only logs whose process name starts with one of these are printed on failure.
+    print_only: Mutex<Option<Vec<String>>>,
 }
 
 impl TestEnv {
@@ -25,7 +27,22 @@ impl TestEnv {
             name: name.to_string(),
             dir,
             logs: Arc::default(),
+            print_only: Mutex::new(None),
         }
+    }
+
+    /// Limits the logs printed on failure to processes whose names start with one of
+    /// `prefixes` (a run of hundreds of processes would bury the ones that matter); the rest
+    /// stay in the test's directory.
+    pub fn print_only(&self, prefixes: &[&str]) {
+        *self.print_only.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(prefixes.iter().map(|p| p.to_string()).collect());
+    }
+
+    /// Prints the logs as a failing test does (for a run that reports failure without
+    /// panicking).
+    pub fn print_failure_logs(&self) {
+        self.print_logs();
     }
 
     pub fn dir(&self) -> &Path {
@@ -61,12 +78,26 @@ impl TestEnv {
 
     fn print_logs(&self) {
         let logs = self.logs.lock().unwrap_or_else(|p| p.into_inner());
+        let only = self
+            .print_only
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         eprintln!(
             "\n===== test {} failed; logs of its processes (in {}) =====",
             self.name,
             self.dir.display()
         );
         for log in logs.iter() {
+            let name = log
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            if let Some(only) = &only {
+                if !only.iter().any(|p| name.starts_with(p.as_str())) {
+                    continue;
+                }
+            }
             let text = std::fs::read_to_string(log).unwrap_or_default();
             let lines: Vec<&str> = text.lines().collect();
             let from = lines.len().saturating_sub(TAIL_LINES);

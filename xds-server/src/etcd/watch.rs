@@ -117,7 +117,9 @@ impl Watcher {
         let mut client: Option<Client> = None;
         // Logged when it changes: a refused login repeats every retry.
         let mut last_connect_error = String::new();
-        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+        // Capped at 2 s: the registry follows etcd again at most ~2 s after it is back, and a
+        // retry costs etcd one connection and one watch request per gateway.
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
         let mut next = Next::FullSync;
         loop {
             next = match next {
@@ -166,37 +168,53 @@ impl Watcher {
                         }
                     }
                 }
-                Next::Watch { revision, resumed } => match match &client {
-                    Some(c) => self.watch_from(c, revision, resumed, &mut backoff).await,
-                    None => WatchEnd::ResyncRequested,
-                } {
-                    WatchEnd::Compacted { compact_revision } => {
-                        self.metrics.full_resyncs.inc();
-                        warn!(
-                            revision,
-                            compact_revision,
-                            "etcd compacted past the last applied revision; resyncing in full"
-                        );
-                        Next::FullSync
-                    }
-                    WatchEnd::ResyncRequested => {
-                        self.metrics.full_resyncs.inc();
-                        Next::FullSync
-                    }
-                    WatchEnd::Broken { reason } => {
-                        self.mark_down(&reason);
-                        tokio::time::sleep(backoff.next_delay(rand::random())).await;
-                        let revision = self
-                            .registry
-                            .read()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .revision();
-                        Next::Watch {
-                            revision,
-                            resumed: true,
+                Next::Watch { revision, resumed } => {
+                    let mut no_client = String::new();
+                    if client.is_none() {
+                        match self.config.connect().await {
+                            Ok(c) => client = Some(c),
+                            Err(e) => no_client = format!("connecting to etcd failed: {e}"),
                         }
                     }
-                },
+                    let end = match &client {
+                        Some(c) => self.watch_from(c, revision, resumed, &mut backoff).await,
+                        None => WatchEnd::Broken { reason: no_client },
+                    };
+                    match end {
+                        WatchEnd::Compacted { compact_revision } => {
+                            self.metrics.full_resyncs.inc();
+                            warn!(
+                                revision,
+                                compact_revision,
+                                "etcd compacted past the last applied revision; resyncing in full"
+                            );
+                            Next::FullSync
+                        }
+                        WatchEnd::ResyncRequested => {
+                            self.metrics.full_resyncs.inc();
+                            Next::FullSync
+                        }
+                        WatchEnd::Broken { reason } => {
+                            // A fresh connection for the next attempt: the balanced channel keeps
+                            // each endpoint's last connect error and hands it to the next call
+                            // that picks the endpoint, even after etcd is back, so a kept client
+                            // fails once per endpoint after a partition and every failure costs
+                            // a backoff delay (the chaos run measured 9 s to resume).
+                            client = None;
+                            self.mark_down(&reason);
+                            tokio::time::sleep(backoff.next_delay(rand::random())).await;
+                            let revision = self
+                                .registry
+                                .read()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .revision();
+                            Next::Watch {
+                                revision,
+                                resumed: true,
+                            }
+                        }
+                    }
+                }
             };
         }
     }
