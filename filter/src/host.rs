@@ -354,6 +354,17 @@ impl Root {
         self.send_pending(pending);
     }
 
+    /// `Bearer <token>` when toolgate-xds requires a token on reports, else empty.
+    fn report_authorization(&self) -> String {
+        let shared = self.shared.borrow();
+        let token = &shared.config.report_token;
+        if token.is_empty() {
+            String::new()
+        } else {
+            format!("Bearer {}", token.0)
+        }
+    }
+
     /// Posts events to toolgate-xds; each post remembers which events it carries, so an
     /// answer acknowledges exactly those.
     fn send_pending(&mut self, pending: Vec<Pending>) {
@@ -364,14 +375,10 @@ impl Root {
             let Some((body, _)) = fleet::bodies(&gateway, events).into_iter().next() else {
                 continue;
             };
+            let auth = self.report_authorization();
             let sent = self.dispatch_http_call(
                 feedback::CLUSTER,
-                vec![
-                    (":method", "POST"),
-                    (":path", fleet::PATH),
-                    (":authority", feedback::AUTHORITY),
-                    ("content-type", "application/json"),
-                ],
+                report_headers(fleet::PATH, &auth),
                 Some(&body),
                 vec![],
                 fleet::TIMEOUT,
@@ -451,14 +458,10 @@ impl Root {
             );
         }
         let Some(body) = batch.body else { return };
+        let auth = self.report_authorization();
         let sent = self.dispatch_http_call(
             feedback::CLUSTER,
-            vec![
-                (":method", "POST"),
-                (":path", feedback::PATH),
-                (":authority", feedback::AUTHORITY),
-                ("content-type", "application/json"),
-            ],
+            report_headers(feedback::PATH, &auth),
             Some(&body),
             vec![],
             feedback::TIMEOUT,
@@ -1111,4 +1114,18 @@ impl HttpContext for Call {
             }
         }
     }
+}
+
+/// The headers of a report to toolgate-xds (`authorization` only when it is not empty).
+fn report_headers<'a>(path: &'a str, authorization: &'a str) -> Vec<(&'a str, &'a str)> {
+    let mut headers = vec![
+        (":method", "POST"),
+        (":path", path),
+        (":authority", feedback::AUTHORITY),
+        ("content-type", "application/json"),
+    ];
+    if !authorization.is_empty() {
+        headers.push(("authorization", authorization));
+    }
+    headers
 }

@@ -345,6 +345,31 @@ pub struct FilterConfig {
     /// The Envoy node id this configuration was served to (filled per Envoy by toolgate-xds):
     /// the `gateway` of this filter's breaker events.
     pub gateway: String,
+    /// The bearer token the filter sends with its reports to toolgate-xds (`/v1/feedback`,
+    /// `/v1/breaker-events`); filled per Envoy by toolgate-xds when it requires one.
+    #[serde(skip_serializing_if = "ReportToken::is_empty")]
+    pub report_token: ReportToken,
+}
+
+/// A secret that never shows in a `Debug` print (configurations are logged and asserted on).
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ReportToken(pub String);
+
+impl ReportToken {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl std::fmt::Debug for ReportToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.is_empty() {
+            "ReportToken(none)"
+        } else {
+            "ReportToken(set)"
+        })
+    }
 }
 
 impl Default for FilterConfig {
@@ -357,6 +382,7 @@ impl Default for FilterConfig {
             fleet_open: BTreeMap::new(),
             overrides: BTreeMap::new(),
             gateway: String::new(),
+            report_token: ReportToken::default(),
         }
     }
 }

@@ -623,3 +623,94 @@ async fn ads_with_mutual_tls_serves_only_envoys_with_a_certificate_from_its_ca()
         .await;
     assert!(plain.is_err(), "plaintext must fail: {plain:?}");
 }
+
+#[tokio::test]
+async fn the_filters_reports_need_the_report_token() {
+    let env = TestEnv::new("security_reports");
+    let etcd = toolgate_tests::Etcd::start(&env).await;
+    let xds = Xds::start_with_env(
+        &env,
+        "xds",
+        &etcd.endpoint(),
+        &["--report-token-env", "TG_REPORT"],
+        &[("TG_REPORT", "report-secret")],
+    )
+    .await;
+    let wasm = toolgate_tests::filter_wasm();
+    let envoy = toolgate_tests::Envoy::start_with(
+        &env,
+        "envoy",
+        &xds,
+        1,
+        &["--filter", &wasm.to_string_lossy()],
+    )
+    .await;
+    let member =
+        toolgate_tests::Member::start(&env, &etcd.endpoint(), "orders", "orders-1", &[], 10).await;
+    toolgate_tests::wait_until(
+        "envoy routes to orders-1",
+        Duration::from_secs(20),
+        || async { envoy.addresses("orders").await == vec![member.server.endpoint()] },
+    )
+    .await;
+
+    // A forged report is refused before its body is read.
+    let http = reqwest::Client::new();
+    for path in ["/v1/feedback", "/v1/breaker-events"] {
+        let post = |token: Option<&str>| {
+            let mut r = http
+                .post(format!("{}{path}", xds.admin_url()))
+                .header("content-type", "application/json")
+                .body("{}");
+            if let Some(t) = token {
+                r = r.bearer_auth(t);
+            }
+            async move {
+                let resp = r.send().await.expect("POST");
+                (
+                    resp.status().as_u16(),
+                    resp.text().await.unwrap_or_default(),
+                )
+            }
+        };
+        let (status, body) = post(None).await;
+        assert_eq!(status, 401, "{path} without a token: {body}");
+        assert!(body.contains("report token"), "{path} says why: {body}");
+        assert_eq!(
+            post(Some("guess")).await.0,
+            403,
+            "{path} with a wrong token"
+        );
+    }
+
+    // The filter got the token over ADS: its call reports are taken, so the calls show up in
+    // the registry's counts.
+    let mut agent = toolgate_tests::McpSession::connect(&envoy.url("orders")).await;
+    for n in 0..3 {
+        let reply = agent
+            .call_tool("read_order", serde_json::json!({"order": n}))
+            .await;
+        assert!(reply.text().contains("orders-1"), "{}", reply.body);
+    }
+    toolgate_tests::wait_until(
+        "toolgate-xds counts the calls the filter reported",
+        Duration::from_secs(15),
+        || async {
+            xds.registry().await["services"]["orders"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|i| i["calls"]["ok"].as_u64().unwrap_or(0) >= 3)
+        },
+    )
+    .await;
+    assert!(
+        !envoy
+            .proc
+            .as_ref()
+            .map(|p| p.log())
+            .unwrap_or_default()
+            .contains("answered call feedback with HTTP 401"),
+        "the filter's reports were refused"
+    );
+}

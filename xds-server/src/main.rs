@@ -11,7 +11,7 @@ use clap::{Args, Parser, Subcommand};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::Notify;
 use toolgate_model::KeyLayout;
-use toolgate_xds::admin::auth::AdminToken;
+use toolgate_xds::admin::auth::{AdminToken, ReportToken};
 use toolgate_xds::admin::{self, AdminState};
 use toolgate_xds::bootstrap::{self, BootstrapOptions};
 use toolgate_xds::etcd::watch::Watcher;
@@ -105,6 +105,15 @@ struct ServeArgs {
     /// command line shows in `ps`).
     #[arg(long)]
     admin_token_env: Option<String>,
+    /// File holding the bearer token the filters must send with their reports
+    /// (`POST /v1/feedback`, `/v1/breaker-events`). toolgate-xds puts it into each Envoy's
+    /// filter configuration over ADS. Without one, reports are taken from anyone who reaches
+    /// the admin listener.
+    #[arg(long, conflicts_with = "report_token_env")]
+    report_token_file: Option<PathBuf>,
+    /// Name of the environment variable holding that token.
+    #[arg(long)]
+    report_token_env: Option<String>,
     /// Reads of the admin API (`/metrics`, `GET /v1/...`) need the admin token too.
     /// `/healthz` and the console page stay open.
     #[arg(long)]
@@ -373,19 +382,16 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         access,
     };
     let (probed, resync) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-    let token = AdminToken::new(match (&args.admin_token_file, &args.admin_token_env) {
-        (Some(path), _) => Some(std::fs::read_to_string(path).with_context(|| {
-            format!(
-                "reading the admin token from --admin-token-file {}",
-                path.display()
-            )
-        })?),
-        (None, Some(var)) => Some(
-            std::env::var(var)
-                .with_context(|| format!("reading the admin token from --admin-token-env {var}"))?,
-        ),
-        (None, None) => None,
-    });
+    let token = AdminToken::new(read_secret(
+        "admin",
+        &args.admin_token_file,
+        &args.admin_token_env,
+    )?);
+    let reports = ReportToken::new(read_secret(
+        "report",
+        &args.report_token_file,
+        &args.report_token_env,
+    )?);
     if !token.is_set() {
         anyhow::ensure!(
             !args.protect_reads,
@@ -429,6 +435,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     if !args.admin_listen.ip().is_loopback() && !args.protect_reads {
         warn!(admin = %args.admin_listen, "the admin API listens beyond loopback with open reads (use --protect-reads)");
+    }
+    if !args.admin_listen.ip().is_loopback() && reports.get().is_none() {
+        warn!(admin = %args.admin_listen, "the admin API listens beyond loopback and takes the filters' reports from anyone: a forged report can mark instances down or open breakers fleet-wide (use --report-token-file or --report-token-env)");
     }
     let xds_listener = tokio::net::TcpListener::bind(args.xds_listen)
         .await
@@ -477,6 +486,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         metrics.clone(),
         envoys.clone(),
         xds_tls,
+        reports.get().map(Arc::from),
         stopped(stop_rx.clone()),
     ));
     let admin_task = tokio::spawn(admin::serve(
@@ -490,6 +500,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             token,
             envoys,
             protect_reads: args.protect_reads,
+            reports,
         },
         stopped(stop_rx),
     ));
@@ -507,4 +518,27 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     })
     .await;
     Ok(())
+}
+
+/// A secret from `--<what>-token-file` or the variable `--<what>-token-env` names (never a
+/// flag value: a command line shows in `ps`).
+fn read_secret(
+    what: &str,
+    file: &Option<PathBuf>,
+    var: &Option<String>,
+) -> anyhow::Result<Option<String>> {
+    Ok(match (file, var) {
+        (Some(path), _) => Some(std::fs::read_to_string(path).with_context(|| {
+            format!(
+                "reading the {what} token from --{what}-token-file {}",
+                path.display()
+            )
+        })?),
+        (None, Some(var)) => {
+            Some(std::env::var(var).with_context(|| {
+                format!("reading the {what} token from --{what}-token-env {var}")
+            })?)
+        }
+        (None, None) => None,
+    })
 }

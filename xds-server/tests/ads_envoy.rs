@@ -468,6 +468,7 @@ async fn envoy_follows_snapshots_over_ads_and_nothing_is_sent_when_nothing_chang
         Arc::clone(&metrics),
         Arc::clone(&connections),
         None,
+        None,
         async move {
             let _ = stopped.await;
         },

@@ -58,12 +58,7 @@ impl AdminToken {
                     .into(),
             });
         };
-        let presented = headers
-            .get(axum::http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim);
-        match presented {
+        match bearer(headers) {
             None => Err(AdminError {
                 status: StatusCode::UNAUTHORIZED,
                 message: missing.into(),
@@ -75,6 +70,66 @@ impl AdminToken {
             }),
         }
     }
+}
+
+/// The token the filters' reports (`POST /v1/feedback`, `/v1/breaker-events`) must carry.
+/// Reports move health states and open breakers fleet-wide, so whoever reaches the admin
+/// listener must not be able to fake them. `None`: reports are taken from anyone (loopback
+/// deployments).
+#[derive(Clone, Default)]
+pub struct ReportToken(Option<String>);
+
+impl std::fmt::Debug for ReportToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "ReportToken(set)"
+        } else {
+            "ReportToken(none)"
+        })
+    }
+}
+
+impl ReportToken {
+    pub fn new(token: Option<String>) -> Self {
+        ReportToken(
+            token
+                .map(|t| t.trim().to_string())
+                .filter(|t| !t.is_empty()),
+        )
+    }
+
+    pub fn get(&self) -> Option<&str> {
+        self.0.as_deref()
+    }
+
+    /// 401 without a bearer token, 403 with a wrong one; always fine when none is required.
+    pub fn check(&self, headers: &HeaderMap) -> Result<(), AdminError> {
+        let Some(expected) = &self.0 else {
+            return Ok(());
+        };
+        match bearer(headers) {
+            None => Err(AdminError {
+                status: StatusCode::UNAUTHORIZED,
+                message: "reports to this toolgate-xds need its report token (--report-token-*): \
+                          send Authorization: Bearer <token>"
+                    .into(),
+            }),
+            Some(t) if constant_time_eq(t.as_bytes(), expected.as_bytes()) => Ok(()),
+            Some(_) => Err(AdminError {
+                status: StatusCode::FORBIDDEN,
+                message: "the bearer token is not the report token".into(),
+            }),
+        }
+    }
+}
+
+/// The token of an `Authorization: Bearer <token>` header.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
 }
 
 /// Compares without an early exit, so the time taken does not tell how much of a guess was

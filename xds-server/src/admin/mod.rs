@@ -26,7 +26,7 @@ use crate::health::feedback::{self, FeedbackBody};
 use crate::health::{self, Hub};
 use crate::metrics::Metrics;
 use crate::registry::Registry;
-use auth::AdminToken;
+use auth::{AdminToken, ReportToken};
 use toolgate_model::fleet::{BreakerEvents, Override};
 
 #[derive(Clone)]
@@ -41,6 +41,8 @@ pub struct AdminState {
     pub envoys: Arc<crate::xds::Connections>,
     /// Reads (`/metrics`, `GET /v1/...`) need the token too.
     pub protect_reads: bool,
+    /// What the filters' reports must carry.
+    pub reports: ReportToken,
 }
 
 pub fn router(state: AdminState) -> Router {
@@ -142,24 +144,30 @@ async fn envoys(State(s): State<AdminState>) -> impl IntoResponse {
 
 async fn report_calls(
     State(s): State<AdminState>,
+    headers: HeaderMap,
     body: Result<Json<FeedbackBody>, JsonRejection>,
-) -> impl IntoResponse {
+) -> axum::response::Response {
+    if let Err(e) = s.reports.check(&headers) {
+        return e.into_response();
+    }
     match body {
         Ok(Json(body)) => {
             let hub = s.hub.clone();
             // Lock-taking work off the async workers.
             match tokio::task::spawn_blocking(move || feedback::apply(&hub, body)).await {
-                Ok(outcome) => (StatusCode::OK, Json(json!(outcome))),
+                Ok(outcome) => (StatusCode::OK, Json(json!(outcome))).into_response(),
                 Err(e) => (
                     StatusCode::INTERNAL_SERVER_ERROR,
                     Json(json!({"error": format!("applying the report failed: {e}")})),
-                ),
+                )
+                    .into_response(),
             }
         }
         Err(rejection) => (
             StatusCode::BAD_REQUEST,
             Json(json!({"error": format!("not a feedback report: {}", rejection.body_text())})),
-        ),
+        )
+            .into_response(),
     }
 }
 
@@ -171,8 +179,12 @@ impl IntoResponse for AdminError {
 
 async fn breaker_events(
     State(s): State<AdminState>,
+    headers: HeaderMap,
     body: Result<Json<BreakerEvents>, JsonRejection>,
 ) -> axum::response::Response {
+    if let Err(e) = s.reports.check(&headers) {
+        return e.into_response();
+    }
     match body {
         Ok(Json(body)) => {
             Json(json!({"events": s.fleet.breaker_events(body).await})).into_response()

@@ -43,6 +43,8 @@ pub struct AdsService {
     shutdown: CancellationToken,
     next_stream: AtomicU64,
     connections: Arc<Connections>,
+    /// The token each Envoy's filter must send with its reports, put into its configuration.
+    report_token: Option<Arc<str>>,
 }
 
 impl AdsService {
@@ -67,7 +69,15 @@ impl AdsService {
             shutdown,
             next_stream: AtomicU64::new(1),
             connections: Arc::default(),
+            report_token: None,
         }
+    }
+
+    /// Puts `token` into every Envoy's filter configuration: toolgate-xds requires it on the
+    /// filters' reports.
+    pub fn with_report_token(mut self, token: Option<Arc<str>>) -> AdsService {
+        self.report_token = token;
+        self
     }
 
     /// Lists its streams in `connections` (the admin API's `/v1/envoys`).
@@ -123,6 +133,7 @@ impl AggregatedDiscoveryService for AdsService {
             peer,
             node: String::new(),
             filter_path: None,
+            report_token: self.report_token.clone(),
             started: Instant::now(),
             nonce: 0,
             types: BTreeMap::new(),
@@ -235,6 +246,7 @@ struct AdsStream {
     node: String,
     /// Where this Envoy finds the wasm filter (node metadata), for its ECDS resource.
     filter_path: Option<String>,
+    report_token: Option<Arc<str>>,
     started: Instant,
     nonce: u64,
     /// Only types the Envoy has asked for: nothing is pushed before it subscribes.
@@ -474,7 +486,7 @@ impl AdsStream {
         let resources = match (&self.filter_path, ty) {
             (Some(path), ResourceType::ExtensionConfig) => resources
                 .iter()
-                .map(|r| super::ecds::for_node(r, path, &self.node))
+                .map(|r| super::ecds::for_node(r, path, &self.node, self.report_token.as_deref()))
                 .collect(),
             _ => resources,
         };
@@ -594,6 +606,7 @@ mod tests {
                     peer: None,
                     node: String::new(),
                     filter_path: None,
+                    report_token: None,
                     started: Instant::now(),
                     nonce: 0,
                     types: BTreeMap::new(),

@@ -33,10 +33,11 @@ pub fn extension_config(plugin_json: &str) -> Any {
     to_any(&typed_extension_config(plugin_json, ""))
 }
 
-/// Fills the node's filter path into a resource made by [`extension_config`], and its node
-/// id into the plugin configuration's `gateway` (the filter names itself with it in its breaker
-/// events; Envoy does not show the node id to wasm reliably).
-pub fn for_node(resource: &Any, path: &str, node_id: &str) -> Any {
+/// Fills the node's filter path into a resource made by [`extension_config`], its node id
+/// into the plugin configuration's `gateway` (the filter names itself with it in its breaker
+/// events; Envoy does not show the node id to wasm reliably), and the token its reports must
+/// carry, if toolgate-xds requires one.
+pub fn for_node(resource: &Any, path: &str, node_id: &str, report_token: Option<&str>) -> Any {
     match TypedExtensionConfig::decode(resource.value.as_slice()) {
         Ok(mut tec) => {
             if let Some(wasm) = tec
@@ -54,6 +55,9 @@ pub fn for_node(resource: &Any, path: &str, node_id: &str) -> Any {
                 let plugin_json = match serde_json::from_str::<serde_json::Value>(&plugin_json) {
                     Ok(serde_json::Value::Object(mut map)) => {
                         map.insert("gateway".into(), node_id.into());
+                        if let Some(token) = report_token {
+                            map.insert("report_token".into(), token.into());
+                        }
                         drop_own_openings(&mut map, node_id);
                         serde_json::Value::Object(map).to_string()
                     }
@@ -135,7 +139,7 @@ mod tests {
     #[test]
     fn the_path_is_filled_in_and_the_configuration_kept() {
         let any = extension_config(r#"{"x":1}"#);
-        let filled = for_node(&any, "/opt/toolgate/filter.wasm", "envoy-1");
+        let filled = for_node(&any, "/opt/toolgate/filter.wasm", "envoy-1", None);
         let tec = TypedExtensionConfig::decode(filled.value.as_slice()).unwrap();
         assert_eq!(tec.name, FILTER_CONFIG_NAME);
         let wasm = Wasm::decode(tec.typed_config.unwrap().value.as_slice()).unwrap();
@@ -159,7 +163,7 @@ mod tests {
         let any = extension_config(
             r#"{"fleet_open":{"s":{"a":{"opened_by":"envoy-1","until_ms":9},"b":{"opened_by":"envoy-2","until_ms":9}},"t":{"c":{"opened_by":"envoy-1","until_ms":9}}}}"#,
         );
-        let filled = for_node(&any, "/f.wasm", "envoy-1");
+        let filled = for_node(&any, "/f.wasm", "envoy-1", None);
         let tec = TypedExtensionConfig::decode(filled.value.as_slice()).unwrap();
         let wasm = Wasm::decode(tec.typed_config.unwrap().value.as_slice()).unwrap();
         let conf =
@@ -169,6 +173,27 @@ mod tests {
             conf.value,
             r#"{"fleet_open":{"s":{"b":{"opened_by":"envoy-2","until_ms":9}}},"gateway":"envoy-1"}"#
         );
+
+        // The report token, when toolgate-xds requires one, is the filter's to send.
+        let filled = for_node(
+            &extension_config("{}"),
+            "/f.wasm",
+            "envoy-1",
+            Some("s3cret"),
+        );
+        let tec = TypedExtensionConfig::decode(filled.value.as_slice()).unwrap();
+        let wasm = Wasm::decode(tec.typed_config.unwrap().value.as_slice()).unwrap();
+        let conf =
+            StringValue::decode(wasm.config.unwrap().configuration.unwrap().value.as_slice())
+                .unwrap();
+        assert_eq!(
+            conf.value,
+            r#"{"gateway":"envoy-1","report_token":"s3cret"}"#
+        );
+        let config = toolgate_model::policy::FilterConfig::from_json(conf.value.as_bytes())
+            .expect("the filter reads it");
+        assert_eq!(config.report_token.0, "s3cret");
+        assert_eq!(format!("{:?}", config.report_token), "ReportToken(set)");
         assert_eq!(
             plugin.allow_on_headers_stop_iteration,
             Some(BoolValue { value: true })

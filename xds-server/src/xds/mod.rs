@@ -50,6 +50,7 @@ pub async fn serve(
     metrics: Arc<Metrics>,
     connections: Arc<Connections>,
     tls: Option<tonic::transport::ServerTlsConfig>,
+    report_token: Option<Arc<str>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let addr = listener
@@ -58,7 +59,9 @@ pub async fn serve(
     let token = CancellationToken::new();
     // Also stops the cache task if serving fails.
     let _stop_on_return = token.clone().drop_guard();
-    let ads = AdsService::new(snapshots, metrics, token.clone()).with_connections(connections);
+    let ads = AdsService::new(snapshots, metrics, token.clone())
+        .with_connections(connections)
+        .with_report_token(report_token);
     // `serve_with_incoming` ignores the builder's TCP settings: they go on the incoming stream.
     let incoming = TcpIncoming::from(listener)
         .with_nodelay(Some(true))
