@@ -801,12 +801,14 @@ impl Call {
         let RequestInfo::Single(request) = &info else {
             return Action::Continue;
         };
+        self.log_field(log_field::METHOD, &request.method);
         if request.method != jsonrpc::TOOLS_CALL {
             return Action::Continue;
         }
         let Some(ToolName::Valid(tool)) = request.tool() else {
             return Action::Continue;
         };
+        self.log_field(log_field::TOOL, tool);
         if self.version.has_request_headers() {
             let check = jsonrpc::check_headers(
                 self.header_method.as_deref(),
@@ -819,6 +821,7 @@ impl Call {
             }
         }
         if let Some(reply) = self.forced_open(&service, tool, &request.id) {
+            self.log_field(log_field::BREAKER, "forced_open");
             self.send_reply(200, &reply);
             return Action::Pause;
         }
@@ -839,6 +842,15 @@ impl Call {
             }
             (admission, policy, metrics)
         };
+        self.log_field(
+            log_field::BREAKER,
+            match &admission {
+                Admission::Allow => "closed",
+                Admission::Probe { .. } => "half_open",
+                Admission::Reject { forced: true, .. } => "forced_open",
+                Admission::Reject { .. } => "open",
+            },
+        );
         match admission {
             Admission::Reject {
                 retry_after_ms,
@@ -880,6 +892,13 @@ impl Call {
                 Action::Continue
             }
         }
+    }
+
+    /// A field of Envoy's access log: Envoy keeps a wasm property as the filter state
+    /// `wasm.<name>`, which the bootstrap's format reads (`%FILTER_STATE(wasm.mcp_tool:PLAIN)%`).
+    fn log_field(&self, name: &str, value: &str) {
+        // One host call; a failure only leaves the field empty in the log.
+        let _ = hostcalls::set_property(vec![name], Some(value.as_bytes()));
     }
 
     fn upstream_failed(&mut self, v: Verdict) -> Option<Reply> {
@@ -1128,4 +1147,11 @@ fn report_headers<'a>(path: &'a str, authorization: &'a str) -> Vec<(&'a str, &'
         headers.push(("authorization", authorization));
     }
     headers
+}
+
+/// Names of the access-log fields the filter sets (a contract with the bootstrap's format).
+pub mod log_field {
+    pub const METHOD: &str = "mcp_method";
+    pub const TOOL: &str = "mcp_tool";
+    pub const BREAKER: &str = "mcp_breaker";
 }

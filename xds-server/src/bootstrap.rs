@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::str::FromStr;
 
 use serde_json::{json, Value};
 
@@ -42,16 +43,43 @@ pub struct BootstrapOptions {
     /// Where agents connect (the MCP listener).
     pub listen: SocketAddr,
     /// Where toolgate-xds serves ADS.
-    pub xds: SocketAddr,
+    pub xds: Upstream,
     /// Envoy's admin interface; keep it on loopback, it can change Envoy's state.
     pub admin: SocketAddr,
     /// toolgate-xds's admin API, where the filter reports call outcomes per instance.
-    pub control: SocketAddr,
+    pub control: Upstream,
     /// The toolgate wasm filter; its configuration then comes over ECDS. Without it Envoy
     /// routes, but no breaker protects the tools.
     pub filter: Option<PathBuf>,
     /// mTLS to toolgate-xds's ADS listener (a toolgate-xds started with `--xds-tls-*`).
     pub xds_tls: Option<XdsClientTls>,
+    /// Where Envoy writes its access log, one JSON object per request (see
+    /// [`access_log_format`]); `None`: no access log.
+    pub access_log: Option<PathBuf>,
+}
+
+/// The access log's fields. `mcp.method`, `mcp.tool` and `mcp.breaker` (closed, half_open,
+/// open, forced_open) come from the toolgate filter (wasm properties, which Envoy keeps as
+/// filter state `wasm.<name>`); they are empty for requests the filter does not judge.
+/// `traceparent` is W3C trace context as the agent sent it: Envoy passes it to the server
+/// untouched (the bootstrap configures no tracer that would rewrite it).
+pub fn access_log_format() -> Value {
+    json!({
+        "start_time": "%START_TIME%",
+        "method": "%REQ(:METHOD)%",
+        "path": "%REQ(X-ENVOY-ORIGINAL-PATH?:PATH)%",
+        "status": "%RESPONSE_CODE%",
+        "response_flags": "%RESPONSE_FLAGS%",
+        "duration_ms": "%DURATION%",
+        "mcp.method": "%FILTER_STATE(wasm.mcp_method:PLAIN)%",
+        "mcp.tool": "%FILTER_STATE(wasm.mcp_tool:PLAIN)%",
+        "mcp.breaker": "%FILTER_STATE(wasm.mcp_breaker:PLAIN)%",
+        "mcp.session": "%REQ(MCP-SESSION-ID)%",
+        "upstream_cluster": "%UPSTREAM_CLUSTER%",
+        "upstream_host": "%UPSTREAM_HOST%",
+        "traceparent": "%REQ(TRACEPARENT)%",
+        "request_id": "%REQ(X-REQUEST-ID)%"
+    })
 }
 
 /// The files Envoy presents and trusts on its ADS connection.
@@ -62,9 +90,97 @@ pub struct XdsClientTls {
     /// Envoy's own certificate and key (toolgate-xds checks them against its client CA).
     pub cert: PathBuf,
     pub key: PathBuf,
-    /// The name toolgate-xds's certificate carries (SNI and SAN check); `None`: its IP
-    /// address, as in `xds`.
+    /// The name toolgate-xds's certificate carries (SNI and SAN check); `None`: the name or
+    /// IP address in `xds`.
     pub server_name: Option<String>,
+}
+
+/// Where Envoy reaches a toolgate-xds listener: an IP address, or a DNS name that Envoy
+/// resolves itself (a Compose or Kubernetes service name), with a port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Upstream {
+    Ip(SocketAddr),
+    Dns { host: String, port: u16 },
+}
+
+impl FromStr for Upstream {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if let Ok(addr) = s.parse::<SocketAddr>() {
+            return Ok(Upstream::Ip(addr));
+        }
+        let (host, port) = s
+            .rsplit_once(':')
+            .ok_or_else(|| format!("{s:?} is not host:port"))?;
+        let port: u16 = port
+            .parse()
+            .map_err(|_| format!("{s:?}: the port {port:?} is not a number from 0 to 65535"))?;
+        // A DNS name (RFC 1123 labels); anything else would reach Envoy as a name it cannot
+        // resolve, found only when the cluster never gets a host.
+        let label_ok = |l: &str| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        };
+        if host.is_empty() || host.len() > 253 || !host.split('.').all(label_ok) {
+            return Err(format!(
+                "{s:?}: {host:?} is neither an IP address nor a DNS name"
+            ));
+        }
+        Ok(Upstream::Dns {
+            host: host.to_string(),
+            port,
+        })
+    }
+}
+
+impl std::fmt::Display for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Upstream::Ip(a) => write!(f, "{a}"),
+            Upstream::Dns { host, port } => write!(f, "{host}:{port}"),
+        }
+    }
+}
+
+impl Upstream {
+    fn address(&self) -> Value {
+        match self {
+            Upstream::Ip(a) => socket_address(*a),
+            Upstream::Dns { host, port } => {
+                json!({ "socket_address": { "address": host, "port_value": port } })
+            }
+        }
+    }
+
+    /// A name is resolved by Envoy, again whenever its DNS answer may have changed (a
+    /// restarted toolgate-xds pod gets a new address behind the same service name).
+    fn cluster_type(&self) -> &'static str {
+        match self {
+            Upstream::Ip(_) => "STATIC",
+            Upstream::Dns { .. } => "STRICT_DNS",
+        }
+    }
+
+    /// The cluster fields that say how to reach it.
+    fn cluster(&self, name: &str) -> Value {
+        let mut c = json!({
+            "name": name,
+            "type": self.cluster_type(),
+            "connect_timeout": "1s",
+            "load_assignment": {
+                "cluster_name": name,
+                "endpoints": [{ "lb_endpoints": [{ "endpoint": { "address": self.address() } }] }]
+            }
+        });
+        if let Upstream::Dns { .. } = self {
+            c["dns_lookup_family"] = json!("V4_PREFERRED");
+        }
+        c
+    }
 }
 
 /// A complete Envoy bootstrap (pretty JSON, which Envoy reads as YAML too).
@@ -113,7 +229,7 @@ fn bootstrap(opts: &BootstrapOptions) -> Value {
             "cds_config": ads_source()
         },
         "static_resources": {
-            "clusters": [xds_cluster(opts.xds, opts.xds_tls.as_ref()), control_cluster(opts.control)],
+            "clusters": [xds_cluster(&opts.xds, opts.xds_tls.as_ref()), control_cluster(&opts.control)],
             "listeners": [listener(opts)]
         },
         "stats_config": stats_config()
@@ -133,27 +249,16 @@ fn stats_config() -> Value {
 
 /// toolgate-xds's admin API, for the filter's call reports (`dispatch_http_call` needs a
 /// cluster). Plain HTTP/1.1; a report that cannot be delivered is dropped by the filter.
-fn control_cluster(control: SocketAddr) -> Value {
-    json!({
-        "name": CONTROL_CLUSTER,
-        "type": "STATIC",
-        "connect_timeout": "1s",
-        "load_assignment": {
-            "cluster_name": CONTROL_CLUSTER,
-            "endpoints": [{ "lb_endpoints": [{ "endpoint": { "address": socket_address(control) } }] }]
-        }
-    })
+fn control_cluster(control: &Upstream) -> Value {
+    control.cluster(CONTROL_CLUSTER)
 }
 
 /// toolgate-xds itself: gRPC needs HTTP/2. The keepalive PINGs find a dead control plane
 /// behind a connection that still looks open, so Envoy reconnects (to a restarted one) instead
 /// of waiting on a silent stream.
-fn xds_cluster(xds: SocketAddr, tls: Option<&XdsClientTls>) -> Value {
-    let mut cluster = json!({
-        "name": XDS_CLUSTER,
-        "type": "STATIC",
-        "connect_timeout": "1s",
-        "typed_extension_protocol_options": {
+fn xds_cluster(xds: &Upstream, tls: Option<&XdsClientTls>) -> Value {
+    let mut cluster = xds.cluster(XDS_CLUSTER);
+    cluster["typed_extension_protocol_options"] = json!({
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
                 "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
                 "explicit_http_config": {
@@ -162,23 +267,22 @@ fn xds_cluster(xds: SocketAddr, tls: Option<&XdsClientTls>) -> Value {
                     }
                 }
             }
-        },
-        "load_assignment": {
-            "cluster_name": XDS_CLUSTER,
-            "endpoints": [{ "lb_endpoints": [{ "endpoint": { "address": socket_address(xds) } }] }]
-        }
     });
     if let Some(tls) = tls {
         // Envoy checks the server's certificate against the CA and the expected name (DNS
         // SAN) or address (IP SAN), and presents its own for toolgate-xds's client check.
-        let (sni, san) = match &tls.server_name {
-            Some(name) => (
-                name.clone(),
+        let dns = |name: &str| {
+            (
+                name.to_string(),
                 json!({"san_type": "DNS", "matcher": {"exact": name}}),
-            ),
-            None => (
+            )
+        };
+        let (sni, san) = match (&tls.server_name, xds) {
+            (Some(name), _) => dns(name),
+            (None, Upstream::Dns { host, .. }) => dns(host),
+            (None, Upstream::Ip(addr)) => (
                 String::new(),
-                json!({"san_type": "IP_ADDRESS", "matcher": {"exact": xds.ip().to_string()}}),
+                json!({"san_type": "IP_ADDRESS", "matcher": {"exact": addr.ip().to_string()}}),
             ),
         };
         cluster["transport_socket"] = json!({
@@ -276,11 +380,26 @@ fn listener(opts: &BootstrapOptions) -> Value {
                     "max_request_headers_kb": MAX_REQUEST_HEADERS_KB,
                     "common_http_protocol_options": { "max_headers_count": MAX_REQUEST_HEADERS },
                     "local_reply_config": headers_too_large_reply(),
+                    "access_log": access_log(opts),
                     "http_filters": http_filters
                 }
             }]
         }]
     })
+}
+
+fn access_log(opts: &BootstrapOptions) -> Value {
+    match &opts.access_log {
+        None => json!([]),
+        Some(path) => json!([{
+            "name": "envoy.access_loggers.file",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
+                "path": path.display().to_string(),
+                "log_format": { "json_format": access_log_format() }
+            }
+        }]),
+    }
 }
 
 /// Session affinity for MCP sessions: Envoy's stateful session filter with the envelope
@@ -342,6 +461,7 @@ mod tests {
             control: "127.0.0.1:19000".parse().expect("addr"),
             filter: None,
             xds_tls: None,
+            access_log: None,
         }
     }
 
@@ -375,6 +495,59 @@ mod tests {
             ["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]["explicit_http_config"]
             ["http2_protocol_options"]
             .is_object());
+    }
+
+    #[test]
+    fn toolgate_xds_can_be_a_dns_name_that_envoy_resolves() {
+        let mut opts = options();
+        opts.xds = "toolgate-xds.toolgate.svc:18000".parse().expect("a name");
+        opts.control = "xds:19000".parse().expect("a short name");
+        opts.xds_tls = Some(XdsClientTls {
+            ca: "/ca.pem".into(),
+            cert: "/c.pem".into(),
+            key: "/k.pem".into(),
+            server_name: None,
+        });
+        let b: Value = serde_json::from_str(&render(&opts)).expect("JSON");
+        let xds = &b["static_resources"]["clusters"][0];
+        assert_eq!(xds["type"], "STRICT_DNS");
+        let ep = &xds["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"];
+        assert_eq!(
+            ep["address"]["socket_address"]["address"],
+            "toolgate-xds.toolgate.svc"
+        );
+        assert_eq!(ep["address"]["socket_address"]["port_value"], 18000);
+        // Without --xds-tls-server-name the certificate must carry the name Envoy dialed.
+        let tls = &xds["transport_socket"]["typed_config"];
+        assert_eq!(tls["sni"], "toolgate-xds.toolgate.svc");
+        assert_eq!(
+            tls["common_tls_context"]["validation_context"]["match_typed_subject_alt_names"][0]
+                ["matcher"]["exact"],
+            "toolgate-xds.toolgate.svc"
+        );
+        let control = &b["static_resources"]["clusters"][1];
+        assert_eq!(control["type"], "STRICT_DNS");
+        assert_eq!(
+            control["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+                ["socket_address"]["address"],
+            "xds"
+        );
+
+        for bad in [
+            "xds",
+            "xds:port",
+            "under_score:1",
+            "-x:1",
+            ":1",
+            "a..b:1",
+            "x:70000",
+        ] {
+            assert!(bad.parse::<Upstream>().is_err(), "{bad} accepted");
+        }
+        assert_eq!(
+            "[::1]:18000".parse::<Upstream>(),
+            Ok(Upstream::Ip("[::1]:18000".parse().expect("v6")))
+        );
     }
 
     #[test]

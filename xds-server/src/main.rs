@@ -46,6 +46,9 @@ enum Command {
     /// Print services, instances with their states, open breakers and overrides of a running
     /// toolgate-xds, as tables.
     Status(StatusArgs),
+    /// Print the breaker policy every tool gets unless etcd's /mcp/policies/ overrides it
+    /// (JSON; each field may be overridden per service or per tool).
+    PolicyDefaults,
 }
 
 #[derive(Args, Debug)]
@@ -78,6 +81,7 @@ struct ServeArgs {
     /// --xds-tls-client-ca. Envoys without a certificate from that CA are refused.
     #[arg(long, value_name = "PEM", requires_all = ["xds_tls_key", "xds_tls_client_ca"])]
     xds_tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --xds-tls-cert.
     #[arg(long, value_name = "PEM", requires = "xds_tls_cert")]
     xds_tls_key: Option<PathBuf>,
     /// The CA whose certificates Envoys must present on the ADS connection.
@@ -208,15 +212,17 @@ struct BootstrapArgs {
     /// Where Envoy listens for MCP clients.
     #[arg(long, default_value = "127.0.0.1:10000")]
     listen: SocketAddr,
-    /// Address of toolgate-xds's ADS listener.
+    /// Address of toolgate-xds's ADS listener: IP:port, or a DNS name and port that Envoy
+    /// resolves (a Compose or Kubernetes service).
     #[arg(long, default_value = "127.0.0.1:18000")]
-    xds: SocketAddr,
+    xds: bootstrap::Upstream,
     /// Envoy's admin listener (keep it on loopback).
     #[arg(long, default_value = "127.0.0.1:9901")]
     admin: SocketAddr,
-    /// toolgate-xds's admin API (its --admin-listen), where the filter reports call outcomes.
+    /// toolgate-xds's admin API (its --admin-listen), where the filter reports call outcomes;
+    /// IP:port or a DNS name and port.
     #[arg(long, default_value = "127.0.0.1:19000")]
-    control: SocketAddr,
+    control: bootstrap::Upstream,
     /// Path of the toolgate wasm filter.
     #[arg(long)]
     filter: Option<PathBuf>,
@@ -224,13 +230,21 @@ struct BootstrapArgs {
     /// --xds-tls-key, Envoy's own certificate and key).
     #[arg(long, value_name = "PEM", requires_all = ["xds_tls_cert", "xds_tls_key"])]
     xds_tls_ca: Option<PathBuf>,
+    /// Envoy's certificate (PEM) for the ADS connection, signed by the CA toolgate-xds
+    /// trusts (its --xds-tls-client-ca).
     #[arg(long, value_name = "PEM", requires = "xds_tls_ca")]
     xds_tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --xds-tls-cert.
     #[arg(long, value_name = "PEM", requires = "xds_tls_ca")]
     xds_tls_key: Option<PathBuf>,
-    /// The DNS name in toolgate-xds's certificate (default: check its IP address).
+    /// The DNS name in toolgate-xds's certificate (default: the name or address in --xds).
     #[arg(long, requires = "xds_tls_ca")]
     xds_tls_server_name: Option<String>,
+    /// Write Envoy's access log here (`/dev/stdout` in a container): one JSON object per
+    /// request, with the MCP method, tool and breaker state the filter saw, the upstream
+    /// instance and the W3C `traceparent`.
+    #[arg(long, value_name = "PATH")]
+    access_log: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -245,6 +259,7 @@ fn main() -> ExitCode {
                 admin: args.admin,
                 control: args.control,
                 filter: args.filter,
+                access_log: args.access_log,
                 xds_tls: match (args.xds_tls_ca, args.xds_tls_cert, args.xds_tls_key) {
                     (Some(ca), Some(cert), Some(key)) => Some(bootstrap::XdsClientTls {
                         ca,
@@ -257,6 +272,18 @@ fn main() -> ExitCode {
             };
             println!("{}", bootstrap::render(&opts));
             ExitCode::SUCCESS
+        }
+        Command::PolicyDefaults => {
+            match serde_json::to_string_pretty(&toolgate_model::policy::BreakerPolicy::default()) {
+                Ok(text) => {
+                    println!("{text}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("toolgate-xds: encoding the default policy: {e}");
+                    ExitCode::FAILURE
+                }
+            }
         }
         Command::Status(args) => {
             let rt = match tokio::runtime::Builder::new_current_thread()

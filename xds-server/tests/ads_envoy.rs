@@ -17,7 +17,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
-use toolgate_xds::bootstrap::{self, BootstrapOptions};
+use toolgate_xds::bootstrap::{self, BootstrapOptions, Upstream};
 use toolgate_xds::metrics::{Metrics, TypeLabel};
 use toolgate_xds::routing::{
     Bulkhead, EndpointHealth, RouteEndpoint, RoutingSnapshot, ServiceRoute,
@@ -410,27 +410,41 @@ fn rendered_bootstrap_passes_envoy_validation() {
         node_id: "validate".into(),
         cluster: "toolgate".into(),
         listen: SocketAddr::new(LOCALHOST, free_port()),
-        xds: SocketAddr::new(LOCALHOST, free_port()),
+        xds: Upstream::Ip(SocketAddr::new(LOCALHOST, free_port())),
         admin: SocketAddr::new(LOCALHOST, free_port()),
-        control: SocketAddr::new(LOCALHOST, free_port()),
+        control: Upstream::Ip(SocketAddr::new(LOCALHOST, free_port())),
         filter: None,
         xds_tls: None,
+        access_log: None,
     };
-    std::fs::write(&config, bootstrap::render(&opts)).expect("writing the bootstrap");
-    let out = Command::new(envoy_bin())
-        .arg("--mode")
-        .arg("validate")
-        .arg("-c")
-        .arg(&config)
-        .args(["--base-id", &rand::random::<u16>().to_string()])
-        .output()
-        .expect("running envoy --mode validate");
-    assert!(
-        out.status.success(),
-        "envoy rejected the bootstrap:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    // Addresses, then names Envoy resolves itself (as in Compose and Kubernetes), with the
+    // filter and the access log reading its fields.
+    let by_name = BootstrapOptions {
+        xds: "toolgate-xds.toolgate.svc.cluster.local:18000"
+            .parse()
+            .expect("a name"),
+        control: "toolgate-xds:19000".parse().expect("a name"),
+        filter: Some(dir.join("toolgate_filter.wasm")),
+        access_log: Some(dir.join("access.log")),
+        ..opts.clone()
+    };
+    for (what, opts) in [("addresses", opts), ("names", by_name)] {
+        std::fs::write(&config, bootstrap::render(&opts)).expect("writing the bootstrap");
+        let out = Command::new(envoy_bin())
+            .arg("--mode")
+            .arg("validate")
+            .arg("-c")
+            .arg(&config)
+            .args(["--base-id", &rand::random::<u16>().to_string()])
+            .output()
+            .expect("running envoy --mode validate");
+        assert!(
+            out.status.success(),
+            "envoy rejected the bootstrap with {what}:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -478,11 +492,12 @@ async fn envoy_follows_snapshots_over_ads_and_nothing_is_sent_when_nothing_chang
         node_id: node_id.into(),
         cluster: "toolgate".into(),
         listen: SocketAddr::new(LOCALHOST, free_port()),
-        xds,
+        xds: Upstream::Ip(xds),
         admin: SocketAddr::new(LOCALHOST, free_port()),
-        control: SocketAddr::new(LOCALHOST, free_port()),
+        control: Upstream::Ip(SocketAddr::new(LOCALHOST, free_port())),
         filter: None,
         xds_tls: None,
+        access_log: None,
     };
     let envoy = Envoy::start(&scratch_dir("ads-envoy"), &options("envoy-under-test"));
     // A second Envoy on the same server: every stream gets every change.

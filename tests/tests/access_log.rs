@@ -1,0 +1,110 @@
+//! Envoy's access log names what the filter saw: the MCP method, the tool, the breaker's
+//! state, with the upstream instance and the agent's W3C trace context.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use toolgate_tests::{filter_wasm, wait_for, Envoy, Etcd, McpSession, Member, TestEnv, Xds};
+
+/// The access log's JSON lines whose `mcp.tool` is `tool`.
+fn lines_for(log: &std::path::Path, tool: &str) -> Vec<Value> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["mcp.tool"] == tool)
+        .collect()
+}
+
+#[tokio::test]
+async fn the_access_log_carries_method_tool_breaker_upstream_and_trace_context() {
+    let env = TestEnv::new("access_log");
+    let etcd = Etcd::start(&env).await;
+    let xds = Xds::start(&env, "xds", &etcd.endpoint(), &[]).await;
+    let log = env.path("access.log");
+    let wasm = filter_wasm();
+    let envoy = Envoy::start_with(
+        &env,
+        "envoy",
+        &xds,
+        1,
+        &[
+            "--filter",
+            &wasm.to_string_lossy(),
+            "--access-log",
+            &log.to_string_lossy(),
+        ],
+    )
+    .await;
+    let member = Member::start(
+        &env,
+        &etcd.endpoint(),
+        "orders",
+        "orders-1",
+        &["--stateless"],
+        10,
+    )
+    .await;
+    toolgate_tests::wait_until(
+        "envoy routes to orders-1",
+        Duration::from_secs(20),
+        || async { envoy.addresses("orders").await == vec![member.server.endpoint()] },
+    )
+    .await;
+
+    let mut agent = McpSession::connect(&envoy.url("orders")).await;
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let reply = agent
+        .request_with_headers(
+            "tools/call",
+            json!({"name": "read_order", "arguments": {"order": 1}}),
+            &[("traceparent", traceparent)],
+        )
+        .await;
+    assert!(
+        reply.text().contains("orders-1") || reply.body.contains("orders-1"),
+        "{}",
+        reply.body
+    );
+    let (lines, _) = wait_for(
+        "the access log has the call",
+        Duration::from_secs(10),
+        || async {
+            let l = lines_for(&log, "read_order");
+            (!l.is_empty()).then_some(l)
+        },
+    )
+    .await;
+    let line = &lines[0];
+    assert_eq!(line["mcp.method"], "tools/call", "{line}");
+    assert_eq!(line["mcp.breaker"], "closed", "{line}");
+    assert_eq!(line["status"], 200, "{line}");
+    assert_eq!(line["upstream_host"], member.server.endpoint(), "{line}");
+    assert_eq!(line["upstream_cluster"], "mcp.orders", "{line}");
+    assert_eq!(line["traceparent"], traceparent, "{line}");
+    assert_eq!(line["path"], "/mcp/orders", "{line}");
+
+    // A request the filter does not judge has its method only.
+    agent.list_tools().await;
+    let (listed, _) = wait_for(
+        "the access log has tools/list",
+        Duration::from_secs(10),
+        || async {
+            let all: Vec<Value> = std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .filter(|v| v["mcp.method"] == "tools/list")
+                .collect();
+            (!all.is_empty()).then_some(all)
+        },
+    )
+    .await;
+    assert!(
+        listed[0]["mcp.tool"]
+            .as_str()
+            .is_none_or(|t| t.is_empty() || t == "-"),
+        "{}",
+        listed[0]
+    );
+}
