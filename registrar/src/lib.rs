@@ -20,6 +20,7 @@ mod config;
 mod error;
 pub mod health;
 mod keepalive;
+pub mod ready;
 
 pub use config::{Registrar, MIN_TTL_SECS};
 pub use error::RegisterError;

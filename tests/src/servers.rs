@@ -20,7 +20,11 @@ pub struct McpServer {
 impl McpServer {
     /// `toolgate-lab` with extra flags (see `toolgate-lab --help`), ready when `/control` answers.
     pub async fn lab(env: &TestEnv, instance_id: &str, extra: &[&str]) -> McpServer {
-        let port = free_port();
+        Self::lab_on(env, instance_id, free_port(), extra).await
+    }
+
+    /// [`lab`](Self::lab) on a given port (for a registrar started before its server).
+    pub async fn lab_on(env: &TestEnv, instance_id: &str, port: u16, extra: &[&str]) -> McpServer {
         let mut args = vec![
             "--listen".to_string(),
             format!("127.0.0.1:{port}"),

@@ -483,3 +483,62 @@ async fn bad_input_exits_2_naming_the_problem_and_writes_nothing() {
         .unwrap();
     assert_eq!(all.count(), 0, "no key written");
 }
+
+#[tokio::test]
+async fn ready_tells_whether_the_instance_is_registered() {
+    let env = TestEnv::new("registrar_ready");
+    let etcd = Etcd::start(&env).await;
+    let mut client = etcd.client().await;
+    // The server is not up yet: the registrar waits for its health check, and is not ready.
+    let port = free_port();
+    let ready_port = free_port();
+    let mut registrar = registrant(&etcd.endpoint(), &format!("127.0.0.1:{port}"), 10)
+        .arg("--wait-healthy", "true")
+        .arg("--ready-listen", &format!("127.0.0.1:{ready_port}"))
+        .spawn(&env, "registrar");
+    let http = reqwest::Client::new();
+    let url = format!("http://127.0.0.1:{ready_port}/ready");
+    let ready = || {
+        let (http, url) = (http.clone(), url.clone());
+        async move {
+            match http.get(&url).send().await {
+                Ok(r) => {
+                    let status = r.status().as_u16();
+                    (
+                        status,
+                        r.json::<serde_json::Value>().await.unwrap_or_default(),
+                    )
+                }
+                Err(_) => (0, serde_json::Value::Null),
+            }
+        }
+    };
+    wait_until("/ready answers", Duration::from_secs(10), || async {
+        ready().await.0 != 0
+    })
+    .await;
+    let (status, body) = ready().await;
+    assert_eq!(status, 503, "before registration: {body}");
+    assert_eq!(body["state"], "starting");
+    assert!(!key_exists(&mut client, KEY).await);
+
+    let server = toolgate_tests::McpServer::lab_on(&env, "inv-1", port, &[]).await;
+    wait_until("ready once registered", Duration::from_secs(10), || async {
+        ready().await.0 == 200
+    })
+    .await;
+    let (_, body) = ready().await;
+    assert_eq!(body["state"], "registered");
+    assert_eq!(body["key"], KEY);
+    let lease = lease_of(&mut client, KEY).await.expect("registered");
+    assert_eq!(body["lease"], format!("{lease:x}"));
+
+    // SIGTERM: the registrar revokes and exits; the key is gone.
+    registrar.signal(Signal::SIGTERM);
+    assert!(
+        registrar.wait_exit(Duration::from_secs(10)).await.is_some(),
+        "the registrar exits on SIGTERM"
+    );
+    assert!(!key_exists(&mut client, KEY).await);
+    drop(server);
+}

@@ -10,6 +10,8 @@ use anyhow::Context;
 use clap::Parser;
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::watch;
+use toolgate_registrar::ready::{self, Readiness};
 use toolgate_registrar::{health, Endpoint, RegisterError, Registrar, Registration};
 use tracing::{error, info, warn};
 
@@ -73,6 +75,10 @@ struct Args {
     /// How long to keep trying to reach etcd at start before giving up.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     etcd_timeout: Duration,
+    /// Serve `GET /ready` on this address: 200 while the instance is registered, 503 before,
+    /// while a lost lease is being replaced, and while deregistering (a readiness probe).
+    #[arg(long, value_name = "ADDR")]
+    ready_listen: Option<std::net::SocketAddr>,
     /// After passing SIGTERM to the child, how long to wait before SIGKILL.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     stop_timeout: Duration,
@@ -158,6 +164,22 @@ async fn run(args: Args) -> Result<ExitCode, Failure> {
     // Everything the user typed is checked before a process is started or etcd is touched.
     registrar.validate()?;
 
+    // Bound before anything else can fail late: a probe must find the port from the start.
+    let (readiness, readiness_rx) = watch::channel(Readiness::Starting);
+    if let Some(addr) = args.ready_listen {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| Failure::Usage(format!("cannot listen on --ready-listen {addr}: {e}")))?;
+        let mut closed = readiness_rx.clone();
+        tokio::spawn(async move {
+            let shutdown = async move { while closed.changed().await.is_ok() {} };
+            if let Err(e) = ready::serve(listener, readiness_rx, shutdown).await {
+                warn!(error = %e, "the readiness endpoint stopped");
+            }
+        });
+        info!(%addr, "serving GET /ready");
+    }
+
     let mut child = match args.command.split_first() {
         Some((program, rest)) => Some(spawn_child(program, rest)?),
         None => None,
@@ -197,6 +219,7 @@ async fn run(args: Args) -> Result<ExitCode, Failure> {
             return Err(e.into());
         }
     };
+    track_readiness(&registration, readiness.clone());
 
     let code = match child.as_mut() {
         Some(c) => {
@@ -204,13 +227,13 @@ async fn run(args: Args) -> Result<ExitCode, Failure> {
                 status = c.wait() => {
                     let status = status.context("waiting for the child")?;
                     warn!(%status, "server exited; deregistering");
-                    deregister(registration).await;
+                    deregister(registration, &readiness).await;
                     return Ok(exit_code(status));
                 }
                 _ = sigterm.recv() => info!("SIGTERM: deregistering before stopping the server"),
                 _ = sigint.recv() => info!("SIGINT: deregistering before stopping the server"),
             }
-            deregister(registration).await;
+            deregister(registration, &readiness).await;
             stop_child(child, args.stop_timeout).await
         }
         None => {
@@ -218,14 +241,37 @@ async fn run(args: Args) -> Result<ExitCode, Failure> {
                 _ = sigterm.recv() => info!("SIGTERM: deregistering"),
                 _ = sigint.recv() => info!("SIGINT: deregistering"),
             }
-            deregister(registration).await;
+            deregister(registration, &readiness).await;
             ExitCode::SUCCESS
         }
     };
     Ok(code)
 }
 
-async fn deregister(registration: Registration) {
+/// Follows the registration's events into what `/ready` says, until it is deregistered.
+fn track_readiness(registration: &Registration, readiness: watch::Sender<Readiness>) {
+    let key = registration.key().to_string();
+    let mut events = registration.events();
+    tokio::spawn(async move {
+        loop {
+            let now = Readiness::from_event(&key, *events.borrow_and_update());
+            // Once stopping, a late event must not make the instance look ready again.
+            readiness.send_if_modified(|r| {
+                let change = *r != Readiness::Stopping && *r != now;
+                if change {
+                    *r = now.clone();
+                }
+                change
+            });
+            if events.changed().await.is_err() {
+                break;
+            }
+        }
+    });
+}
+
+async fn deregister(registration: Registration, readiness: &watch::Sender<Readiness>) {
+    readiness.send_replace(Readiness::Stopping);
     if let Err(e) = registration.deregister().await {
         warn!(error = %e, "deregistering failed");
     }
