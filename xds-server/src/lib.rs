@@ -14,4 +14,5 @@ pub mod metrics;
 pub mod registry;
 pub mod routing;
 pub mod status;
+pub mod trace;
 pub mod xds;

@@ -118,6 +118,10 @@ struct ServeArgs {
     /// Name of the environment variable holding that token.
     #[arg(long)]
     report_token_env: Option<String>,
+    /// Export OpenTelemetry spans of the propagation path (etcd event, snapshot, each xDS
+    /// push) over OTLP/gRPC to this collector, e.g. http://otel-collector:4317.
+    #[arg(long, value_name = "URL")]
+    otlp_endpoint: Option<String>,
     /// Reads of the admin API (`/metrics`, `GET /v1/...`) need the admin token too.
     /// `/healthz` and the console page stay open.
     #[arg(long)]
@@ -318,13 +322,6 @@ fn main() -> ExitCode {
             }
         }
         Command::Serve(args) => {
-            tracing_subscriber::fmt()
-                .with_env_filter(
-                    tracing_subscriber::EnvFilter::try_from_default_env()
-                        .unwrap_or_else(|_| "info".into()),
-                )
-                .with_writer(std::io::stderr)
-                .init();
             let rt = match tokio::runtime::Runtime::new() {
                 Ok(rt) => rt,
                 Err(e) => {
@@ -332,7 +329,19 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            match rt.block_on(serve(*args)) {
+            let served = rt.block_on(async {
+                // Inside the runtime: the OTLP exporter's channel lives on it.
+                let spans = toolgate_xds::trace::init(args.otlp_endpoint.as_deref())?;
+                let served = serve(*args).await;
+                if let Some(provider) = spans {
+                    // Flushes the spans still batched.
+                    if let Err(e) = provider.shutdown() {
+                        warn!(error = %e, "flushing the trace spans failed");
+                    }
+                }
+                served
+            });
+            match served {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("toolgate-xds: error: {e:#}");

@@ -15,6 +15,8 @@ pub struct RoutingSnapshot {
     pub generation: u64,
     /// When the oldest etcd event folded into this snapshot arrived (for push latency).
     pub changed_at: Instant,
+    /// That event's trace: the pushes of this snapshot are its children.
+    pub trace: crate::trace::TraceParent,
     /// A service whose route did not change shares its `Arc` with the previous snapshot, so
     /// the xDS side finds what changed without comparing contents.
     pub services: BTreeMap<String, Arc<ServiceRoute>>,
@@ -80,6 +82,7 @@ impl RoutingSnapshot {
         RoutingSnapshot {
             generation: 0,
             changed_at: Instant::now(),
+            trace: Default::default(),
             services: BTreeMap::new(),
             filter_config: String::from("{}"),
         }

@@ -227,6 +227,7 @@ fn snapshot(
     Arc::new(RoutingSnapshot {
         generation,
         changed_at: Instant::now(),
+        trace: Default::default(),
         services: services
             .iter()
             .map(|(name, mcp_path, endpoints)| {
@@ -801,6 +802,7 @@ async fn envoy_follows_snapshots_over_ads_and_nothing_is_sent_when_nothing_chang
     publish.send_replace(Arc::new(RoutingSnapshot {
         generation: 6,
         changed_at: Instant::now(),
+        trace: Default::default(),
         services: bigger.services.clone(),
         filter_config: String::from("{}"),
     }));

@@ -349,6 +349,10 @@ impl Watcher {
             let mut changed = false;
             let mut rejected = Vec::new();
             {
+                let events: usize = batch.iter().map(|r| r.events().len()).sum();
+                let span = tracing::info_span!(target: crate::trace::TARGET, "etcd.event",
+                    events, revision = tracing::field::Empty);
+                let _in_span = span.enter();
                 let mut reg = self.registry.write().unwrap_or_else(|p| p.into_inner());
                 for resp in &batch {
                     if resp.canceled() {
@@ -357,7 +361,9 @@ impl Watcher {
                     changed |= apply(&mut reg, resp, &self.metrics, &mut rejected);
                 }
                 if changed {
-                    self.publisher.publish(arrived);
+                    span.record("revision", reg.revision());
+                    self.publisher
+                        .publish_traced(arrived, crate::trace::TraceParent::of(&span));
                 }
             }
             self.count_rejected(&rejected);

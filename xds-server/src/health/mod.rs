@@ -89,7 +89,11 @@ impl Hub {
             self.record(key, &t);
             // Until the first publish (the cold-start warm-up) the watcher publishes.
             if routes_differently(t.from, t.to) {
-                self.publisher.changed(now);
+                let span = tracing::info_span!(target: crate::trace::TARGET, "health.transition",
+                    service = %key.service, instance = %key.instance,
+                    from = t.from.as_str(), to = t.to.as_str());
+                self.publisher
+                    .changed_traced(now, crate::trace::TraceParent::of(&span));
             }
         }
         Some(out)

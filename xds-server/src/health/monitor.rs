@@ -183,7 +183,10 @@ async fn age_call_failures(hub: Hub) {
             hub.record(key, t);
         }
         drop(reg);
-        hub.publisher.changed(now);
+        let span = tracing::info_span!(target: crate::trace::TARGET, "health.timeouts",
+            transitions = moved.len());
+        hub.publisher
+            .changed_traced(now, crate::trace::TraceParent::of(&span));
     }
 }
 

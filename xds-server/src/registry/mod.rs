@@ -578,6 +578,7 @@ impl Registry {
         RoutingSnapshot {
             generation,
             changed_at,
+            trace: Default::default(),
             services: self.routes.clone(),
             // Serializing plain structs with string keys cannot fail.
             filter_config: serde_json::to_string(&filter).unwrap_or_default(),

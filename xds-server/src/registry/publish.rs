@@ -19,6 +19,7 @@ use super::persist::{self, PersistedRegistry};
 use super::Registry;
 use crate::metrics::Metrics;
 use crate::routing::RoutingSnapshot;
+use crate::trace::TraceParent;
 
 /// A handle that asks for a publish; cheap to clone and to call under any lock.
 #[derive(Clone)]
@@ -28,8 +29,8 @@ pub struct Publisher {
 
 struct Inner {
     wake: Notify,
-    /// When the oldest change not yet published arrived.
-    pending: Mutex<Option<Instant>>,
+    /// When the oldest change not yet published arrived, and its trace.
+    pending: Mutex<Option<(Instant, TraceParent)>>,
     /// Publishing has begun (the first full read, or the state-dir snapshot, is in).
     started: AtomicBool,
     generation: AtomicU64,
@@ -64,23 +65,37 @@ impl Publisher {
     /// [`changed`](Self::changed). `changed_at` is when the first etcd event folded into this
     /// state arrived.
     pub fn publish(&self, changed_at: Instant) {
+        self.publish_traced(changed_at, TraceParent::default());
+    }
+
+    /// [`publish`](Self::publish) for a change with a trace (an etcd event's span): the
+    /// snapshot and its pushes become its children.
+    pub fn publish_traced(&self, changed_at: Instant, trace: TraceParent) {
         self.inner.started.store(true, Ordering::Release);
-        self.request(changed_at);
+        self.request(changed_at, trace);
     }
 
     /// Asks for a publish once publishing has begun (before that, the first
     /// [`publish`](Self::publish) will carry the change anyway).
     pub fn changed(&self, changed_at: Instant) {
+        self.changed_traced(changed_at, TraceParent::default());
+    }
+
+    /// [`changed`](Self::changed) for a change with a trace (a health transition's span).
+    pub fn changed_traced(&self, changed_at: Instant, trace: TraceParent) {
         if self.is_started() {
-            self.request(changed_at);
+            self.request(changed_at, trace);
         }
     }
 
-    fn request(&self, changed_at: Instant) {
+    fn request(&self, changed_at: Instant, trace: TraceParent) {
         {
             let mut pending = self.inner.pending.lock().unwrap_or_else(|p| p.into_inner());
-            let earliest = pending.map_or(changed_at, |p| p.min(changed_at));
-            *pending = Some(earliest);
+            // The earliest change, and its trace, speak for the snapshot.
+            let keep_old = pending.as_ref().is_some_and(|(at, _)| *at <= changed_at);
+            if !keep_old {
+                *pending = Some((changed_at, trace));
+            }
         }
         self.inner.wake.notify_one();
     }
@@ -100,7 +115,7 @@ async fn run(
 ) {
     loop {
         inner.wake.notified().await;
-        let Some(changed_at) = inner
+        let Some((changed_at, trace)) = inner
             .pending
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -109,7 +124,10 @@ async fn run(
             continue;
         };
         let generation = inner.generation.load(Ordering::Acquire) + 1;
-        let (snapshot, instances, revision) = {
+        let span = tracing::info_span!(target: crate::trace::TARGET, "xds.publish", generation);
+        trace.adopt(&span);
+        let _in_span = span.enter();
+        let (mut snapshot, instances, revision) = {
             // Write: the registry keeps the routes it builds for the next publish.
             let mut reg = registry.write().unwrap_or_else(|p| p.into_inner());
             (
@@ -119,6 +137,7 @@ async fn run(
             )
         };
         metrics.registered_instances.set(instances as i64);
+        snapshot.trace = trace;
         routing.send_replace(Arc::new(snapshot));
         inner.generation.store(generation, Ordering::Release);
         if let Some(p) = &persist {

@@ -526,6 +526,13 @@ impl AdsStream {
         let label = TypeLabel {
             r#type: ty.short_name(),
         };
+        // Recorded once sent: the span says that this Envoy got this version, as a child of
+        // the etcd event that caused it.
+        let span = tracing::info_span!(target: crate::trace::TARGET, "xds.push",
+            node = %self.node, r#type = ty.short_name(), version = %current.version,
+            resources = count);
+        current.trace.adopt(&span);
+        drop(span);
         self.metrics.pushes.get_or_create(&label).inc();
         self.connections.sent(self.id, ty, &current.version);
         // Latency of propagating a change, not of catching up: only a version that became
@@ -559,6 +566,7 @@ mod tests {
         RoutingSnapshot {
             generation,
             changed_at: Instant::now(),
+            trace: Default::default(),
             services: services
                 .iter()
                 .map(|(name, octets)| {

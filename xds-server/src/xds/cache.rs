@@ -26,6 +26,8 @@ pub struct TypeSnapshot {
     /// `changed_at` of the routing snapshot that produced this version: when the oldest etcd
     /// event folded into it reached toolgate-xds. Push latency is measured from here.
     pub changed_at: Instant,
+    /// The trace of that event: this version's pushes are its children.
+    pub trace: crate::trace::TraceParent,
     /// When this version became current in the cache. A stream that started later is catching
     /// up, not propagating a change, and does not measure push latency.
     pub current_since: Instant,
@@ -49,11 +51,16 @@ impl Entry {
 }
 
 impl TypeSnapshot {
-    fn new(entries: BTreeMap<String, Entry>, changed_at: Instant) -> TypeSnapshot {
+    fn new(
+        entries: BTreeMap<String, Entry>,
+        changed_at: Instant,
+        trace: crate::trace::TraceParent,
+    ) -> TypeSnapshot {
         TypeSnapshot {
             version: content_version(&entries),
             entries,
             changed_at,
+            trace,
             current_since: Instant::now(),
         }
     }
@@ -141,7 +148,11 @@ impl SnapshotCache {
                 (Some(prev), None) => Arc::clone(prev),
                 (_, Some(entries)) => {
                     changed.push(ty);
-                    Arc::new(TypeSnapshot::new(entries, snapshot.changed_at))
+                    Arc::new(TypeSnapshot::new(
+                        entries,
+                        snapshot.changed_at,
+                        snapshot.trace.clone(),
+                    ))
                 }
                 (None, None) => continue,
             };
@@ -422,6 +433,7 @@ mod tests {
         RoutingSnapshot {
             generation,
             changed_at: Instant::now(),
+            trace: Default::default(),
             services: services
                 .iter()
                 .map(|(name, endpoints)| {

@@ -465,6 +465,7 @@ mod tests {
         RoutingSnapshot {
             generation: 1,
             changed_at: Instant::now(),
+            trace: Default::default(),
             services: BTreeMap::from([
                 (
                     "inventory".to_string(),
