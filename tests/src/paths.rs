@@ -1,7 +1,9 @@
 //! Where the binaries under test live.
 
+use std::collections::BTreeSet;
 use std::net::TcpListener;
 use std::path::PathBuf;
+use std::sync::Mutex;
 
 /// The workspace root (the parent of this crate).
 pub fn workspace_root() -> PathBuf {
@@ -46,9 +48,30 @@ pub fn tool_bin(name: &str) -> PathBuf {
     path
 }
 
-/// A port that was free a moment ago on 127.0.0.1. The OS does not hand out the same
-/// ephemeral port again right away, so collisions between parallel tests are rare.
+/// A port that was free a moment ago on 127.0.0.1, for a process to listen on.
+///
+/// Taken below the kernel's ephemeral range: ports from `bind(0)` are ephemeral ports, which
+/// every outgoing connection of every parallel test also draws from, so one could take the
+/// port between this call and the process binding it (CI saw an Envoy fail on "Address
+/// already in use" that way). A port is never handed out twice by one test binary.
 pub fn free_port() -> u16 {
+    static GIVEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    let ephemeral_from = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    const FROM: u16 = 10_000;
+    let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
+    if ephemeral_from > FROM + 1000 {
+        for _ in 0..1000 {
+            let port = rand::random_range(FROM..ephemeral_from);
+            if !given.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                given.insert(port);
+                return port;
+            }
+        }
+    }
+    // No room below the ephemeral range: any free port.
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
