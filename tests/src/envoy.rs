@@ -50,6 +50,22 @@ impl Envoy {
         Self::start_inner(env, name, xds, concurrency, bootstrap_extra, true).await
     }
 
+    /// [`start_with`](Self::start_with) with the toolgate wasm filter (built by `make build`);
+    /// `bootstrap_extra` adds further `toolgate-xds bootstrap` flags.
+    pub async fn start_with_filter(
+        env: &TestEnv,
+        name: &str,
+        xds: &Xds,
+        concurrency: u32,
+        bootstrap_extra: &[&str],
+    ) -> Envoy {
+        let wasm = crate::paths::filter_wasm();
+        let wasm = wasm.to_string_lossy();
+        let mut extra = vec!["--filter", wasm.as_ref()];
+        extra.extend_from_slice(bootstrap_extra);
+        Self::start_with(env, name, xds, concurrency, &extra).await
+    }
+
     /// Like [`start_with`](Self::start_with), but only waits for the admin listener: for an
     /// Envoy that is expected never to get its configuration (and so never to be LIVE).
     pub async fn start_unconfigured(

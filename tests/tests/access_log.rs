@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use toolgate_tests::{filter_wasm, wait_for, Envoy, Etcd, McpSession, Member, TestEnv, Xds};
+use toolgate_tests::{wait_for, Envoy, Etcd, McpSession, Member, TestEnv, Xds};
 
 /// The access log's JSON lines whose `mcp.tool` is `tool`.
 fn lines_for(log: &std::path::Path, tool: &str) -> Vec<Value> {
@@ -22,18 +22,12 @@ async fn the_access_log_carries_method_tool_breaker_upstream_and_trace_context()
     let etcd = Etcd::start(&env).await;
     let xds = Xds::start(&env, "xds", &etcd.endpoint(), &[]).await;
     let log = env.path("access.log");
-    let wasm = filter_wasm();
-    let envoy = Envoy::start_with(
+    let envoy = Envoy::start_with_filter(
         &env,
         "envoy",
         &xds,
         1,
-        &[
-            "--filter",
-            &wasm.to_string_lossy(),
-            "--access-log",
-            &log.to_string_lossy(),
-        ],
+        &["--access-log", &log.to_string_lossy()],
     )
     .await;
     let member = Member::start(

@@ -5,9 +5,7 @@ use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use toolgate_tests::{
-    filter_wasm, wait_until, Envoy, Etcd, McpSession, Member, Reply, TestEnv, Xds,
-};
+use toolgate_tests::{wait_until, Envoy, Etcd, McpSession, Member, Reply, TestEnv, Xds};
 
 const TTL: u32 = 10;
 
@@ -21,15 +19,7 @@ impl Gateway {
     async fn start(env: &TestEnv, concurrency: u32) -> Gateway {
         let etcd = Etcd::start(env).await;
         let xds = Xds::start(env, "xds", &etcd.endpoint(), &[]).await;
-        let wasm = filter_wasm();
-        let envoy = Envoy::start_with(
-            env,
-            "envoy",
-            &xds,
-            concurrency,
-            &["--filter", &wasm.to_string_lossy()],
-        )
-        .await;
+        let envoy = Envoy::start_with_filter(env, "envoy", &xds, concurrency, &[]).await;
         Gateway { etcd, xds, envoy }
     }
 

@@ -6,9 +6,7 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 use serde_json::json;
-use toolgate_tests::{
-    filter_wasm, wait_until, Browser, Envoy, Etcd, McpSession, Member, TestEnv, Xds,
-};
+use toolgate_tests::{wait_until, Browser, Envoy, Etcd, McpSession, Member, TestEnv, Xds};
 
 const TOKEN: &str = "console-test-token";
 const TTL: u32 = 10;
@@ -43,15 +41,7 @@ async fn the_console_shows_the_fleet_live_and_cuts_and_restores_a_tool() {
         &[("TOOLGATE_TEST_TOKEN", TOKEN)],
     )
     .await;
-    let wasm = filter_wasm();
-    let envoy = Envoy::start_with(
-        &env,
-        "envoy",
-        &xds,
-        1,
-        &["--filter", &wasm.to_string_lossy()],
-    )
-    .await;
+    let envoy = Envoy::start_with_filter(&env, "envoy", &xds, 1, &[]).await;
     let a = Member::start(
         &env,
         &etcd.endpoint(),

@@ -6,9 +6,7 @@ use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use toolgate_tests::{
-    filter_wasm, wait_until, Envoy, Etcd, McpSession, Member, Reply, TestEnv, Xds,
-};
+use toolgate_tests::{wait_until, Envoy, Etcd, McpSession, Member, Reply, TestEnv, Xds};
 
 const TTL: u32 = 10;
 const TOKEN: &str = "fleet-test-token";
@@ -28,15 +26,7 @@ impl Gateway {
             &[("TOOLGATE_TEST_TOKEN", TOKEN)],
         )
         .await;
-        let wasm = filter_wasm();
-        let envoy = Envoy::start_with(
-            env,
-            &format!("{name}.envoy"),
-            &xds,
-            1,
-            &["--filter", &wasm.to_string_lossy()],
-        )
-        .await;
+        let envoy = Envoy::start_with_filter(env, &format!("{name}.envoy"), &xds, 1, &[]).await;
         Gateway { xds, envoy }
     }
 

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use serde_json::{json, Value};
 use toolgate_tests::{
-    cpu_ticks, filter_wasm, rss_kib, wait_until, Envoy, Etcd, McpServer, McpSession, Member,
-    Registrant, TestEnv, Xds,
+    cpu_ticks, rss_kib, wait_until, Envoy, Etcd, McpServer, McpSession, Member, Registrant,
+    TestEnv, Xds,
 };
 
 const TTL: u32 = 10;
@@ -23,15 +23,7 @@ impl Stack {
     async fn start(env: &TestEnv, xds_args: &[&str]) -> Stack {
         let etcd = Etcd::start(env).await;
         let xds = Xds::start(env, "xds", &etcd.endpoint(), xds_args).await;
-        let wasm = filter_wasm();
-        let envoy = Envoy::start_with(
-            env,
-            "envoy",
-            &xds,
-            1,
-            &["--filter", &wasm.to_string_lossy()],
-        )
-        .await;
+        let envoy = Envoy::start_with_filter(env, "envoy", &xds, 1, &[]).await;
         Stack { etcd, xds, envoy }
     }
 

@@ -4,22 +4,14 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use toolgate_tests::{filter_wasm, wait_until, Envoy, Etcd, Member, TestEnv, Xds};
+use toolgate_tests::{wait_until, Envoy, Etcd, Member, TestEnv, Xds};
 
 #[tokio::test]
 async fn a_request_nested_too_deep_gets_a_json_rpc_error_and_never_reaches_the_server() {
     let env = TestEnv::new("limits_depth");
     let etcd = Etcd::start(&env).await;
     let xds = Xds::start(&env, "xds", &etcd.endpoint(), &[]).await;
-    let wasm = filter_wasm();
-    let envoy = Envoy::start_with(
-        &env,
-        "envoy",
-        &xds,
-        1,
-        &["--filter", &wasm.to_string_lossy()],
-    )
-    .await;
+    let envoy = Envoy::start_with_filter(&env, "envoy", &xds, 1, &[]).await;
     let m = Member::start(&env, &etcd.endpoint(), "orders", "orders-1", &[], 10).await;
     let want = vec![m.server.endpoint()];
     wait_until("Envoy routes orders", Duration::from_secs(20), || async {

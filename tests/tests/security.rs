@@ -636,15 +636,7 @@ async fn the_filters_reports_need_the_report_token() {
         &[("TG_REPORT", "report-secret")],
     )
     .await;
-    let wasm = toolgate_tests::filter_wasm();
-    let envoy = toolgate_tests::Envoy::start_with(
-        &env,
-        "envoy",
-        &xds,
-        1,
-        &["--filter", &wasm.to_string_lossy()],
-    )
-    .await;
+    let envoy = toolgate_tests::Envoy::start_with_filter(&env, "envoy", &xds, 1, &[]).await;
     let member =
         toolgate_tests::Member::start(&env, &etcd.endpoint(), "orders", "orders-1", &[], 10).await;
     toolgate_tests::wait_until(

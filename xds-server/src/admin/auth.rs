@@ -1,35 +1,70 @@
-//! The bearer token that guards every mutating admin call.
+//! The bearer tokens toolgate-xds checks: the admin token that guards every mutating admin
+//! call (and reads, with `--protect-reads`), and the report token of the filters' reports.
 
 use axum::http::{HeaderMap, StatusCode};
 
 use crate::fleet::AdminError;
 
-/// `None`: no token configured, so nothing can be changed through the admin API.
+/// A configured bearer token: trimmed, an empty one is none, and never printed.
 #[derive(Clone, Default)]
-pub struct AdminToken(Option<String>);
+struct Secret(Option<String>);
 
-impl std::fmt::Debug for AdminToken {
-    // Never print the secret.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_some() {
-            "AdminToken(set)"
-        } else {
-            "AdminToken(none)"
-        })
-    }
-}
-
-impl AdminToken {
-    pub fn new(token: Option<String>) -> Self {
-        AdminToken(
+impl Secret {
+    fn new(token: Option<String>) -> Secret {
+        Secret(
             token
                 .map(|t| t.trim().to_string())
                 .filter(|t| !t.is_empty()),
         )
     }
 
+    fn get(&self) -> Option<&str> {
+        self.0.as_deref()
+    }
+
+    fn debug(&self, name: &str, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = if self.0.is_some() { "set" } else { "none" };
+        write!(f, "{name}({state})")
+    }
+}
+
+/// 401 saying `missing` without a bearer token, 403 saying `wrong` with another one.
+fn check_bearer(
+    expected: &str,
+    headers: &HeaderMap,
+    missing: &str,
+    wrong: &str,
+) -> Result<(), AdminError> {
+    match bearer(headers) {
+        None => Err(AdminError {
+            status: StatusCode::UNAUTHORIZED,
+            message: missing.into(),
+        }),
+        Some(t) if constant_time_eq(t.as_bytes(), expected.as_bytes()) => Ok(()),
+        Some(_) => Err(AdminError {
+            status: StatusCode::FORBIDDEN,
+            message: wrong.into(),
+        }),
+    }
+}
+
+/// None configured: nothing can be changed through the admin API.
+#[derive(Clone, Default)]
+pub struct AdminToken(Secret);
+
+impl std::fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.debug("AdminToken", f)
+    }
+}
+
+impl AdminToken {
+    pub fn new(token: Option<String>) -> Self {
+        AdminToken(Secret::new(token))
+    }
+
     pub fn is_set(&self) -> bool {
-        self.0.is_some()
+        self.0.get().is_some()
     }
 
     /// 401 without a bearer token, 403 with a wrong one (or when mutation is disabled).
@@ -50,7 +85,7 @@ impl AdminToken {
     }
 
     fn check_for(&self, headers: &HeaderMap, missing: &str) -> Result<(), AdminError> {
-        let Some(expected) = &self.0 else {
+        let Some(expected) = self.0.get() else {
             return Err(AdminError {
                 status: StatusCode::FORBIDDEN,
                 message: "changes through the admin API are disabled: start toolgate-xds with \
@@ -58,68 +93,49 @@ impl AdminToken {
                     .into(),
             });
         };
-        match bearer(headers) {
-            None => Err(AdminError {
-                status: StatusCode::UNAUTHORIZED,
-                message: missing.into(),
-            }),
-            Some(t) if constant_time_eq(t.as_bytes(), expected.as_bytes()) => Ok(()),
-            Some(_) => Err(AdminError {
-                status: StatusCode::FORBIDDEN,
-                message: "the bearer token is not the admin token".into(),
-            }),
-        }
+        check_bearer(
+            expected,
+            headers,
+            missing,
+            "the bearer token is not the admin token",
+        )
     }
 }
 
 /// The token the filters' reports (`POST /v1/feedback`, `/v1/breaker-events`) must carry.
 /// Reports move health states and open breakers fleet-wide, so whoever reaches the admin
-/// listener must not be able to fake them. `None`: reports are taken from anyone (loopback
-/// deployments).
+/// listener must not be able to fake them. None configured: reports are taken from anyone
+/// (loopback deployments).
 #[derive(Clone, Default)]
-pub struct ReportToken(Option<String>);
+pub struct ReportToken(Secret);
 
 impl std::fmt::Debug for ReportToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_some() {
-            "ReportToken(set)"
-        } else {
-            "ReportToken(none)"
-        })
+        self.0.debug("ReportToken", f)
     }
 }
 
 impl ReportToken {
     pub fn new(token: Option<String>) -> Self {
-        ReportToken(
-            token
-                .map(|t| t.trim().to_string())
-                .filter(|t| !t.is_empty()),
-        )
+        ReportToken(Secret::new(token))
     }
 
     pub fn get(&self) -> Option<&str> {
-        self.0.as_deref()
+        self.0.get()
     }
 
     /// 401 without a bearer token, 403 with a wrong one; always fine when none is required.
     pub fn check(&self, headers: &HeaderMap) -> Result<(), AdminError> {
-        let Some(expected) = &self.0 else {
+        let Some(expected) = self.get() else {
             return Ok(());
         };
-        match bearer(headers) {
-            None => Err(AdminError {
-                status: StatusCode::UNAUTHORIZED,
-                message: "reports to this toolgate-xds need its report token (--report-token-*): \
-                          send Authorization: Bearer <token>"
-                    .into(),
-            }),
-            Some(t) if constant_time_eq(t.as_bytes(), expected.as_bytes()) => Ok(()),
-            Some(_) => Err(AdminError {
-                status: StatusCode::FORBIDDEN,
-                message: "the bearer token is not the report token".into(),
-            }),
-        }
+        check_bearer(
+            expected,
+            headers,
+            "reports to this toolgate-xds need its report token (--report-token-*): send \
+             Authorization: Bearer <token>",
+            "the bearer token is not the report token",
+        )
     }
 }
 

@@ -136,6 +136,15 @@ fn typed_extension_config(plugin_json: &str, path: &str) -> TypedExtensionConfig
 mod tests {
     use super::*;
 
+    /// The plugin configuration (JSON) inside an ECDS resource.
+    fn plugin_json(resource: &Any) -> String {
+        let tec = TypedExtensionConfig::decode(resource.value.as_slice()).unwrap();
+        let wasm = Wasm::decode(tec.typed_config.unwrap().value.as_slice()).unwrap();
+        StringValue::decode(wasm.config.unwrap().configuration.unwrap().value.as_slice())
+            .unwrap()
+            .value
+    }
+
     #[test]
     fn the_path_is_filled_in_and_the_configuration_kept() {
         let any = extension_config(r#"{"x":1}"#);
@@ -164,13 +173,8 @@ mod tests {
             r#"{"fleet_open":{"s":{"a":{"opened_by":"envoy-1","until_ms":9},"b":{"opened_by":"envoy-2","until_ms":9}},"t":{"c":{"opened_by":"envoy-1","until_ms":9}}}}"#,
         );
         let filled = for_node(&any, "/f.wasm", "envoy-1", None);
-        let tec = TypedExtensionConfig::decode(filled.value.as_slice()).unwrap();
-        let wasm = Wasm::decode(tec.typed_config.unwrap().value.as_slice()).unwrap();
-        let conf =
-            StringValue::decode(wasm.config.unwrap().configuration.unwrap().value.as_slice())
-                .unwrap();
         assert_eq!(
-            conf.value,
+            plugin_json(&filled),
             r#"{"fleet_open":{"s":{"b":{"opened_by":"envoy-2","until_ms":9}}},"gateway":"envoy-1"}"#
         );
 
@@ -181,17 +185,13 @@ mod tests {
             "envoy-1",
             Some("s3cret"),
         );
-        let tec = TypedExtensionConfig::decode(filled.value.as_slice()).unwrap();
-        let wasm = Wasm::decode(tec.typed_config.unwrap().value.as_slice()).unwrap();
-        let conf =
-            StringValue::decode(wasm.config.unwrap().configuration.unwrap().value.as_slice())
-                .unwrap();
         assert_eq!(
-            conf.value,
+            plugin_json(&filled),
             r#"{"gateway":"envoy-1","report_token":"s3cret"}"#
         );
-        let config = toolgate_model::policy::FilterConfig::from_json(conf.value.as_bytes())
-            .expect("the filter reads it");
+        let config =
+            toolgate_model::policy::FilterConfig::from_json(plugin_json(&filled).as_bytes())
+                .expect("the filter reads it");
         assert_eq!(config.report_token.0, "s3cret");
         assert_eq!(format!("{:?}", config.report_token), "ReportToken(set)");
         assert_eq!(

@@ -22,7 +22,7 @@ use clap::Parser;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
-use toolgate_tests::{filter_wasm, wait_until, Envoy, EtcdCluster, FaultProxy, TestEnv, Xds};
+use toolgate_tests::{wait_until, Envoy, EtcdCluster, FaultProxy, TestEnv, Xds};
 
 use crate::agents::Load;
 use crate::observe::Observers;
@@ -440,7 +440,7 @@ async fn setup(args: Args, seed: u64) -> Run {
     let env = TestEnv::new("chaos");
     // Hundreds of pod logs stay in the directory; a failure prints the core processes'.
     env.print_only(&["etcd", "xds", "envoy"]);
-    let cluster = EtcdCluster::start(&env, "etcd", 3).await;
+    let mut cluster = EtcdCluster::start(&env, "etcd", 3).await;
     let proxies: Vec<FaultProxy> = cluster
         .members
         .iter()
@@ -452,7 +452,7 @@ async fn setup(args: Args, seed: u64) -> Run {
         .collect::<Vec<_>>()
         .join(",");
     let xds = Xds::start(&env, "xds", &through_proxies, &[]).await;
-    let mut etcd = cluster_client(&cluster).await;
+    let mut etcd = cluster.client().await;
     // Calls to a frozen pod end after 3 s with the gateway's reply, not the 60 s default.
     etcd.put(
         format!("/mcp/policies/{SERVICE}"),
@@ -461,15 +461,7 @@ async fn setup(args: Args, seed: u64) -> Run {
     )
     .await
     .expect("writing the lab's policy");
-    let wasm = filter_wasm();
-    let envoy = Envoy::start_with(
-        &env,
-        "envoy",
-        &xds,
-        2,
-        &["--filter", &wasm.to_string_lossy()],
-    )
-    .await;
+    let envoy = Envoy::start_with_filter(&env, "envoy", &xds, 2, &[]).await;
     let mut pool = Pool::new(&cluster.endpoints(), SERVICE);
     for _ in 0..args.base {
         pool.spawn(&env);
@@ -511,13 +503,6 @@ fn note(notes: &Mutex<Vec<String>>, t0: Instant, text: String) {
     let line = format!("{:7.1} s  {text}", t0.elapsed().as_secs_f64());
     println!("chaos: {line}");
     notes.lock().unwrap_or_else(|p| p.into_inner()).push(line);
-}
-
-async fn cluster_client(cluster: &EtcdCluster) -> etcd_client::Client {
-    let endpoints: Vec<String> = cluster.members.iter().map(|m| m.endpoint()).collect();
-    etcd_client::Client::connect(endpoints, None)
-        .await
-        .expect("connecting to the etcd cluster")
 }
 
 async fn chaos(args: Args) -> ExitCode {
