@@ -11,6 +11,17 @@ use crate::testenv::TestEnv;
 use crate::wait::wait_until;
 use crate::xds::Xds;
 
+/// `--drain-time-s`: how long an Envoy drains its connections before a hot restart's parent
+/// stops answering on them (tests keep it short; Envoy's default is 600 s).
+pub const DRAIN_TIME: Duration = Duration::from_secs(1);
+
+/// `--parent-shutdown-time-s` for requests of up to `longest_request`: the drain, then one
+/// more request started as it ends, then a margin for a loaded machine, in whole seconds.
+fn parent_shutdown_time(longest_request: Duration) -> Duration {
+    let total = DRAIN_TIME + longest_request + Duration::from_secs(2);
+    Duration::from_secs(total.as_secs() + u64::from(total.subsec_nanos() > 0))
+}
+
 pub struct Envoy {
     pub name: String,
     pub port: u16,
@@ -22,6 +33,8 @@ pub struct Envoy {
     pub proc: Option<Proc>,
     /// Earlier epochs, draining after a hot restart until they exit on their own.
     retired: Vec<Proc>,
+    /// `--parent-shutdown-time-s` of the next hot restart.
+    parent_shutdown: Duration,
     http: reqwest::Client,
 }
 
@@ -134,6 +147,7 @@ impl Envoy {
             epoch: 0,
             proc: None,
             retired: Vec::new(),
+            parent_shutdown: Duration::ZERO,
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(5))
                 .no_proxy()
@@ -167,7 +181,7 @@ impl Envoy {
             "--log-level".into(),
             "info".into(),
             "--drain-time-s".into(),
-            "1".into(),
+            DRAIN_TIME.as_secs().to_string(),
         ];
         if self.epoch == 0 {
             // Several Envoys per machine (parallel tests) need distinct shared-memory ids; the
@@ -186,7 +200,7 @@ impl Envoy {
                 "--restart-epoch".into(),
                 self.epoch.to_string(),
                 "--parent-shutdown-time-s".into(),
-                "4".into(),
+                self.parent_shutdown.as_secs().to_string(),
             ]);
         }
         let name = match self.epoch {
@@ -197,15 +211,33 @@ impl Envoy {
     }
 
     /// A hot restart: a process of the next epoch takes the listening sockets over from the
-    /// running one, which drains its connections and exits a few seconds later. Returns once
-    /// the new process answers the admin API as LIVE.
-    pub async fn hot_restart(&mut self, env: &TestEnv) {
+    /// running one, which drains for [`DRAIN_TIME`] and is then shut down.
+    ///
+    /// `longest_request` is the longest a request may run (the route timeout): the parent is
+    /// killed `--parent-shutdown-time-s` after the restart, with whatever it is still serving.
+    /// Draining only closes an HTTP/1 connection after its next response, so a keep-alive
+    /// client may start one more request on the parent as the drain ends, and that request
+    /// must finish before the parent goes. Returns once the parent has exited and the new
+    /// process answers the admin API (which the parent serves until it exits) as LIVE.
+    pub async fn hot_restart(&mut self, env: &TestEnv, longest_request: Duration) {
         self.retired.retain_mut(|p| p.is_running());
-        if let Some(old) = self.proc.take() {
-            self.retired.push(old);
-        }
+        let parent = self.proc.take();
         self.epoch += 1;
+        self.parent_shutdown = parent_shutdown_time(longest_request);
         self.spawn(env);
+        if let Some(mut parent) = parent {
+            let exited = parent
+                .wait_exit(self.parent_shutdown + Duration::from_secs(10))
+                .await;
+            assert!(
+                exited.is_some(),
+                "envoy {} epoch {} did not exit {:?} after its hot restart",
+                self.name,
+                self.epoch - 1,
+                self.parent_shutdown
+            );
+            self.retired.push(parent);
+        }
         let url = format!("{}/server_info", self.admin_url());
         let http = self.http.clone();
         let epoch = self.epoch;
@@ -226,6 +258,11 @@ impl Envoy {
             },
         )
         .await;
+    }
+
+    /// How long the parent of the last hot restart was given before it was shut down.
+    pub fn parent_shutdown(&self) -> Duration {
+        self.parent_shutdown
     }
 
     /// The hot restart epoch of the running process.

@@ -29,6 +29,10 @@ use crate::observe::Observers;
 use crate::pool::{Pool, TTL_SECS};
 
 const SERVICE: &str = "lab";
+/// The lab's policy `timeout_ms`: calls to a frozen pod end after it with the gateway's
+/// reply, not the 60 s default. It also bounds how long the Envoy hot restart's parent must
+/// stay up for the calls it is still serving.
+const ROUTE_TIMEOUT: Duration = Duration::from_secs(3);
 
 #[derive(Parser, Debug)]
 #[command(about = "Chaos run of the whole gateway on loopback; prints the invariants it checked.")]
@@ -300,12 +304,14 @@ impl Run {
 
     async fn envoy_hot_restart(&mut self) {
         let started = Instant::now();
-        self.envoy.hot_restart(&self.env).await;
+        self.envoy.hot_restart(&self.env, ROUTE_TIMEOUT).await;
         self.count("Envoy hot restart");
         self.note(format!(
-            "Envoy hot restart: epoch {} LIVE in {:.2} s",
+            "Envoy hot restart: epoch {} took over; its parent drained and exited after {:.2} s \
+             (--parent-shutdown-time-s {})",
             self.envoy.epoch(),
-            started.elapsed().as_secs_f64()
+            started.elapsed().as_secs_f64(),
+            self.envoy.parent_shutdown().as_secs()
         ));
     }
 
@@ -453,10 +459,9 @@ async fn setup(args: Args, seed: u64) -> Run {
         .join(",");
     let xds = Xds::start(&env, "xds", &through_proxies, &[]).await;
     let mut etcd = cluster.client().await;
-    // Calls to a frozen pod end after 3 s with the gateway's reply, not the 60 s default.
     etcd.put(
         format!("/mcp/policies/{SERVICE}"),
-        json!({"timeout_ms": 3000}).to_string(),
+        json!({"timeout_ms": ROUTE_TIMEOUT.as_millis()}).to_string(),
         None,
     )
     .await
