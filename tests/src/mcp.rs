@@ -142,7 +142,7 @@ impl McpSession {
                 session: None,
                 content_type: String::new(),
                 message: None,
-                body: e.to_string(),
+                body: error_chain(&e),
             },
         }
     }
@@ -195,4 +195,17 @@ pub fn find_response(body: &str, content_type: &str, id: u64) -> Option<Value> {
     } else {
         serde_json::from_str::<Value>(body).ok().filter(matches)
     }
+}
+
+/// An error with its causes ("error sending request ...: client error (Connect): tcp connect
+/// error: Connection refused"): reqwest's own text alone does not say what failed.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }

@@ -105,6 +105,24 @@ fn deploy_bootstraps_are_what_toolgate_xds_prints() {
     // The bootstraps reach toolgate-xds by service name (Envoy resolves it).
     let b: Value = serde_json::from_str(&rendered).expect("JSON");
     assert_eq!(b["static_resources"]["clusters"][0]["type"], "STRICT_DNS");
+
+    // The Envoy container's preStop hook drains through the admin port of this bootstrap.
+    let admin_port = &b["admin"]["address"]["socket_address"]["port_value"];
+    let deployment = yaml_documents(&k8s.join("envoy.yaml"))
+        .into_iter()
+        .find(|d| d["kind"] == "Deployment")
+        .expect("envoy.yaml has a Deployment");
+    let env = &deployment["spec"]["template"]["spec"]["containers"][0]["env"];
+    let hook_port = env
+        .as_array()
+        .and_then(|vars| vars.iter().find(|v| v["name"] == "ENVOY_ADMIN_PORT"))
+        .and_then(|v| v["value"].as_str())
+        .expect("the envoy container sets ENVOY_ADMIN_PORT");
+    assert_eq!(
+        Some(hook_port),
+        admin_port.as_u64().map(|p| p.to_string()).as_deref(),
+        "ENVOY_ADMIN_PORT in deploy/kubernetes/envoy.yaml is not the bootstrap's admin port"
+    );
 }
 
 #[test]
