@@ -16,6 +16,6 @@ pub use instance::{InstanceError, InstanceMetadata, MAX_WEIGHT};
 pub use keys::{KeyError, KeyLayout, ServiceKey, DEFAULT_PREFIX};
 pub use names::{validate_name, NameError, MAX_NAME_LEN};
 pub use policy::{
-    BreakerPolicy, FilterConfig, PolicyError, PolicyOverrides, ServicePolicy, MAX_BUCKETS,
-    MAX_HALF_OPEN_PROBES,
+    BreakerPolicy, FilterConfig, PolicyError, PolicyOverrides, RequestLimits, ServicePolicy,
+    MAX_BODY_BYTES_LIMIT, MAX_BUCKETS, MAX_HALF_OPEN_PROBES, MAX_JSON_DEPTH_LIMIT,
 };

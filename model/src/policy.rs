@@ -24,6 +24,27 @@ pub const MAX_WINDOW_SECS: u32 = 3600;
 pub const MAX_DURATION_MS: u64 = 86_400_000;
 /// The filter buffers a request body up to this size; larger limits defeat the point of one.
 pub const MAX_BODY_BYTES_LIMIT: u64 = 64 * 1024 * 1024;
+/// serde_json stops at 128 levels whatever the limit says: beyond that no body parses.
+pub const MAX_JSON_DEPTH_LIMIT: u64 = 128;
+
+/// The filter's limits on a request body. Its defaults match Envoy's default buffer limit
+/// per connection (1 MiB) and a depth no tool schema needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestLimits {
+    /// Bodies above this many bytes are refused with a JSON-RPC error instead of buffered.
+    pub max_body_bytes: u64,
+    /// Bodies nested deeper than this (arrays and objects) are refused with a JSON-RPC error.
+    pub max_json_depth: u64,
+}
+
+impl Default for RequestLimits {
+    fn default() -> Self {
+        RequestLimits {
+            max_body_bytes: 1024 * 1024,
+            max_json_depth: 64,
+        }
+    }
+}
 
 /// One circuit breaker's knobs, plus the Envoy bulkhead limits of the service's cluster.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -377,8 +398,8 @@ impl Default for FilterConfig {
         FilterConfig {
             defaults: BreakerPolicy::default(),
             services: BTreeMap::new(),
-            max_body_bytes: 1024 * 1024,
-            max_json_depth: 64,
+            max_body_bytes: RequestLimits::default().max_body_bytes,
+            max_json_depth: RequestLimits::default().max_json_depth,
             fleet_open: BTreeMap::new(),
             overrides: BTreeMap::new(),
             gateway: String::new(),
@@ -418,8 +439,12 @@ impl FilterConfig {
             1,
             MAX_BODY_BYTES_LIMIT,
         )?;
-        // serde_json stops at 128 levels whatever this says: beyond that no body parses.
-        check_range("max_json_depth", self.max_json_depth, 1, 128)?;
+        check_range(
+            "max_json_depth",
+            self.max_json_depth,
+            1,
+            MAX_JSON_DEPTH_LIMIT,
+        )?;
         self.defaults.validate().map_err(|e| e.within("defaults"))?;
         for (service, svc) in &self.services {
             let scope = format!("services.{service}");

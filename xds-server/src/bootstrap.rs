@@ -307,6 +307,9 @@ fn xds_cluster(xds: &Upstream, tls: Option<&XdsClientTls>) -> Value {
     cluster
 }
 
+/// How much the MCP listener reads from a connection at once and buffers per connection.
+pub const LISTENER_BUFFER_BYTES: u64 = 1024 * 1024;
+
 /// Request header limits of the MCP listener.
 pub const MAX_REQUEST_HEADERS_KB: u32 = 60;
 pub const MAX_REQUEST_HEADERS: u32 = 100;
@@ -357,6 +360,8 @@ fn listener(opts: &BootstrapOptions) -> Value {
     json!({
         "name": LISTENER_NAME,
         "address": socket_address(opts.listen),
+        // Envoy's default, explicit: the routes' request body limit is computed from it.
+        "per_connection_buffer_limit_bytes": LISTENER_BUFFER_BYTES,
         "filter_chains": [{
             "filters": [{
                 "name": "envoy.filters.network.http_connection_manager",

@@ -11,6 +11,7 @@ use clap::{Args, Parser, Subcommand};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::Notify;
 use toolgate_model::KeyLayout;
+use toolgate_model::{RequestLimits, MAX_BODY_BYTES_LIMIT, MAX_JSON_DEPTH_LIMIT};
 use toolgate_xds::admin::auth::{AdminToken, ReportToken};
 use toolgate_xds::admin::{self, AdminState};
 use toolgate_xds::bootstrap::{self, BootstrapOptions};
@@ -126,6 +127,17 @@ struct ServeArgs {
     /// `/healthz` and the console page stay open.
     #[arg(long)]
     protect_reads: bool,
+    /// Request bodies above this many bytes get a JSON-RPC error from the filter instead of
+    /// being buffered (at most 64 MiB). The routes let Envoy buffer more than this, so the
+    /// filter, not Envoy, answers a larger body.
+    #[arg(long, default_value_t = RequestLimits::default().max_body_bytes,
+          value_parser = clap::value_parser!(u64).range(1..=MAX_BODY_BYTES_LIMIT))]
+    max_body_bytes: u64,
+    /// Request bodies nested deeper than this (arrays and objects) get a JSON-RPC error from
+    /// the filter and never reach a tool server's parser (at most 128).
+    #[arg(long, default_value_t = RequestLimits::default().max_json_depth,
+          value_parser = clap::value_parser!(u64).range(1..=MAX_JSON_DEPTH_LIMIT))]
+    max_json_depth: u64,
     /// Also configure Envoy's own outlier detection on every service cluster (5 consecutive
     /// 5xx eject a host for 30 s). toolgate's probes and breakers already do this job.
     #[arg(long)]
@@ -396,7 +408,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     let registry = Arc::new(RwLock::new(
         Registry::with_health(KeyLayout::new(&args.prefix), health_config.clone())
-            .with_endpoint_policy(EndpointPolicy::new(args.allowed_cidrs.clone())),
+            .with_endpoint_policy(EndpointPolicy::new(args.allowed_cidrs.clone()))
+            .with_request_limits(RequestLimits {
+                max_body_bytes: args.max_body_bytes,
+                max_json_depth: args.max_json_depth,
+            }),
     ));
     let status = Arc::new(EtcdStatus::default());
     let (publisher, snapshots) =

@@ -16,7 +16,7 @@ use std::time::{Instant, SystemTime};
 use serde::Serialize;
 use tokio::sync::Notify;
 use toolgate_model::fleet::{FleetOpen, Override, MAX_REASON_LEN};
-use toolgate_model::policy::{FilterConfig, PolicyOverrides, ServicePolicy};
+use toolgate_model::policy::{FilterConfig, PolicyOverrides, RequestLimits, ServicePolicy};
 use toolgate_model::{InstanceMetadata, KeyLayout, ServiceKey};
 
 use crate::health::machine::{CallCounts, Health, ProbeResult, State};
@@ -113,6 +113,7 @@ pub struct Registry {
     stale: BTreeSet<String>,
     all_stale: bool,
     endpoints: Arc<admission::EndpointPolicy>,
+    request_limits: RequestLimits,
 }
 
 impl Registry {
@@ -144,12 +145,19 @@ impl Registry {
             stale: BTreeSet::new(),
             all_stale: true,
             endpoints: Arc::default(),
+            request_limits: RequestLimits::default(),
         }
     }
 
     /// Which endpoint addresses registrations may name (dangerous ones never).
     pub fn with_endpoint_policy(mut self, policy: admission::EndpointPolicy) -> Self {
         self.endpoints = Arc::new(policy);
+        self
+    }
+
+    /// The body limits every filter enforces (sent in their configuration).
+    pub fn with_request_limits(mut self, limits: RequestLimits) -> Self {
+        self.request_limits = limits;
         self
     }
 
@@ -408,7 +416,11 @@ impl Registry {
     /// The filter's configuration: the defaults, every admitted policy override, the fleet's
     /// breaker openings and the operator overrides.
     pub fn filter_config(&self) -> FilterConfig {
-        let mut config = FilterConfig::default();
+        let mut config = FilterConfig {
+            max_body_bytes: self.request_limits.max_body_bytes,
+            max_json_depth: self.request_limits.max_json_depth,
+            ..FilterConfig::default()
+        };
         for ((service, tool), e) in &self.fleet {
             config
                 .fleet_open
@@ -582,6 +594,7 @@ impl Registry {
             services: self.routes.clone(),
             // Serializing plain structs with string keys cannot fail.
             filter_config: serde_json::to_string(&filter).unwrap_or_default(),
+            max_body_bytes: self.request_limits.max_body_bytes,
         }
     }
 

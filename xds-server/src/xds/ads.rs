@@ -592,6 +592,7 @@ mod tests {
                 })
                 .collect(),
             filter_config: String::from("{}"),
+            max_body_bytes: 1024 * 1024,
         }
     }
 

@@ -36,7 +36,9 @@ use envoy_types::pb::envoy::extensions::upstreams::http::v3::{
 };
 use envoy_types::pb::envoy::r#type::matcher::v3::{string_matcher::MatchPattern, StringMatcher};
 use envoy_types::pb::envoy::r#type::v3::Percent;
-use envoy_types::pb::google::protobuf::{value::Kind, Any, Duration, Struct, UInt32Value, Value};
+use envoy_types::pb::google::protobuf::{
+    value::Kind, Any, Duration, Struct, UInt32Value, UInt64Value, Value,
+};
 use prost::{Message, Name};
 
 use crate::routing::{EndpointHealth, RouteEndpoint, RoutingSnapshot, ServiceRoute};
@@ -370,10 +372,22 @@ pub fn route_configuration(snapshot: &RoutingSnapshot) -> RouteConfiguration {
             name: VIRTUAL_HOST_NAME.to_string(),
             domains: vec!["*".to_string()],
             routes,
+            request_body_buffer_limit: Some(UInt64Value {
+                value: request_body_buffer_limit(snapshot.max_body_bytes),
+            }),
             ..Default::default()
         }],
         ..Default::default()
     }
+}
+
+/// How much of a request body Envoy may buffer. Above it Envoy answers with its own bare 413,
+/// in the same step that hands the filter the data crossing the filter's limit (the filter's
+/// reply is deferred and loses). One step carries at most what one read from the connection
+/// takes, the listener's buffer: with that much room above the filter's limit, and a margin,
+/// the filter always answers first.
+pub fn request_body_buffer_limit(max_body_bytes: u64) -> u64 {
+    max_body_bytes + 2 * crate::bootstrap::LISTENER_BUFFER_BYTES
 }
 
 fn service_route(service: &str, route: &ServiceRoute, get_stream: bool) -> Route {
@@ -493,6 +507,7 @@ mod tests {
                 ),
             ]),
             filter_config: String::from("{}"),
+            max_body_bytes: 1024 * 1024,
         }
     }
 
@@ -740,6 +755,22 @@ mod tests {
             Arc::make_mut(s).endpoints.reverse();
         }
         assert_eq!(build(&a), build(&b));
+    }
+
+    #[test]
+    fn envoy_may_buffer_a_body_beyond_the_filters_limit_plus_one_read() {
+        let mut snap = two_services();
+        snap.max_body_bytes = 4 * 1024 * 1024;
+        let rc = route_configuration(&snap);
+        let limit = rc.virtual_hosts[0]
+            .request_body_buffer_limit
+            .as_ref()
+            .expect("a request body buffer limit")
+            .value;
+        assert!(
+            limit >= snap.max_body_bytes + crate::bootstrap::LISTENER_BUFFER_BYTES,
+            "{limit}"
+        );
     }
 
     #[test]
