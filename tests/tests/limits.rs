@@ -1,23 +1,55 @@
-//! Data-plane limits: a request body nested deeper than the filter accepts is answered by the
-//! gateway with a JSON-RPC error naming the limit, and never reaches the tool server.
+//! Data-plane limits: a request body larger or nested deeper than the filter accepts, or
+//! headers beyond Envoy's limits, are answered by the gateway with a JSON-RPC error naming the
+//! limit, and never reach the tool server.
 
 use std::time::Duration;
 
 use serde_json::Value;
 use toolgate_tests::{wait_until, Envoy, Etcd, Member, TestEnv, Xds};
 
-#[tokio::test]
-async fn a_request_nested_too_deep_gets_a_json_rpc_error_and_never_reaches_the_server() {
-    let env = TestEnv::new("limits_depth");
+struct Gateway {
+    envoy: Envoy,
+    member: Member,
+    _xds: Xds,
+    _etcd: Etcd,
+    _env: TestEnv,
+}
+
+/// etcd, toolgate-xds with `xds_args`, Envoy with the filter, and one `orders` instance
+/// (lab flags `member_args`) that Envoy routes to.
+async fn gateway(name: &str, xds_args: &[&str], member_args: &[&str]) -> Gateway {
+    let env = TestEnv::new(name);
     let etcd = Etcd::start(&env).await;
-    let xds = Xds::start(&env, "xds", &etcd.endpoint(), &[]).await;
+    let xds = Xds::start(&env, "xds", &etcd.endpoint(), xds_args).await;
     let envoy = Envoy::start_with_filter(&env, "envoy", &xds, 1, &[]).await;
-    let m = Member::start(&env, &etcd.endpoint(), "orders", "orders-1", &[], 10).await;
-    let want = vec![m.server.endpoint()];
+    let member = Member::start(
+        &env,
+        &etcd.endpoint(),
+        "orders",
+        "orders-1",
+        member_args,
+        10,
+    )
+    .await;
+    let want = vec![member.server.endpoint()];
     wait_until("Envoy routes orders", Duration::from_secs(20), || async {
         envoy.addresses("orders").await == want
     })
     .await;
+    Gateway {
+        envoy,
+        member,
+        _xds: xds,
+        _etcd: etcd,
+        _env: env,
+    }
+}
+
+#[tokio::test]
+async fn a_request_nested_too_deep_gets_a_json_rpc_error_and_never_reaches_the_server() {
+    let Gateway {
+        envoy, member: m, ..
+    } = &gateway("limits_depth", &[], &[]).await;
 
     let nested = format!("{}1{}", "[".repeat(100), "]".repeat(100));
     let body = format!(
@@ -102,16 +134,9 @@ fn assert_too_large(status: reqwest::StatusCode, body: &str, limit: u64) {
 
 #[tokio::test]
 async fn a_chunked_body_over_the_limit_gets_the_filters_json_rpc_error_not_envoys_413() {
-    let env = TestEnv::new("limits_body");
-    let etcd = Etcd::start(&env).await;
-    let xds = Xds::start(&env, "xds", &etcd.endpoint(), &[]).await;
-    let envoy = Envoy::start_with_filter(&env, "envoy", &xds, 1, &[]).await;
-    let m = Member::start(&env, &etcd.endpoint(), "orders", "orders-1", &[], 10).await;
-    let want = vec![m.server.endpoint()];
-    wait_until("Envoy routes orders", Duration::from_secs(20), || async {
-        envoy.addresses("orders").await == want
-    })
-    .await;
+    let Gateway {
+        envoy, member: m, ..
+    } = &gateway("limits_body", &[], &[]).await;
     let (status, body) = post_chunked(&envoy.url("orders"), 2 * MIB).await;
     assert_too_large(status, &body, MIB as u64);
     assert_eq!(m.server.calls("echo").await, 0, "the server never saw it");
@@ -121,30 +146,14 @@ const MIB: usize = 1024 * 1024;
 
 #[tokio::test]
 async fn a_raised_body_limit_lets_larger_calls_through_and_refuses_beyond_it() {
-    let env = TestEnv::new("limits_body_raised");
-    let etcd = Etcd::start(&env).await;
     let limit = (4 * MIB).to_string();
-    let xds = Xds::start(
-        &env,
-        "xds",
-        &etcd.endpoint(),
+    let Gateway {
+        envoy, member: m, ..
+    } = &gateway(
+        "limits_body_raised",
         &["--max-body-bytes", &limit, "--max-json-depth", "8"],
-    )
-    .await;
-    let envoy = Envoy::start_with_filter(&env, "envoy", &xds, 1, &[]).await;
-    let m = Member::start(
-        &env,
-        &etcd.endpoint(),
-        "orders",
-        "orders-1",
         &["--stateless", "--json-response"],
-        10,
     )
-    .await;
-    let want = vec![m.server.endpoint()];
-    wait_until("Envoy routes orders", Duration::from_secs(20), || async {
-        envoy.addresses("orders").await == want
-    })
     .await;
 
     // 2 MiB: over Envoy's default buffer and the filter's default limit, under the raised ones.
