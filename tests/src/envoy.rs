@@ -31,8 +31,6 @@ pub struct Envoy {
     /// Hot restart epoch of the running process (0 until [`hot_restart`](Self::hot_restart)).
     epoch: u32,
     pub proc: Option<Proc>,
-    /// Earlier epochs, draining after a hot restart until they exit on their own.
-    retired: Vec<Proc>,
     /// `--parent-shutdown-time-s` of the next hot restart.
     parent_shutdown: Duration,
     http: reqwest::Client,
@@ -146,7 +144,6 @@ impl Envoy {
             concurrency,
             epoch: 0,
             proc: None,
-            retired: Vec::new(),
             parent_shutdown: Duration::ZERO,
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(5))
@@ -220,7 +217,6 @@ impl Envoy {
     /// must finish before the parent goes. Returns once the parent has exited and the new
     /// process answers the admin API (which the parent serves until it exits) as LIVE.
     pub async fn hot_restart(&mut self, env: &TestEnv, longest_request: Duration) {
-        self.retired.retain_mut(|p| p.is_running());
         let parent = self.proc.take();
         self.epoch += 1;
         self.parent_shutdown = parent_shutdown_time(longest_request);
@@ -236,7 +232,6 @@ impl Envoy {
                 self.epoch - 1,
                 self.parent_shutdown
             );
-            self.retired.push(parent);
         }
         let url = format!("{}/server_info", self.admin_url());
         let http = self.http.clone();
@@ -310,9 +305,6 @@ impl Envoy {
     pub async fn restart(&mut self, env: &TestEnv) {
         if let Some(mut p) = self.proc.take() {
             p.stop(Duration::from_secs(5)).await;
-        }
-        for mut p in self.retired.drain(..) {
-            p.kill();
         }
         self.epoch = 0;
         self.launch(env).await;
