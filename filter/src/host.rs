@@ -897,6 +897,10 @@ impl Call {
     /// A field of Envoy's access log: Envoy keeps a wasm property as the filter state
     /// `wasm.<name>`, which the bootstrap's format reads (`%FILTER_STATE(wasm.mcp_tool:PLAIN)%`).
     fn log_field(&self, name: &str, value: &str) {
+        // Without an access log these host calls would be for nothing.
+        if !self.shared.borrow().config.access_log {
+            return;
+        }
         // One host call; a failure only leaves the field empty in the log.
         let _ = hostcalls::set_property(vec![name], Some(value.as_bytes()));
     }

@@ -370,6 +370,10 @@ pub struct FilterConfig {
     /// `/v1/breaker-events`); filled per Envoy by toolgate-xds when it requires one.
     #[serde(skip_serializing_if = "ReportToken::is_empty")]
     pub report_token: ReportToken,
+    /// Whether this Envoy writes an access log that reads the filter's MCP fields (filled per
+    /// Envoy by toolgate-xds from its node metadata): without one, the filter skips them.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub access_log: bool,
 }
 
 /// A secret that never shows in a `Debug` print (configurations are logged and asserted on).
@@ -404,6 +408,7 @@ impl Default for FilterConfig {
             overrides: BTreeMap::new(),
             gateway: String::new(),
             report_token: ReportToken::default(),
+            access_log: false,
         }
     }
 }

@@ -191,16 +191,19 @@ pub fn render(opts: &BootstrapOptions) -> String {
 }
 
 /// The node; its metadata tells toolgate-xds where this Envoy finds the wasm filter, since only
-/// the Envoy's own filesystem knows.
+/// the Envoy's own filesystem knows, and tells the filter whether an access log reads its
+/// fields.
 fn node(opts: &BootstrapOptions) -> Value {
     let mut node = json!({ "id": opts.node_id, "cluster": opts.cluster });
     if let Some(path) = &opts.filter {
         // Envoy resolves a relative filename against its own working directory, which need not
         // be ours: make it absolute while we still know what it meant.
         let path = std::path::absolute(path).unwrap_or_else(|_| path.clone());
-        node["metadata"] = json!({
-            ecds::NODE_METADATA_KEY: { ecds::NODE_FILTER_PATH_FIELD: path.to_string_lossy() }
-        });
+        let mut toolgate = json!({ ecds::NODE_FILTER_PATH_FIELD: path.to_string_lossy() });
+        if let Some(log) = &opts.access_log {
+            toolgate[ecds::NODE_ACCESS_LOG_FIELD] = json!(log.display().to_string());
+        }
+        node["metadata"] = json!({ ecds::NODE_METADATA_KEY: toolgate });
     }
     node
 }
@@ -472,6 +475,27 @@ mod tests {
 
     fn parsed() -> Value {
         serde_json::from_str(&render(&options())).expect("render prints valid JSON")
+    }
+
+    #[test]
+    fn the_node_metadata_tells_the_filter_whether_an_access_log_reads_its_fields() {
+        let toolgate = |access_log: Option<&str>| {
+            let b: Value = serde_json::from_str(&render(&BootstrapOptions {
+                filter: Some("/f.wasm".into()),
+                access_log: access_log.map(Into::into),
+                ..options()
+            }))
+            .expect("JSON");
+            b["node"]["metadata"][ecds::NODE_METADATA_KEY].clone()
+        };
+        let with = toolgate(Some("/var/log/access.json"));
+        assert_eq!(with[ecds::NODE_ACCESS_LOG_FIELD], "/var/log/access.json");
+        assert_eq!(with[ecds::NODE_FILTER_PATH_FIELD], "/f.wasm");
+        let without = toolgate(None);
+        assert!(
+            without.get(ecds::NODE_ACCESS_LOG_FIELD).is_none(),
+            "{without}"
+        );
     }
 
     #[test]

@@ -132,7 +132,7 @@ impl AggregatedDiscoveryService for AdsService {
             connections: Arc::clone(&self.connections),
             peer,
             node: String::new(),
-            filter_path: None,
+            filter: None,
             report_token: self.report_token.clone(),
             started: Instant::now(),
             nonce: 0,
@@ -245,7 +245,7 @@ struct AdsStream {
     /// From the first request (`set_node_on_first_message_only`).
     node: String,
     /// Where this Envoy finds the wasm filter (node metadata), for its ECDS resource.
-    filter_path: Option<String>,
+    filter: Option<super::ecds::NodeFilter>,
     report_token: Option<Arc<str>>,
     started: Instant,
     nonce: u64,
@@ -352,7 +352,7 @@ impl AdsStream {
         if self.node.is_empty() {
             if let Some(node) = &request.node {
                 self.node = node.id.clone();
-                self.filter_path = super::ecds::filter_path(node.metadata.as_ref());
+                self.filter = super::ecds::node_filter(node.metadata.as_ref());
                 self.connections
                     .identified(self.id, &node.id, &node.cluster);
                 info!(node = %self.node, cluster = %node.cluster, stream = self.id,
@@ -452,7 +452,7 @@ impl AdsStream {
 
     /// Sends `current` for the names this Envoy subscribed and records it.
     async fn send(&mut self, ty: ResourceType, current: &Arc<TypeSnapshot>) -> Result<(), Closed> {
-        if ty == ResourceType::ExtensionConfig && self.filter_path.is_none() {
+        if ty == ResourceType::ExtensionConfig && self.filter.is_none() {
             warn!(node = %self.node, "Envoy asked for the filter configuration but its bootstrap names no filter path (node metadata toolgate.filter_path); not answering");
             return Ok(());
         }
@@ -483,10 +483,10 @@ impl AdsStream {
                 current.select(wanted)
             }
         };
-        let resources = match (&self.filter_path, ty) {
-            (Some(path), ResourceType::ExtensionConfig) => resources
+        let resources = match (&self.filter, ty) {
+            (Some(filter), ResourceType::ExtensionConfig) => resources
                 .iter()
-                .map(|r| super::ecds::for_node(r, path, &self.node, self.report_token.as_deref()))
+                .map(|r| super::ecds::for_node(r, filter, &self.node, self.report_token.as_deref()))
                 .collect(),
             _ => resources,
         };
@@ -614,7 +614,7 @@ mod tests {
                     id: 1,
                     peer: None,
                     node: String::new(),
-                    filter_path: None,
+                    filter: None,
                     report_token: None,
                     started: Instant::now(),
                     nonce: 0,

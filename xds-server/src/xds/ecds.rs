@@ -27,6 +27,18 @@ pub const ROOT_ID: &str = "toolgate";
 /// Node metadata key under which the bootstrap names the filter file.
 pub const NODE_METADATA_KEY: &str = "toolgate";
 pub const NODE_FILTER_PATH_FIELD: &str = "filter_path";
+/// Set to the access log's path when the bootstrap configures one: the filter then sets the
+/// log's MCP fields, and skips those host calls otherwise.
+pub const NODE_ACCESS_LOG_FIELD: &str = "access_log";
+
+/// What an Envoy's node metadata says about its filter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeFilter {
+    /// Where this Envoy finds the wasm file.
+    pub path: String,
+    /// Whether its access log reads the filter's MCP fields.
+    pub access_log: bool,
+}
 
 /// The ECDS resource for a plugin configuration (JSON), with the filter path left empty.
 pub fn extension_config(plugin_json: &str) -> Any {
@@ -35,9 +47,14 @@ pub fn extension_config(plugin_json: &str) -> Any {
 
 /// Fills the node's filter path into a resource made by [`extension_config`], its node id
 /// into the plugin configuration's `gateway` (the filter names itself with it in its breaker
-/// events; Envoy does not show the node id to wasm reliably), and the token its reports must
-/// carry, if toolgate-xds requires one.
-pub fn for_node(resource: &Any, path: &str, node_id: &str, report_token: Option<&str>) -> Any {
+/// events; Envoy does not show the node id to wasm reliably), the token its reports must
+/// carry, if toolgate-xds requires one, and whether it writes an access log.
+pub fn for_node(
+    resource: &Any,
+    node: &NodeFilter,
+    node_id: &str,
+    report_token: Option<&str>,
+) -> Any {
     match TypedExtensionConfig::decode(resource.value.as_slice()) {
         Ok(mut tec) => {
             if let Some(wasm) = tec
@@ -58,12 +75,15 @@ pub fn for_node(resource: &Any, path: &str, node_id: &str, report_token: Option<
                         if let Some(token) = report_token {
                             map.insert("report_token".into(), token.into());
                         }
+                        if node.access_log {
+                            map.insert("access_log".into(), true.into());
+                        }
                         drop_own_openings(&mut map, node_id);
                         serde_json::Value::Object(map).to_string()
                     }
                     _ => plugin_json,
                 };
-                tec = typed_extension_config(&plugin_json, path);
+                tec = typed_extension_config(&plugin_json, &node.path);
             }
             to_any(&tec)
         }
@@ -86,17 +106,21 @@ fn drop_own_openings(map: &mut serde_json::Map<String, serde_json::Value>, node_
     services.retain(|_, tools| tools.as_object().is_none_or(|t| !t.is_empty()));
 }
 
-/// The filter path from an Envoy's node metadata, if its bootstrap set one.
-pub fn filter_path(metadata: Option<&Struct>) -> Option<String> {
+/// The filter an Envoy's node metadata names, if its bootstrap set a filter path.
+pub fn node_filter(metadata: Option<&Struct>) -> Option<NodeFilter> {
     use envoy_types::pb::google::protobuf::value::Kind;
     let toolgate = metadata?.fields.get(NODE_METADATA_KEY)?;
     let Some(Kind::StructValue(s)) = &toolgate.kind else {
         return None;
     };
-    match &s.fields.get(NODE_FILTER_PATH_FIELD)?.kind {
-        Some(Kind::StringValue(p)) if !p.is_empty() => Some(p.clone()),
+    let string = |field: &str| match s.fields.get(field).and_then(|v| v.kind.as_ref()) {
+        Some(Kind::StringValue(v)) if !v.is_empty() => Some(v.clone()),
         _ => None,
-    }
+    };
+    Some(NodeFilter {
+        path: string(NODE_FILTER_PATH_FIELD)?,
+        access_log: string(NODE_ACCESS_LOG_FIELD).is_some(),
+    })
 }
 
 fn typed_extension_config(plugin_json: &str, path: &str) -> TypedExtensionConfig {
@@ -145,10 +169,17 @@ mod tests {
             .value
     }
 
+    fn node(path: &str) -> NodeFilter {
+        NodeFilter {
+            path: path.to_string(),
+            access_log: false,
+        }
+    }
+
     #[test]
     fn the_path_is_filled_in_and_the_configuration_kept() {
         let any = extension_config(r#"{"x":1}"#);
-        let filled = for_node(&any, "/opt/toolgate/filter.wasm", "envoy-1", None);
+        let filled = for_node(&any, &node("/opt/toolgate/filter.wasm"), "envoy-1", None);
         let tec = TypedExtensionConfig::decode(filled.value.as_slice()).unwrap();
         assert_eq!(tec.name, FILTER_CONFIG_NAME);
         let wasm = Wasm::decode(tec.typed_config.unwrap().value.as_slice()).unwrap();
@@ -172,7 +203,7 @@ mod tests {
         let any = extension_config(
             r#"{"fleet_open":{"s":{"a":{"opened_by":"envoy-1","until_ms":9},"b":{"opened_by":"envoy-2","until_ms":9}},"t":{"c":{"opened_by":"envoy-1","until_ms":9}}}}"#,
         );
-        let filled = for_node(&any, "/f.wasm", "envoy-1", None);
+        let filled = for_node(&any, &node("/f.wasm"), "envoy-1", None);
         assert_eq!(
             plugin_json(&filled),
             r#"{"fleet_open":{"s":{"b":{"opened_by":"envoy-2","until_ms":9}}},"gateway":"envoy-1"}"#
@@ -181,7 +212,7 @@ mod tests {
         // The report token, when toolgate-xds requires one, is the filter's to send.
         let filled = for_node(
             &extension_config("{}"),
-            "/f.wasm",
+            &node("/f.wasm"),
             "envoy-1",
             Some("s3cret"),
         );
@@ -198,5 +229,57 @@ mod tests {
             plugin.allow_on_headers_stop_iteration,
             Some(BoolValue { value: true })
         );
+
+        // An Envoy with an access log gets the filter's MCP fields; others are spared them.
+        let logged = NodeFilter {
+            access_log: true,
+            ..node("/f.wasm")
+        };
+        let filled = for_node(&extension_config("{}"), &logged, "envoy-1", None);
+        assert_eq!(
+            plugin_json(&filled),
+            r#"{"access_log":true,"gateway":"envoy-1"}"#
+        );
+    }
+
+    #[test]
+    fn the_node_metadata_names_the_filter_and_the_access_log() {
+        use envoy_types::pb::google::protobuf::{value::Kind, Value};
+        let string = |s: &str| Value {
+            kind: Some(Kind::StringValue(s.to_string())),
+        };
+        let metadata = |fields: &[(&str, &str)]| Struct {
+            fields: [(
+                NODE_METADATA_KEY.to_string(),
+                Value {
+                    kind: Some(Kind::StructValue(Struct {
+                        fields: fields
+                            .iter()
+                            .map(|(k, v)| (k.to_string(), string(v)))
+                            .collect(),
+                    })),
+                },
+            )]
+            .into(),
+        };
+        assert_eq!(
+            node_filter(Some(&metadata(&[(NODE_FILTER_PATH_FIELD, "/f.wasm")]))),
+            Some(node("/f.wasm"))
+        );
+        assert_eq!(
+            node_filter(Some(&metadata(&[
+                (NODE_FILTER_PATH_FIELD, "/f.wasm"),
+                (NODE_ACCESS_LOG_FIELD, "/dev/stdout")
+            ]))),
+            Some(NodeFilter {
+                access_log: true,
+                ..node("/f.wasm")
+            })
+        );
+        assert_eq!(
+            node_filter(Some(&metadata(&[(NODE_ACCESS_LOG_FIELD, "/dev/stdout")]))),
+            None
+        );
+        assert_eq!(node_filter(None), None);
     }
 }
