@@ -57,6 +57,10 @@ impl Kind {
             UpstreamFailure::Timeout => Some(Kind::Timeout),
             UpstreamFailure::Http5xx(_) => Some(Kind::Http5xx),
             UpstreamFailure::NoHealthyUpstream => None,
+            // It answered, if with something that is not the response: the instance is up.
+            UpstreamFailure::BadResponse => Some(Kind::Ok),
+            // Its stream ended before the response: as good as a reset.
+            UpstreamFailure::NoResponse => Some(Kind::Reset),
         }
     }
 }

@@ -4,9 +4,12 @@
 //! names and caches the per-(service, tool) Envoy stats, `feedback` counts call outcomes per
 //! upstream endpoint for toolgate-xds, `fleet` applies what the other gateways and operators
 //! decided and renders this gateway's breaker events.
-//! `host.rs` is the only file that calls proxy-wasm.
+//! `catalog` says which services and tools get breakers, `call` is the life of one request
+//! through the filter behind a host trait. `host/` is the only code that calls proxy-wasm.
 
 pub mod breaker;
+pub mod call;
+pub mod catalog;
 pub mod feedback;
 pub mod fleet;
 pub mod mcp;

@@ -213,7 +213,7 @@ impl<H: MetricHost> Stats<H> {
             Outcome::Failure => self.host.increment(ids.failures),
             Outcome::IsErrorResult if count_is_error => self.host.increment(ids.failures),
             Outcome::Slow => self.host.increment(ids.slow),
-            Outcome::Success | Outcome::IsErrorResult => {}
+            Outcome::Success | Outcome::IsErrorResult | Outcome::Ignored => {}
         }
     }
 

@@ -6,11 +6,14 @@ use std::collections::HashMap;
 
 use jsonschema::Validator;
 use serde_json::{json, Value};
-use toolgate_filter::mcp::jsonrpc::{Mismatch, RawId};
+use toolgate_filter::mcp::headers::Mismatch;
+use toolgate_filter::mcp::jsonrpc::RawId;
 use toolgate_filter::mcp::reply::{
-    body_too_large, error_reply, header_mismatch, tool_unavailable, unavailable_error, Framing,
-    ProtocolVersion, Reply, Unavailable, UnavailableKind, UpstreamFailure, INTERNAL_ERROR,
+    batch_refused, body_too_large, header_mismatch, refused, service_unavailable, too_deep,
+    tool_unavailable, unknown_tool, BatchAnswer, Framing, OpenCause, ProtocolVersion, Reply,
+    Unavailable, UnavailableKind, UpstreamFailure, INTERNAL_ERROR,
 };
+use toolgate_filter::mcp::request::Refusal;
 
 const SCHEMA_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/mcp-schema/");
 
@@ -142,37 +145,61 @@ fn ids() -> Vec<RawId> {
     .collect()
 }
 
-fn kinds() -> Vec<UnavailableKind<'static>> {
+fn failures() -> Vec<UpstreamFailure> {
     vec![
-        UnavailableKind::Open,
+        UpstreamFailure::ConnectFailure,
+        UpstreamFailure::Reset,
+        UpstreamFailure::Timeout,
+        UpstreamFailure::Http5xx(503),
+        UpstreamFailure::NoHealthyUpstream,
+        UpstreamFailure::BadResponse,
+        UpstreamFailure::NoResponse,
+    ]
+}
+
+fn kinds() -> Vec<UnavailableKind<'static>> {
+    let mut kinds = vec![
+        UnavailableKind::Open {
+            cause: OpenCause::FailureRate {
+                percent: 70,
+                calls: 10,
+                window_secs: 10,
+            },
+        },
+        UnavailableKind::Open {
+            cause: OpenCause::SlowCallRate {
+                percent: 60,
+                calls: 10,
+                window_secs: 10,
+                slow_call_ms: 2500,
+            },
+        },
+        UnavailableKind::Open {
+            cause: OpenCause::ProbeFailed,
+        },
+        UnavailableKind::Open {
+            cause: OpenCause::Unknown,
+        },
+        UnavailableKind::Probing,
         UnavailableKind::ForcedOpen {
             reason: "maintenance until 14:00 \"UTC\"\n\\ \u{0} \u{2028}",
         },
         UnavailableKind::ForcedOpen { reason: "" },
-        UnavailableKind::UpstreamFailure {
-            what: UpstreamFailure::ConnectFailure,
-        },
-        UnavailableKind::UpstreamFailure {
-            what: UpstreamFailure::Reset,
-        },
-        UnavailableKind::UpstreamFailure {
-            what: UpstreamFailure::Timeout,
-        },
-        UnavailableKind::UpstreamFailure {
-            what: UpstreamFailure::Http5xx(503),
-        },
-        UnavailableKind::UpstreamFailure {
-            what: UpstreamFailure::NoHealthyUpstream,
-        },
         UnavailableKind::Overloaded,
-    ]
+    ];
+    kinds.extend(
+        failures()
+            .into_iter()
+            .map(|what| UnavailableKind::UpstreamFailure { what }),
+    );
+    kinds
 }
 
 fn details() -> Vec<Unavailable<'static>> {
     let mut all = Vec::new();
     for kind in kinds() {
         for fallback_tool in [None, Some("write_order_queue")] {
-            for retry_after_secs in [0, 1, 30] {
+            for retry_after_secs in [None, Some(1), Some(30)] {
                 all.push(Unavailable {
                     kind,
                     tool: Some("write_order"),
@@ -215,15 +242,14 @@ fn tool_unavailable_is_a_call_tool_result_in_every_version() {
 }
 
 #[test]
-fn unavailable_errors_are_json_rpc_errors_in_every_version() {
+fn service_unavailable_errors_are_json_rpc_errors_in_every_version() {
     for mut schema in schemas() {
         let error = schema.error_response();
         for framing in FRAMINGS {
             for id in ids() {
-                for mut details in details() {
-                    details.tool = None;
+                for what in failures() {
                     let message = message(
-                        &unavailable_error(schema.version, &id, &details, framing),
+                        &service_unavailable(schema.version, &id, "orders", what, framing),
                         framing,
                     );
                     schema.assert_valid(error, &message);
@@ -234,10 +260,86 @@ fn unavailable_errors_are_json_rpc_errors_in_every_version() {
                     assert_eq!(message["error"]["code"], INTERNAL_ERROR);
                     assert!(message["error"]["data"]["io.toolgate/breaker"].is_object());
                 }
-                let plain = error_reply(schema.version, &id, -32603, "x", None, framing);
-                schema.assert_valid(error, &message(&plain, framing));
             }
         }
+    }
+}
+
+/// Refusals of bodies the gateway cannot judge, unknown tools and too-deep bodies are
+/// JSON-RPC errors, with the request's id when it could be read.
+#[test]
+fn refusals_are_json_rpc_errors_in_every_version() {
+    let refusals = [
+        Refusal::NotJson { line: 1, column: 7 },
+        Refusal::Empty,
+        Refusal::DuplicateKey("params.name"),
+        Refusal::NotAnObject,
+        Refusal::NotJsonRpc2,
+        Refusal::MethodNotString,
+        Refusal::BadId,
+        Refusal::ParamsNotObject,
+        Refusal::NotAMessage,
+        Refusal::BadBatch,
+        Refusal::BatchNotAllowed,
+        Refusal::RequestWithoutId,
+        Refusal::ToolNameAbsent,
+        Refusal::ToolNameInvalid,
+        Refusal::Encoded,
+    ];
+    for mut schema in schemas() {
+        let error = schema.error_response();
+        for framing in FRAMINGS {
+            for refusal in refusals {
+                let id = RawId::from_json("3").expect("id");
+                let m = message(
+                    &refused(schema.version, Some(&id), refusal, framing),
+                    framing,
+                );
+                schema.assert_valid(error, &m);
+                assert_eq!(m["error"]["code"], refusal.code());
+            }
+            let id = RawId::from_json("\"x\"").expect("id");
+            let m = message(
+                &unknown_tool(schema.version, &id, "orders", "drop_tables", framing),
+                framing,
+            );
+            schema.assert_valid(error, &m);
+            if schema.version >= ProtocolVersion::V2025_11_25 {
+                let m = message(&too_deep(schema.version, 64, framing), framing);
+                schema.assert_valid(error, &m);
+            }
+        }
+    }
+}
+
+/// A refused 2025-03-26 batch is an array of responses, each valid on its own.
+#[test]
+fn a_refused_batch_is_an_array_of_valid_responses() {
+    let mut schema = Schema::load(ProtocolVersion::V2025_03_26);
+    let (a, b, c) = (
+        RawId::from_json("1").expect("id"),
+        RawId::from_json("\"b\"").expect("id"),
+        RawId::from_json("3").expect("id"),
+    );
+    let details = details()[0];
+    let reply = batch_refused(
+        schema.version,
+        &[
+            BatchAnswer::NotRun(&a),
+            BatchAnswer::Unavailable(&b, details),
+            BatchAnswer::Error(&c, -32602, "Unknown tool"),
+        ],
+        Framing::Json,
+    );
+    let array = message(&reply, Framing::Json);
+    let answers = array.as_array().expect("an array");
+    assert_eq!(answers.len(), 3);
+    schema.assert_valid(schema.error_response(), &answers[0]);
+    schema.assert_valid(schema.result_response(), &answers[1]);
+    schema.assert_valid("CallToolResult", &answers[1]["result"]);
+    schema.assert_valid(schema.error_response(), &answers[2]);
+    if schema.has("JSONRPCBatchResponse") {
+        schema.assert_valid("JSONRPCBatchResponse", &array);
     }
 }
 

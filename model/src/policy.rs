@@ -6,7 +6,7 @@
 //! whole configuration; values are validated instead, and an invalid configuration is refused
 //! as a whole so that the filter keeps the last good one.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -374,6 +374,10 @@ pub struct FilterConfig {
     /// Envoy by toolgate-xds from its node metadata): without one, the filter skips them.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub access_log: bool,
+    /// Every service with instances, and the tools its registrations list (the union over its
+    /// instances; empty when they list none). The filter keeps breakers only for what is
+    /// here: a request cannot create state by naming a service or tool nobody registered.
+    pub catalog: BTreeMap<String, BTreeSet<String>>,
 }
 
 /// A secret that never shows in a `Debug` print (configurations are logged and asserted on).
@@ -409,6 +413,7 @@ impl Default for FilterConfig {
             gateway: String::new(),
             report_token: ReportToken::default(),
             access_log: false,
+            catalog: BTreeMap::new(),
         }
     }
 }

@@ -15,6 +15,7 @@ mod tests;
 
 pub use state::{Admission, Breaker, Cause, Force, Limits, Outcome, State, Transition};
 pub use store::{
-    breaker_key, parse_breaker_key, Breakers, CasMismatch, MemStore, SharedStore, StoreStats,
+    breaker_key, parse_breaker_key, Breakers, CasMismatch, HostError, MemStore, Record,
+    SharedStore, StoreStats, CREATE_CAS,
 };
 pub use window::{Counts, Window};

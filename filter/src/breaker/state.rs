@@ -61,6 +61,12 @@ pub enum Outcome {
     Slow,
     /// A tool result with `isError: true`: a failure only if the policy counts it.
     IsErrorResult,
+    /// The call ended for a reason that is not the tool's: the request was at fault (a
+    /// JSON-RPC error that blames the request), the client went away, the service's bulkhead
+    /// was full, the answer was too large to judge. Counted neither as a failure nor as a
+    /// success (either would let a client steer the breaker); a half-open probe gives its slot
+    /// back.
+    Ignored,
 }
 
 /// The answer to "may this call go upstream?"
@@ -222,9 +228,14 @@ const SLOT_FREE: u64 = 0;
 const SLOT_SUCCEEDED: u64 = u64::MAX;
 
 /// The data format of the shared-data record; bumped on any change of layout, and a record
-/// of another format reads as a fresh breaker instead of as garbage.
-pub const FORMAT: u8 = 1;
-const HEADER_BYTES: usize = 36;
+/// of an unknown format reads as a fresh breaker instead of as garbage. Format 1 (no opening
+/// cause) is still read, so a filter upgrade keeps the breakers it finds.
+pub const FORMAT: u8 = 2;
+const FORMAT_1: u8 = 1;
+const HEADER_BYTES_1: usize = 36;
+/// Format 2 adds the opening cause after format 1's header.
+const CAUSE_BYTES: usize = 16;
+const HEADER_BYTES: usize = HEADER_BYTES_1 + CAUSE_BYTES;
 
 /// What `decide` found: an answer, or the need to take a probe slot (a write).
 enum Decision {
@@ -243,6 +254,9 @@ pub struct Breaker {
     generation: u32,
     since_ms: u64,
     open_until_ms: u64,
+    /// Why the breaker last opened, so that every worker's reply can say which threshold
+    /// tripped; `None` before the first opening (or in a format-1 record).
+    opened_by: Option<Cause>,
     probes_len: usize,
     probes: [u64; MAX_PROBES],
     window: Window,
@@ -257,6 +271,7 @@ impl Breaker {
             generation: 0,
             since_ms: now_ms,
             open_until_ms: 0,
+            opened_by: None,
             probes_len: limits.probes,
             probes: [SLOT_FREE; MAX_PROBES],
             window: Window::new(limits.bucket_ms, limits.buckets),
@@ -288,15 +303,24 @@ impl Breaker {
         self.open_until_ms
     }
 
+    /// Why the breaker last opened.
+    pub fn opened_by(&self) -> Option<&Cause> {
+        self.opened_by.as_ref()
+    }
+
     pub fn totals(&self, now_ms: u64) -> Counts {
         self.window.totals(now_ms)
     }
 
-    /// Adapts a record written under another policy: a new window shape starts a new window,
-    /// a new probe count resizes the slots.
+    /// Adapts a record written under another policy: a new window shape re-cuts the counts
+    /// into buckets of the new width by the time each bucket started (so a policy change
+    /// never resets a breaker, and workers briefly on old and new policies during a rollout
+    /// do not erase each other's counts); a new probe count resizes the slots.
     pub fn conform(&mut self, limits: &Limits) {
         if !self.window.has_shape(limits.bucket_ms, limits.buckets) {
-            self.window = Window::new(limits.bucket_ms, limits.buckets);
+            let mut window = Window::new(limits.bucket_ms, limits.buckets);
+            window.merge(&self.window);
+            self.window = window;
         }
         if self.probes_len != limits.probes {
             for slot in &mut self.probes[limits.probes.min(self.probes_len)..] {
@@ -436,6 +460,7 @@ impl Breaker {
         let outcome = counted(outcome, limits);
         match admission {
             Admission::Reject { .. } => None,
+            Admission::Allow if outcome == Outcome::Ignored => None,
             Admission::Allow => {
                 self.window.add(now_ms, counts_of(outcome));
                 self.evaluate(limits, now_ms, unit)
@@ -463,6 +488,14 @@ impl Breaker {
                         {
                             let probes = self.probes_len as u32;
                             return Some(self.close(now_ms, Cause::ProbesSucceeded { probes }));
+                        }
+                        None
+                    }
+                    Outcome::Ignored => {
+                        // No evidence either way: the slot goes to the next probe.
+                        let slot = usize::from(slot);
+                        if slot < self.probes_len && self.probes[slot] == ticket {
+                            self.probes[slot] = SLOT_FREE;
                         }
                         None
                     }
@@ -541,6 +574,9 @@ impl Breaker {
 
     fn move_to(&mut self, to: State, cause: Cause, now_ms: u64) -> Transition {
         let from = self.state;
+        if to == State::Open {
+            self.opened_by = Some(cause.clone());
+        }
         self.state = to;
         self.generation = self.generation.wrapping_add(1);
         self.since_ms = now_ms;
@@ -574,8 +610,16 @@ impl Breaker {
     /// | 24 | 8 | forced open until (ms) |
     /// | 32 | 1 | probe slots P |
     /// | 33 | 3 | reserved |
-    /// | 36 | 8·P | probe slots: 0 free, u64::MAX succeeded, else held until (ms) |
+    /// | 36 | 1 | opened by: 0 unknown, 1 failure rate, 2 slow-call rate, 3 probe failed, 4 probe slow, 5 fleet |
+    /// | 37 | 1 | the tripping rate (%) |
+    /// | 38 | 2 | reserved |
+    /// | 40 | 4 | calls in the window when it tripped |
+    /// | 44 | 4 | the window (s) |
+    /// | 48 | 4 | the slow-call threshold (ms) |
+    /// | 52 | 8·P | probe slots: 0 free, u64::MAX succeeded, else held until (ms) |
     /// | … | 8 + 20·B | the window (see `Window::encode`) |
+    ///
+    /// Format 1 is the same without bytes 36..52.
     pub fn encode(&self, out: &mut Vec<u8>) {
         out.clear();
         out.reserve(self.encoded_len());
@@ -598,6 +642,7 @@ impl Breaker {
         out.extend_from_slice(&force_until.to_le_bytes());
         out.push(self.probes_len as u8);
         out.extend_from_slice(&[0; 3]);
+        encode_cause(self.opened_by.as_ref(), out);
         for slot in &self.probes[..self.probes_len] {
             out.extend_from_slice(&slot.to_le_bytes());
         }
@@ -607,7 +652,8 @@ impl Breaker {
     /// Reads a record; `None` for anything that is not a whole record of this format.
     pub fn decode(bytes: &[u8]) -> Option<Breaker> {
         let mut r = Reader(bytes);
-        if r.u8()? != FORMAT {
+        let format = r.u8()?;
+        if format != FORMAT && format != FORMAT_1 {
             return None;
         }
         let state = match r.u8()? {
@@ -635,6 +681,11 @@ impl Breaker {
             return None;
         }
         r.take(3)?;
+        let opened_by = if format == FORMAT {
+            decode_cause(&mut r)?
+        } else {
+            None
+        };
         let mut probes = [SLOT_FREE; MAX_PROBES];
         for slot in &mut probes[..probes_len] {
             *slot = r.u64()?;
@@ -650,11 +701,74 @@ impl Breaker {
             generation,
             since_ms,
             open_until_ms,
+            opened_by,
             probes_len,
             probes,
             window,
         })
     }
+}
+
+/// The opening cause as [`CAUSE_BYTES`] bytes (see [`Breaker::encode`]).
+fn encode_cause(cause: Option<&Cause>, out: &mut Vec<u8>) {
+    let clamp32 = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
+    let (kind, percent, calls, window_secs, slow_call_ms) = match cause {
+        Some(Cause::FailureRate {
+            percent,
+            calls,
+            window_secs,
+        }) => (1u8, *percent, *calls, clamp32(*window_secs), 0),
+        Some(Cause::SlowCallRate {
+            percent,
+            calls,
+            window_secs,
+            slow_call_ms,
+        }) => (
+            2,
+            *percent,
+            *calls,
+            clamp32(*window_secs),
+            clamp32(*slow_call_ms),
+        ),
+        Some(Cause::ProbeFailed) => (3, 0, 0, 0, 0),
+        Some(Cause::ProbeSlow) => (4, 0, 0, 0, 0),
+        Some(Cause::Fleet) => (5, 0, 0, 0, 0),
+        _ => (0, 0, 0, 0, 0),
+    };
+    out.push(kind);
+    out.push(percent.min(100) as u8);
+    out.extend_from_slice(&[0; 2]);
+    out.extend_from_slice(&calls.to_le_bytes());
+    out.extend_from_slice(&window_secs.to_le_bytes());
+    out.extend_from_slice(&slow_call_ms.to_le_bytes());
+}
+
+/// Reads what [`encode_cause`] wrote: `Some(None)` for "unknown", `None` for garbage.
+fn decode_cause(r: &mut Reader<'_>) -> Option<Option<Cause>> {
+    let kind = r.u8()?;
+    let percent = u32::from(r.u8()?);
+    r.take(2)?;
+    let calls = r.u32()?;
+    let window_secs = u64::from(r.u32()?);
+    let slow_call_ms = u64::from(r.u32()?);
+    Some(match kind {
+        0 => None,
+        1 => Some(Cause::FailureRate {
+            percent,
+            calls,
+            window_secs,
+        }),
+        2 => Some(Cause::SlowCallRate {
+            percent,
+            calls,
+            window_secs,
+            slow_call_ms,
+        }),
+        3 => Some(Cause::ProbeFailed),
+        4 => Some(Cause::ProbeSlow),
+        5 => Some(Cause::Fleet),
+        _ => return None,
+    })
 }
 
 fn counted(outcome: Outcome, limits: &Limits) -> Outcome {
@@ -670,6 +784,7 @@ fn counts_of(outcome: Outcome) -> Counts {
         Outcome::Success | Outcome::IsErrorResult => Counts::SUCCESS,
         Outcome::Failure => Counts::FAILURE,
         Outcome::Slow => Counts::SLOW,
+        Outcome::Ignored => Counts::default(),
     }
 }
 
@@ -957,8 +1072,12 @@ mod tests {
         let mut bytes = Vec::new();
         b.encode(&mut bytes);
         assert_eq!(bytes.len(), b.encoded_len());
-        assert_eq!(bytes.len(), 36 + 3 * 8 + 8 + 10 * 20);
+        assert_eq!(bytes.len(), 52 + 3 * 8 + 8 + 10 * 20);
         assert_eq!(Breaker::decode(&bytes), Some(b.clone()));
+        assert!(matches!(
+            b.opened_by(),
+            Some(Cause::FailureRate { calls: 10, .. })
+        ));
         for cut in 0..bytes.len() {
             assert!(Breaker::decode(&bytes[..cut]).is_none());
         }
@@ -966,27 +1085,92 @@ mod tests {
         longer.push(0);
         assert!(Breaker::decode(&longer).is_none());
         let mut other_format = bytes.clone();
-        other_format[0] = 2;
+        other_format[0] = 3;
         assert!(Breaker::decode(&other_format).is_none());
+        let mut bad_cause = bytes.clone();
+        bad_cause[36] = 6;
+        assert!(Breaker::decode(&bad_cause).is_none());
         let mut bad_state = bytes;
         bad_state[1] = 9;
         assert!(Breaker::decode(&bad_state).is_none());
     }
 
+    /// 16.6: a policy that changes the window's shape re-cuts the counts instead of starting
+    /// an empty window (before, `conform` dropped all 5 failures here).
     #[test]
-    fn a_record_from_another_policy_is_conformed() {
+    fn a_record_from_another_policy_keeps_its_counts() {
         let l = limits(|_| {});
         let mut b = Breaker::new(&l, 0);
-        feed(&mut b, &l, 0, 5, Outcome::Failure);
+        feed(&mut b, &l, 1_500, 3, Outcome::Failure);
+        feed(&mut b, &l, 7_200, 2, Outcome::Success);
         let fewer = limits(|p| p.half_open_probes = 1);
         b.conform(&fewer);
-        assert_eq!(b.totals(0).calls, 5, "same window shape keeps the counts");
+        assert_eq!(
+            b.totals(7_200).calls,
+            5,
+            "same window shape keeps the counts"
+        );
         let wider = limits(|p| p.bucket_secs = 2);
         b.conform(&wider);
-        assert_eq!(b.totals(0).calls, 0);
+        assert_eq!(
+            b.totals(7_200),
+            Counts {
+                calls: 5,
+                failures: 3,
+                slow: 0
+            }
+        );
         let mut bytes = Vec::new();
         b.encode(&mut bytes);
-        assert_eq!(bytes.len(), 36 + 3 * 8 + 8 + 5 * 20);
+        assert_eq!(bytes.len(), 52 + 3 * 8 + 8 + 5 * 20);
+        // Back to the old shape (a worker still on the old policy): still nothing lost.
+        b.conform(&l);
+        assert_eq!(b.totals(7_200).calls, 5);
+        // Five more failures trip it under either shape: the window counts ten calls.
+        let (a, _) = b.admit(&wider, 8_000);
+        let mut t = b.record(&wider, 8_000, 0.0, a, Outcome::Failure);
+        for _ in 0..4 {
+            let (a, _) = b.admit(&l, 8_100);
+            t = t.or(b.record(&l, 8_100, 0.0, a, Outcome::Failure));
+        }
+        let t = t.expect("ten calls, eight failures: open");
+        assert_eq!(t.to, State::Open);
+    }
+
+    #[test]
+    fn a_format_1_record_is_still_read() {
+        let l = limits(|_| {});
+        let mut b = Breaker::new(&l, 42);
+        trip_now(&mut b, &l, 1_000);
+        let mut v2 = Vec::new();
+        b.encode(&mut v2);
+        let mut v1 = v2[..36].to_vec();
+        v1[0] = 1;
+        v1.extend_from_slice(&v2[52..]);
+        let read = Breaker::decode(&v1).expect("format 1 reads");
+        assert_eq!(read.state(), State::Open);
+        assert_eq!(read.opened_by(), None);
+    }
+
+    #[test]
+    fn ignored_outcomes_count_nowhere_and_give_a_probe_slot_back() {
+        let l = limits(|p| p.half_open_probes = 1);
+        let mut b = Breaker::new(&l, 0);
+        for _ in 0..100 {
+            let (a, _) = b.admit(&l, 10);
+            assert_eq!(b.record(&l, 10, 0.0, a, Outcome::Ignored), None);
+        }
+        assert_eq!(b.totals(10).calls, 0, "neither failures nor successes");
+        let opened = trip_now(&mut b, &l, 1_000);
+        let (probe, _) = b.admit(&l, opened);
+        assert!(matches!(probe, Admission::Probe { .. }));
+        assert!(matches!(b.admit(&l, opened).0, Admission::Reject { .. }));
+        assert_eq!(b.record(&l, opened, 0.0, probe, Outcome::Ignored), None);
+        assert_eq!(b.state(), State::HalfOpen);
+        let (next, _) = b.admit(&l, opened + 1);
+        assert!(matches!(next, Admission::Probe { .. }), "{next:?}");
+        let t = b.record(&l, opened + 1, 0.0, next, Outcome::Success);
+        assert_eq!(t.map(|t| t.to), Some(State::Closed));
     }
 
     #[test]

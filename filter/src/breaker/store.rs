@@ -22,20 +22,35 @@ use toolgate_model::BreakerPolicy;
 use super::state::{counts_for, Admission, Breaker, Force, Limits, Outcome, Transition};
 use super::window::{Counts, Window};
 
-/// The set was refused because the record changed since it was read.
+/// The set was refused: the record changed since it was read, or the host failed. Either way
+/// the write is retried or deferred, never forced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CasMismatch;
 
+/// The host could not read shared data. Not the same as "no record": a worker that took a
+/// host error for a missing record would write a fresh one over a live OPEN breaker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostError;
+
+/// A record as read: its bytes and the CAS token of the write that made them.
+pub type Record = (Vec<u8>, u32);
+
+/// The CAS token that makes a set create the key only if it does not exist yet. Envoy
+/// (proxy-wasm-cpp-host `SharedData::set`) accepts any token for a missing key and refuses a
+/// token that differs from an existing key's; tokens count up from 1 per write and skip 0, so
+/// an existing record carries this one only after some four billion shared-data writes.
+pub const CREATE_CAS: u32 = u32::MAX;
+
 /// proxy-wasm shared data, as the host exposes it to one worker.
 pub trait SharedStore {
-    /// The value and its CAS token; `(None, None)` when the key was never set.
-    fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>);
-    /// Sets the value if `cas` still matches (`None` sets unconditionally).
+    /// The record of `key`, `Ok(None)` when the key was never set.
+    fn get(&self, key: &str) -> Result<Option<Record>, HostError>;
+    /// Sets the value if `cas` still matches (`None` sets unconditionally; see [`CREATE_CAS`]).
     fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), CasMismatch>;
 }
 
 impl<T: SharedStore + ?Sized> SharedStore for &T {
-    fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+    fn get(&self, key: &str) -> Result<Option<Record>, HostError> {
         (**self).get(key)
     }
     fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), CasMismatch> {
@@ -102,13 +117,14 @@ impl Entry {
     }
 
     /// Brings the cached record up to the one just read.
-    fn refresh(&mut self, bytes: Option<Vec<u8>>, cas: Option<u32>, now_ms: u64) {
+    fn refresh(&mut self, record: Option<Record>, now_ms: u64) {
+        let cas = record.as_ref().map(|(_, cas)| *cas);
         if self.seen != Some(cas) {
             // A record this build cannot read (another format during an upgrade, a torn
             // value) is treated as a fresh breaker rather than trusted.
-            self.breaker = bytes
-                .as_deref()
-                .and_then(Breaker::decode)
+            self.breaker = record
+                .as_ref()
+                .and_then(|(bytes, _)| Breaker::decode(bytes))
                 .unwrap_or_else(|| Breaker::new(&self.limits, now_ms));
             self.seen = Some(cas);
         }
@@ -116,7 +132,8 @@ impl Entry {
     }
 }
 
-/// Read, change, CAS-write; `None` when every attempt met a CAS mismatch.
+/// Read, change, CAS-write; `None` when every attempt met a CAS mismatch or the host failed
+/// to read (the caller keeps what it wanted to write for later).
 fn update<S: SharedStore + ?Sized, R>(
     store: &S,
     key: &str,
@@ -126,8 +143,11 @@ fn update<S: SharedStore + ?Sized, R>(
     mut apply: impl FnMut(&mut Breaker) -> R,
 ) -> Option<R> {
     for _ in 0..CAS_ATTEMPTS {
-        let (bytes, cas) = store.get(key);
-        entry.refresh(bytes, cas, now_ms);
+        let record = store.get(key).ok()?;
+        // A missing record is created only if it is still missing: two workers creating it
+        // at once must not both succeed, or one's counts are lost.
+        let cas = Some(record.as_ref().map_or(CREATE_CAS, |(_, cas)| *cas));
+        entry.refresh(record, now_ms);
         let mut next = entry.breaker.clone();
         let result = apply(&mut next);
         if next == entry.breaker {
@@ -203,11 +223,27 @@ impl<S: SharedStore> Breakers<S> {
         now_ms: u64,
     ) -> (Admission, Option<Transition>) {
         let limits = Limits::from(policy);
-        let (bytes, cas) = self.store.get(key);
+        let record = self.store.get(key);
         let Some(entry) = entry_mut(&mut self.entries, key, limits, now_ms) else {
             return (Admission::Allow, None);
         };
-        entry.refresh(bytes, cas, now_ms);
+        match record {
+            Ok(record) => entry.refresh(record, now_ms),
+            // The host cannot say: judge by this worker's last reading of the record (a fresh
+            // breaker if it never read one), without writing anything.
+            Err(HostError) => {
+                let admission =
+                    entry
+                        .breaker
+                        .admit_read_only(now_ms)
+                        .unwrap_or(Admission::Reject {
+                            retry_after_ms: CONTENDED_RETRY_MS,
+                            state: entry.breaker.state(),
+                            forced: false,
+                        });
+                return (admission, None);
+            }
+        }
         if let Some(admission) = entry.breaker.admit_read_only(now_ms) {
             return (admission, None);
         }
@@ -226,6 +262,17 @@ impl<S: SharedStore> Breakers<S> {
         }
     }
 
+    /// The admission a call would get now, without taking a probe slot or writing anything;
+    /// `None` when a probe slot is due (only [`admit`](Self::admit) takes one) or the host
+    /// cannot read the record.
+    pub fn peek(&mut self, key: &str, policy: &BreakerPolicy, now_ms: u64) -> Option<Admission> {
+        let limits = Limits::from(policy);
+        let record = self.store.get(key).ok()?;
+        let entry = entry_mut(&mut self.entries, key, limits, now_ms)?;
+        entry.refresh(record, now_ms);
+        entry.breaker.admit_read_only(now_ms)
+    }
+
     /// Records how a call that `admit` let through ended. A success of an ordinary call
     /// only bumps a local counter; everything else is written at once.
     pub fn record(
@@ -237,6 +284,9 @@ impl<S: SharedStore> Breakers<S> {
         outcome: Outcome,
     ) -> Option<Transition> {
         if let Admission::Reject { .. } = admission {
+            return None;
+        }
+        if admission == Admission::Allow && outcome == Outcome::Ignored {
             return None;
         }
         let limits = Limits::from(policy);
@@ -355,7 +405,7 @@ impl<S: SharedStore> Breakers<S> {
     /// The record as shared data holds it now, e.g. to report fleet state; `None` if the
     /// key was never written or cannot be read.
     pub fn snapshot(&self, key: &str) -> Option<Breaker> {
-        Breaker::decode(&self.store.get(key).0?)
+        Breaker::decode(&self.store.get(key).ok()??.0)
     }
 
     /// Whether this worker holds counts not yet written to shared data.
@@ -378,6 +428,7 @@ struct MemInner {
     last_cas: u32,
     stats: StoreStats,
     fail_sets: u32,
+    fail_gets: u32,
 }
 
 /// An in-memory [`SharedStore`] with Envoy's semantics: a token per write (never 0), a set
@@ -405,16 +456,27 @@ impl MemStore {
     pub fn fail_next_sets(&self, n: u32) {
         self.lock().fail_sets = n;
     }
+
+    /// Fails the next `n` gets with a host error.
+    pub fn fail_next_gets(&self, n: u32) {
+        self.lock().fail_gets = n;
+    }
+
+    /// Sets the token counter, e.g. to make the next write's token [`CREATE_CAS`].
+    pub fn set_last_cas(&self, cas: u32) {
+        self.lock().last_cas = cas;
+    }
 }
 
 impl SharedStore for MemStore {
-    fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+    fn get(&self, key: &str) -> Result<Option<Record>, HostError> {
         let mut inner = self.lock();
         inner.stats.gets += 1;
-        match inner.map.get(key) {
-            Some((value, cas)) => (Some(value.clone()), Some(*cas)),
-            None => (None, None),
+        if inner.fail_gets > 0 {
+            inner.fail_gets -= 1;
+            return Err(HostError);
         }
+        Ok(inner.map.get(key).cloned())
     }
 
     fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), CasMismatch> {
@@ -429,6 +491,7 @@ impl SharedStore for MemStore {
             inner.stats.mismatches += 1;
             return Err(CasMismatch);
         }
+        // Envoy's tokens count up and skip 0.
         inner.last_cas = inner.last_cas.wrapping_add(1).max(1);
         let token = inner.last_cas;
         inner.map.insert(key.to_owned(), (value.to_vec(), token));
@@ -460,21 +523,95 @@ mod tests {
         }
     }
 
+    fn read(s: &MemStore, key: &str) -> Option<Record> {
+        s.get(key).expect("no host error")
+    }
+
     #[test]
     fn mem_store_refuses_stale_tokens() {
         let s = MemStore::new();
-        assert_eq!(s.get("k"), (None, None));
+        assert_eq!(read(&s, "k"), None);
         s.set("k", b"a", None).unwrap();
-        let (v, cas) = s.get("k");
-        assert_eq!(v.as_deref(), Some(&b"a"[..]));
-        s.set("k", b"b", cas).unwrap();
-        assert_eq!(s.set("k", b"c", cas), Err(CasMismatch));
-        assert_eq!(s.get("k").0.as_deref(), Some(&b"b"[..]));
+        let (v, cas) = read(&s, "k").unwrap();
+        assert_eq!(v, b"a");
+        s.set("k", b"b", Some(cas)).unwrap();
+        assert_eq!(s.set("k", b"c", Some(cas)), Err(CasMismatch));
+        assert_eq!(read(&s, "k").unwrap().0, b"b");
         s.fail_next_sets(1);
-        let (_, cas) = s.get("k");
-        assert_eq!(s.set("k", b"d", cas), Err(CasMismatch));
-        s.set("k", b"d", cas).unwrap();
+        let (_, cas) = read(&s, "k").unwrap();
+        assert_eq!(s.set("k", b"d", Some(cas)), Err(CasMismatch));
+        s.set("k", b"d", Some(cas)).unwrap();
         assert_eq!(s.stats().mismatches, 2);
+        // Envoy's semantics: any token creates a missing key, CREATE_CAS refuses an existing one.
+        s.set("new", b"x", Some(CREATE_CAS)).unwrap();
+        assert_eq!(s.set("new", b"y", Some(CREATE_CAS)), Err(CasMismatch));
+    }
+
+    /// 16.5: two workers that both found no record must not both create it. Before, the
+    /// create was an unconditional set and the second one silently replaced the first.
+    #[test]
+    fn two_workers_creating_a_record_at_once_lose_no_update() {
+        let store = MemStore::new();
+        let policy = BreakerPolicy::default();
+        let key = "tg/b/s/t";
+        let mut a = Breakers::new(&store, 1);
+        let mut b = Breakers::new(&store, 2);
+        // Both read "no record" (admit), then both write a failure.
+        assert_eq!(a.admit(key, &policy, 0).0, Admission::Allow);
+        assert_eq!(b.admit(key, &policy, 0).0, Admission::Allow);
+        a.record(key, &policy, 1, Admission::Allow, Outcome::Failure);
+        b.record(key, &policy, 1, Admission::Allow, Outcome::Failure);
+        let totals = a.snapshot(key).unwrap().totals(1);
+        assert_eq!(totals.failures, 2, "{totals:?}");
+    }
+
+    /// 16.5: a host error while reading is not "no record": the update is skipped (kept for
+    /// the next flush), never written over a live OPEN breaker.
+    #[test]
+    fn a_host_error_skips_the_update_instead_of_overwriting_an_open_breaker() {
+        let store = MemStore::new();
+        let policy = BreakerPolicy::default();
+        let key = "tg/b/s/t";
+        let mut a = Breakers::new(&store, 1);
+        let mut b = Breakers::new(&store, 2);
+        assert!(a.force(
+            key,
+            &policy,
+            0,
+            Force::Open {
+                until_ms: 1_000_000
+            }
+        ));
+        assert!(matches!(
+            b.admit(key, &policy, 5).0,
+            Admission::Reject { .. }
+        ));
+        store.fail_next_gets(u32::MAX);
+        // Unreadable now: judged by what this worker last read, and nothing is written.
+        let (admission, _) = b.admit(key, &policy, 10);
+        assert!(
+            matches!(admission, Admission::Reject { .. }),
+            "{admission:?}"
+        );
+        b.record(key, &policy, 10, Admission::Allow, Outcome::Failure);
+        assert!(!b.force(key, &policy, 10, Force::None));
+        store.fail_next_gets(0);
+        let record = a.snapshot(key).unwrap();
+        assert_eq!(
+            record.force(),
+            Force::Open {
+                until_ms: 1_000_000
+            }
+        );
+        assert!(b.has_pending(), "the failure waits for the next flush");
+        b.flush(20);
+        assert_eq!(a.snapshot(key).unwrap().totals(20).failures, 1);
+        assert_eq!(
+            a.snapshot(key).unwrap().force(),
+            Force::Open {
+                until_ms: 1_000_000
+            }
+        );
     }
 
     #[test]

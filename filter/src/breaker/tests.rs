@@ -259,7 +259,7 @@ fn is_error_results_count_only_when_the_policy_says_so() {
 struct Yielding<'a>(&'a MemStore);
 
 impl SharedStore for Yielding<'_> {
-    fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+    fn get(&self, key: &str) -> Result<Option<Record>, HostError> {
         let read = self.0.get(key);
         std::thread::yield_now();
         read
@@ -306,7 +306,7 @@ fn real_threads_lose_no_counts() {
             });
         }
     });
-    let snap = Breaker::decode(&store.get(KEY).0.unwrap()).unwrap();
+    let snap = Breaker::decode(&store.get(KEY).unwrap().unwrap().0).unwrap();
     let totals = snap.totals(5_000);
     assert_eq!(u64::from(totals.calls), 4 * per_worker);
     assert_eq!(u64::from(totals.failures), 2 * per_worker);

@@ -91,7 +91,7 @@ impl Window {
     }
 
     /// Whether this window was built for the same shape; a policy change that alters the
-    /// shape starts a new window because old buckets cannot be re-cut.
+    /// shape re-cuts the buckets (see `Breaker::conform`).
     pub fn has_shape(&self, bucket_ms: u64, len: usize) -> bool {
         let other = Window::new(bucket_ms, len);
         self.bucket_ms == other.bucket_ms && self.len == other.len

@@ -1,7 +1,12 @@
-//! MCP on the wire, as the filter needs it: `jsonrpc` reads requests and JSON responses,
-//! `sse` finds the response in a streamed one, `reply` writes the messages the filter sends in
-//! the server's place. Plain Rust without proxy-wasm, so all of it is tested natively.
+//! MCP on the wire, as the filter needs it: `request` reads a request body exactly or refuses
+//! it, `headers` checks the 2026-07-28 request headers against the body, `response` and `sse`
+//! read the answer, `reply` writes the messages the gateway sends in the server's place, and
+//! `jsonrpc` holds what they share. Plain Rust without proxy-wasm, so all of it is tested
+//! natively.
 
+pub mod headers;
 pub mod jsonrpc;
 pub mod reply;
+pub mod request;
+pub mod response;
 pub mod sse;

@@ -1,24 +1,32 @@
-//! MCP replies the filter sends in the server's place.
+//! MCP replies the gateway sends in the server's place.
 //!
 //! When a breaker is open or the upstream failed, the agent gets a message its MCP client
 //! accepts, for the protocol version it speaks and with its request's own id: for `tools/call` a
-//! `CallToolResult` with `isError: true` whose text tells the model what to do next, otherwise a
-//! JSON-RPC error. Machine-readable details sit under `io.toolgate/breaker`.
+//! `CallToolResult` with `isError: true` whose text tells the model what happened and what to do
+//! next, otherwise a JSON-RPC error. Machine-readable details sit under `io.toolgate/breaker`.
 //!
-//! The inputs are closed enums, tool names and numbers: no upstream text (addresses, cluster
-//! names, response bodies) can reach a reply. The one free-form string, an operator's reason for
-//! forcing a breaker open, is escaped and cut to a bounded length.
+//! The inputs are closed enums, validated names and numbers: no upstream text (addresses,
+//! cluster names, response bodies) can reach a reply. The one free-form string, an operator's
+//! reason for forcing a breaker open, is cleaned and cut to a bounded length.
 //!
-//! Replies are written by hand into one buffer: the id must be echoed as raw JSON text, and the
-//! SSE framing is written around the JSON without a second copy.
+//! Retry advice is only given where it is true: a wait is named only when the gateway itself
+//! refuses the tool until then (an open breaker), and an upstream failure says whether the
+//! call may have taken effect rather than inventing a wait nothing enforces.
+//!
+//! Messages are written with serde_json; the id is a `RawValue`, echoed byte for byte.
 
 use std::borrow::Cow;
 use std::fmt::Write as _;
 
-use super::jsonrpc::{Mismatch, RawId, HEADER_MISMATCH};
+use serde::ser::{SerializeMap, Serializer};
+use serde::Serialize;
+use serde_json::value::RawValue;
 
-/// JSON-RPC "Invalid Request": the request is unacceptable as sent (too large to read).
-pub const INVALID_REQUEST: i64 = -32600;
+use super::headers::Mismatch;
+use super::jsonrpc::RawId;
+use super::request::{Refusal, INVALID_PARAMS, INVALID_REQUEST};
+use super::response::HEADER_MISMATCH;
+
 /// JSON-RPC "Internal error": the receiver cannot fulfil a valid request. The gateway uses it
 /// for an unavailable server on methods other than `tools/call`; -32000..-32019 are legacy and
 /// -32020..-32099 are reserved for codes the MCP specification defines (2026-07-28 basic,
@@ -88,7 +96,7 @@ impl ProtocolVersion {
     }
 
     /// Results carry `resultType` (required from 2026-07-28).
-    fn has_result_type(self) -> bool {
+    pub(crate) fn has_result_type(self) -> bool {
         self >= ProtocolVersion::V2026_07_28
     }
 
@@ -166,27 +174,55 @@ pub struct Reply {
 }
 
 /// Why a call is not passed to the server, and what the agent should do instead.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Unavailable<'a> {
     pub kind: UnavailableKind<'a>,
     /// The tool called; `None` for methods other than `tools/call`.
     pub tool: Option<&'a str>,
-    /// How long the agent should leave the tool alone; 0 when there is no such advice.
-    pub retry_after_secs: u64,
+    /// How long the gateway itself refuses the tool. `None` when nothing is enforced (an
+    /// operator's override lasts until lifted; an upstream failure stops nobody retrying):
+    /// an automatic retrier reads `0` as "retry now".
+    pub retry_after_secs: Option<u64>,
     /// A tool the policy names to use instead.
     pub fallback_tool: Option<&'a str>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum UnavailableKind<'a> {
-    /// The breaker opened on recent failures.
-    Open,
+    /// The breaker is open; `cause` says which threshold tripped it.
+    Open { cause: OpenCause },
+    /// The breaker is half-open and its trial calls are all in flight.
+    Probing,
     /// An operator forced the breaker open; `reason` is theirs and is shown to the model.
     ForcedOpen { reason: &'a str },
     /// This call's upstream failed.
     UpstreamFailure { what: UpstreamFailure },
-    /// Too many calls in flight (half-open probes taken, or a concurrency limit).
+    /// The service's connection pool is full (its bulkhead): too many calls in flight.
     Overloaded,
+}
+
+/// Why a breaker opened, with the figures that tripped it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpenCause {
+    FailureRate {
+        percent: u32,
+        calls: u32,
+        window_secs: u64,
+    },
+    SlowCallRate {
+        percent: u32,
+        calls: u32,
+        window_secs: u64,
+        slow_call_ms: u64,
+    },
+    /// A half-open trial call failed.
+    ProbeFailed,
+    /// A half-open trial call was slow.
+    ProbeSlow,
+    /// Another gateway of the fleet opened it.
+    Fleet,
+    /// A record that does not say (written by an older filter).
+    Unknown,
 }
 
 /// How the upstream failed, as Envoy reports it; deliberately without any text from Envoy.
@@ -197,67 +233,114 @@ pub enum UpstreamFailure {
     Timeout,
     Http5xx(u16),
     NoHealthyUpstream,
+    /// The server answered with something that is not the response to this request.
+    BadResponse,
+    /// The server's stream ended before it sent the response.
+    NoResponse,
 }
 
-impl UnavailableKind<'_> {
-    fn state(&self) -> &'static str {
+impl UpstreamFailure {
+    fn code(self) -> &'static str {
         match self {
-            UnavailableKind::Open => "open",
-            UnavailableKind::ForcedOpen { .. } => "forced_open",
-            UnavailableKind::UpstreamFailure { .. } => "upstream_failure",
-            UnavailableKind::Overloaded => "overloaded",
+            UpstreamFailure::ConnectFailure => "connect_failure",
+            UpstreamFailure::Reset => "reset",
+            UpstreamFailure::Timeout => "timeout",
+            UpstreamFailure::Http5xx(_) => "http_5xx",
+            UpstreamFailure::NoHealthyUpstream => "no_healthy_upstream",
+            UpstreamFailure::BadResponse => "bad_response",
+            UpstreamFailure::NoResponse => "no_response",
         }
     }
 
-    /// What happened, as the clause of a sentence whose subject is the tool.
-    fn predicate(&self) -> Cow<'static, str> {
+    /// What happened, as the clause after "The call …".
+    fn clause(self) -> Cow<'static, str> {
         match self {
-            UnavailableKind::Open => "is temporarily unavailable (its recent calls failed)".into(),
-            UnavailableKind::ForcedOpen { reason } => {
-                let reason = clean_reason(reason);
-                if reason.is_empty() {
-                    "is disabled by an operator".into()
-                } else {
-                    format!("is disabled by an operator: {reason}").into()
-                }
+            UpstreamFailure::ConnectFailure => "could not reach a server".into(),
+            UpstreamFailure::Reset => {
+                "was cut off: the connection to the server was reset before it answered".into()
             }
-            UnavailableKind::UpstreamFailure { what } => {
-                format!("is temporarily unavailable ({})", upstream_phrase(*what)).into()
+            UpstreamFailure::Timeout => "got no answer from the server in time".into(),
+            UpstreamFailure::Http5xx(status) => {
+                format!("failed on the server (HTTP status {status})").into()
             }
-            UnavailableKind::Overloaded => "is temporarily unavailable (server busy)".into(),
+            UpstreamFailure::NoHealthyUpstream => {
+                "was not made: no healthy server is available right now".into()
+            }
+            UpstreamFailure::BadResponse => {
+                "got an answer from the server that is not a valid response".into()
+            }
+            UpstreamFailure::NoResponse => {
+                "was cut off: the server ended its answer before the response".into()
+            }
         }
     }
 
-    /// The same cause without the subject, for `_meta`.
-    fn reason(&self) -> Cow<'static, str> {
+    /// Whether the call may have run on the server: it matters to a model about to repeat a
+    /// call that changes something.
+    fn may_have_run(self) -> bool {
+        !matches!(
+            self,
+            UpstreamFailure::ConnectFailure | UpstreamFailure::NoHealthyUpstream
+        )
+    }
+}
+
+impl OpenCause {
+    fn code(self) -> Option<&'static str> {
+        Some(match self {
+            OpenCause::FailureRate { .. } => "failure_rate",
+            OpenCause::SlowCallRate { .. } => "slow_call_rate",
+            OpenCause::ProbeFailed => "probe_failed",
+            OpenCause::ProbeSlow => "probe_slow",
+            OpenCause::Fleet => "fleet",
+            OpenCause::Unknown => return None,
+        })
+    }
+
+    fn describe(self) -> Cow<'static, str> {
         match self {
-            UnavailableKind::Open => "its recent calls failed".into(),
-            UnavailableKind::ForcedOpen { reason } => clean_reason(reason).into_owned().into(),
-            UnavailableKind::UpstreamFailure { what } => upstream_phrase(*what),
-            UnavailableKind::Overloaded => "server busy".into(),
+            OpenCause::FailureRate {
+                percent,
+                calls,
+                window_secs,
+            } => format!(
+                "{percent}% of its {calls} calls in the last {window_secs} {} failed",
+                plural(window_secs, "second", "seconds")
+            )
+            .into(),
+            OpenCause::SlowCallRate {
+                percent,
+                calls,
+                window_secs,
+                slow_call_ms,
+            } => format!(
+                "{percent}% of its {calls} calls in the last {window_secs} {} took {} or longer",
+                plural(window_secs, "second", "seconds"),
+                duration_words(slow_call_ms)
+            )
+            .into(),
+            OpenCause::ProbeFailed => "a trial call after an earlier outage failed".into(),
+            OpenCause::ProbeSlow => "a trial call after an earlier outage was too slow".into(),
+            OpenCause::Fleet => "another gateway of this fleet found it failing".into(),
+            OpenCause::Unknown => "its recent calls failed".into(),
         }
     }
 }
 
-fn upstream_phrase(what: UpstreamFailure) -> Cow<'static, str> {
-    match what {
-        UpstreamFailure::ConnectFailure => "the server behind it could not be reached".into(),
-        UpstreamFailure::Reset => "the connection to the server behind it was reset".into(),
-        UpstreamFailure::Timeout => "the server behind it did not answer in time".into(),
-        UpstreamFailure::Http5xx(status) => {
-            format!("the server behind it answered with HTTP status {status}").into()
-        }
-        UpstreamFailure::NoHealthyUpstream => "no healthy server is available for it".into(),
+fn plural(n: u64, one: &'static str, many: &'static str) -> &'static str {
+    if n == 1 {
+        one
+    } else {
+        many
     }
 }
 
-fn failure_code(what: UpstreamFailure) -> &'static str {
-    match what {
-        UpstreamFailure::ConnectFailure => "connect_failure",
-        UpstreamFailure::Reset => "reset",
-        UpstreamFailure::Timeout => "timeout",
-        UpstreamFailure::Http5xx(_) => "http_5xx",
-        UpstreamFailure::NoHealthyUpstream => "no_healthy_upstream",
+fn duration_words(ms: u64) -> String {
+    if ms.is_multiple_of(1000) {
+        let s = ms / 1000;
+        format!("{s} {}", plural(s, "second", "seconds"))
+    } else {
+        format!("{ms} ms")
     }
 }
 
@@ -282,29 +365,93 @@ fn clean_reason(reason: &str) -> Cow<'_, str> {
     }
 }
 
-fn plural_seconds(n: u64) -> &'static str {
-    if n == 1 {
-        "second"
-    } else {
-        "seconds"
+impl UnavailableKind<'_> {
+    fn state(&self) -> &'static str {
+        match self {
+            UnavailableKind::Open { .. } => "open",
+            UnavailableKind::Probing => "half_open",
+            UnavailableKind::ForcedOpen { .. } => "forced_open",
+            UnavailableKind::UpstreamFailure { .. } => "upstream_failure",
+            UnavailableKind::Overloaded => "overloaded",
+        }
+    }
+
+    /// The cause without a subject, for `_meta.reason`.
+    fn reason(&self) -> Cow<'_, str> {
+        match self {
+            UnavailableKind::Open { cause } => cause.describe(),
+            UnavailableKind::Probing => "trial calls after an outage are in flight".into(),
+            UnavailableKind::ForcedOpen { reason } => clean_reason(reason),
+            UnavailableKind::UpstreamFailure { what } => what.clause(),
+            UnavailableKind::Overloaded => "too many calls to its server are in flight".into(),
+        }
     }
 }
 
 impl Unavailable<'_> {
-    /// The content text the model reads: what happened, how long to wait, what to do instead.
+    /// The content text the model reads: what happened, whether waiting helps, what to do
+    /// instead.
     pub fn text(&self) -> String {
-        let mut text = String::with_capacity(160);
-        match self.tool {
-            Some(tool) => {
-                let _ = write!(text, "The tool `{tool}` {}.", self.kind.predicate());
+        let mut text = String::with_capacity(200);
+        let subject = match self.tool {
+            Some(tool) => format!("The tool `{tool}`"),
+            None => "The server".to_string(),
+        };
+        match self.kind {
+            UnavailableKind::Open { cause } => {
+                let _ = write!(
+                    text,
+                    "{subject} is temporarily unavailable: {}.",
+                    cause.describe()
+                );
             }
-            None => {
-                let _ = write!(text, "The server {}.", self.kind.predicate());
+            UnavailableKind::Probing => {
+                let _ = write!(
+                    text,
+                    "{subject} is being tested after an outage and takes no other calls now."
+                );
+            }
+            UnavailableKind::ForcedOpen { reason } => {
+                let reason = clean_reason(reason);
+                if reason.is_empty() {
+                    let _ = write!(text, "{subject} is disabled by an operator.");
+                } else {
+                    let _ = write!(text, "{subject} is disabled by an operator: {reason}.");
+                }
+                text.push_str(" It stays disabled until the operator lifts this.");
+            }
+            UnavailableKind::UpstreamFailure { what } => {
+                let call = match self.tool {
+                    Some(tool) => format!("The call to the tool `{tool}`"),
+                    None => "The request".to_string(),
+                };
+                let _ = write!(text, "{call} {}.", what.clause());
+                if what.may_have_run() {
+                    text.push_str(
+                        " It may or may not have taken effect: check before repeating a call \
+                         that changes something.",
+                    );
+                }
+                if what == UpstreamFailure::NoHealthyUpstream {
+                    text.push_str(" Another try may succeed once a server is back.");
+                } else {
+                    text.push_str(" Another try may reach a healthy server.");
+                }
+            }
+            UnavailableKind::Overloaded => {
+                let _ = write!(
+                    text,
+                    "{subject} is busy: too many calls to its server are in flight. The call \
+                     was not made; another try may succeed shortly."
+                );
             }
         }
-        if self.retry_after_secs > 0 {
-            let n = self.retry_after_secs;
-            let _ = write!(text, " Do not retry it for {n} {}.", plural_seconds(n));
+        if let Some(n) = self.retry_after_secs {
+            let _ = write!(
+                text,
+                " The gateway refuses it for the next {n} {}: do not retry it before then.",
+                plural(n, "second", "seconds")
+            );
         }
         match self.fallback_tool {
             Some(fallback) => {
@@ -314,51 +461,177 @@ impl Unavailable<'_> {
         }
         text
     }
+}
 
-    /// One sentence for a JSON-RPC error `message`.
-    pub fn message(&self) -> String {
-        let mut message = String::with_capacity(120);
-        match self.tool {
-            Some(tool) => {
-                let _ = write!(message, "The tool `{tool}` {}", self.kind.predicate());
-            }
-            None => {
-                let _ = write!(message, "The server {}", self.kind.predicate());
-            }
-        }
-        if self.retry_after_secs > 0 {
-            let n = self.retry_after_secs;
-            let _ = write!(message, "; retry after {n} {}", plural_seconds(n));
-        }
-        if let Some(fallback) = self.fallback_tool {
-            let _ = write!(message, "; use the tool `{fallback}` instead");
-        }
-        message.push('.');
-        message
+/// `{"io.toolgate/breaker":{…}}`: the object used as `_meta` and as an error's `data`.
+struct Meta<'r, 'a>(&'r Unavailable<'a>);
+
+impl Serialize for Meta<'_, '_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut outer = s.serialize_map(Some(1))?;
+        outer.serialize_entry(META_KEY, &Details(self.0))?;
+        outer.end()
     }
+}
 
-    /// `{"io.toolgate/breaker":{…}}`, the object used as `_meta` and as an error's `data`.
-    fn write_meta(&self, out: &mut String) {
-        out.push_str("{\"");
-        out.push_str(META_KEY);
-        out.push_str("\":{\"state\":\"");
-        out.push_str(self.kind.state());
-        out.push_str("\",\"tool\":");
-        write_opt_str(out, self.tool);
-        let _ = write!(out, ",\"retryAfterSeconds\":{}", self.retry_after_secs);
-        out.push_str(",\"fallbackTool\":");
-        write_opt_str(out, self.fallback_tool);
-        out.push_str(",\"reason\":");
-        write_str(out, &self.kind.reason());
-        if let UnavailableKind::UpstreamFailure { what } = self.kind {
-            out.push_str(",\"failure\":\"");
-            out.push_str(failure_code(what));
-            out.push('"');
-            if let UpstreamFailure::Http5xx(status) = what {
-                let _ = write!(out, ",\"httpStatus\":{status}");
-            }
+struct Details<'r, 'a>(&'r Unavailable<'a>);
+
+impl Serialize for Details<'_, '_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let u = self.0;
+        let mut m = s.serialize_map(None)?;
+        m.serialize_entry("state", u.kind.state())?;
+        m.serialize_entry("tool", &u.tool)?;
+        if let Some(secs) = u.retry_after_secs {
+            m.serialize_entry("retryAfterSeconds", &secs)?;
         }
-        out.push_str("}}");
+        m.serialize_entry("fallbackTool", &u.fallback_tool)?;
+        m.serialize_entry("reason", &u.kind.reason())?;
+        match u.kind {
+            UnavailableKind::Open { cause } => {
+                if let Some(code) = cause.code() {
+                    m.serialize_entry("trippedBy", code)?;
+                }
+                match cause {
+                    OpenCause::FailureRate {
+                        percent,
+                        calls,
+                        window_secs,
+                    } => {
+                        m.serialize_entry("failureRatePercent", &percent)?;
+                        m.serialize_entry("calls", &calls)?;
+                        m.serialize_entry("windowSeconds", &window_secs)?;
+                    }
+                    OpenCause::SlowCallRate {
+                        percent,
+                        calls,
+                        window_secs,
+                        slow_call_ms,
+                    } => {
+                        m.serialize_entry("slowCallRatePercent", &percent)?;
+                        m.serialize_entry("calls", &calls)?;
+                        m.serialize_entry("windowSeconds", &window_secs)?;
+                        m.serialize_entry("slowCallMs", &slow_call_ms)?;
+                    }
+                    _ => {}
+                }
+            }
+            UnavailableKind::UpstreamFailure { what } => {
+                m.serialize_entry("failure", what.code())?;
+                if let UpstreamFailure::Http5xx(status) = what {
+                    m.serialize_entry("httpStatus", &status)?;
+                }
+                m.serialize_entry("mayHaveRun", &what.may_have_run())?;
+            }
+            _ => {}
+        }
+        m.end()
+    }
+}
+
+/// The id member of an error: the request's, `null`, or absent.
+enum ErrorId<'a> {
+    Raw(&'a RawValue),
+    Null,
+    Omitted,
+}
+
+fn error_id<'a>(version: ProtocolVersion, id: Option<&'a RawId>) -> ErrorId<'a> {
+    match id {
+        Some(id) => ErrorId::Raw(id.as_raw()),
+        None if version.may_omit_error_id() => ErrorId::Omitted,
+        None => ErrorId::Null,
+    }
+}
+
+#[derive(Serialize)]
+struct ResultMessage<'a, R: Serialize> {
+    jsonrpc: &'static str,
+    id: &'a RawValue,
+    result: R,
+}
+
+#[derive(Serialize)]
+struct ToolResult<'a, 'r, 'u> {
+    content: [TextContent<'a>; 1],
+    #[serde(rename = "isError")]
+    is_error: bool,
+    #[serde(rename = "resultType", skip_serializing_if = "Option::is_none")]
+    result_type: Option<&'static str>,
+    #[serde(rename = "_meta")]
+    meta: Meta<'r, 'u>,
+}
+
+#[derive(Serialize)]
+struct TextContent<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    text: &'a str,
+}
+
+struct ErrorMessage<'a, D: Serialize> {
+    id: ErrorId<'a>,
+    code: i64,
+    message: &'a str,
+    data: Option<D>,
+}
+
+impl<D: Serialize> Serialize for ErrorMessage<'_, D> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(None)?;
+        m.serialize_entry("jsonrpc", "2.0")?;
+        match self.id {
+            ErrorId::Raw(id) => m.serialize_entry("id", id)?,
+            ErrorId::Null => m.serialize_entry("id", &())?,
+            ErrorId::Omitted => {}
+        }
+        m.serialize_entry(
+            "error",
+            &ErrorObject {
+                code: self.code,
+                message: self.message,
+                data: self.data.as_ref(),
+            },
+        )?;
+        m.end()
+    }
+}
+
+#[derive(Serialize)]
+struct ErrorObject<'a, D: Serialize> {
+    code: i64,
+    message: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    data: Option<&'a D>,
+}
+
+/// The SSE event a server would send: `event: message` and the JSON on one `data` line (the
+/// JSON written here never contains a raw line break: serde_json escapes them in strings).
+const SSE_PREFIX: &[u8] = b"event: message\ndata: ";
+const SSE_SUFFIX: &[u8] = b"\n\n";
+
+/// Serializes one JSON-RPC message (or a batch of them) in the client's framing.
+fn framed(message: &impl Serialize, framing: Framing, capacity: usize) -> Reply {
+    let mut body = Vec::with_capacity(capacity + SSE_PREFIX.len() + SSE_SUFFIX.len());
+    if framing == Framing::Sse {
+        body.extend_from_slice(SSE_PREFIX);
+    }
+    // Serializing these types cannot fail: no maps with non-string keys, no I/O errors from
+    // a Vec. Should it ever, the reply is an empty JSON object rather than a panic.
+    if serde_json::to_writer(&mut body, message).is_err() {
+        body.truncate(if framing == Framing::Sse {
+            SSE_PREFIX.len()
+        } else {
+            0
+        });
+        body.extend_from_slice(b"{}");
+    }
+    if framing == Framing::Sse {
+        body.extend_from_slice(SSE_SUFFIX);
+    }
+    Reply {
+        body,
+        content_type: framing.content_type(),
     }
 }
 
@@ -371,85 +644,151 @@ pub fn tool_unavailable(
     framing: Framing,
 ) -> Reply {
     let text = details.text();
-    let mut out = begin(framing, text.len() + id.as_json().len() + 320);
-    out.push_str("{\"jsonrpc\":\"2.0\",\"id\":");
-    out.push_str(id.as_json());
-    out.push_str(",\"result\":{\"content\":[{\"type\":\"text\",\"text\":");
-    write_str(&mut out, &text);
-    out.push_str("}],\"isError\":true,");
-    if version.has_result_type() {
-        out.push_str("\"resultType\":\"complete\",");
-    }
-    out.push_str("\"_meta\":");
-    details.write_meta(&mut out);
-    out.push_str("}}");
-    end(out, framing)
+    let message = ResultMessage {
+        jsonrpc: "2.0",
+        id: id.as_raw(),
+        result: ToolResult {
+            content: [TextContent {
+                kind: "text",
+                text: &text,
+            }],
+            is_error: true,
+            result_type: version.has_result_type().then_some("complete"),
+            meta: Meta(details),
+        },
+    };
+    framed(&message, framing, text.len() + 400)
 }
 
-/// A JSON-RPC error for request `id`; `data` carries the unavailability details when given.
-/// `message` must be the gateway's own words: it is sent to the client as is (escaped).
-pub fn error_reply(
+/// A JSON-RPC error for request `id` (or an unknown id), in the client's framing. `message`
+/// must be the gateway's own words.
+fn error(
     version: ProtocolVersion,
-    id: &RawId,
+    id: Option<&RawId>,
     code: i64,
     message: &str,
-    data: Option<&Unavailable<'_>>,
+    data: Option<impl Serialize>,
     framing: Framing,
 ) -> Reply {
-    let mut out = begin(framing, message.len() + id.as_json().len() + 320);
-    write_error(&mut out, version, Some(id), code, message, |out| {
-        if let Some(details) = data {
-            details.write_meta(out);
-            true
-        } else {
-            false
-        }
-    });
-    end(out, framing)
+    let message_json = ErrorMessage {
+        id: error_id(version, id),
+        code,
+        message,
+        data,
+    };
+    framed(&message_json, framing, message.len() + 200)
 }
 
-/// The error for a method other than `tools/call` that is not passed on: `Internal error`
-/// (see [`INTERNAL_ERROR`]) with the details in `data`.
-pub fn unavailable_error(
+/// The error for a method other than `tools/call` when no server could take it (16.10): says
+/// which service and that no server is available, with the details in `data`.
+pub fn service_unavailable(
     version: ProtocolVersion,
     id: &RawId,
-    details: &Unavailable<'_>,
+    service: &str,
+    what: UpstreamFailure,
     framing: Framing,
 ) -> Reply {
-    error_reply(
+    let details = Unavailable {
+        kind: UnavailableKind::UpstreamFailure { what },
+        tool: None,
+        retry_after_secs: None,
+        fallback_tool: None,
+    };
+    let message = match what {
+        UpstreamFailure::NoHealthyUpstream | UpstreamFailure::ConnectFailure => format!(
+            "No server of the MCP service `{service}` is available right now; try again in a \
+             few seconds."
+        ),
+        UpstreamFailure::Timeout => format!(
+            "The MCP service `{service}` did not answer in time; try again in a few seconds."
+        ),
+        _ => format!(
+            "The MCP service `{service}` failed to answer this request; try again in a few \
+             seconds."
+        ),
+    };
+    error(
         version,
-        id,
+        Some(id),
         INTERNAL_ERROR,
-        &details.message(),
-        Some(details),
+        &message,
+        Some(Meta(&details)),
         framing,
     )
 }
 
-/// `HeaderMismatch` (-32020) for a 2026-07-28 request whose headers disagree with its body; the
-/// id is `None` when the body could not be read.
+/// The answer to a body the gateway cannot judge (see [`Refusal`]).
+pub fn refused(
+    version: ProtocolVersion,
+    id: Option<&RawId>,
+    refusal: Refusal,
+    framing: Framing,
+) -> Reply {
+    let message = refusal.to_string();
+    error(version, id, refusal.code(), &message, None::<()>, framing)
+}
+
+/// The answer to a `tools/call` of a tool the service's registrations do not list. `tool` is a
+/// valid tool name (the name rule keeps it plain text).
+pub fn unknown_tool(
+    version: ProtocolVersion,
+    id: &RawId,
+    service: &str,
+    tool: &str,
+    framing: Framing,
+) -> Reply {
+    let message = unknown_tool_message(service, tool);
+    error(
+        version,
+        Some(id),
+        INVALID_PARAMS,
+        &message,
+        None::<()>,
+        framing,
+    )
+}
+
+/// The message of [`unknown_tool`].
+pub fn unknown_tool_message(service: &str, tool: &str) -> String {
+    format!(
+        "Unknown tool: the MCP service `{service}` offers no tool `{tool}`. Call tools/list for \
+         the tools it has."
+    )
+}
+
+/// `HeaderMismatch` (-32020) for a request whose headers disagree with its body.
 pub fn header_mismatch(
     version: ProtocolVersion,
     id: Option<&RawId>,
     mismatch: Mismatch,
     framing: Framing,
 ) -> Reply {
-    let mut out = begin(framing, 200);
-    write_error(
-        &mut out,
+    error(
         version,
         id,
         HEADER_MISMATCH,
         mismatch.describe(),
-        |_| false,
-    );
-    end(out, framing)
+        None::<()>,
+        framing,
+    )
+}
+
+#[derive(Serialize)]
+struct Limits {
+    #[serde(rename = "io.toolgate/limits")]
+    limits: LimitFields,
+}
+
+#[derive(Serialize)]
+struct LimitFields {
+    #[serde(rename = "maxBodyBytes", skip_serializing_if = "Option::is_none")]
+    max_body_bytes: Option<u64>,
+    #[serde(rename = "maxJsonDepth", skip_serializing_if = "Option::is_none")]
+    max_json_depth: Option<u64>,
 }
 
 /// The error for a request body over the gateway's limit of `limit_bytes`. `id` is `None` when
-/// the body was not read; the reply then has no id (2025-11-25 on) or `"id": null` (earlier
-/// revisions, whose schemas require an id although JSON-RPC has no other value for an unknown
-/// one).
+/// the body was not read.
 pub fn body_too_large(
     version: ProtocolVersion,
     id: Option<&RawId>,
@@ -459,121 +798,98 @@ pub fn body_too_large(
     let message = format!(
         "The request body is larger than this gateway accepts ({limit_bytes} bytes); send a smaller request."
     );
-    let mut out = begin(framing, message.len() + 200);
-    write_error(&mut out, version, id, INVALID_REQUEST, &message, |out| {
-        let _ = write!(
-            out,
-            "{{\"io.toolgate/limits\":{{\"maxBodyBytes\":{limit_bytes}}}}}"
-        );
-        true
-    });
-    end(out, framing)
+    let data = Limits {
+        limits: LimitFields {
+            max_body_bytes: Some(limit_bytes),
+            max_json_depth: None,
+        },
+    };
+    error(version, id, INVALID_REQUEST, &message, Some(data), framing)
 }
 
-/// The answer to a request body nested deeper than the gateway accepts (`id` null: such a body
+/// The answer to a request body nested deeper than the gateway accepts (no id: such a body
 /// is not parsed).
 pub fn too_deep(version: ProtocolVersion, limit: u64, framing: Framing) -> Reply {
     let message = format!(
         "The request nests arrays and objects deeper than this gateway accepts ({limit} levels); send a flatter request."
     );
-    let mut out = begin(framing, message.len() + 200);
-    write_error(&mut out, version, None, INVALID_REQUEST, &message, |out| {
-        let _ = write!(
-            out,
-            "{{\"io.toolgate/limits\":{{\"maxJsonDepth\":{limit}}}}}"
-        );
-        true
-    });
-    end(out, framing)
+    let data = Limits {
+        limits: LimitFields {
+            max_body_bytes: None,
+            max_json_depth: Some(limit),
+        },
+    };
+    error(
+        version,
+        None,
+        INVALID_REQUEST,
+        &message,
+        Some(data),
+        framing,
+    )
 }
 
-fn write_error(
-    out: &mut String,
+/// One element of a refused batch's answer.
+pub enum BatchAnswer<'a> {
+    /// The tool of this call is unavailable: its semantic tool result.
+    Unavailable(&'a RawId, Unavailable<'a>),
+    /// Refused as a request (an unknown tool, an invalid name): its JSON-RPC error.
+    Error(&'a RawId, i64, &'a str),
+    /// Not executed because another element was refused.
+    NotRun(&'a RawId),
+}
+
+/// The answer to a 2025-03-26 batch of which some call was refused: nothing of it ran. One
+/// response per request of the batch (notifications get none), in the client's framing.
+pub fn batch_refused(
     version: ProtocolVersion,
-    id: Option<&RawId>,
-    code: i64,
-    message: &str,
-    data: impl FnOnce(&mut String) -> bool,
-) {
-    out.push_str("{\"jsonrpc\":\"2.0\",");
-    match id {
-        Some(id) => {
-            out.push_str("\"id\":");
-            out.push_str(id.as_json());
-            out.push(',');
-        }
-        None if version.may_omit_error_id() => {}
-        None => out.push_str("\"id\":null,"),
-    }
-    let _ = write!(out, "\"error\":{{\"code\":{code},\"message\":");
-    write_str(out, message);
-    let mark = out.len();
-    out.push_str(",\"data\":");
-    if !data(out) {
-        out.truncate(mark);
-    }
-    out.push_str("}}");
-}
-
-/// The SSE event a server would send: `event: message` and the JSON on one `data` line (the JSON
-/// written here never contains a raw line break, since strings escape them).
-const SSE_PREFIX: &str = "event: message\ndata: ";
-const SSE_SUFFIX: &str = "\n\n";
-
-fn begin(framing: Framing, capacity: usize) -> String {
-    match framing {
-        Framing::Json => String::with_capacity(capacity),
-        Framing::Sse => {
-            let mut out = String::with_capacity(capacity + SSE_PREFIX.len() + SSE_SUFFIX.len());
-            out.push_str(SSE_PREFIX);
-            out
-        }
-    }
-}
-
-fn end(mut out: String, framing: Framing) -> Reply {
-    if framing == Framing::Sse {
-        out.push_str(SSE_SUFFIX);
-    }
-    Reply {
-        body: out.into_bytes(),
-        content_type: framing.content_type(),
-    }
-}
-
-fn write_opt_str(out: &mut String, value: Option<&str>) {
-    match value {
-        Some(value) => write_str(out, value),
-        None => out.push_str("null"),
-    }
-}
-
-/// Writes `value` as a JSON string. U+2028/U+2029 are escaped as well: some JavaScript clients
-/// still evaluate JSON as script, where they end a line.
-fn write_str(out: &mut String, value: &str) {
-    out.push('"');
-    let mut plain = 0;
-    for (i, c) in value.char_indices() {
-        let escape: Option<&str> = match c {
-            '"' => Some("\\\""),
-            '\\' => Some("\\\\"),
-            '\n' => Some("\\n"),
-            '\r' => Some("\\r"),
-            '\t' => Some("\\t"),
-            '\u{0}'..='\u{1f}' | '\u{7f}' | '\u{2028}' | '\u{2029}' => None,
-            _ => continue,
-        };
-        out.push_str(&value[plain..i]);
-        match escape {
-            Some(escape) => out.push_str(escape),
-            None => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
+    answers: &[BatchAnswer<'_>],
+    framing: Framing,
+) -> Reply {
+    struct Batch<'r, 'a>(&'r [BatchAnswer<'a>], ProtocolVersion);
+    impl Serialize for Batch<'_, '_> {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            use serde::ser::SerializeSeq;
+            let mut seq = s.serialize_seq(Some(self.0.len()))?;
+            for answer in self.0 {
+                match answer {
+                    BatchAnswer::Unavailable(id, details) => {
+                        let text = details.text();
+                        seq.serialize_element(&ResultMessage {
+                            jsonrpc: "2.0",
+                            id: id.as_raw(),
+                            result: ToolResult {
+                                content: [TextContent {
+                                    kind: "text",
+                                    text: &text,
+                                }],
+                                is_error: true,
+                                result_type: self.1.has_result_type().then_some("complete"),
+                                meta: Meta(details),
+                            },
+                        })?;
+                    }
+                    BatchAnswer::Error(id, code, message) => {
+                        seq.serialize_element(&ErrorMessage {
+                            id: ErrorId::Raw(id.as_raw()),
+                            code: *code,
+                            message,
+                            data: None::<()>,
+                        })?
+                    }
+                    BatchAnswer::NotRun(id) => seq.serialize_element(&ErrorMessage {
+                        id: ErrorId::Raw(id.as_raw()),
+                        code: INVALID_REQUEST,
+                        message: "Not run: another call in this batch was refused, so the \
+                                  gateway ran none of it. Send the calls one by one.",
+                        data: None::<()>,
+                    })?,
+                }
             }
+            seq.end()
         }
-        plain = i + c.len_utf8();
     }
-    out.push_str(&value[plain..]);
-    out.push('"');
+    framed(&Batch(answers, version), framing, 400 * answers.len())
 }
 
 #[cfg(test)]
@@ -597,66 +913,128 @@ mod tests {
         serde_json::from_str(text).expect("reply is JSON")
     }
 
+    const FAILURE_RATE: OpenCause = OpenCause::FailureRate {
+        percent: 70,
+        calls: 10,
+        window_secs: 10,
+    };
+
     const OPEN: Unavailable<'static> = Unavailable {
-        kind: UnavailableKind::Open,
+        kind: UnavailableKind::Open {
+            cause: FAILURE_RATE,
+        },
         tool: Some("write_order"),
-        retry_after_secs: 10,
+        retry_after_secs: Some(10),
         fallback_tool: Some("write_order_queue"),
     };
 
     #[test]
-    fn open_breaker_text_tells_the_model_what_to_do() {
+    fn open_breaker_text_says_which_threshold_tripped_and_what_to_do() {
         assert_eq!(
             OPEN.text(),
-            "The tool `write_order` is temporarily unavailable (its recent calls failed). \
-             Do not retry it for 10 seconds. Use the tool `write_order_queue` instead."
+            "The tool `write_order` is temporarily unavailable: 70% of its 10 calls in the last \
+             10 seconds failed. The gateway refuses it for the next 10 seconds: do not retry it \
+             before then. Use the tool `write_order_queue` instead."
         );
-        let alone = Unavailable {
+        let slow = Unavailable {
+            kind: UnavailableKind::Open {
+                cause: OpenCause::SlowCallRate {
+                    percent: 60,
+                    calls: 10,
+                    window_secs: 10,
+                    slow_call_ms: 2000,
+                },
+            },
             fallback_tool: None,
-            retry_after_secs: 1,
+            retry_after_secs: Some(1),
             ..OPEN
         };
         assert_eq!(
-            alone.text(),
-            "The tool `write_order` is temporarily unavailable (its recent calls failed). \
-             Do not retry it for 1 second. Continue without it or try a different approach."
+            slow.text(),
+            "The tool `write_order` is temporarily unavailable: 60% of its 10 calls in the last \
+             10 seconds took 2 seconds or longer. The gateway refuses it for the next 1 second: \
+             do not retry it before then. Continue without it or try a different approach."
         );
+        let v = json(&tool_unavailable(
+            ProtocolVersion::V2025_06_18,
+            &id("3"),
+            &slow,
+            Framing::Json,
+        ));
+        let meta = &v["result"]["_meta"]["io.toolgate/breaker"];
+        assert_eq!(meta["trippedBy"], "slow_call_rate");
+        assert_eq!(meta["slowCallRatePercent"], 60);
+        assert_eq!(meta["slowCallMs"], 2000);
+        assert_eq!(meta["calls"], 10);
+        assert!(meta["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("took 2 seconds or longer")));
     }
 
     #[test]
-    fn each_kind_has_its_own_words() {
-        let texts: Vec<String> = [
-            UnavailableKind::ForcedOpen {
+    fn a_wait_is_named_only_where_the_gateway_enforces_it() {
+        let forced = Unavailable {
+            kind: UnavailableKind::ForcedOpen {
                 reason: "  maintenance until 14:00.\n",
             },
-            UnavailableKind::UpstreamFailure {
-                what: UpstreamFailure::Http5xx(503),
-            },
-            UnavailableKind::UpstreamFailure {
-                what: UpstreamFailure::Timeout,
-            },
-            UnavailableKind::Overloaded,
-        ]
-        .into_iter()
-        .map(|kind| {
-            Unavailable {
-                kind,
+            retry_after_secs: None,
+            fallback_tool: None,
+            ..OPEN
+        };
+        assert_eq!(
+            forced.text(),
+            "The tool `write_order` is disabled by an operator: maintenance until 14:00. It \
+             stays disabled until the operator lifts this. Continue without it or try a \
+             different approach."
+        );
+        let v = json(&tool_unavailable(
+            ProtocolVersion::V2025_11_25,
+            &id("1"),
+            &forced,
+            Framing::Json,
+        ));
+        let meta = &v["result"]["_meta"]["io.toolgate/breaker"];
+        assert_eq!(meta["state"], "forced_open");
+        assert_eq!(meta.get("retryAfterSeconds"), None, "{meta}");
+
+        for (what, may_have_run) in [
+            (UpstreamFailure::ConnectFailure, false),
+            (UpstreamFailure::NoHealthyUpstream, false),
+            (UpstreamFailure::Timeout, true),
+            (UpstreamFailure::Reset, true),
+            (UpstreamFailure::Http5xx(500), true),
+            (UpstreamFailure::BadResponse, true),
+            (UpstreamFailure::NoResponse, true),
+        ] {
+            let failed = Unavailable {
+                kind: UnavailableKind::UpstreamFailure { what },
+                retry_after_secs: None,
                 fallback_tool: None,
-                retry_after_secs: 0,
                 ..OPEN
-            }
-            .text()
-        })
-        .collect();
-        assert_eq!(texts[0], "The tool `write_order` is disabled by an operator: maintenance until 14:00. Continue without it or try a different approach.");
-        assert_eq!(texts[1], "The tool `write_order` is temporarily unavailable (the server behind it answered with HTTP status 503). Continue without it or try a different approach.");
-        assert!(texts[2].contains("did not answer in time"));
-        assert!(texts[3].contains("(server busy)"));
+            };
+            let text = failed.text();
+            assert!(!text.contains("Do not retry"), "{text}");
+            assert!(!text.contains("refuses"), "{text}");
+            assert_eq!(
+                text.contains("may or may not have taken effect"),
+                may_have_run
+            );
+            let v = json(&tool_unavailable(
+                ProtocolVersion::V2025_06_18,
+                &id("1"),
+                &failed,
+                Framing::Json,
+            ));
+            let meta = &v["result"]["_meta"]["io.toolgate/breaker"];
+            assert_eq!(meta["state"], "upstream_failure");
+            assert_eq!(meta["mayHaveRun"], may_have_run);
+            assert_eq!(meta.get("retryAfterSeconds"), None);
+        }
     }
 
     #[test]
     fn tool_unavailable_echoes_the_raw_id_and_carries_details() {
-        for raw in ["7", r#""a\"b\u00e9""#, "-3", "1.5e3"] {
+        for raw in ["7", r#""a\"b\u00e9""#, "-3", "12345678901234567890123"] {
             let reply =
                 tool_unavailable(ProtocolVersion::V2025_06_18, &id(raw), &OPEN, Framing::Json);
             let body = std::str::from_utf8(&reply.body).expect("utf-8");
@@ -679,11 +1057,8 @@ mod tests {
         assert_eq!(meta["tool"], "write_order");
         assert_eq!(meta["retryAfterSeconds"], 10);
         assert_eq!(meta["fallbackTool"], "write_order_queue");
-        assert_eq!(meta["reason"], "its recent calls failed");
-    }
-
-    #[test]
-    fn v2026_results_say_they_are_complete() {
+        assert_eq!(meta["trippedBy"], "failure_rate");
+        assert_eq!(meta["failureRatePercent"], 70);
         let v = json(&tool_unavailable(
             ProtocolVersion::V2026_07_28,
             &id("1"),
@@ -691,28 +1066,6 @@ mod tests {
             Framing::Json,
         ));
         assert_eq!(v["result"]["resultType"], "complete");
-    }
-
-    #[test]
-    fn upstream_failures_are_coded_without_upstream_text() {
-        let details = Unavailable {
-            kind: UnavailableKind::UpstreamFailure {
-                what: UpstreamFailure::Http5xx(502),
-            },
-            fallback_tool: None,
-            ..OPEN
-        };
-        let v = json(&tool_unavailable(
-            ProtocolVersion::V2025_11_25,
-            &id("1"),
-            &details,
-            Framing::Json,
-        ));
-        let meta = &v["result"]["_meta"]["io.toolgate/breaker"];
-        assert_eq!(meta["state"], "upstream_failure");
-        assert_eq!(meta["failure"], "http_5xx");
-        assert_eq!(meta["httpStatus"], 502);
-        assert_eq!(meta["fallbackTool"], Value::Null);
     }
 
     #[test]
@@ -757,42 +1110,63 @@ mod tests {
     }
 
     #[test]
-    fn unavailable_error_is_an_internal_error_with_details() {
-        let details = Unavailable {
-            tool: None,
-            fallback_tool: None,
-            ..OPEN
-        };
-        let v = json(&unavailable_error(
+    fn other_methods_get_an_error_naming_the_service() {
+        let v = json(&service_unavailable(
             ProtocolVersion::V2025_11_25,
             &id("\"x\""),
-            &details,
-            Framing::Json,
+            "orders",
+            UpstreamFailure::NoHealthyUpstream,
+            Framing::Sse,
         ));
         assert_eq!(v["id"], "x");
         assert_eq!(v["error"]["code"], INTERNAL_ERROR);
         assert_eq!(
             v["error"]["message"],
-            "The server is temporarily unavailable (its recent calls failed); retry after 10 seconds."
+            "No server of the MCP service `orders` is available right now; try again in a few seconds."
         );
         assert_eq!(
-            v["error"]["data"]["io.toolgate/breaker"]["tool"],
-            Value::Null
+            v["error"]["data"]["io.toolgate/breaker"]["failure"],
+            "no_healthy_upstream"
         );
     }
 
     #[test]
-    fn error_reply_without_data_has_no_data_member() {
-        let v = json(&error_reply(
-            ProtocolVersion::V2025_03_26,
-            &id("1"),
-            -32603,
-            "x\ny",
+    fn refusals_unknown_tools_and_header_mismatches_are_json_rpc_errors() {
+        let v = json(&refused(
+            ProtocolVersion::V2025_06_18,
             None,
+            Refusal::DuplicateKey("params.name"),
             Framing::Json,
         ));
-        assert_eq!(v["error"]["message"], "x\ny");
+        assert_eq!(v["id"], Value::Null);
+        assert_eq!(v["error"]["code"], INVALID_REQUEST);
         assert_eq!(v["error"].get("data"), None);
+        let v = json(&refused(
+            ProtocolVersion::V2026_07_28,
+            Some(&id("4")),
+            Refusal::NotJson { line: 1, column: 9 },
+            Framing::Json,
+        ));
+        assert_eq!(v["id"], 4);
+        assert_eq!(v["error"]["code"], -32700);
+        let v = json(&unknown_tool(
+            ProtocolVersion::V2025_06_18,
+            &id("2"),
+            "orders",
+            "drop_tables",
+            Framing::Json,
+        ));
+        assert_eq!(v["error"]["code"], INVALID_PARAMS);
+        assert!(v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("`drop_tables`") && m.contains("`orders`")));
+        let v = json(&header_mismatch(
+            ProtocolVersion::V2026_07_28,
+            Some(&id("1")),
+            Mismatch::NameDiffers,
+            Framing::Json,
+        ));
+        assert_eq!(v["error"]["code"], -32020);
     }
 
     #[test]
@@ -801,6 +1175,10 @@ mod tests {
         assert_eq!(v.get("id"), Some(&Value::Null));
         assert_eq!(v["error"]["code"], INVALID_REQUEST);
         assert_eq!(v["error"]["data"]["io.toolgate/limits"]["maxJsonDepth"], 64);
+        assert_eq!(
+            v["error"]["data"]["io.toolgate/limits"].get("maxBodyBytes"),
+            None
+        );
         assert!(v["error"]["message"]
             .as_str()
             .is_some_and(|m| m.contains("64 levels")));
@@ -837,14 +1215,20 @@ mod tests {
     }
 
     #[test]
-    fn header_mismatch_uses_code_32020() {
-        let v = json(&header_mismatch(
-            ProtocolVersion::V2026_07_28,
-            Some(&id("1")),
-            Mismatch::NameDiffers,
+    fn a_refused_batch_answers_every_request_and_runs_none() {
+        let (a, b) = (id("1"), id("\"two\""));
+        let reply = batch_refused(
+            ProtocolVersion::V2025_03_26,
+            &[BatchAnswer::NotRun(&a), BatchAnswer::Unavailable(&b, OPEN)],
             Framing::Json,
-        ));
-        assert_eq!(v["error"]["code"], -32020);
+        );
+        let v = json(&reply);
+        let answers = v.as_array().expect("an array");
+        assert_eq!(answers.len(), 2);
+        assert_eq!(answers[0]["id"], 1);
+        assert_eq!(answers[0]["error"]["code"], INVALID_REQUEST);
+        assert_eq!(answers[1]["id"], "two");
+        assert_eq!(answers[1]["result"]["isError"], true);
     }
 
     #[test]
@@ -898,24 +1282,5 @@ mod tests {
         assert_eq!(f(Some("text/event-stream;q=0")), Framing::Json);
         assert_eq!(f(Some("")), Framing::Json);
         assert_eq!(f(Some(",,;;=,")), Framing::Json);
-    }
-
-    #[test]
-    fn write_str_matches_serde_json_decoding() {
-        for s in [
-            "",
-            "plain",
-            "quote\" back\\ nl\n cr\r tab\t nul\0 del\x7f",
-            "\u{2028}\u{2029}é😀",
-            "\u{1f}x",
-        ] {
-            let mut out = String::new();
-            write_str(&mut out, s);
-            assert_eq!(
-                serde_json::from_str::<String>(&out).expect("valid JSON string"),
-                s
-            );
-            assert!(!out.contains('\n'));
-        }
     }
 }

@@ -7,7 +7,8 @@
 //! event are joined with `\n`; an empty line dispatches the event; an event whose type is neither
 //! empty nor `message` is not delivered to an MCP client, so it is ignored too.
 
-use super::jsonrpc::{classify_response, RawId, ResponseClass};
+use super::jsonrpc::RawId;
+use super::response::{classify_response, ResponseClass};
 
 /// Largest event `data` the scanner holds before giving up on a stream (1 MiB). A result
 /// larger than this is not judged, rather than letting one response grow a worker's memory.
@@ -88,14 +89,9 @@ impl SseScanner {
         }
     }
 
-    /// Whether the scanner has reported its answer (or given up) and needs no more chunks.
-    pub fn is_done(&self) -> bool {
-        self.done
-    }
-
     /// Scans the next chunk; returns the classification once the event carrying the response to
     /// this request is complete, and `None` before that and after it. Returns
-    /// [`ResponseClass::Unparseable`] once when an event outgrows the limit, and stops scanning.
+    /// [`ResponseClass::TooLarge`] once when an event outgrows the limit, and stops scanning.
     pub fn feed(&mut self, chunk: &[u8]) -> Option<ResponseClass> {
         let mut i = 0;
         while i < chunk.len() && !self.done {
@@ -258,7 +254,7 @@ impl SseScanner {
         if self.data.len().saturating_add(bytes.len()) > self.max_event_bytes {
             self.done = true;
             self.data = Vec::new();
-            return Some(ResponseClass::Unparseable);
+            return Some(ResponseClass::TooLarge);
         }
         self.data.extend_from_slice(bytes);
         None
@@ -348,7 +344,6 @@ mod tests {
             s.feed(stream().as_bytes()),
             Some(ResponseClass::Result { is_error: true })
         );
-        assert!(s.is_done());
         assert_eq!(s.feed(b"data: more\n\n"), None);
         assert_eq!(s.finish(), None);
     }
@@ -453,8 +448,7 @@ mod tests {
         assert_eq!(s.feed(b"data: "), None);
         assert_eq!(s.feed(&[b'x'; 40]), None);
         assert_eq!(s.feed(b"\ndata: "), None);
-        assert_eq!(s.feed(&[b'x'; 40]), Some(ResponseClass::Unparseable));
-        assert!(s.is_done());
+        assert_eq!(s.feed(&[b'x'; 40]), Some(ResponseClass::TooLarge));
         assert_eq!(s.feed(format!("\n\ndata: {RESPONSE}\n\n").as_bytes()), None);
         assert_eq!(s.finish(), None);
     }
@@ -466,7 +460,7 @@ mod tests {
         for _ in 0..100 {
             found = found.or(s.feed(b"data\n"));
         }
-        assert_eq!(found, Some(ResponseClass::Unparseable));
+        assert_eq!(found, Some(ResponseClass::TooLarge));
     }
 
     #[test]

@@ -114,6 +114,10 @@ pub struct Registry {
     all_stale: bool,
     endpoints: Arc<admission::EndpointPolicy>,
     request_limits: RequestLimits,
+    /// The tools each service's registrations list (the union over its instances), for the
+    /// filter, which keeps breakers only for these. A service whose last instance left keeps
+    /// its last list, as it keeps its route. Refreshed with the routes of stale services.
+    catalog: BTreeMap<String, BTreeSet<String>>,
 }
 
 impl Registry {
@@ -146,6 +150,7 @@ impl Registry {
             all_stale: true,
             endpoints: Arc::default(),
             request_limits: RequestLimits::default(),
+            catalog: BTreeMap::new(),
         }
     }
 
@@ -419,6 +424,7 @@ impl Registry {
         let mut config = FilterConfig {
             max_body_bytes: self.request_limits.max_body_bytes,
             max_json_depth: self.request_limits.max_json_depth,
+            catalog: self.catalog.clone(),
             ..FilterConfig::default()
         };
         for ((service, tool), e) in &self.fleet {
@@ -566,14 +572,35 @@ impl Registry {
     /// What Envoy should route to now. Rebuilds the routes of the services that changed since
     /// the last call; the others are shared with the previous snapshot.
     pub fn routing(&mut self, generation: u64, changed_at: Instant) -> RoutingSnapshot {
-        let filter = self.filter_config();
         let stale: Vec<String> = if std::mem::take(&mut self.all_stale) {
             self.stale.clear();
             self.routes.retain(|s, _| self.services.contains_key(s));
+            self.catalog.retain(|s, _| self.services.contains_key(s));
             self.services.keys().cloned().collect()
         } else {
             std::mem::take(&mut self.stale).into_iter().collect()
         };
+        for service in &stale {
+            if !self.services.contains_key(service) {
+                self.catalog.remove(service);
+                continue;
+            }
+            let mut any = false;
+            let tools: BTreeSet<String> = self
+                .service_instances(service)
+                .flat_map(|(_, inst)| {
+                    any = true;
+                    inst.meta.tools.iter().cloned()
+                })
+                .collect();
+            if any {
+                self.catalog.insert(service.clone(), tools);
+            } else {
+                // No instance left: the last list stands, as the route does.
+                self.catalog.entry(service.clone()).or_default();
+            }
+        }
+        let filter = self.filter_config();
         for service in stale {
             if self.services.contains_key(&service) {
                 let route = self.build_route(&service, &filter);
@@ -598,7 +625,21 @@ impl Registry {
         }
     }
 
-    /// One service's route from its instances (a range of the ordered instance map).
+    /// The instances of one service: a range of the ordered instance map.
+    fn service_instances<'a>(
+        &'a self,
+        service: &'a str,
+    ) -> impl Iterator<Item = (&'a ServiceKey, &'a Instance)> + 'a {
+        let first = ServiceKey {
+            service: service.to_string(),
+            instance: String::new(),
+        };
+        self.instances
+            .range(first..)
+            .take_while(move |(sk, _)| sk.service == service)
+    }
+
+    /// One service's route from its instances.
     fn build_route(&self, service: &str, filter: &FilterConfig) -> ServiceRoute {
         // The bulkhead comes from the service's policy (a tool cannot have its own pool).
         let policy = filter.policy_for(service, "");
@@ -613,15 +654,7 @@ impl Registry {
             timeout_ms: policy.timeout_ms,
             endpoints: Vec::new(),
         };
-        let first = ServiceKey {
-            service: service.to_string(),
-            instance: String::new(),
-        };
-        let instances = self
-            .instances
-            .range(first..)
-            .take_while(|(sk, _)| sk.service == service);
-        for (sk, inst) in instances {
+        for (sk, inst) in self.service_instances(service) {
             // Instances of one service share the MCP path; the first one (by id) decides.
             if route.mcp_path.is_empty() {
                 route.mcp_path = inst.meta.mcp_path.clone();
@@ -959,6 +992,44 @@ mod tests {
             serde_json::from_str(&r.routing(3, Instant::now()).filter_config).unwrap();
         assert_eq!(config.policy_for("inv", "a").failure_rate_percent, 50);
         assert_eq!(r.put("/mcp/elsewhere/x", b"whatever", 0, 6), Ok(false));
+    }
+
+    #[test]
+    fn the_filter_learns_every_services_tools_and_keeps_them_when_it_empties() {
+        let mut r = reg();
+        let catalog = |r: &mut Registry, generation| {
+            let config: FilterConfig =
+                serde_json::from_str(&r.routing(generation, Instant::now()).filter_config).unwrap();
+            config.catalog
+        };
+        r.put("/mcp/services/inv/i-1", V1, 7, 2).unwrap();
+        r.put(
+            "/mcp/services/inv/i-2",
+            br#"{"instance_id":"i-2","endpoint":"127.0.0.1:9002","tools":["a","b"]}"#,
+            8,
+            3,
+        )
+        .unwrap();
+        r.put(
+            "/mcp/services/bare/i-1",
+            br#"{"instance_id":"i-1","endpoint":"127.0.0.1:9003"}"#,
+            9,
+            4,
+        )
+        .unwrap();
+        let c = catalog(&mut r, 1);
+        assert_eq!(c["inv"], BTreeSet::from(["a".to_string(), "b".to_string()]));
+        assert!(c["bare"].is_empty(), "registrations that list no tools");
+        assert!(r.delete("/mcp/services/inv/i-2"));
+        let c = catalog(&mut r, 2);
+        assert_eq!(c["inv"], BTreeSet::from(["a".to_string()]));
+        assert!(r.delete("/mcp/services/inv/i-1"));
+        let c = catalog(&mut r, 3);
+        assert_eq!(
+            c["inv"],
+            BTreeSet::from(["a".to_string()]),
+            "an emptied service keeps its last list, as it keeps its route"
+        );
     }
 
     #[test]

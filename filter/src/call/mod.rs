@@ -1,0 +1,1076 @@
+//! The life of one HTTP request through the filter: read and judge the request, admit or
+//! answer it, then read how it went. Plain Rust behind [`CallHost`], so every step is tested
+//! natively (see `tests.rs`); `host/` only forwards Envoy's callbacks here.
+//!
+//! The rules it keeps:
+//! - **Judge exactly what the server executes, or refuse.** Every POST to `/mcp/<service>` is
+//!   held until its body is complete (end of stream, or trailers) and read by
+//!   [`crate::mcp::request`]; a body it cannot judge never reaches a server.
+//! - **Blame a tool only for its own faults.** Errors that blame the request, a client that
+//!   went away, a full bulkhead: none of them counts for or against a tool.
+//! - **Answer in MCP.** An upstream failure, an open breaker or a refused request reaches the
+//!   agent as a JSON-RPC message carrying its request's id, in its framing, never as a bare
+//!   HTTP error or an empty body.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use toolgate_model::fleet::BreakerEvent;
+use toolgate_model::policy::FilterConfig;
+use toolgate_model::BreakerPolicy;
+
+use crate::breaker::{
+    breaker_key, Admission, Breakers, Cause, Outcome, SharedStore, State, Transition,
+};
+use crate::catalog::{self, Known, Unlisted};
+use crate::feedback::{Feedback, Kind};
+use crate::fleet;
+use crate::mcp::headers::{check_headers, HeaderCheck};
+use crate::mcp::jsonrpc::RawId;
+use crate::mcp::reply::{
+    self, BatchAnswer, Framing, OpenCause, ProtocolVersion, Reply, Unavailable, UnavailableKind,
+    UpstreamFailure,
+};
+use crate::mcp::request::{
+    nests_deeper_than, read_body, Body, Refusal, Request, ToolName, TOOLS_CALL,
+};
+use crate::mcp::response::{classify_response, is_client_fault, ResponseClass};
+use crate::mcp::sse::SseScanner;
+use crate::stats::{MetricHost, Stats, ToolMetrics};
+use crate::upstream::{verdict, Verdict};
+
+#[cfg(test)]
+mod tests;
+
+/// A JSON response of an admitted call up to this size is held until it is complete, so that
+/// an answer that is not the response can be replaced by an MCP reply before the agent sees
+/// it. Larger ones stream through (Envoy's per-stream buffer limit is 1 MiB by default).
+pub const HOLD_LIMIT: usize = 256 * 1024;
+/// A JSON response body larger than this is passed through unjudged rather than copied.
+pub const MAX_JSON_RESPONSE: usize = 4 * 1024 * 1024;
+
+/// What to tell Envoy after a callback.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Continue,
+    /// Hold the headers or buffer the body (Envoy's StopIteration / StopIterationAndBuffer).
+    Pause,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    Info,
+    Warn,
+}
+
+/// What the call lifecycle needs from Envoy.
+pub trait CallHost {
+    fn now_ms(&self) -> u64;
+    fn request_header(&self, name: &str) -> Option<String>;
+    /// The buffered request body, `len` bytes from the start.
+    fn request_body(&self, len: usize) -> Option<Vec<u8>>;
+    fn response_header(&self, name: &str) -> Option<String>;
+    fn set_response_header(&self, name: &str, value: Option<&str>);
+    /// The response body chunk (or buffered body) at hand, `len` bytes.
+    fn response_body(&self, len: usize) -> Option<Vec<u8>>;
+    fn set_response_body(&self, len: usize, body: &[u8]);
+    /// A local reply in place of the upstream's (or before one).
+    fn send_reply(&self, status: u32, reply: &Reply);
+    /// A stream property (`["response", "code_details"]`, `["upstream", "address"]`).
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>>;
+    /// An access-log field (see `host::log_field`).
+    fn set_log_field(&self, name: &str, value: &str);
+    fn log(&self, level: Level, message: &str);
+}
+
+/// Names of the access-log fields the filter sets (a contract with the bootstrap's format).
+pub mod log_field {
+    pub const METHOD: &str = "mcp_method";
+    pub const TOOL: &str = "mcp_tool";
+    pub const BREAKER: &str = "mcp_breaker";
+}
+
+/// What every call of one worker VM shares.
+pub struct Shared<S, M> {
+    pub config: FilterConfig,
+    pub breakers: Breakers<S>,
+    pub stats: Stats<M>,
+    pub feedback: Feedback,
+    pub unlisted: Unlisted,
+}
+
+impl<S: SharedStore, M: MetricHost> Shared<S, M> {
+    pub fn new(store: S, metrics: M, seed: u64) -> Self {
+        Shared {
+            config: FilterConfig::default(),
+            breakers: Breakers::new(store, seed),
+            stats: Stats::new(metrics),
+            feedback: Feedback::new(),
+            unlisted: Unlisted::new(),
+        }
+    }
+}
+
+/// The log line of a breaker transition.
+pub fn transition_line(key: &str, t: &Transition) -> String {
+    let until = t
+        .open_until_ms
+        .map(|u| format!(", probing after {} ms", u.saturating_sub(t.at_ms)))
+        .unwrap_or_default();
+    format!(
+        "toolgate breaker {key}: {} -> {} ({}){until}",
+        t.from, t.to, t.cause
+    )
+}
+
+/// The reply's words for why a breaker opened.
+fn open_cause(cause: Option<&Cause>) -> OpenCause {
+    match cause {
+        Some(Cause::FailureRate {
+            percent,
+            calls,
+            window_secs,
+        }) => OpenCause::FailureRate {
+            percent: *percent,
+            calls: *calls,
+            window_secs: *window_secs,
+        },
+        Some(Cause::SlowCallRate {
+            percent,
+            calls,
+            window_secs,
+            slow_call_ms,
+        }) => OpenCause::SlowCallRate {
+            percent: *percent,
+            calls: *calls,
+            window_secs: *window_secs,
+            slow_call_ms: *slow_call_ms,
+        },
+        Some(Cause::ProbeFailed) => OpenCause::ProbeFailed,
+        Some(Cause::ProbeSlow) => OpenCause::ProbeSlow,
+        Some(Cause::Fleet) => OpenCause::Fleet,
+        _ => OpenCause::Unknown,
+    }
+}
+
+/// The request this call carries, once judged.
+struct Judged {
+    id: RawId,
+    /// For an admitted `tools/call`: the tool, and the fallback its policy names.
+    tool: Option<(String, Option<String>)>,
+}
+
+/// What the judge decided about one `tools/call`.
+enum Judgement {
+    /// Upstream without a breaker (a service the catalog does not know, an unlisted tool past
+    /// the bound).
+    Pass,
+    Admit(Admitted),
+    Refuse(Refused),
+}
+
+/// A call the gateway answers itself, owned so that it outlives the borrow of the shared
+/// state it was decided under.
+#[derive(Debug, Clone)]
+enum Refused {
+    Plain(Refusal),
+    UnknownTool {
+        service: String,
+        tool: String,
+    },
+    ForcedOpen {
+        tool: String,
+        reason: String,
+        fallback: Option<String>,
+    },
+    Breaker {
+        tool: String,
+        state: State,
+        cause: OpenCause,
+        retry_after_secs: u64,
+        fallback: Option<String>,
+    },
+}
+
+impl Refused {
+    /// The semantic details, for refusals that are a tool's unavailability.
+    fn unavailable(&self) -> Option<Unavailable<'_>> {
+        match self {
+            Refused::ForcedOpen {
+                tool,
+                reason,
+                fallback,
+            } => Some(Unavailable {
+                kind: UnavailableKind::ForcedOpen { reason },
+                tool: Some(tool),
+                retry_after_secs: None,
+                fallback_tool: fallback.as_deref(),
+            }),
+            Refused::Breaker {
+                tool,
+                state,
+                cause,
+                retry_after_secs,
+                fallback,
+            } => Some(Unavailable {
+                kind: if *state == State::HalfOpen {
+                    UnavailableKind::Probing
+                } else {
+                    UnavailableKind::Open { cause: *cause }
+                },
+                tool: Some(tool),
+                retry_after_secs: Some(*retry_after_secs),
+                fallback_tool: fallback.as_deref(),
+            }),
+            Refused::Plain(_) | Refused::UnknownTool { .. } => None,
+        }
+    }
+
+    fn reply(&self, version: ProtocolVersion, id: &RawId, framing: Framing) -> Reply {
+        if let Some(details) = self.unavailable() {
+            return reply::tool_unavailable(version, id, &details, framing);
+        }
+        match self {
+            Refused::UnknownTool { service, tool } => {
+                reply::unknown_tool(version, id, service, tool, framing)
+            }
+            Refused::Plain(refusal) => reply::refused(version, Some(id), *refusal, framing),
+            _ => reply::refused(version, Some(id), Refusal::NotAMessage, framing),
+        }
+    }
+
+    /// The JSON-RPC error of a refusal that is not an unavailability (for batches).
+    fn error(&self) -> (i64, String) {
+        match self {
+            Refused::UnknownTool { service, tool } => (
+                crate::mcp::request::INVALID_PARAMS,
+                reply::unknown_tool_message(service, tool),
+            ),
+            Refused::Plain(refusal) => (refusal.code(), refusal.to_string()),
+            _ => (reply::INTERNAL_ERROR, String::new()),
+        }
+    }
+}
+
+/// Whether Envoy's details for a stream that ended before its response was complete blame the
+/// upstream: a reset or a timeout on the upstream side. Everything else (the client reset,
+/// cancelled or broke its stream: `http2.remote_reset`, `downstream_remote_disconnect`, codec
+/// errors of the downstream connection) is no evidence against a tool or its instance.
+pub fn upstream_ended(details: &str) -> bool {
+    details.starts_with("upstream_") || details.starts_with("response_timeout")
+}
+
+/// The upstream instance that served an admitted call, as far as the call feedback knows.
+enum Endpoint {
+    /// Not asked yet: asking costs a host call, made once per call and only when the answer
+    /// can be reported.
+    Unread,
+    Known(String),
+    /// Envoy chose no instance, or did not say.
+    Unknown,
+}
+
+/// A `tools/call` that went upstream, until its outcome is recorded.
+struct Admitted {
+    key: String,
+    tool: String,
+    policy: BreakerPolicy,
+    admission: Admission,
+    started_ms: u64,
+    metrics: Option<ToolMetrics>,
+    endpoint: Endpoint,
+}
+
+/// What the filter is doing with the response.
+enum Watch {
+    None,
+    /// A JSON response held (headers and body) until complete: `seen` bytes so far.
+    Hold,
+    /// A JSON response too large to hold, streamed; this call's copy if it came in pieces.
+    Json(Vec<u8>),
+    Sse(SseScanner),
+    /// The upstream failed: the body is replaced by this reply at the end of the stream.
+    Replace(Reply),
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// Not a request the filter reads (another path, another method).
+    Ignored,
+    /// A POST whose body is being held for judging.
+    Reading,
+    /// The body was judged; the request went upstream (or was answered).
+    Judged,
+}
+
+/// One HTTP request (a proxy-wasm HTTP context) through the filter.
+pub struct Call<S, M> {
+    shared: Rc<RefCell<Shared<S, M>>>,
+    stage: Stage,
+    service: Option<String>,
+    version: ProtocolVersion,
+    framing: Framing,
+    header_method: Option<String>,
+    header_name: Option<String>,
+    body_len: usize,
+    request: Option<Judged>,
+    admitted: Option<Admitted>,
+    watch: Watch,
+    /// Breaker events for the fleet, for the host to hand to the reporting root context.
+    events: Vec<BreakerEvent>,
+}
+
+impl<S: SharedStore, M: MetricHost> Call<S, M> {
+    pub fn new(shared: Rc<RefCell<Shared<S, M>>>) -> Self {
+        Call {
+            shared,
+            stage: Stage::Ignored,
+            service: None,
+            version: ProtocolVersion::V2025_03_26,
+            framing: Framing::Json,
+            header_method: None,
+            header_name: None,
+            body_len: 0,
+            request: None,
+            admitted: None,
+            watch: Watch::None,
+            events: Vec::new(),
+        }
+    }
+
+    /// The breaker events this call produced since the last take.
+    pub fn take_events(&mut self) -> Vec<BreakerEvent> {
+        std::mem::take(&mut self.events)
+    }
+
+    fn log_field(&self, host: &impl CallHost, name: &str, value: &str) {
+        // Without an access log these host calls would be for nothing.
+        if self.shared.borrow().config.access_log {
+            host.set_log_field(name, value);
+        }
+    }
+
+    pub fn on_request_headers(&mut self, host: &impl CallHost, end_of_stream: bool) -> Action {
+        let Some(path) = host.request_header(":path") else {
+            return Action::Continue;
+        };
+        let Some(rest) = path.strip_prefix("/mcp/") else {
+            return Action::Continue;
+        };
+        // Envoy routes `/mcp/<service>` by path-separated prefix: the service ends at `/` or `?`.
+        let service = rest.split(['/', '?']).next().unwrap_or_default();
+        if service.is_empty() || host.request_header(":method").as_deref() != Some("POST") {
+            return Action::Continue;
+        }
+        self.service = Some(service.to_string());
+        self.version =
+            ProtocolVersion::from_header(host.request_header("mcp-protocol-version").as_deref());
+        self.framing = Framing::from_accept(host.request_header("accept").as_deref());
+        self.header_method = host.request_header("mcp-method");
+        self.header_name = host.request_header("mcp-name");
+        self.stage = Stage::Reading;
+        if host
+            .request_header("content-encoding")
+            .is_some_and(|e| !e.trim().eq_ignore_ascii_case("identity"))
+        {
+            return self.refuse(host, 415, None, Refusal::Encoded);
+        }
+        let limit = self.shared.borrow().config.max_body_bytes;
+        let declared = host
+            .request_header("content-length")
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        if declared.is_some_and(|n| n > limit) {
+            let reply = reply::body_too_large(self.version, None, limit, self.framing);
+            return self.answer(host, 413, &reply);
+        }
+        if end_of_stream {
+            return self.refuse(host, 400, None, Refusal::Empty);
+        }
+        // Hold the headers until the body says what is called.
+        Action::Pause
+    }
+
+    pub fn on_request_body(
+        &mut self,
+        host: &impl CallHost,
+        body_size: usize,
+        end_of_stream: bool,
+    ) -> Action {
+        if self.stage != Stage::Reading {
+            return Action::Continue;
+        }
+        let limit = self.shared.borrow().config.max_body_bytes;
+        if body_size as u64 > limit {
+            let reply = reply::body_too_large(self.version, None, limit, self.framing);
+            return self.answer(host, 413, &reply);
+        }
+        self.body_len = body_size;
+        if !end_of_stream {
+            return Action::Pause;
+        }
+        self.judge(host)
+    }
+
+    /// HTTP/2 trailers end the request without an end-of-stream body callback: the body is
+    /// complete now, and must be judged before Envoy forwards it.
+    pub fn on_request_trailers(&mut self, host: &impl CallHost) -> Action {
+        if self.stage != Stage::Reading {
+            return Action::Continue;
+        }
+        self.judge(host)
+    }
+
+    /// Sends a local reply and stops the request there.
+    fn answer(&mut self, host: &impl CallHost, status: u32, reply: &Reply) -> Action {
+        self.stage = Stage::Judged;
+        host.send_reply(status, reply);
+        Action::Pause
+    }
+
+    fn refuse(
+        &mut self,
+        host: &impl CallHost,
+        status: u32,
+        id: Option<&RawId>,
+        refusal: Refusal,
+    ) -> Action {
+        let reply = reply::refused(self.version, id, refusal, self.framing);
+        self.answer(host, status, &reply)
+    }
+
+    /// The body is complete: judge it.
+    fn judge(&mut self, host: &impl CallHost) -> Action {
+        self.stage = Stage::Judged;
+        let Some(service) = self.service.clone() else {
+            return Action::Continue;
+        };
+        let bytes = host.request_body(self.body_len).unwrap_or_default();
+        let depth = self.shared.borrow().config.max_json_depth;
+        if nests_deeper_than(&bytes, depth) {
+            let reply = reply::too_deep(self.version, depth, self.framing);
+            return self.answer(host, 400, &reply);
+        }
+        let body = match read_body(&bytes) {
+            Ok(body) => body,
+            Err(refusal) => return self.refuse(host, 400, None, refusal),
+        };
+        let check = check_headers(
+            self.header_method.as_deref(),
+            self.header_name.as_deref(),
+            &body,
+        );
+        if let HeaderCheck::Mismatch(mismatch) = check {
+            let id = match &body {
+                Body::Request(r) => Some(&r.id),
+                _ => None,
+            };
+            let reply = reply::header_mismatch(self.version, id, mismatch, self.framing);
+            return self.answer(host, 400, &reply);
+        }
+        match body {
+            Body::Request(request) => self.judge_request(host, &service, request),
+            Body::Batch(elements) => self.judge_batch(host, &service, elements),
+            Body::Notification { method } => {
+                self.log_field(host, log_field::METHOD, &method);
+                Action::Continue
+            }
+            Body::Response => Action::Continue,
+        }
+    }
+
+    fn judge_request(
+        &mut self,
+        host: &impl CallHost,
+        service: &str,
+        request: Request<'_>,
+    ) -> Action {
+        self.log_field(host, log_field::METHOD, &request.method);
+        self.request = Some(Judged {
+            id: request.id.clone(),
+            tool: None,
+        });
+        if request.method != TOOLS_CALL {
+            return Action::Continue;
+        }
+        let tool = match request.tool() {
+            Some(ToolName::Valid(tool)) => tool,
+            Some(ToolName::Invalid(_)) => {
+                return self.refuse(host, 200, Some(&request.id), Refusal::ToolNameInvalid)
+            }
+            _ => return self.refuse(host, 200, Some(&request.id), Refusal::ToolNameAbsent),
+        };
+        self.log_field(host, log_field::TOOL, tool);
+        match self.verdict_on(host, service, tool) {
+            Judgement::Refuse(refused) => {
+                let reply = refused.reply(self.version, &request.id, self.framing);
+                self.answer(host, 200, &reply)
+            }
+            Judgement::Pass => Action::Continue,
+            Judgement::Admit(admitted) => {
+                if let Some(judged) = &mut self.request {
+                    judged.tool =
+                        Some((admitted.tool.clone(), admitted.policy.fallback_tool.clone()));
+                }
+                self.admitted = Some(admitted);
+                Action::Continue
+            }
+        }
+    }
+
+    /// Decides one `tools/call`: pass unjudged, refuse, or admit with a breaker.
+    fn verdict_on(&mut self, host: &impl CallHost, service: &str, tool: &str) -> Judgement {
+        let now = host.now_ms();
+        let mut guard = self.shared.borrow_mut();
+        let Shared {
+            config,
+            breakers,
+            stats,
+            unlisted,
+            ..
+        } = &mut *guard;
+        let key = breaker_key(service, tool);
+        if let Some(reason) = fleet::forced_open(&config.overrides, service, tool) {
+            let policy = config.policy_for(service, tool);
+            let rejected = Admission::Reject {
+                retry_after_ms: 0,
+                state: State::Open,
+                forced: true,
+            };
+            stats.admitted(&key, service, tool, &rejected, now);
+            let refused = Refused::ForcedOpen {
+                tool: tool.to_string(),
+                reason: reason.to_string(),
+                fallback: policy.fallback_tool,
+            };
+            drop(guard);
+            self.log_field(host, log_field::BREAKER, "forced_open");
+            return Judgement::Refuse(refused);
+        }
+        match catalog::lookup(&config.catalog, service, tool) {
+            Known::Listed => {}
+            Known::NotListed => {
+                return Judgement::Refuse(Refused::UnknownTool {
+                    service: service.to_string(),
+                    tool: tool.to_string(),
+                })
+            }
+            Known::UnknownService => return Judgement::Pass,
+            Known::Unlisted => {
+                if !unlisted.admit(breakers.store(), service, tool) {
+                    return Judgement::Pass;
+                }
+            }
+        }
+        let policy = config.policy_for(service, tool);
+        let (admission, transition) = breakers.admit(&key, &policy, now);
+        let metrics = stats.admitted(&key, service, tool, &admission, now);
+        if let Some(t) = &transition {
+            stats.transition(&key, t.to, t.at_ms);
+        }
+        let opened_by = match admission {
+            Admission::Reject { forced: false, .. } => {
+                breakers.snapshot(&key).and_then(|b| b.opened_by().cloned())
+            }
+            _ => None,
+        };
+        drop(guard);
+        if let Some(t) = transition {
+            host.log(Level::Warn, &transition_line(&key, &t));
+        }
+        self.log_field(
+            host,
+            log_field::BREAKER,
+            match &admission {
+                Admission::Allow => "closed",
+                Admission::Probe { .. } => "half_open",
+                Admission::Reject { forced: true, .. } => "forced_open",
+                Admission::Reject { .. } => "open",
+            },
+        );
+        match admission {
+            // A force the breaker still carries after its override was lifted: lifted on
+            // the next configuration; until then it is an operator's, with no end to tell.
+            Admission::Reject { forced: true, .. } => Judgement::Refuse(Refused::ForcedOpen {
+                tool: tool.to_string(),
+                reason: String::new(),
+                fallback: policy.fallback_tool.clone(),
+            }),
+            Admission::Reject {
+                retry_after_ms,
+                state,
+                forced: false,
+            } => Judgement::Refuse(Refused::Breaker {
+                tool: tool.to_string(),
+                state,
+                cause: open_cause(opened_by.as_ref()),
+                retry_after_secs: retry_after_ms.div_ceil(1000).max(1),
+                fallback: policy.fallback_tool.clone(),
+            }),
+            Admission::Allow | Admission::Probe { .. } => Judgement::Admit(Admitted {
+                key,
+                tool: tool.to_string(),
+                policy,
+                admission,
+                started_ms: now,
+                metrics,
+                endpoint: Endpoint::Unread,
+            }),
+        }
+    }
+
+    /// A 2025-03-26 batch: every element is judged; if any call in it would be refused, none
+    /// of it runs and every request gets an answer. Calls of an admitted batch go upstream
+    /// without a breaker outcome (one response then carries several tools' results), and a
+    /// half-open tool takes no batched call (its probes must be judged one by one).
+    fn judge_batch(
+        &mut self,
+        host: &impl CallHost,
+        service: &str,
+        elements: Vec<Body<'_>>,
+    ) -> Action {
+        if self.version > ProtocolVersion::V2025_03_26 {
+            return self.refuse(host, 400, None, Refusal::BatchNotAllowed);
+        }
+        self.log_field(host, log_field::METHOD, "batch");
+        let now = host.now_ms();
+        let mut answers: Vec<(RawId, Option<Refused>)> = Vec::new();
+        let mut any_refused = false;
+        for element in &elements {
+            let Body::Request(request) = element else {
+                continue;
+            };
+            let refused = if request.method == TOOLS_CALL {
+                self.peek_call(service, request, now)
+            } else {
+                None
+            };
+            any_refused |= refused.is_some();
+            answers.push((request.id.clone(), refused));
+        }
+        if !any_refused {
+            return Action::Continue;
+        }
+        let details: Vec<Option<Unavailable<'_>>> = answers
+            .iter()
+            .map(|(_, r)| r.as_ref().and_then(Refused::unavailable))
+            .collect();
+        let errors: Vec<Option<(i64, String)>> = answers
+            .iter()
+            .map(|(_, r)| r.as_ref().map(Refused::error))
+            .collect();
+        let batch: Vec<BatchAnswer<'_>> = answers
+            .iter()
+            .zip(details)
+            .zip(&errors)
+            .map(|(((id, _), details), error)| match (details, error) {
+                (Some(details), _) => BatchAnswer::Unavailable(id, details),
+                (None, Some((code, message))) => BatchAnswer::Error(id, *code, message),
+                (None, None) => BatchAnswer::NotRun(id),
+            })
+            .collect();
+        let reply = reply::batch_refused(self.version, &batch, self.framing);
+        self.answer(host, 200, &reply)
+    }
+
+    /// Whether one call of a batch would be refused, without taking a probe slot or
+    /// creating any state.
+    fn peek_call(&self, service: &str, request: &Request<'_>, now: u64) -> Option<Refused> {
+        let tool = match request.tool() {
+            Some(ToolName::Valid(tool)) => tool,
+            Some(ToolName::Invalid(_)) => return Some(Refused::Plain(Refusal::ToolNameInvalid)),
+            _ => return Some(Refused::Plain(Refusal::ToolNameAbsent)),
+        };
+        let mut guard = self.shared.borrow_mut();
+        let Shared {
+            config, breakers, ..
+        } = &mut *guard;
+        let policy = config.policy_for(service, tool);
+        if let Some(reason) = fleet::forced_open(&config.overrides, service, tool) {
+            return Some(Refused::ForcedOpen {
+                tool: tool.to_string(),
+                reason: reason.to_string(),
+                fallback: policy.fallback_tool,
+            });
+        }
+        match catalog::lookup(&config.catalog, service, tool) {
+            Known::NotListed => {
+                return Some(Refused::UnknownTool {
+                    service: service.to_string(),
+                    tool: tool.to_string(),
+                })
+            }
+            Known::UnknownService | Known::Unlisted => return None,
+            Known::Listed => {}
+        }
+        let key = breaker_key(service, tool);
+        let (retry_after_ms, state) = match breakers.peek(&key, &policy, now) {
+            Some(Admission::Allow) => return None,
+            Some(Admission::Reject {
+                retry_after_ms,
+                state,
+                ..
+            }) => (retry_after_ms, state),
+            // A probe is due: probes are judged one by one, not in a batch.
+            Some(Admission::Probe { .. }) | None => (1000, State::HalfOpen),
+        };
+        let cause = breakers.snapshot(&key).and_then(|b| b.opened_by().cloned());
+        Some(Refused::Breaker {
+            tool: tool.to_string(),
+            state,
+            cause: open_cause(cause.as_ref()),
+            retry_after_secs: retry_after_ms.div_ceil(1000).max(1),
+            fallback: policy.fallback_tool,
+        })
+    }
+
+    pub fn on_response_headers(&mut self, host: &impl CallHost, end_of_stream: bool) -> Action {
+        if self.request.is_none() {
+            return Action::Continue;
+        }
+        let status = host
+            .response_header(":status")
+            .and_then(|s| s.parse::<u16>().ok())
+            .unwrap_or(0);
+        // Each host call costs about a microsecond: only a failure needs Envoy's details.
+        let (overloaded, details) = if status < 500 {
+            (false, String::new())
+        } else {
+            (
+                host.response_header("x-envoy-overloaded").is_some(),
+                self.code_details(host),
+            )
+        };
+        let v = verdict(status, overloaded, &details);
+        if Kind::of_verdict(v).is_some() {
+            self.read_endpoint(host);
+        }
+        match v {
+            Verdict::Answered => {
+                if self.admitted.is_none() {
+                    return Action::Continue;
+                }
+                if end_of_stream {
+                    // A success status and no body: no response to this request will come.
+                    let reply = self.upstream_failed(host, UpstreamFailure::BadResponse);
+                    return self.replace_now(host, reply);
+                }
+                let content_type = host.response_header("content-type").unwrap_or_default();
+                if content_type.starts_with("text/event-stream") {
+                    if let Some(judged) = &self.request {
+                        self.watch = Watch::Sse(SseScanner::new(judged.id.clone()));
+                    }
+                    return Action::Continue;
+                }
+                let declared = host
+                    .response_header("content-length")
+                    .and_then(|v| v.trim().parse::<usize>().ok());
+                if declared.is_some_and(|n| n > HOLD_LIMIT) {
+                    self.watch = Watch::Json(Vec::new());
+                    return Action::Continue;
+                }
+                self.watch = Watch::Hold;
+                Action::Pause
+            }
+            Verdict::ClientError => {
+                // The request was at fault (an unknown session, a header the server refused).
+                self.record(host, Outcome::Ignored, Some(Kind::Ok));
+                Action::Continue
+            }
+            Verdict::Overloaded | Verdict::Failed(_) => {
+                let what = match v {
+                    Verdict::Failed(what) => Some(what),
+                    _ => None,
+                };
+                let reply = match (&self.admitted, what) {
+                    (Some(_), Some(what)) => self.upstream_failed(host, what),
+                    (Some(_), None) => self.overloaded(host),
+                    (None, what) => {
+                        let (Some(judged), Some(service)) = (&self.request, &self.service) else {
+                            return Action::Continue;
+                        };
+                        reply::service_unavailable(
+                            self.version,
+                            &judged.id,
+                            service,
+                            what.unwrap_or(UpstreamFailure::NoHealthyUpstream),
+                            self.framing,
+                        )
+                    }
+                };
+                if end_of_stream {
+                    return self.replace_now(host, reply);
+                }
+                host.set_response_header(":status", Some("200"));
+                host.set_response_header("content-type", Some(reply.content_type));
+                host.set_response_header("content-length", None);
+                self.watch = Watch::Replace(reply);
+                Action::Continue
+            }
+        }
+    }
+
+    /// Replaces a response that has no body to replace: a local reply in its place.
+    fn replace_now(&mut self, host: &impl CallHost, reply: Reply) -> Action {
+        host.send_reply(200, &reply);
+        Action::Pause
+    }
+
+    pub fn on_response_body(
+        &mut self,
+        host: &impl CallHost,
+        body_size: usize,
+        end_of_stream: bool,
+    ) -> Action {
+        match &mut self.watch {
+            Watch::None => Action::Continue,
+            Watch::Replace(_) => {
+                if !end_of_stream {
+                    return Action::Pause;
+                }
+                if let Watch::Replace(reply) = std::mem::replace(&mut self.watch, Watch::None) {
+                    host.set_response_body(body_size, &reply.body);
+                }
+                Action::Continue
+            }
+            Watch::Hold => {
+                if !end_of_stream {
+                    if body_size > HOLD_LIMIT {
+                        // Too large to hold: let it stream, judged from a copy.
+                        let seen = host.response_body(body_size).unwrap_or_default();
+                        self.watch = Watch::Json(seen);
+                        return Action::Continue;
+                    }
+                    return Action::Pause;
+                }
+                self.watch = Watch::None;
+                let body = host.response_body(body_size).unwrap_or_default();
+                let Some(judged) = &self.request else {
+                    return Action::Continue;
+                };
+                let class = classify_response(&body, &judged.id);
+                if let Some(what) = self.classified(host, class) {
+                    let reply = self.failure_reply(what, self.framing);
+                    host.set_response_header(":status", Some("200"));
+                    host.set_response_header("content-type", Some(reply.content_type));
+                    host.set_response_header("content-length", Some(&reply.body.len().to_string()));
+                    host.set_response_body(body_size, &reply.body);
+                }
+                Action::Continue
+            }
+            Watch::Json(_) => {
+                // Passed through as it streams; only this call's copy is kept.
+                let chunk = host.response_body(body_size).unwrap_or_default();
+                let Watch::Json(seen) = &mut self.watch else {
+                    return Action::Continue;
+                };
+                if seen.len() + chunk.len() > MAX_JSON_RESPONSE {
+                    self.watch = Watch::None;
+                    self.record(host, Outcome::Ignored, Some(Kind::Ok));
+                    return Action::Continue;
+                }
+                seen.extend_from_slice(&chunk);
+                if !end_of_stream {
+                    return Action::Continue;
+                }
+                let body = std::mem::take(seen);
+                self.watch = Watch::None;
+                if let Some(judged) = &self.request {
+                    let class = classify_response(&body, &judged.id);
+                    // Too late to replace what already streamed; the failure still counts.
+                    let _ = self.classified(host, class);
+                }
+                Action::Continue
+            }
+            Watch::Sse(scanner) => {
+                // Streamed through: only the chunk at hand is read, never the whole stream.
+                let chunk = host.response_body(body_size).unwrap_or_default();
+                let found = match scanner.feed(&chunk) {
+                    Some(class) => Some(class),
+                    None if end_of_stream => scanner.finish(),
+                    None => None,
+                };
+                let Some(class) = found else {
+                    return Action::Continue;
+                };
+                self.watch = Watch::None;
+                let ended_early = end_of_stream && class == ResponseClass::Other;
+                let what = if ended_early {
+                    self.record(host, Outcome::Failure, Some(Kind::Reset));
+                    Some(UpstreamFailure::NoResponse)
+                } else {
+                    self.classified(host, class)
+                };
+                if let Some(what) = what {
+                    // The stream is the agent's: the reply goes at its end as one more event.
+                    // A blank line and an event of a type MCP clients ignore first close
+                    // whatever half-sent event the stream ended in.
+                    let reply = self.failure_reply(what, Framing::Sse);
+                    let mut body = chunk;
+                    body.extend_from_slice(b"\nevent: toolgate-discarded\n\n");
+                    body.extend_from_slice(&reply.body);
+                    if end_of_stream {
+                        host.set_response_body(body_size, &body);
+                    }
+                }
+                Action::Continue
+            }
+        }
+    }
+
+    /// The stream ended. An admitted call whose outcome is still open ended without its
+    /// response: the upstream went away mid-answer, or the client did. Only the first is the
+    /// tool's fault.
+    pub fn on_log(&mut self, host: &impl CallHost) {
+        if self.admitted.is_none() {
+            return;
+        }
+        let details = self.code_details(host);
+        if upstream_ended(&details) {
+            self.read_endpoint(host);
+            self.record(host, Outcome::Failure, Some(Kind::Reset));
+        } else {
+            // The client cancelled, reset or broke the stream: no evidence about the tool, nor
+            // about the instance.
+            self.record(host, Outcome::Ignored, None);
+        }
+    }
+
+    fn code_details(&self, host: &impl CallHost) -> String {
+        host.property(&["response", "code_details"])
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default()
+    }
+
+    /// Reads the upstream address of the admitted call, if not read yet.
+    fn read_endpoint(&mut self, host: &impl CallHost) {
+        let Some(a) = &mut self.admitted else { return };
+        if !matches!(a.endpoint, Endpoint::Unread) {
+            return;
+        }
+        a.endpoint = match host.property(&["upstream", "address"]) {
+            Some(bytes) if !bytes.is_empty() => match String::from_utf8(bytes) {
+                Ok(address) => Endpoint::Known(address),
+                Err(_) => Endpoint::Unknown,
+            },
+            _ => Endpoint::Unknown,
+        };
+    }
+
+    /// Records the outcome of the admitted call, once; `report` is what the call feedback
+    /// says about its upstream instance, if anything.
+    fn record(&mut self, host: &impl CallHost, outcome: Outcome, report: Option<Kind>) {
+        let Some(a) = self.admitted.take() else {
+            return;
+        };
+        let now = host.now_ms();
+        let transition = {
+            let mut shared = self.shared.borrow_mut();
+            if let (Some(kind), Endpoint::Known(address), Some(service)) =
+                (report, &a.endpoint, &self.service)
+            {
+                shared.feedback.record(service, address, kind);
+            }
+            if let Some(ids) = &a.metrics {
+                shared.stats.outcome(ids, outcome, a.policy.count_is_error);
+            }
+            let t = shared
+                .breakers
+                .record(&a.key, &a.policy, now, a.admission, outcome);
+            if let Some(t) = &t {
+                shared.stats.transition(&a.key, t.to, t.at_ms);
+            }
+            t
+        };
+        if let Some(t) = transition {
+            host.log(Level::Warn, &transition_line(&a.key, &t));
+            if let Some(event) = self
+                .service
+                .as_deref()
+                .and_then(|service| fleet::event_of(service, &a.tool, &t))
+            {
+                self.events.push(event);
+            }
+        }
+    }
+
+    /// Success or slow, by how long the call took; `is_error` is the tool's own `isError`.
+    fn answered(&mut self, host: &impl CallHost, is_error: bool) {
+        let Some(a) = &self.admitted else { return };
+        let outcome = if is_error {
+            Outcome::IsErrorResult
+        } else if host.now_ms().saturating_sub(a.started_ms) >= a.policy.slow_call_ms {
+            Outcome::Slow
+        } else {
+            Outcome::Success
+        };
+        self.record(host, outcome, Some(Kind::Ok));
+    }
+
+    /// Records what a response says; returns the failure to answer in its place, if it is
+    /// not the response the agent needs.
+    fn classified(
+        &mut self,
+        host: &impl CallHost,
+        class: ResponseClass,
+    ) -> Option<UpstreamFailure> {
+        match class {
+            ResponseClass::Result { is_error } => {
+                self.answered(host, is_error);
+                None
+            }
+            ResponseClass::Error { code } if is_client_fault(code) => {
+                self.record(host, Outcome::Ignored, Some(Kind::Ok));
+                None
+            }
+            // The tool's own failure; the server answered, so the instance is fine.
+            ResponseClass::Error { .. } => {
+                self.record(host, Outcome::Failure, Some(Kind::Ok));
+                None
+            }
+            ResponseClass::TooLarge => {
+                self.record(host, Outcome::Ignored, Some(Kind::Ok));
+                None
+            }
+            // Not the response to this request: the agent would wait for it in vain.
+            ResponseClass::Other | ResponseClass::Unparseable => {
+                self.record(host, Outcome::Failure, Some(Kind::Ok));
+                Some(UpstreamFailure::BadResponse)
+            }
+        }
+    }
+
+    /// Records an upstream failure of the admitted call and returns the reply for it.
+    fn upstream_failed(&mut self, host: &impl CallHost, what: UpstreamFailure) -> Reply {
+        self.record(host, Outcome::Failure, Kind::of_failure(what));
+        self.failure_reply(what, self.framing)
+    }
+
+    /// The service's bulkhead refused the call: not the tool's fault.
+    fn overloaded(&mut self, host: &impl CallHost) -> Reply {
+        self.record(host, Outcome::Ignored, None);
+        self.tool_reply(UnavailableKind::Overloaded, self.framing)
+    }
+
+    fn failure_reply(&self, what: UpstreamFailure, framing: Framing) -> Reply {
+        self.tool_reply(UnavailableKind::UpstreamFailure { what }, framing)
+    }
+
+    /// The semantic reply for the admitted call of this request.
+    fn tool_reply(&self, kind: UnavailableKind<'_>, framing: Framing) -> Reply {
+        let Some(judged) = &self.request else {
+            // Only admitted calls (which have a judged request) get here.
+            return reply::refused(self.version, None, Refusal::NotAMessage, framing);
+        };
+        let (tool, fallback) = match &judged.tool {
+            Some((tool, fallback)) => (Some(tool.as_str()), fallback.as_deref()),
+            None => (None, None),
+        };
+        let details = Unavailable {
+            kind,
+            tool,
+            retry_after_secs: None,
+            fallback_tool: fallback,
+        };
+        reply::tool_unavailable(self.version, &judged.id, &details, framing)
+    }
+}

@@ -1,0 +1,686 @@
+//! The call lifecycle driven natively: a fake Envoy stream, an in-memory shared store and
+//! metrics, and the same callbacks Envoy makes.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::rc::Rc;
+
+use serde_json::Value;
+use toolgate_model::fleet::{Override, OverrideMode};
+
+use super::*;
+use crate::breaker::MemStore;
+use crate::stats::MetricKind;
+
+/// Metrics by name, as Envoy would show them.
+#[derive(Default)]
+struct Metrics {
+    names: RefCell<Vec<String>>,
+    values: RefCell<HashMap<u32, u64>>,
+}
+
+impl Metrics {
+    fn get(&self, name: &str) -> u64 {
+        let names = self.names.borrow();
+        names
+            .iter()
+            .position(|n| n == name)
+            .and_then(|i| self.values.borrow().get(&(i as u32)).copied())
+            .unwrap_or(0)
+    }
+}
+
+impl MetricHost for &Metrics {
+    fn define(&self, _kind: MetricKind, name: &str) -> Option<u32> {
+        let mut names = self.names.borrow_mut();
+        if let Some(i) = names.iter().position(|n| n == name) {
+            return Some(i as u32);
+        }
+        names.push(name.to_string());
+        Some(names.len() as u32 - 1)
+    }
+    fn increment(&self, id: u32) {
+        *self.values.borrow_mut().entry(id).or_default() += 1;
+    }
+    fn record(&self, id: u32, value: u64) {
+        self.values.borrow_mut().insert(id, value);
+    }
+}
+
+/// One stream as Envoy presents it to the filter.
+#[derive(Default)]
+struct Stream {
+    now: Cell<u64>,
+    request_headers: RefCell<HashMap<String, String>>,
+    request_body: RefCell<Vec<u8>>,
+    response_headers: RefCell<HashMap<String, String>>,
+    response_body: RefCell<Vec<u8>>,
+    replies: RefCell<Vec<(u32, Reply)>>,
+    properties: RefCell<HashMap<String, Vec<u8>>>,
+    logs: RefCell<Vec<String>>,
+}
+
+impl CallHost for Stream {
+    fn now_ms(&self) -> u64 {
+        self.now.get()
+    }
+    fn request_header(&self, name: &str) -> Option<String> {
+        self.request_headers.borrow().get(name).cloned()
+    }
+    fn request_body(&self, len: usize) -> Option<Vec<u8>> {
+        let body = self.request_body.borrow();
+        Some(body[..len.min(body.len())].to_vec())
+    }
+    fn response_header(&self, name: &str) -> Option<String> {
+        self.response_headers.borrow().get(name).cloned()
+    }
+    fn set_response_header(&self, name: &str, value: Option<&str>) {
+        let mut h = self.response_headers.borrow_mut();
+        match value {
+            Some(v) => h.insert(name.to_string(), v.to_string()),
+            None => h.remove(name),
+        };
+    }
+    fn response_body(&self, len: usize) -> Option<Vec<u8>> {
+        let body = self.response_body.borrow();
+        Some(body[..len.min(body.len())].to_vec())
+    }
+    fn set_response_body(&self, _len: usize, body: &[u8]) {
+        *self.response_body.borrow_mut() = body.to_vec();
+    }
+    fn send_reply(&self, status: u32, reply: &Reply) {
+        self.replies.borrow_mut().push((status, reply.clone()));
+    }
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+        self.properties.borrow().get(&path.join(".")).cloned()
+    }
+    fn set_log_field(&self, _name: &str, _value: &str) {}
+    fn log(&self, _level: Level, message: &str) {
+        self.logs.borrow_mut().push(message.to_string());
+    }
+}
+
+/// A gateway's worker: its shared state, with `orders` listing two tools and `bare` none.
+struct Worker {
+    store: &'static MemStore,
+    metrics: &'static Metrics,
+    shared: Rc<RefCell<Shared<&'static MemStore, &'static Metrics>>>,
+    now: u64,
+}
+
+impl Worker {
+    fn new() -> Worker {
+        let store: &'static MemStore = Box::leak(Box::new(MemStore::new()));
+        let metrics: &'static Metrics = Box::leak(Box::default());
+        let shared = Rc::new(RefCell::new(Shared::new(store, metrics, 7)));
+        {
+            let mut s = shared.borrow_mut();
+            s.config.catalog = BTreeMap::from([
+                (
+                    "orders".to_string(),
+                    BTreeSet::from([
+                        "read_order".to_string(),
+                        "write_order".to_string(),
+                        "slow_order".to_string(),
+                    ]),
+                ),
+                ("bare".to_string(), BTreeSet::new()),
+            ]);
+            s.config.defaults.open_jitter_percent = 0;
+        }
+        Worker {
+            store,
+            metrics,
+            shared,
+            now: 1_000_000,
+        }
+    }
+
+    fn force_open(&self, tool: &str, reason: &str) {
+        let mut s = self.shared.borrow_mut();
+        s.config
+            .overrides
+            .entry("orders".into())
+            .or_default()
+            .insert(
+                tool.to_string(),
+                Override {
+                    mode: OverrideMode::ForceOpen,
+                    reason: reason.to_string(),
+                    author: "ops".to_string(),
+                    at_ms: 0,
+                },
+            );
+    }
+
+    /// A new request on this worker: headers and body as the client sent them.
+    fn request(&mut self, service: &str, headers: &[(&str, &str)], body: &str) -> Flight {
+        self.now += 10;
+        let stream = Stream::default();
+        stream.now.set(self.now);
+        {
+            let mut h = stream.request_headers.borrow_mut();
+            h.insert(":path".into(), format!("/mcp/{service}"));
+            h.insert(":method".into(), "POST".into());
+            h.insert(
+                "accept".into(),
+                "application/json, text/event-stream".into(),
+            );
+            for (k, v) in headers {
+                h.insert(k.to_string(), v.to_string());
+            }
+        }
+        *stream.request_body.borrow_mut() = body.as_bytes().to_vec();
+        let mut call = Call::new(self.shared.clone());
+        let headers_action = call.on_request_headers(&stream, false);
+        let body_action = if stream.replies.borrow().is_empty() {
+            Some(call.on_request_body(&stream, body.len(), true))
+        } else {
+            None
+        };
+        Flight {
+            call,
+            stream,
+            headers_action,
+            body_action,
+        }
+    }
+
+    fn tools_call(&mut self, tool: &str) -> Flight {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{{"name":"{tool}","arguments":{{}}}}}}"#
+        );
+        self.request("orders", &[], &body)
+    }
+
+    fn stat(&self, tool: &str, kind: &str) -> u64 {
+        self.metrics
+            .get(&crate::stats::metric_name("orders", tool, kind))
+    }
+
+    /// The tool's window as shared data holds it, after this worker's pending counts.
+    fn window(&self, tool: &str) -> crate::breaker::Counts {
+        self.shared.borrow_mut().breakers.flush(self.now);
+        self.shared
+            .borrow()
+            .breakers
+            .snapshot(&breaker_key("orders", tool))
+            .map(|b| b.totals(self.now))
+            .unwrap_or_default()
+    }
+}
+
+/// One request in flight.
+struct Flight {
+    call: Call<&'static MemStore, &'static Metrics>,
+    stream: Stream,
+    headers_action: Action,
+    body_action: Option<Action>,
+}
+
+impl Flight {
+    /// Admitted: the headers were held for the body, and the body let the request go on.
+    fn went_upstream(&self) -> bool {
+        self.headers_action == Action::Pause
+            && self.body_action == Some(Action::Continue)
+            && self.stream.replies.borrow().is_empty()
+    }
+
+    /// The one local reply the filter sent: its status and JSON.
+    fn reply(&self) -> (u32, Value) {
+        let replies = self.stream.replies.borrow();
+        assert_eq!(replies.len(), 1, "one reply");
+        let (status, reply) = &replies[0];
+        (*status, json_of(&reply.body))
+    }
+
+    /// The upstream answers with `status`, `headers` and `body` (`None`: no body at all).
+    fn respond(&mut self, status: u16, headers: &[(&str, &str)], body: Option<&str>) -> Action {
+        {
+            let mut h = self.stream.response_headers.borrow_mut();
+            h.insert(":status".into(), status.to_string());
+            for (k, v) in headers {
+                h.insert(k.to_string(), v.to_string());
+            }
+        }
+        let action = self.call.on_response_headers(&self.stream, body.is_none());
+        if let Some(body) = body {
+            *self.stream.response_body.borrow_mut() = body.as_bytes().to_vec();
+            let body_action = self.call.on_response_body(&self.stream, body.len(), true);
+            assert_eq!(body_action, Action::Continue);
+        }
+        self.call.on_log(&self.stream);
+        action
+    }
+
+    fn json(&mut self, body: &str) -> Action {
+        let len = body.len().to_string();
+        self.respond(
+            200,
+            &[
+                ("content-type", "application/json"),
+                ("content-length", &len),
+            ],
+            Some(body),
+        )
+    }
+
+    fn body_json(&self) -> Value {
+        json_of(&self.stream.response_body.borrow())
+    }
+}
+
+fn json_of(bytes: &[u8]) -> Value {
+    let text = std::str::from_utf8(bytes).expect("utf-8");
+    let text = text
+        .rsplit_once("data: ")
+        .map(|(_, data)| data.trim_end())
+        .unwrap_or(text);
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+const RESULT: &str = r#"{"jsonrpc":"2.0","id":7,"result":{"content":[],"isError":false}}"#;
+
+#[test]
+fn a_listed_tool_is_admitted_and_its_success_counted() {
+    let mut w = Worker::new();
+    let mut f = w.tools_call("write_order");
+    assert!(f.went_upstream());
+    assert_eq!(f.json(RESULT), Action::Pause, "a small JSON answer is held");
+    assert_eq!(w.stat("write_order", "calls"), 1);
+    assert_eq!(w.stat("write_order", "failures"), 0);
+    assert_eq!(f.body_json()["result"]["isError"], false, "passed on as is");
+}
+
+#[test]
+fn bodies_readers_disagree_on_are_refused_and_reach_no_server() {
+    let mut w = Worker::new();
+    for (body, code) in [
+        (
+            r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"read_order","name":"write_order","arguments":{}}}"#,
+            -32600,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":2,"method":"tools/list","method":"tools/call","params":{"name":"write_order"}}"#,
+            -32600,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"write_order","arguments":{"x":NaN}}}"#,
+            -32700,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":2.0,"method":"tools/call","params":{"name":"write_order"}}"#,
+            -32600,
+        ),
+        ("", -32700),
+    ] {
+        let f = w.request("orders", &[], body);
+        assert!(!f.went_upstream(), "{body}");
+        let (status, reply) = f.reply();
+        assert_eq!(status, 400, "{body}");
+        assert_eq!(reply["error"]["code"], code, "{body}: {reply}");
+    }
+    assert_eq!(w.stat("write_order", "calls"), 0);
+    assert_eq!(w.store.stats().sets, 0, "no state for refused requests");
+}
+
+#[test]
+fn a_body_that_ends_with_trailers_is_judged_before_it_goes_on() {
+    let w = Worker::new();
+    w.force_open("write_order", "incident 42");
+    let body = r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"write_order"}}"#;
+    let stream = Stream::default();
+    {
+        let mut h = stream.request_headers.borrow_mut();
+        h.insert(":path".into(), "/mcp/orders".into());
+        h.insert(":method".into(), "POST".into());
+    }
+    *stream.request_body.borrow_mut() = body.as_bytes().to_vec();
+    let mut call = Call::new(w.shared.clone());
+    assert_eq!(call.on_request_headers(&stream, false), Action::Pause);
+    // HTTP/2: the last DATA frame does not end the stream, a trailers frame does.
+    assert_eq!(
+        call.on_request_body(&stream, body.len(), false),
+        Action::Pause
+    );
+    assert_eq!(call.on_request_trailers(&stream), Action::Pause);
+    let replies = stream.replies.borrow();
+    let reply = json_of(&replies[0].1.body);
+    assert_eq!(
+        reply["result"]["_meta"]["io.toolgate/breaker"]["state"],
+        "forced_open"
+    );
+}
+
+#[test]
+fn mcp_method_headers_never_skip_reading_the_body() {
+    let mut w = Worker::new();
+    w.force_open("write_order", "");
+    let body = r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"write_order"}}"#;
+    // The header names another method: the body is read anyway, and the lie refused.
+    let f = w.request(
+        "orders",
+        &[
+            ("mcp-method", "tools/list"),
+            ("mcp-protocol-version", "2026-07-28"),
+        ],
+        body,
+    );
+    assert_eq!(f.headers_action, Action::Pause);
+    let (status, reply) = f.reply();
+    assert_eq!(status, 400);
+    assert_eq!(reply["error"]["code"], -32020);
+    assert_eq!(reply["id"], 4);
+}
+
+#[test]
+fn a_forced_open_tool_is_refused_with_no_wait_to_honour() {
+    let mut w = Worker::new();
+    w.force_open("write_order", "bad deploy");
+    let f = w.tools_call("write_order");
+    let (status, reply) = f.reply();
+    assert_eq!(status, 200);
+    let meta = &reply["result"]["_meta"]["io.toolgate/breaker"];
+    assert_eq!(meta["state"], "forced_open");
+    assert_eq!(meta.get("retryAfterSeconds"), None);
+    assert!(reply["result"]["content"][0]["text"]
+        .as_str()
+        .is_some_and(|t| t.contains("bad deploy") && !t.contains("retry it")));
+    assert_eq!(w.stat("write_order", "rejected"), 1);
+}
+
+#[test]
+fn unknown_tools_and_services_create_no_state() {
+    let mut w = Worker::new();
+    for i in 0..50 {
+        let f = w.tools_call(&format!("fake_{i}"));
+        let (status, reply) = f.reply();
+        assert_eq!(status, 200);
+        assert_eq!(reply["error"]["code"], -32602);
+    }
+    // A case variant of a listed tool is another name: refused, not judged as unlisted.
+    let (_, reply) = w.tools_call("WRITE_ORDER").reply();
+    assert_eq!(reply["error"]["code"], -32602);
+    let long = "x".repeat(40_000);
+    let f = w.request(
+        "orders",
+        &[],
+        &format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"{long}"}}}}"#
+        ),
+    );
+    assert_eq!(f.reply().1["error"]["code"], -32602);
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"write_order"}}"#;
+    let service = "g".repeat(40_000);
+    let f = w.request(&service, &[], body);
+    assert!(
+        f.went_upstream(),
+        "Envoy answers an unknown service (no route)"
+    );
+    assert_eq!(w.store.stats().sets, 0);
+    assert_eq!(w.metrics.names.borrow().len(), 0, "no stats defined");
+}
+
+#[test]
+fn unlisted_tools_get_breakers_up_to_a_bound() {
+    let mut w = Worker::new();
+    let call = |w: &mut Worker, tool: &str| {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"{tool}"}}}}"#
+        );
+        let mut f = w.request("bare", &[], &body);
+        assert!(f.went_upstream());
+        f.respond(500, &[], None);
+    };
+    for i in 0..(crate::catalog::MAX_UNLISTED_TOOLS + 20) {
+        call(&mut w, &format!("t{i}"));
+    }
+    let defined = w.metrics.names.borrow().len();
+    assert_eq!(
+        defined,
+        crate::catalog::MAX_UNLISTED_TOOLS * 5,
+        "five stats per tool, for the first {} tools",
+        crate::catalog::MAX_UNLISTED_TOOLS
+    );
+}
+
+#[test]
+fn batches_are_refused_from_2025_06_18_and_judged_whole_before() {
+    let mut w = Worker::new();
+    w.force_open("write_order", "");
+    let batch = r#"[{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"read_order"}},{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"write_order"}},{"jsonrpc":"2.0","method":"notifications/x"}]"#;
+    let f = w.request("orders", &[("mcp-protocol-version", "2025-06-18")], batch);
+    let (status, reply) = f.reply();
+    assert_eq!(
+        (status, reply["error"]["code"].clone()),
+        (400, (-32600).into())
+    );
+    let f = w.request("orders", &[("mcp-protocol-version", "2025-03-26")], batch);
+    let (status, reply) = f.reply();
+    assert_eq!(status, 200);
+    let answers = reply.as_array().expect("an array");
+    assert_eq!(
+        answers.len(),
+        2,
+        "one per request, none for the notification"
+    );
+    assert_eq!(answers[0]["error"]["code"], -32600, "not run");
+    assert_eq!(
+        answers[1]["result"]["_meta"]["io.toolgate/breaker"]["state"],
+        "forced_open"
+    );
+    let fine = r#"[{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"read_order"}}]"#;
+    assert!(w
+        .request("orders", &[("mcp-protocol-version", "2025-03-26")], fine)
+        .went_upstream());
+}
+
+#[test]
+fn an_empty_5xx_becomes_the_semantic_reply_and_a_failure() {
+    let mut w = Worker::new();
+    let mut f = w.tools_call("write_order");
+    assert!(f.went_upstream());
+    // 16.1: a 500 with no body at all; before, the agent got HTTP 200 and nothing.
+    assert_eq!(
+        f.respond(500, &[("content-length", "0")], None),
+        Action::Pause
+    );
+    let (status, reply) = f.reply();
+    assert_eq!(status, 200);
+    assert_eq!(reply["id"], 7);
+    assert_eq!(reply["result"]["isError"], true);
+    let meta = &reply["result"]["_meta"]["io.toolgate/breaker"];
+    assert_eq!(meta["state"], "upstream_failure");
+    assert_eq!(meta["httpStatus"], 500);
+    assert_eq!(meta.get("retryAfterSeconds"), None);
+    assert_eq!(w.window("write_order").failures, 1);
+}
+
+#[test]
+fn an_html_5xx_is_replaced_in_place() {
+    let mut w = Worker::new();
+    let mut f = w.tools_call("write_order");
+    let action = f.respond(
+        502,
+        &[("content-type", "text/html"), ("content-length", "24")],
+        Some("<html>bad gateway</html>"),
+    );
+    assert_eq!(action, Action::Continue);
+    let h = f.stream.response_headers.borrow().clone();
+    assert_eq!(h[":status"], "200");
+    assert_eq!(h["content-type"], "application/json");
+    assert!(!h.contains_key("content-length"));
+    assert_eq!(f.body_json()["result"]["isError"], true);
+    assert_eq!(w.window("write_order").failures, 1);
+}
+
+#[test]
+fn errors_that_blame_the_request_never_count() {
+    let mut w = Worker::new();
+    for _ in 0..30 {
+        let mut f = w.tools_call("write_order");
+        f.json(r#"{"jsonrpc":"2.0","id":7,"error":{"code":-32602,"message":"Invalid request parameters"}}"#);
+    }
+    let mut f = w.tools_call("write_order");
+    assert!(f.went_upstream(), "30 client faults opened nothing");
+    f.json(RESULT);
+    assert_eq!(
+        w.window("write_order").calls,
+        1,
+        "and padded nothing either"
+    );
+    for _ in 0..10 {
+        let mut f = w.tools_call("write_order");
+        f.json(r#"{"jsonrpc":"2.0","id":7,"error":{"code":-32603,"message":"db down"}}"#);
+    }
+    let (_, reply) = w.tools_call("write_order").reply();
+    let meta = &reply["result"]["_meta"]["io.toolgate/breaker"];
+    assert_eq!(meta["state"], "open");
+    assert_eq!(meta["trippedBy"], "failure_rate");
+    assert_eq!(meta["calls"], 10, "one success and nine failures");
+    assert!(meta["retryAfterSeconds"].as_u64().is_some_and(|s| s >= 9));
+}
+
+#[test]
+fn an_answer_that_is_not_the_response_is_replaced_and_counts() {
+    let mut w = Worker::new();
+    for body in [
+        r#"{"jsonrpc":"2.0","id":8,"result":{}}"#,
+        r#"{"jsonrpc":"2.0","id":7,"res"#,
+        "<html>oops</html>",
+    ] {
+        let mut f = w.tools_call("write_order");
+        f.json(body);
+        let v = f.body_json();
+        assert_eq!(v["id"], 7, "{body}");
+        assert_eq!(
+            v["result"]["_meta"]["io.toolgate/breaker"]["failure"],
+            "bad_response"
+        );
+        let len = f.stream.response_headers.borrow()["content-length"].clone();
+        assert_eq!(len, f.stream.response_body.borrow().len().to_string());
+    }
+    assert_eq!(w.window("write_order").failures, 3);
+}
+
+#[test]
+fn an_sse_stream_that_ends_without_the_response_gets_one() {
+    let mut w = Worker::new();
+    let mut f = w.tools_call("write_order");
+    let progress = "event: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{}}\n\ndata: {\"jsonrpc\":\"2.0\",\"id\":7,\"res";
+    f.respond(
+        200,
+        &[("content-type", "text/event-stream")],
+        Some(progress),
+    );
+    let body = String::from_utf8(f.stream.response_body.borrow().clone()).expect("utf-8");
+    assert!(body.starts_with(progress), "what streamed is kept");
+    let tail = &body[progress.len()..];
+    assert!(
+        tail.starts_with("\nevent: toolgate-discarded\n\nevent: message\ndata: {"),
+        "{tail}"
+    );
+    assert_eq!(
+        f.body_json()["result"]["_meta"]["io.toolgate/breaker"]["failure"],
+        "no_response"
+    );
+    assert_eq!(w.window("write_order").failures, 1);
+}
+
+#[test]
+fn a_client_that_goes_away_is_no_evidence_against_the_tool() {
+    let mut w = Worker::new();
+    for details in [
+        "http2.remote_reset",
+        "downstream_remote_disconnect",
+        "codec_error:The_user_callback_function_failed",
+        "",
+    ] {
+        let f = w.tools_call("slow_order");
+        f.stream
+            .properties
+            .borrow_mut()
+            .insert("response.code_details".into(), details.as_bytes().to_vec());
+        let mut f = f;
+        f.call.on_log(&f.stream);
+        assert_eq!(w.window("slow_order").calls, 0, "{details}");
+    }
+    assert!(w.shared.borrow().feedback.is_empty(), "no call feedback");
+    let f = w.tools_call("slow_order");
+    f.stream.properties.borrow_mut().insert(
+        "response.code_details".into(),
+        b"upstream_reset_after_response_started{connection_termination}".to_vec(),
+    );
+    let mut f = f;
+    f.call.on_log(&f.stream);
+    assert_eq!(w.window("slow_order").failures, 1);
+}
+
+#[test]
+fn other_methods_get_a_json_rpc_error_when_no_server_is_left() {
+    let mut w = Worker::new();
+    let mut f = w.request(
+        "orders",
+        &[],
+        r#"{"jsonrpc":"2.0","id":"init-1","method":"initialize","params":{}}"#,
+    );
+    assert!(f.went_upstream());
+    f.stream.properties.borrow_mut().insert(
+        "response.code_details".into(),
+        b"no_healthy_upstream".to_vec(),
+    );
+    f.respond(
+        503,
+        &[("content-type", "text/plain")],
+        Some("no healthy upstream"),
+    );
+    let v = f.body_json();
+    assert_eq!(v["id"], "init-1");
+    assert_eq!(v["error"]["code"], -32603);
+    assert!(v["error"]["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("`orders`")));
+}
+
+#[test]
+fn a_full_bulkhead_is_not_the_tools_fault() {
+    let mut w = Worker::new();
+    for _ in 0..20 {
+        let mut f = w.tools_call("write_order");
+        f.respond(503, &[("x-envoy-overloaded", "true")], Some("overflow"));
+        assert_eq!(
+            f.body_json()["result"]["_meta"]["io.toolgate/breaker"]["state"],
+            "overloaded"
+        );
+    }
+    assert!(w.tools_call("write_order").went_upstream());
+    assert_eq!(w.window("write_order").calls, 0);
+}
+
+#[test]
+fn slow_calls_open_it_and_the_reply_says_so() {
+    let mut w = Worker::new();
+    for _ in 0..10 {
+        let mut f = w.tools_call("slow_order");
+        f.stream.now.set(w.now + 2_500);
+        f.json(RESULT);
+    }
+    let (_, reply) = w.tools_call("slow_order").reply();
+    let meta = &reply["result"]["_meta"]["io.toolgate/breaker"];
+    assert_eq!(meta["trippedBy"], "slow_call_rate", "{reply}");
+    assert_eq!(meta["slowCallRatePercent"], 100);
+    let text = reply["result"]["content"][0]["text"]
+        .as_str()
+        .expect("text");
+    assert!(text.contains("took 2 seconds or longer"), "{text}");
+    assert!(!text.contains("failed"), "{text}");
+}
+
+#[test]
+fn compressed_bodies_are_refused() {
+    let mut w = Worker::new();
+    let f = w.request("orders", &[("content-encoding", "gzip")], "\u{1f}");
+    let (status, reply) = f.reply();
+    assert_eq!(status, 415);
+    assert_eq!(reply["error"]["code"], -32700);
+}

@@ -1,0 +1,145 @@
+//! One HTTP stream: Envoy's callbacks forwarded to [`Call`], and [`CallHost`] as host calls.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use proxy_wasm::hostcalls;
+use proxy_wasm::traits::{Context, HttpContext};
+use proxy_wasm::types::{Action as WasmAction, BufferType, LogLevel, MapType};
+
+use super::events::{enqueue, Queue};
+use super::{log, now_ms, HostMetrics, HostShared, HostStore};
+use crate::call::{Action, Call, CallHost, Level};
+use crate::mcp::reply::Reply;
+
+/// The host calls of the stream being served (proxy-wasm addresses the current one).
+struct Envoy;
+
+impl CallHost for Envoy {
+    fn now_ms(&self) -> u64 {
+        now_ms()
+    }
+
+    fn request_header(&self, name: &str) -> Option<String> {
+        hostcalls::get_map_value(MapType::HttpRequestHeaders, name)
+            .ok()
+            .flatten()
+    }
+
+    fn request_body(&self, len: usize) -> Option<Vec<u8>> {
+        hostcalls::get_buffer(BufferType::HttpRequestBody, 0, len)
+            .ok()
+            .flatten()
+    }
+
+    fn response_header(&self, name: &str) -> Option<String> {
+        hostcalls::get_map_value(MapType::HttpResponseHeaders, name)
+            .ok()
+            .flatten()
+    }
+
+    fn set_response_header(&self, name: &str, value: Option<&str>) {
+        let _ = hostcalls::set_map_value(MapType::HttpResponseHeaders, name, value);
+    }
+
+    fn response_body(&self, len: usize) -> Option<Vec<u8>> {
+        hostcalls::get_buffer(BufferType::HttpResponseBody, 0, len)
+            .ok()
+            .flatten()
+    }
+
+    fn set_response_body(&self, len: usize, body: &[u8]) {
+        let _ = hostcalls::set_buffer(BufferType::HttpResponseBody, 0, len, body);
+    }
+
+    fn send_reply(&self, status: u32, reply: &Reply) {
+        let _ = hostcalls::send_http_response(
+            status,
+            vec![
+                ("content-type", reply.content_type),
+                ("cache-control", "no-store"),
+            ],
+            Some(&reply.body),
+        );
+    }
+
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+        hostcalls::get_property(path.to_vec()).ok().flatten()
+    }
+
+    fn set_log_field(&self, name: &str, value: &str) {
+        // A failure only leaves the field empty in the log.
+        let _ = hostcalls::set_property(vec![name], Some(value.as_bytes()));
+    }
+
+    fn log(&self, level: Level, message: &str) {
+        log(
+            match level {
+                Level::Info => LogLevel::Info,
+                Level::Warn => LogLevel::Warn,
+            },
+            message,
+        );
+    }
+}
+
+fn wasm(action: Action) -> WasmAction {
+    match action {
+        Action::Continue => WasmAction::Continue,
+        Action::Pause => WasmAction::Pause,
+    }
+}
+
+pub(super) struct Stream {
+    call: Call<HostStore, HostMetrics>,
+    queue: Rc<RefCell<Queue>>,
+}
+
+impl Stream {
+    pub(super) fn new(shared: Rc<RefCell<HostShared>>, queue: Rc<RefCell<Queue>>) -> Stream {
+        Stream {
+            call: Call::new(shared),
+            queue,
+        }
+    }
+
+    /// Hands the call's breaker events to the reporting root context.
+    fn report(&mut self) {
+        for event in self.call.take_events() {
+            enqueue(&self.queue, &event);
+        }
+    }
+}
+
+impl Context for Stream {}
+
+impl HttpContext for Stream {
+    fn on_http_request_headers(&mut self, _n: usize, end_of_stream: bool) -> WasmAction {
+        wasm(self.call.on_request_headers(&Envoy, end_of_stream))
+    }
+
+    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> WasmAction {
+        wasm(self.call.on_request_body(&Envoy, body_size, end_of_stream))
+    }
+
+    fn on_http_request_trailers(&mut self, _n: usize) -> WasmAction {
+        wasm(self.call.on_request_trailers(&Envoy))
+    }
+
+    fn on_http_response_headers(&mut self, _n: usize, end_of_stream: bool) -> WasmAction {
+        let action = self.call.on_response_headers(&Envoy, end_of_stream);
+        self.report();
+        wasm(action)
+    }
+
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> WasmAction {
+        let action = self.call.on_response_body(&Envoy, body_size, end_of_stream);
+        self.report();
+        wasm(action)
+    }
+
+    fn on_log(&mut self) {
+        self.call.on_log(&Envoy);
+        self.report();
+    }
+}
