@@ -5,6 +5,8 @@
 
 use std::sync::Arc;
 
+use futures::StreamExt;
+
 use axum::{
     body::{to_bytes, Body},
     extract::{ConnectInfo, Request, State},
@@ -40,6 +42,7 @@ pub async fn inject(State(lab): State<Arc<LabState>>, request: Request, next: Ne
         }
     };
     let tools = jsonrpc::called_tools(&bytes);
+    let id = jsonrpc::call_id(&bytes).unwrap_or_else(|| "null".into());
     let reset = parts
         .extensions
         .get::<ConnectInfo<ResetHandle>>()
@@ -81,6 +84,43 @@ pub async fn inject(State(lab): State<Arc<LabState>>, request: Request, next: Ne
             ),
         )
             .into_response(),
+        FailureMode::Http500Empty => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            [(header::CONTENT_LENGTH, "0")],
+        )
+            .into_response(),
+        FailureMode::Http502Html => (
+            StatusCode::BAD_GATEWAY,
+            [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+            "<html><head><title>502 Bad Gateway</title></head><body>\
+             <h1>502 Bad Gateway</h1><p>upstream 10.0.3.7:8080 unreachable</p></body></html>\n",
+        )
+            .into_response(),
+        FailureMode::Http503Jsonrpc => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::CONTENT_TYPE, "application/json")],
+            format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32603,"message":"injected: the server is overloaded (instance {})"}}}}"#,
+                lab.instance_id
+            ),
+        )
+            .into_response(),
+        FailureMode::SseEndsEarly => cut_stream(id, reset, false),
+        FailureMode::SseReset => cut_stream(id, reset, true),
+        FailureMode::JsonReset => {
+            let full = format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"result":{{"content":[{{"type":"text","text":"{}"}}],"isError":false}}}}"#,
+                "x".repeat(512)
+            );
+            let half = full.as_bytes()[..full.len() / 2].to_vec();
+            let body = cut_body(vec![half], reset);
+            Response::builder()
+                .status(StatusCode::OK)
+                .header(header::CONTENT_TYPE, "application/json")
+                .header(header::CONTENT_LENGTH, full.len())
+                .body(body)
+                .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+        }
         FailureMode::Reset => tear_down(reset.as_ref()),
         FailureMode::Hang => {
             // Parked until the client gives up (hyper then drops this future)
@@ -92,6 +132,41 @@ pub async fn inject(State(lab): State<Arc<LabState>>, request: Request, next: Ne
             next.run(request).await
         }
     }
+}
+
+/// An SSE answer that sends one progress notification for the call `id` and then ends
+/// (`reset`: the connection is reset instead) without the response.
+fn cut_stream(id: String, reset: Option<ResetHandle>, hard: bool) -> Response {
+    let progress = format!(
+        "event: message\ndata: {{\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{{\"progressToken\":{id},\"progress\":1}}}}\n\n"
+    );
+    let body = if hard {
+        cut_body(vec![progress.into_bytes()], reset)
+    } else {
+        Body::from(progress)
+    };
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(body)
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+/// A body that sends `chunks`, then resets the connection in the middle of the response
+/// (the next write fails and the socket closes with RST).
+fn cut_body(chunks: Vec<Vec<u8>>, reset: Option<ResetHandle>) -> Body {
+    let stream = futures::stream::iter(chunks.into_iter().map(Ok::<_, std::io::Error>)).chain(
+        futures::stream::once(async move {
+            // Let the first bytes reach the client before the connection goes.
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            if let Some(handle) = reset {
+                handle.reset();
+            }
+            Ok(b"  ".to_vec())
+        }),
+    );
+    Body::from_stream(stream)
 }
 
 /// Resets the connection. The returned response is never written: the reset

@@ -16,6 +16,18 @@ pub fn called_tools(body: &[u8]) -> Vec<String> {
     }
 }
 
+/// The id of the first `tools/call` request in `body`, as JSON text (for failures that must
+/// answer it in JSON-RPC's own terms).
+pub fn call_id(body: &[u8]) -> Option<String> {
+    let message = serde_json::from_slice::<Value>(body).ok()?;
+    let first = match &message {
+        Value::Array(batch) => batch.iter().find(|m| tool_call_name(m).is_some())?,
+        single => single,
+    };
+    tool_call_name(first)?;
+    Some(first.get("id")?.to_string())
+}
+
 fn tool_call_name(message: &Value) -> Option<String> {
     // A response or notification has no `id`-bearing `tools/call` to fail.
     if message.get("method")?.as_str()? != "tools/call" || message.get("id").is_none() {

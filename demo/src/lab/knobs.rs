@@ -20,6 +20,21 @@ pub enum FailureMode {
     None,
     /// HTTP 500 with a plain-text body, no JSON-RPC.
     Http500,
+    /// HTTP 500 with no body at all (`Content-Length: 0`).
+    Http500Empty,
+    /// HTTP 502 with an HTML body, as a broken proxy in front of a server sends.
+    Http502Html,
+    /// HTTP 503 whose body is a well-formed JSON-RPC error for the request's id.
+    Http503Jsonrpc,
+    /// HTTP 200 `text/event-stream` that sends a progress notification and ends the stream
+    /// without the response.
+    SseEndsEarly,
+    /// HTTP 200 `text/event-stream`: a progress notification, then the connection is reset
+    /// in the middle of the stream.
+    SseReset,
+    /// HTTP 200 `application/json` with the full `Content-Length`: half the body, then the
+    /// connection is reset.
+    JsonReset,
     /// TCP RST, no HTTP response at all.
     Reset,
     /// No answer; the connection stays open until the client gives up.
@@ -40,9 +55,15 @@ pub enum Layer {
 }
 
 impl FailureMode {
-    pub const ALL: [FailureMode; 6] = [
+    pub const ALL: [FailureMode; 12] = [
         FailureMode::None,
         FailureMode::Http500,
+        FailureMode::Http500Empty,
+        FailureMode::Http502Html,
+        FailureMode::Http503Jsonrpc,
+        FailureMode::SseEndsEarly,
+        FailureMode::SseReset,
+        FailureMode::JsonReset,
         FailureMode::Reset,
         FailureMode::Hang,
         FailureMode::JsonrpcError,
@@ -53,6 +74,12 @@ impl FailureMode {
         match self {
             FailureMode::None => "none",
             FailureMode::Http500 => "http500",
+            FailureMode::Http500Empty => "http500_empty",
+            FailureMode::Http502Html => "http502_html",
+            FailureMode::Http503Jsonrpc => "http503_jsonrpc",
+            FailureMode::SseEndsEarly => "sse_ends_early",
+            FailureMode::SseReset => "sse_reset",
+            FailureMode::JsonReset => "json_reset",
             FailureMode::Reset => "reset",
             FailureMode::Hang => "hang",
             FailureMode::JsonrpcError => "jsonrpc_error",
@@ -64,7 +91,15 @@ impl FailureMode {
     pub fn layer(self) -> Option<Layer> {
         match self {
             FailureMode::None => None,
-            FailureMode::Http500 | FailureMode::Reset | FailureMode::Hang => Some(Layer::Http),
+            FailureMode::Http500
+            | FailureMode::Http500Empty
+            | FailureMode::Http502Html
+            | FailureMode::Http503Jsonrpc
+            | FailureMode::SseEndsEarly
+            | FailureMode::SseReset
+            | FailureMode::JsonReset
+            | FailureMode::Reset
+            | FailureMode::Hang => Some(Layer::Http),
             FailureMode::JsonrpcError | FailureMode::IsError => Some(Layer::JsonRpc),
         }
     }
