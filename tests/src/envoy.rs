@@ -338,6 +338,55 @@ impl Envoy {
     pub async fn stat(&self, name: &str) -> u64 {
         self.admin().stat(name).await
     }
+
+    /// Envoy's stats in Prometheus text (`/stats/prometheus`).
+    pub async fn prometheus(&self) -> String {
+        match self
+            .http
+            .get(format!("{}/stats/prometheus", self.admin_url()))
+            .send()
+            .await
+        {
+            Ok(r) => r.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        }
+    }
+
+    /// The value of a toolgate filter stat for one tool (`toolgate_state`, `toolgate_calls`…),
+    /// `None` if the filter never defined it.
+    pub async fn tool_stat(&self, name: &str, service: &str, tool: &str) -> Option<f64> {
+        let prom = self.prometheus().await;
+        let (service, tool) = (format!("service=\"{service}\""), format!("tool=\"{tool}\""));
+        prom.lines().find_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let (metric, labels) = series.split_once('{')?;
+            (metric == name && labels.contains(&service) && labels.contains(&tool))
+                .then(|| value.parse::<f64>().ok())?
+        })
+    }
+
+    /// The toolgate filter's plugin configuration as this Envoy applied it over ECDS (from
+    /// `/config_dump`), `None` before it has one.
+    pub async fn filter_config(&self) -> Option<Value> {
+        let dump: Value = self
+            .http
+            .get(format!(
+                "{}/config_dump?resource=ecds_filters",
+                self.admin_url()
+            ))
+            .send()
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        // configs[].ecds_filter.typed_config (Wasm).config.configuration.value: the JSON.
+        dump["configs"].as_array()?.iter().find_map(|c| {
+            let text =
+                c["ecds_filter"]["typed_config"]["config"]["configuration"]["value"].as_str()?;
+            serde_json::from_str(text).ok()
+        })
+    }
 }
 
 fn regex_escape(s: &str) -> String {

@@ -147,6 +147,65 @@ impl McpSession {
         }
     }
 
+    /// Posts `body` exactly as given (a hostile client's bytes), with this session's headers
+    /// and `headers` (which may replace them); the reply's `message` is the JSON-RPC message
+    /// in it, whatever its id.
+    pub async fn post_raw(
+        &self,
+        body: impl Into<reqwest::Body>,
+        headers: &[(&str, &str)],
+    ) -> Reply {
+        use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+        let mut map = HeaderMap::new();
+        let mut set = |k: &str, v: &str| {
+            if let (Ok(k), Ok(v)) = (HeaderName::try_from(k), HeaderValue::try_from(v)) {
+                map.insert(k, v);
+            }
+        };
+        set("accept", "application/json, text/event-stream");
+        set("content-type", "application/json");
+        set("mcp-protocol-version", PROTOCOL_VERSION);
+        if let Some(s) = &self.session {
+            set("mcp-session-id", s);
+        }
+        for (k, v) in headers {
+            set(k, v);
+        }
+        let req = self.http.post(&self.url).headers(map).body(body);
+        match req.send().await {
+            Ok(resp) => {
+                let status = resp.status();
+                let content_type = resp
+                    .headers()
+                    .get("content-type")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_string();
+                let session = resp
+                    .headers()
+                    .get("mcp-session-id")
+                    .and_then(|v| v.to_str().ok())
+                    .map(String::from);
+                let body = resp.text().await.unwrap_or_default();
+                let message = first_message(&body, &content_type);
+                Reply {
+                    status,
+                    session,
+                    content_type,
+                    message,
+                    body,
+                }
+            }
+            Err(e) => Reply {
+                status: StatusCode::from_u16(599).unwrap_or(StatusCode::BAD_GATEWAY),
+                session: None,
+                content_type: String::new(),
+                message: None,
+                body: error_chain(&e),
+            },
+        }
+    }
+
     async fn post(&self, body: &Value, headers: &[(&str, &str)]) -> Result<Reply, reqwest::Error> {
         let mut req = self
             .http
@@ -194,6 +253,17 @@ pub fn find_response(body: &str, content_type: &str, id: u64) -> Option<Value> {
             .find(matches)
     } else {
         serde_json::from_str::<Value>(body).ok().filter(matches)
+    }
+}
+
+/// The first JSON-RPC message in a JSON body or an SSE stream (a JSON-RPC batch: the array).
+pub fn first_message(body: &str, content_type: &str) -> Option<Value> {
+    if content_type.starts_with("text/event-stream") {
+        body.lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .find_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+    } else {
+        serde_json::from_str::<Value>(body).ok()
     }
 }
 

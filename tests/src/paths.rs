@@ -78,9 +78,14 @@ pub fn free_port() -> u16 {
         .expect("binding 127.0.0.1:0 to find a free port")
 }
 
-/// The toolgate wasm filter, built by `make build` for wasm32-wasip1.
+/// The toolgate wasm filter, built by `make build` for wasm32-wasip1. `TOOLGATE_TEST_FILTER_WASM`
+/// names another build instead (to show a test failing on an older filter).
 pub fn filter_wasm() -> PathBuf {
-    let path = workspace_root().join("target/wasm32-wasip1/release/toolgate_filter.wasm");
+    let path = std::env::var_os("TOOLGATE_TEST_FILTER_WASM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            workspace_root().join("target/wasm32-wasip1/release/toolgate_filter.wasm")
+        });
     assert!(
         path.exists(),
         "{} is missing: run `make build` first",

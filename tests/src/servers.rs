@@ -14,7 +14,17 @@ pub struct McpServer {
     pub proc: Proc,
     pub port: u16,
     pub instance_id: String,
+    kind: Kind,
     http: reqwest::Client,
+}
+
+/// Which program serves, which decides where its call counts are read.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// `toolgate-lab` or `toolgate-demo`: counts under `GET /control`.
+    Rust,
+    /// `tests/python/server.py`, the official Python SDK: counts at `GET /calls`.
+    Python,
 }
 
 impl McpServer {
@@ -33,7 +43,25 @@ impl McpServer {
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
         let proc = env.spawn(instance_id, &project_bin("toolgate-lab"), &args);
-        Self::ready(proc, port, instance_id, "/control").await
+        Self::ready(proc, port, instance_id, "/control", Kind::Rust).await
+    }
+
+    /// `tests/python/server.py`: an MCP server built with the official Python SDK, whose lenient
+    /// JSON reading (duplicate keys, NaN) executes whatever the gateway lets through. `extra`:
+    /// `--stateless`, `--json-response`.
+    pub async fn python(env: &TestEnv, instance_id: &str, extra: &[&str]) -> McpServer {
+        let port = free_port();
+        let mut args = vec![
+            crate::paths::workspace_root()
+                .join("tests/python/server.py")
+                .display()
+                .to_string(),
+            port.to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let python = crate::paths::workspace_root().join(".venv/bin/python");
+        let proc = env.spawn(instance_id, &python, &args);
+        Self::ready(proc, port, instance_id, "/health", Kind::Python).await
     }
 
     /// `toolgate-demo --service <service>`, ready when `/health` answers.
@@ -48,14 +76,15 @@ impl McpServer {
             instance_id.to_string(),
         ];
         let proc = env.spawn(instance_id, &project_bin("toolgate-demo"), &args);
-        Self::ready(proc, port, instance_id, "/health").await
+        Self::ready(proc, port, instance_id, "/health", Kind::Rust).await
     }
 
-    async fn ready(proc: Proc, port: u16, instance_id: &str, path: &str) -> McpServer {
+    async fn ready(proc: Proc, port: u16, instance_id: &str, path: &str, kind: Kind) -> McpServer {
         let server = McpServer {
             proc,
             port,
             instance_id: instance_id.to_string(),
+            kind,
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(5))
                 .build()
@@ -115,9 +144,23 @@ impl McpServer {
         resp.json().await.expect("/control JSON")
     }
 
-    /// How many `tools/call` of `tool` the lab received.
+    /// How many `tools/call` of `tool` the server executed, by its own count.
     pub async fn calls(&self, tool: &str) -> u64 {
-        self.control().await["calls"][tool].as_u64().unwrap_or(0)
+        match self.kind {
+            Kind::Rust => self.control().await["calls"][tool].as_u64().unwrap_or(0),
+            Kind::Python => {
+                let counts: Value = self
+                    .http
+                    .get(format!("{}/calls", self.base_url()))
+                    .send()
+                    .await
+                    .expect("GET /calls")
+                    .json()
+                    .await
+                    .expect("/calls JSON");
+                counts[tool].as_u64().unwrap_or(0)
+            }
+        }
     }
 }
 
@@ -194,9 +237,43 @@ impl Member {
         ttl: u32,
     ) -> Member {
         let server = McpServer::lab(env, instance_id, lab_args).await;
+        Self::register(
+            env,
+            etcd,
+            service,
+            server,
+            "read_order,write_order,echo",
+            ttl,
+        )
+    }
+
+    /// The official Python SDK server (`tests/python/server.py`, see [`McpServer::python`]),
+    /// registered with its four tools.
+    pub async fn python(
+        env: &TestEnv,
+        etcd: &str,
+        service: &str,
+        instance_id: &str,
+        extra: &[&str],
+        ttl: u32,
+    ) -> Member {
+        let server = McpServer::python(env, instance_id, extra).await;
+        let tools = "read_order,write_order,fail_order,slow_order";
+        Self::register(env, etcd, service, server, tools, ttl)
+    }
+
+    fn register(
+        env: &TestEnv,
+        etcd: &str,
+        service: &str,
+        server: McpServer,
+        tools: &str,
+        ttl: u32,
+    ) -> Member {
+        let instance_id = server.instance_id.clone();
         let registrar = Registrant::new(etcd, service, &server.endpoint())
-            .arg("--instance-id", instance_id)
-            .arg("--tools", "read_order,write_order,echo")
+            .arg("--instance-id", &instance_id)
+            .arg("--tools", tools)
             .arg("--ttl", &ttl.to_string())
             .spawn(env, &format!("{instance_id}.registrar"));
         Member {

@@ -1,0 +1,175 @@
+//! One gateway as a user runs it: etcd, toolgate-xds and an Envoy with the toolgate filter,
+//! with the operations tests need (policies, overrides, waiting for Envoy to route or for the
+//! filter to have a configuration).
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::envoy::Envoy;
+use crate::etcd::Etcd;
+use crate::servers::Member;
+use crate::testenv::TestEnv;
+use crate::wait::wait_until;
+use crate::xds::Xds;
+
+/// The admin token of every [`Stack`]'s toolgate-xds.
+pub const ADMIN_TOKEN: &str = "test-admin-token";
+
+/// How a [`Stack`] is started.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Envoy worker threads.
+    pub concurrency: u32,
+    /// Extra `toolgate-xds serve` flags.
+    pub xds_args: Vec<String>,
+    /// Extra `toolgate-xds bootstrap` flags.
+    pub bootstrap_args: Vec<String>,
+    /// Whether Envoy runs the toolgate filter.
+    pub filter: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            concurrency: 1,
+            xds_args: Vec::new(),
+            bootstrap_args: Vec::new(),
+            filter: true,
+        }
+    }
+}
+
+impl Options {
+    pub fn concurrency(mut self, n: u32) -> Self {
+        self.concurrency = n;
+        self
+    }
+
+    pub fn xds_arg(mut self, args: &[&str]) -> Self {
+        self.xds_args.extend(args.iter().map(|s| s.to_string()));
+        self
+    }
+
+    pub fn bootstrap_arg(mut self, args: &[&str]) -> Self {
+        self.bootstrap_args
+            .extend(args.iter().map(|s| s.to_string()));
+        self
+    }
+
+    pub fn without_filter(mut self) -> Self {
+        self.filter = false;
+        self
+    }
+}
+
+pub struct Stack {
+    pub etcd: Etcd,
+    pub xds: Xds,
+    pub envoy: Envoy,
+}
+
+impl Stack {
+    /// A gateway with the filter and one Envoy worker.
+    pub async fn start(env: &TestEnv) -> Stack {
+        Self::with(env, Options::default()).await
+    }
+
+    pub async fn with(env: &TestEnv, options: Options) -> Stack {
+        let etcd = Etcd::start(env).await;
+        let mut xds_args: Vec<&str> = vec!["--admin-token-env", "TOOLGATE_TEST_ADMIN_TOKEN"];
+        xds_args.extend(options.xds_args.iter().map(String::as_str));
+        let xds = Xds::start_with_env(
+            env,
+            "xds",
+            &etcd.endpoint(),
+            &xds_args,
+            &[("TOOLGATE_TEST_ADMIN_TOKEN", ADMIN_TOKEN)],
+        )
+        .await;
+        let bootstrap: Vec<&str> = options.bootstrap_args.iter().map(String::as_str).collect();
+        let envoy = if options.filter {
+            Envoy::start_with_filter(env, "envoy", &xds, options.concurrency, &bootstrap).await
+        } else {
+            Envoy::start_with(env, "envoy", &xds, options.concurrency, &bootstrap).await
+        };
+        Stack { etcd, xds, envoy }
+    }
+
+    /// The gateway URL of a service.
+    pub fn url(&self, service: &str) -> String {
+        self.envoy.url(service)
+    }
+
+    /// Puts a breaker policy (`key`: `<service>` or `<service>/<tool>`) into etcd and waits
+    /// until Envoy's filter has it.
+    pub async fn policy(&self, key: &str, policy: Value) {
+        self.put(&format!("/mcp/policies/{key}"), &policy.to_string())
+            .await;
+        let (service, tool) = key.split_once('/').unwrap_or((key, ""));
+        self.wait_filter_config(&format!("policy {key}"), |c| {
+            let entry = &c["services"][service];
+            let applied = if tool.is_empty() {
+                &entry["policy"]
+            } else {
+                &entry["tools"][tool]
+            };
+            policy
+                .as_object()
+                .is_some_and(|p| p.iter().all(|(k, v)| &applied[k] == v))
+        })
+        .await;
+    }
+
+    /// Forces a tool open (or closed) through etcd, as the admin API does, and waits until
+    /// Envoy's filter has it.
+    pub async fn force(&self, service: &str, tool: &str, mode: &str, reason: &str) {
+        let value = serde_json::json!({"mode": mode, "reason": reason, "author": "test"});
+        self.put(
+            &format!("/mcp/overrides/{service}/{tool}"),
+            &value.to_string(),
+        )
+        .await;
+        self.wait_filter_config(&format!("override {service}/{tool}"), |c| {
+            c["overrides"][service][tool]["mode"] == mode
+        })
+        .await;
+    }
+
+    pub async fn put(&self, key: &str, value: &str) {
+        let mut c = self.etcd.client().await;
+        c.put(key, value, None).await.expect("etcd put");
+    }
+
+    /// Waits until Envoy routes `service` to exactly `members`, and the filter knows the
+    /// service's tools.
+    pub async fn routes(&self, service: &str, members: &[&Member]) {
+        let mut want: Vec<String> = members.iter().map(|m| m.server.endpoint()).collect();
+        want.sort();
+        wait_until(
+            &format!("envoy routes {service} to {want:?}"),
+            Duration::from_secs(20),
+            || {
+                let want = want.clone();
+                async move { self.envoy.addresses(service).await == want }
+            },
+        )
+        .await;
+        if !members.is_empty() {
+            self.wait_filter_config(&format!("the catalog has {service}"), |c| {
+                c["catalog"].get(service).is_some()
+            })
+            .await;
+        }
+    }
+
+    /// Waits until the filter configuration Envoy applied satisfies `check`.
+    pub async fn wait_filter_config(&self, what: &str, check: impl Fn(&Value) -> bool) {
+        wait_until(
+            &format!("envoy's filter has {what}"),
+            Duration::from_secs(20),
+            || async { self.envoy.filter_config().await.is_some_and(|c| check(&c)) },
+        )
+        .await;
+    }
+}
