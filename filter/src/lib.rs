@@ -4,8 +4,9 @@
 //! names and caches the per-(service, tool) Envoy stats, `feedback` counts call outcomes per
 //! upstream endpoint for toolgate-xds, `fleet` applies what the other gateways and operators
 //! decided and renders this gateway's breaker events.
-//! `catalog` says which services and tools get breakers, `call` is the life of one request
-//! through the filter behind a host trait. `host/` is the only code that calls proxy-wasm.
+//! `catalog` says which services and tools get breakers, `session` seals the upstream address
+//! out of `Mcp-Session-Id`, `call` is the life of one request through the filter behind a host
+//! trait. `host/` is the only code that calls proxy-wasm.
 
 pub mod breaker;
 pub mod call;
@@ -13,6 +14,7 @@ pub mod catalog;
 pub mod feedback;
 pub mod fleet;
 pub mod mcp;
+pub mod session;
 pub mod stats;
 pub mod upstream;
 

@@ -378,9 +378,14 @@ pub struct FilterConfig {
     /// instances; empty when they list none). The filter keeps breakers only for what is
     /// here: a request cannot create state by naming a service or tool nobody registered.
     pub catalog: BTreeMap<String, BTreeSet<String>>,
+    /// The key (32 bytes, standard base64) the filter seals `Mcp-Session-Id` with, so that no
+    /// upstream address reaches a client; empty: not sealed.
+    #[serde(skip_serializing_if = "ReportToken::is_empty")]
+    pub session_key: ReportToken,
 }
 
-/// A secret that never shows in a `Debug` print (configurations are logged and asserted on).
+/// A secret that never shows in a `Debug` print (configurations are logged and asserted on):
+/// the filters' report token, the session-sealing key.
 #[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct ReportToken(pub String);
@@ -414,6 +419,7 @@ impl Default for FilterConfig {
             report_token: ReportToken::default(),
             access_log: false,
             catalog: BTreeMap::new(),
+            session_key: ReportToken::default(),
         }
     }
 }

@@ -13,6 +13,7 @@ pub mod health;
 pub mod metrics;
 pub mod registry;
 pub mod routing;
+pub mod session_key;
 pub mod status;
 pub mod trace;
 pub mod xds;

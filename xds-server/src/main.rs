@@ -119,6 +119,13 @@ struct ServeArgs {
     /// Name of the environment variable holding that token.
     #[arg(long)]
     report_token_env: Option<String>,
+    /// File holding the key (32 bytes, base64: `head -c32 /dev/urandom | base64`) the filters
+    /// seal Mcp-Session-Id with, so that no client learns an upstream address. Give every
+    /// gateway of a fleet the same file, or a session that moves to another gateway must
+    /// initialize again. Without it, the key is kept in --state-dir (made once), or lives as
+    /// long as the process.
+    #[arg(long)]
+    session_key_file: Option<PathBuf>,
     /// Export OpenTelemetry spans of the propagation path (etcd event, snapshot, each xDS
     /// push) over OTLP/gRPC to this collector, e.g. http://otel-collector:4317.
     #[arg(long, value_name = "URL")]
@@ -406,13 +413,26 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             humantime::format_duration(health_config.probe_interval)
         );
     }
+    let (session_key, key_source) = toolgate_xds::session_key::load(
+        args.session_key_file.as_deref(),
+        args.state_dir.as_deref(),
+    )?;
+    match &key_source {
+        toolgate_xds::session_key::Source::Process => warn!(
+            "no --session-key-file and no --state-dir: session ids are sealed with a key made \
+             for this process; after a restart, or on another gateway, clients must initialize \
+             their sessions again"
+        ),
+        source => info!(?source, "sealing session ids"),
+    }
     let registry = Arc::new(RwLock::new(
         Registry::with_health(KeyLayout::new(&args.prefix), health_config.clone())
             .with_endpoint_policy(EndpointPolicy::new(args.allowed_cidrs.clone()))
             .with_request_limits(RequestLimits {
                 max_body_bytes: args.max_body_bytes,
                 max_json_depth: args.max_json_depth,
-            }),
+            })
+            .with_session_key(session_key),
     ));
     let status = Arc::new(EtcdStatus::default());
     let (publisher, snapshots) =

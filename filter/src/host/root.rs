@@ -238,7 +238,13 @@ impl RootContext for Root {
             // Breaker state lives in shared data: a new configuration never resets it, only
             // lays the fleet's state over it.
             Ok(config) => {
-                self.shared.borrow_mut().config = config;
+                if !self.shared.borrow_mut().configure(config) {
+                    log(
+                        LogLevel::Error,
+                        "toolgate: the session key is not 32 bytes of base64: session ids are \
+                         not sealed, and show the upstream addresses to clients",
+                    );
+                }
                 self.apply_fleet();
             }
             Err(e) => log(

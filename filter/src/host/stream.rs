@@ -26,6 +26,10 @@ impl CallHost for Envoy {
             .flatten()
     }
 
+    fn set_request_header(&self, name: &str, value: Option<&str>) {
+        let _ = hostcalls::set_map_value(MapType::HttpRequestHeaders, name, value);
+    }
+
     fn request_body(&self, len: usize) -> Option<Vec<u8>> {
         hostcalls::get_buffer(BufferType::HttpRequestBody, 0, len)
             .ok()
@@ -52,15 +56,13 @@ impl CallHost for Envoy {
         let _ = hostcalls::set_buffer(BufferType::HttpResponseBody, 0, len, body);
     }
 
-    fn send_reply(&self, status: u32, reply: &Reply) {
-        let _ = hostcalls::send_http_response(
-            status,
-            vec![
-                ("content-type", reply.content_type),
-                ("cache-control", "no-store"),
-            ],
-            Some(&reply.body),
-        );
+    fn send_reply(&self, status: u32, reply: &Reply, headers: &[(&str, &str)]) {
+        let mut all = vec![
+            ("content-type", reply.content_type),
+            ("cache-control", "no-store"),
+        ];
+        all.extend_from_slice(headers);
+        let _ = hostcalls::send_http_response(status, all, Some(&reply.body));
     }
 
     fn property(&self, path: &[&str]) -> Option<Vec<u8>> {

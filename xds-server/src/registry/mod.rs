@@ -118,6 +118,8 @@ pub struct Registry {
     /// filter, which keeps breakers only for these. A service whose last instance left keeps
     /// its last list, as it keeps its route. Refreshed with the routes of stale services.
     catalog: BTreeMap<String, BTreeSet<String>>,
+    /// The key the filters seal `Mcp-Session-Id` with (base64), if any.
+    session_key: String,
 }
 
 impl Registry {
@@ -151,7 +153,14 @@ impl Registry {
             endpoints: Arc::default(),
             request_limits: RequestLimits::default(),
             catalog: BTreeMap::new(),
+            session_key: String::new(),
         }
+    }
+
+    /// The key the filters seal session ids with (see `session_key.rs`).
+    pub fn with_session_key(mut self, key: String) -> Self {
+        self.session_key = key;
+        self
     }
 
     /// Which endpoint addresses registrations may name (dangerous ones never).
@@ -425,6 +434,7 @@ impl Registry {
             max_body_bytes: self.request_limits.max_body_bytes,
             max_json_depth: self.request_limits.max_json_depth,
             catalog: self.catalog.clone(),
+            session_key: toolgate_model::policy::ReportToken(self.session_key.clone()),
             ..FilterConfig::default()
         };
         for ((service, tool), e) in &self.fleet {
