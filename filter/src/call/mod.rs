@@ -36,6 +36,7 @@ use crate::mcp::request::{
 };
 use crate::mcp::response::{classify_response, is_client_fault, ResponseClass};
 use crate::mcp::sse::SseScanner;
+use crate::session::{self, Sealer};
 use crate::stats::{MetricHost, Stats, ToolMetrics};
 use crate::upstream::{verdict, Verdict};
 
@@ -67,6 +68,7 @@ pub enum Level {
 pub trait CallHost {
     fn now_ms(&self) -> u64;
     fn request_header(&self, name: &str) -> Option<String>;
+    fn set_request_header(&self, name: &str, value: Option<&str>);
     /// The buffered request body, `len` bytes from the start.
     fn request_body(&self, len: usize) -> Option<Vec<u8>>;
     fn response_header(&self, name: &str) -> Option<String>;
@@ -74,14 +76,18 @@ pub trait CallHost {
     /// The response body chunk (or buffered body) at hand, `len` bytes.
     fn response_body(&self, len: usize) -> Option<Vec<u8>>;
     fn set_response_body(&self, len: usize, body: &[u8]);
-    /// A local reply in place of the upstream's (or before one).
-    fn send_reply(&self, status: u32, reply: &Reply);
+    /// A local reply in place of the upstream's (or before one), with `headers` besides its
+    /// content type.
+    fn send_reply(&self, status: u32, reply: &Reply, headers: &[(&str, &str)]);
     /// A stream property (`["response", "code_details"]`, `["upstream", "address"]`).
     fn property(&self, path: &[&str]) -> Option<Vec<u8>>;
     /// An access-log field (see `host::log_field`).
     fn set_log_field(&self, name: &str, value: &str);
     fn log(&self, level: Level, message: &str);
 }
+
+/// The session header (HTTP header names are case-insensitive; Envoy keeps them lower case).
+pub const SESSION_HEADER: &str = "mcp-session-id";
 
 /// Names of the access-log fields the filter sets (a contract with the bootstrap's format).
 pub mod log_field {
@@ -97,6 +103,9 @@ pub struct Shared<S, M> {
     pub stats: Stats<M>,
     pub feedback: Feedback,
     pub unlisted: Unlisted,
+    /// Seals `Mcp-Session-Id` when the configuration carries a key.
+    pub sealer: Option<Sealer>,
+    seed: u64,
 }
 
 impl<S: SharedStore, M: MetricHost> Shared<S, M> {
@@ -107,7 +116,26 @@ impl<S: SharedStore, M: MetricHost> Shared<S, M> {
             stats: Stats::new(metrics),
             feedback: Feedback::new(),
             unlisted: Unlisted::new(),
+            sealer: None,
+            seed,
         }
+    }
+
+    /// Takes a new configuration; `false` if its session key is set but unusable (the filter
+    /// then passes session ids as they are, and says so).
+    pub fn configure(&mut self, config: FilterConfig) -> bool {
+        let key = config.session_key.0.clone();
+        self.config = config;
+        if key.is_empty() {
+            self.sealer = None;
+            return true;
+        }
+        // Each configuration's root has its own nonce prefix (seed), so a new sealer never
+        // repeats a nonce of the old one.
+        self.seed = self.seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let vm_seed = (u128::from(self.seed) << 64) | u128::from(self.seed.rotate_left(17));
+        self.sealer = Sealer::new(&key, vm_seed);
+        self.sealer.is_some()
     }
 }
 
@@ -293,10 +321,17 @@ enum Watch {
     Replace(Reply),
 }
 
+/// Seconds a client is told to wait before it opens a GET stream again when no server is
+/// there: both official SDKs honour an SSE `retry` only on an open stream, so this is advice
+/// (`Retry-After`); neither reconnects in a loop on a 503.
+pub const STREAM_RETRY_AFTER_SECS: &str = "5";
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Stage {
     /// Not a request the filter reads (another path, another method).
     Ignored,
+    /// An MCP GET stream: only an Envoy-made failure is answered, in MCP's terms.
+    Stream,
     /// A POST whose body is being held for judging.
     Reading,
     /// The body was judged; the request went upstream (or was answered).
@@ -318,6 +353,8 @@ pub struct Call<S, M> {
     watch: Watch,
     /// Breaker events for the fleet, for the host to hand to the reporting root context.
     events: Vec<BreakerEvent>,
+    /// Session ids of this stream are sealed (an MCP path, with a key configured).
+    sealing: bool,
 }
 
 impl<S: SharedStore, M: MetricHost> Call<S, M> {
@@ -335,6 +372,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             admitted: None,
             watch: Watch::None,
             events: Vec::new(),
+            sealing: false,
         }
     }
 
@@ -359,8 +397,21 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         };
         // Envoy routes `/mcp/<service>` by path-separated prefix: the service ends at `/` or `?`.
         let service = rest.split(['/', '?']).next().unwrap_or_default();
-        if service.is_empty() || host.request_header(":method").as_deref() != Some("POST") {
+        if service.is_empty() {
             return Action::Continue;
+        }
+        self.open_session(host);
+        match host.request_header(":method").as_deref() {
+            Some("POST") => {}
+            Some("GET") => {
+                self.service = Some(service.to_string());
+                self.version = ProtocolVersion::from_header(
+                    host.request_header("mcp-protocol-version").as_deref(),
+                );
+                self.stage = Stage::Stream;
+                return Action::Continue;
+            }
+            _ => return Action::Continue,
         }
         self.service = Some(service.to_string());
         self.version =
@@ -420,10 +471,41 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         self.judge(host)
     }
 
+    /// Restores the session id the agent sent from its sealed form (see [`crate::session`]),
+    /// before Envoy's session affinity reads it.
+    fn open_session(&mut self, host: &impl CallHost) {
+        let shared = self.shared.borrow();
+        let Some(sealer) = &shared.sealer else {
+            return;
+        };
+        self.sealing = true;
+        let Some(sent) = host.request_header(SESSION_HEADER) else {
+            return;
+        };
+        match sealer.open(&sent) {
+            Some(value) => host.set_request_header(SESSION_HEADER, Some(&value)),
+            None => host.set_request_header(SESSION_HEADER, Some(&session::unusable(&sent))),
+        }
+    }
+
+    /// Seals the session id of a response, which Envoy's session affinity has just wrapped
+    /// around the upstream's address.
+    fn seal_session(&mut self, host: &impl CallHost) {
+        let Some(value) = host.response_header(SESSION_HEADER) else {
+            return;
+        };
+        let sealed = match self.shared.borrow_mut().sealer.as_mut() {
+            Some(sealer) => sealer.seal(&value),
+            None => return,
+        };
+        // A value too long to seal is dropped rather than passed with an address in it.
+        host.set_response_header(SESSION_HEADER, sealed.as_deref());
+    }
+
     /// Sends a local reply and stops the request there.
     fn answer(&mut self, host: &impl CallHost, status: u32, reply: &Reply) -> Action {
         self.stage = Stage::Judged;
-        host.send_reply(status, reply);
+        host.send_reply(status, reply, &[]);
         Action::Pause
     }
 
@@ -724,6 +806,12 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
     }
 
     pub fn on_response_headers(&mut self, host: &impl CallHost, end_of_stream: bool) -> Action {
+        if self.sealing {
+            self.seal_session(host);
+        }
+        if self.stage == Stage::Stream {
+            return self.stream_response(host, end_of_stream);
+        }
         if self.request.is_none() {
             return Action::Continue;
         }
@@ -759,6 +847,9 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                     if let Some(judged) = &self.request {
                         self.watch = Watch::Sse(SseScanner::new(judged.id.clone()));
                     }
+                    // The stream may end without the response, and then gets one more event:
+                    // a declared length would cut it off.
+                    host.set_response_header("content-length", None);
                     return Action::Continue;
                 }
                 let declared = host
@@ -809,9 +900,44 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         }
     }
 
+    /// A GET stream Envoy could not open (no healthy instance, connect failure, full pool):
+    /// 503 with `Retry-After` and a JSON-RPC error naming the service. A server's own answer
+    /// passes as it is.
+    fn stream_response(&mut self, host: &impl CallHost, end_of_stream: bool) -> Action {
+        let status = host
+            .response_header(":status")
+            .and_then(|s| s.parse::<u16>().ok())
+            .unwrap_or(0);
+        if status < 500 {
+            return Action::Continue;
+        }
+        let details = self.code_details(host);
+        let overloaded = host.response_header("x-envoy-overloaded").is_some();
+        let what = match verdict(status, overloaded, &details) {
+            Verdict::Overloaded => UpstreamFailure::NoHealthyUpstream,
+            Verdict::Failed(UpstreamFailure::Http5xx(_)) => return Action::Continue,
+            Verdict::Failed(what) => what,
+            _ => return Action::Continue,
+        };
+        let Some(service) = &self.service else {
+            return Action::Continue;
+        };
+        let reply = reply::stream_unavailable(self.version, service, what);
+        if end_of_stream {
+            host.send_reply(503, &reply, &[("retry-after", STREAM_RETRY_AFTER_SECS)]);
+            return Action::Pause;
+        }
+        host.set_response_header(":status", Some("503"));
+        host.set_response_header("content-type", Some(reply.content_type));
+        host.set_response_header("content-length", None);
+        host.set_response_header("retry-after", Some(STREAM_RETRY_AFTER_SECS));
+        self.watch = Watch::Replace(reply);
+        Action::Continue
+    }
+
     /// Replaces a response that has no body to replace: a local reply in its place.
     fn replace_now(&mut self, host: &impl CallHost, reply: Reply) -> Action {
-        host.send_reply(200, &reply);
+        host.send_reply(200, &reply, &[]);
         Action::Pause
     }
 

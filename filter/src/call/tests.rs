@@ -67,6 +67,13 @@ impl CallHost for Stream {
     fn request_header(&self, name: &str) -> Option<String> {
         self.request_headers.borrow().get(name).cloned()
     }
+    fn set_request_header(&self, name: &str, value: Option<&str>) {
+        let mut h = self.request_headers.borrow_mut();
+        match value {
+            Some(v) => h.insert(name.to_string(), v.to_string()),
+            None => h.remove(name),
+        };
+    }
     fn request_body(&self, len: usize) -> Option<Vec<u8>> {
         let body = self.request_body.borrow();
         Some(body[..len.min(body.len())].to_vec())
@@ -88,7 +95,7 @@ impl CallHost for Stream {
     fn set_response_body(&self, _len: usize, body: &[u8]) {
         *self.response_body.borrow_mut() = body.to_vec();
     }
-    fn send_reply(&self, status: u32, reply: &Reply) {
+    fn send_reply(&self, status: u32, reply: &Reply, _headers: &[(&str, &str)]) {
         self.replies.borrow_mut().push((status, reply.clone()));
     }
     fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
@@ -683,4 +690,88 @@ fn compressed_bodies_are_refused() {
     let (status, reply) = f.reply();
     assert_eq!(status, 415);
     assert_eq!(reply["error"]["code"], -32700);
+}
+
+#[test]
+fn a_get_stream_envoy_cannot_open_gets_a_503_with_advice() {
+    let w = Worker::new();
+    let stream = Stream::default();
+    {
+        let mut h = stream.request_headers.borrow_mut();
+        h.insert(":path".into(), "/mcp/orders".into());
+        h.insert(":method".into(), "GET".into());
+    }
+    let mut call = Call::new(w.shared.clone());
+    assert_eq!(call.on_request_headers(&stream, true), Action::Continue);
+    stream
+        .response_headers
+        .borrow_mut()
+        .insert(":status".into(), "503".into());
+    stream.properties.borrow_mut().insert(
+        "response.code_details".into(),
+        b"no_healthy_upstream".to_vec(),
+    );
+    assert_eq!(call.on_response_headers(&stream, false), Action::Continue);
+    let h = stream.response_headers.borrow().clone();
+    assert_eq!(h[":status"], "503");
+    assert_eq!(h["retry-after"], STREAM_RETRY_AFTER_SECS);
+    *stream.response_body.borrow_mut() = b"no healthy upstream".to_vec();
+    call.on_response_body(&stream, 19, true);
+    let v = json_of(&stream.response_body.borrow());
+    assert!(v["error"]["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("`orders`")));
+}
+
+#[test]
+fn session_ids_are_sealed_on_the_way_out_and_opened_on_the_way_in() {
+    let w = Worker::new();
+    let mut config = w.shared.borrow().config.clone();
+    config.session_key.0 = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=".into();
+    assert!(w.shared.borrow_mut().configure(config));
+    let envelope = "MTI3LjAuMC4xOjQ0MTE3;8c1f3a";
+    let out = Stream::default();
+    {
+        let mut h = out.request_headers.borrow_mut();
+        h.insert(":path".into(), "/mcp/orders".into());
+        h.insert(":method".into(), "POST".into());
+        out.response_headers
+            .borrow_mut()
+            .insert(SESSION_HEADER.into(), envelope.into());
+    }
+    *out.request_body.borrow_mut() =
+        br#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}"#.to_vec();
+    let mut call = Call::new(w.shared.clone());
+    call.on_request_headers(&out, false);
+    call.on_request_body(&out, 58, true);
+    call.on_response_headers(&out, false);
+    let sealed = out.response_headers.borrow()[SESSION_HEADER].clone();
+    assert!(
+        sealed.starts_with("tgs1.") && !sealed.contains("MTI3"),
+        "{sealed}"
+    );
+
+    let back = Stream::default();
+    {
+        let mut h = back.request_headers.borrow_mut();
+        h.insert(":path".into(), "/mcp/orders".into());
+        h.insert(":method".into(), "DELETE".into());
+        h.insert(SESSION_HEADER.into(), sealed);
+    }
+    Call::new(w.shared.clone()).on_request_headers(&back, true);
+    assert_eq!(back.request_headers.borrow()[SESSION_HEADER], envelope);
+
+    let forged = Stream::default();
+    {
+        let mut h = forged.request_headers.borrow_mut();
+        h.insert(":path".into(), "/mcp/orders".into());
+        h.insert(":method".into(), "GET".into());
+        h.insert(SESSION_HEADER.into(), envelope.into());
+    }
+    Call::new(w.shared.clone()).on_request_headers(&forged, true);
+    assert_eq!(
+        forged.request_headers.borrow()[SESSION_HEADER],
+        format!("!{envelope}"),
+        "an address written by the client picks no instance"
+    );
 }

@@ -717,6 +717,30 @@ pub fn service_unavailable(
     )
 }
 
+/// The answer to a GET stream that could not be opened: no request id exists, so the error
+/// has none (`null` before 2025-11-25); always JSON, since the client is not told an event
+/// stream opened.
+pub fn stream_unavailable(version: ProtocolVersion, service: &str, what: UpstreamFailure) -> Reply {
+    let details = Unavailable {
+        kind: UnavailableKind::UpstreamFailure { what },
+        tool: None,
+        retry_after_secs: None,
+        fallback_tool: None,
+    };
+    let message = format!(
+        "No server of the MCP service `{service}` is available for this stream right now; open \
+         it again in a few seconds."
+    );
+    error(
+        version,
+        None,
+        INTERNAL_ERROR,
+        &message,
+        Some(Meta(&details)),
+        Framing::Json,
+    )
+}
+
 /// The answer to a body the gateway cannot judge (see [`Refusal`]).
 pub fn refused(
     version: ProtocolVersion,
