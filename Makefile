@@ -62,6 +62,15 @@ chaos: build
 chaos-quick: build
 	target/release/toolgate-chaos --duration 2m $(CHAOS_ARGS)
 
+# make abuse: the hostile-agent tests (tests/tests/abuse.rs) alone, against real etcd,
+# toolgate-xds, Envoy and an official Python SDK server: duplicate keys, non-finite numbers,
+# HTTP/2 trailers and resets, batches, lying headers, client faults, made-up names, forged
+# session ids. make test runs them too, so they stay closed in CI.
+.PHONY: abuse
+
+abuse: build
+	$(CARGO) test $(PROFILE) -p toolgate-tests --test abuse -- --test-threads=$${TEST_THREADS:-2}
+
 .PHONY: bench bench-quick bench-filters
 
 bench-filters:

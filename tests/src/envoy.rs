@@ -339,6 +339,40 @@ impl Envoy {
         self.admin().stat(name).await
     }
 
+    /// Connections each worker thread of the gateway listener accepted so far
+    /// (`listener.<address>.worker_<n>.downstream_cx_total`), by worker.
+    pub async fn workers_with_connections(&self) -> Vec<u64> {
+        let text = match self
+            .http
+            .get(format!(
+                "{}/stats?filter=^listener\\..*\\.worker_[0-9]+\\.downstream_cx_total$",
+                self.admin_url()
+            ))
+            .send()
+            .await
+        {
+            Ok(r) => r.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        };
+        let mut workers: BTreeMap<u32, u64> = BTreeMap::new();
+        for line in text.lines() {
+            let Some((name, value)) = line.rsplit_once(": ") else {
+                continue;
+            };
+            // Only the gateway's own listener (not the admin's).
+            if !name.contains(&format!("_{}.worker_", self.port)) {
+                continue;
+            }
+            let worker = name
+                .rsplit_once(".worker_")
+                .and_then(|(_, rest)| rest.split('.').next()?.parse::<u32>().ok());
+            if let (Some(worker), Ok(value)) = (worker, value.trim().parse::<u64>()) {
+                *workers.entry(worker).or_default() += value;
+            }
+        }
+        workers.into_values().collect()
+    }
+
     /// Envoy's stats in Prometheus text (`/stats/prometheus`).
     pub async fn prometheus(&self) -> String {
         match self

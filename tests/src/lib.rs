@@ -12,6 +12,7 @@ pub mod paths;
 pub mod process;
 pub mod rmcp_client;
 pub mod schema;
+pub mod sdk;
 pub mod servers;
 pub mod stack;
 pub mod testenv;

@@ -236,15 +236,32 @@ impl Member {
         lab_args: &[&str],
         ttl: u32,
     ) -> Member {
-        let server = McpServer::lab(env, instance_id, lab_args).await;
-        Self::register(
+        Self::start_with_tools(
             env,
             etcd,
             service,
-            server,
+            instance_id,
+            lab_args,
             "read_order,write_order,echo",
             ttl,
         )
+        .await
+    }
+
+    /// [`start`](Self::start) with a lab serving and registering `tools` (comma-separated).
+    pub async fn start_with_tools(
+        env: &TestEnv,
+        etcd: &str,
+        service: &str,
+        instance_id: &str,
+        lab_args: &[&str],
+        tools: &str,
+        ttl: u32,
+    ) -> Member {
+        let mut args = vec!["--tools", tools];
+        args.extend_from_slice(lab_args);
+        let server = McpServer::lab(env, instance_id, &args).await;
+        Self::register(env, etcd, service, server, tools, ttl)
     }
 
     /// The official Python SDK server (`tests/python/server.py`, see [`McpServer::python`]),

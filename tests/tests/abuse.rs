@@ -70,7 +70,9 @@ async fn duplicate_keys_and_non_finite_numbers_never_run_a_forced_open_tool() {
     honest_calls_behave(&stack, &member).await;
 
     let s = McpSession::unconnected(&stack.url("orders"));
-    let attacks: Vec<(&str, String, Vec<(&str, &str)>)> = vec![
+    // What, the body, extra headers.
+    type Attack<'a> = (&'a str, String, Vec<(&'a str, &'a str)>);
+    let attacks: Vec<Attack> = vec![
         (
             "duplicate params.name",
             r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"read_order","name":"write_order","arguments":{}}}"#.into(),
@@ -383,4 +385,44 @@ async fn names_nobody_registered_create_no_state_in_envoy() {
         stats_before,
         "no stat defined for names nobody registered"
     );
+}
+
+/// 17.11: the session id a client gets carries no upstream address (Envoy's session affinity
+/// writes one in; the filter seals it), the sealed id still keeps the session on its instance,
+/// and an id a client writes itself picks no instance (the server answers 404).
+#[tokio::test]
+async fn session_ids_carry_no_upstream_address() {
+    use base64::Engine;
+    let env = TestEnv::new("session_ids_carry_no_upstream_address");
+    let stack = Stack::start(&env).await;
+    let member = Member::python(&env, &stack.etcd.endpoint(), "orders", "orders-1", &[], TTL).await;
+    stack.routes("orders", &[&member]).await;
+    let mut s = McpSession::connect(&stack.url("orders")).await;
+    let sealed = s.session.clone().expect("a session id");
+    let address = base64::engine::general_purpose::STANDARD.encode(member.server.endpoint());
+    println!("session id the client got: {sealed}");
+    assert!(sealed.starts_with("tgs1."), "{sealed}");
+    assert!(!sealed.contains(&address), "{sealed} carries {address}");
+    for _ in 0..3 {
+        let r = s.call_tool("read_order", json!({})).await;
+        assert_eq!(
+            r.status,
+            StatusCode::OK,
+            "the sealed id keeps the session: {}",
+            r.body
+        );
+        assert_eq!(r.breaker_state(), None, "{}", r.body);
+    }
+    assert_eq!(member.server.calls("read_order").await, 3);
+    // An envelope the client wrote itself: the address of the instance and the server's id.
+    let server_id = "0123456789abcdef0123456789abcdef";
+    let mut forged = McpSession::unconnected(&stack.url("orders"));
+    forged.session = Some(format!("{address};{server_id}"));
+    let r = forged.call_tool("read_order", json!({})).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", r.body);
+    let mut tampered = McpSession::unconnected(&stack.url("orders"));
+    tampered.session = Some(format!("{sealed}x"));
+    let r = tampered.call_tool("read_order", json!({})).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", r.body);
+    assert_eq!(member.server.calls("read_order").await, 3);
 }

@@ -37,8 +37,9 @@ struct Cli {
     /// Per-tool delay replacing --latency-ms for that tool (repeatable).
     #[arg(long = "tool-latency", value_name = "TOOL=MS", value_parser = knobs::parse_tool_latency)]
     tool_latency: Vec<(String, u64)>,
-    /// Failure mode of a tool (repeatable): none, http500, reset, hang,
-    /// jsonrpc_error or is_error.
+    /// Failure mode of a tool (repeatable): none, http500, http500_empty, http502_html,
+    /// http503_jsonrpc, sse_ends_early, sse_reset, json_reset, reset, hang, jsonrpc_error or
+    /// is_error.
     #[arg(long = "fail", value_name = "TOOL=MODE", value_parser = knobs::parse_fail_spec)]
     fail: Vec<(String, FailureMode)>,
     /// Probability (0.0 to 1.0) that a call to a tool with a failure mode fails.
