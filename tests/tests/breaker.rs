@@ -440,10 +440,12 @@ async fn a_hung_service_fills_only_its_own_bulkhead() {
     for i in 0..10 {
         slow_calls.push(tokio::spawn(call(gw.envoy.url("slow"), i)));
     }
+    // The hung service holds what its bulkhead let through (one or two calls: how many get a
+    // connection before the rest overflow depends on timing).
     wait_until(
-        "the hung service holds its bulkhead's calls",
+        "the hung service holds a call",
         Duration::from_secs(30),
-        || async { slow.server.calls("echo").await >= 2 },
+        || async { slow.server.calls("echo").await >= 1 },
     )
     .await;
     // While the slow service is saturated, the fast one answers at its normal speed.

@@ -401,9 +401,12 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             return Action::Continue;
         }
         self.open_session(host);
-        match host.request_header(":method").as_deref() {
-            Some("POST") => {}
-            Some("GET") => {
+        // Methods are case-sensitive, but a server's framework may not be: "post" is judged
+        // like "POST" rather than passed on unread.
+        let method = host.request_header(":method").unwrap_or_default();
+        match method.to_ascii_uppercase().as_str() {
+            "POST" => {}
+            "GET" => {
                 self.service = Some(service.to_string());
                 self.version = ProtocolVersion::from_header(
                     host.request_header("mcp-protocol-version").as_deref(),
