@@ -14,7 +14,7 @@ struct Gateway {
     envoy: Envoy,
     member: Member,
     _xds: Xds,
-    _etcd: Etcd,
+    etcd: Etcd,
     _env: TestEnv,
 }
 
@@ -35,7 +35,7 @@ async fn gateway(name: &str, bootstrap_args: &[&str]) -> Gateway {
         envoy,
         member,
         _xds: xds,
-        _etcd: etcd,
+        etcd,
         _env: env,
     }
 }
@@ -109,6 +109,14 @@ fn call_head(content_length: usize) -> String {
     )
 }
 
+/// The request that opens MCP's GET stream of `session`.
+fn get_stream_head(service: &str, session: &str) -> String {
+    format!(
+        "GET /mcp/{service} HTTP/1.1\r\nhost: gateway\r\naccept: text/event-stream\r\n\
+         mcp-protocol-version: 2025-06-18\r\nmcp-session-id: {session}\r\n\r\n"
+    )
+}
+
 /// Opens MCP's GET stream (SSE) for `session` on `service` and reads its response headers;
 /// panics unless they say 200 and `text/event-stream`. The stream stays open in the returned
 /// connection.
@@ -116,11 +124,10 @@ async fn open_get_stream(envoy: &Envoy, service: &str, session: &str) -> TcpStre
     let mut stream = TcpStream::connect(("127.0.0.1", envoy.port))
         .await
         .expect("connect");
-    let head = format!(
-        "GET /mcp/{service} HTTP/1.1\r\nhost: gateway\r\naccept: text/event-stream\r\n\
-         mcp-protocol-version: 2025-06-18\r\nmcp-session-id: {session}\r\n\r\n"
-    );
-    stream.write_all(head.as_bytes()).await.expect("send GET");
+    stream
+        .write_all(get_stream_head(service, session).as_bytes())
+        .await
+        .expect("send GET");
     let mut got = Vec::new();
     let mut buf = [0u8; 1024];
     while !got.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -603,4 +610,101 @@ async fn under_a_flood_of_bodies_envoy_sheds_load_at_its_heap_budget() {
     let mut s = McpSession::connect(&envoy.url("orders")).await;
     let reply = s.call_tool("echo", json!({})).await;
     assert!(reply.text().contains("orders-1"), "{}", reply.body);
+}
+
+/// The thresholds of one priority of a cluster's circuit breakers, as Envoy holds them
+/// (admin `/clusters?format=json`).
+async fn thresholds(envoy: &Envoy, cluster: &str, priority: &str) -> serde_json::Value {
+    let v: serde_json::Value = reqwest::get(format!("{}/clusters?format=json", envoy.admin_url()))
+        .await
+        .expect("GET /clusters")
+        .json()
+        .await
+        .expect("/clusters JSON");
+    v["cluster_statuses"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["name"] == cluster)
+        .and_then(|c| c["circuit_breakers"]["thresholds"].as_array())
+        .into_iter()
+        .flatten()
+        // Envoy leaves out the default priority's name (the enum's zero).
+        .find(|t| t["priority"].as_str().unwrap_or("DEFAULT") == priority)
+        .cloned()
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn idle_get_streams_leave_the_connection_slots_of_calls_free() {
+    const SLOTS: u64 = 4;
+    let gw = gateway("edge_get_streams", &[]).await;
+    let envoy = &gw.envoy;
+    // The bulkhead of 4 connections; a call that cannot get one fails after 5 s.
+    let mut etcd = gw.etcd.client().await;
+    etcd.put(
+        "/mcp/policies/orders",
+        json!({"max_connections": SLOTS, "max_requests": SLOTS, "timeout_ms": 5000}).to_string(),
+        None,
+    )
+    .await
+    .expect("put the policy");
+    wait_until(
+        "Envoy has the bulkhead of 4",
+        Duration::from_secs(20),
+        || async { thresholds(envoy, "mcp.orders", "DEFAULT").await["max_connections"] == SLOTS },
+    )
+    .await;
+
+    // A client that will call a tool, connected first; then 6 clients that open their GET
+    // stream and stay silent.
+    let mut caller = McpSession::connect(&envoy.url("orders")).await;
+    let mut sessions = Vec::new();
+    for _ in 0..SLOTS + 2 {
+        let s = McpSession::connect(&envoy.url("orders")).await;
+        sessions.push(s.session.clone().expect("a session"));
+    }
+    // As many GET streams as the bulkhead has slots, answered; two more that wait for one.
+    let mut streams = Vec::new();
+    for session in &sessions[..SLOTS as usize] {
+        streams.push(open_get_stream(envoy, "orders", session).await);
+    }
+    for session in &sessions[SLOTS as usize..] {
+        let mut s = TcpStream::connect(("127.0.0.1", envoy.port))
+            .await
+            .expect("connect");
+        s.write_all(get_stream_head("orders", session).as_bytes())
+            .await
+            .expect("send GET");
+        streams.push(s);
+    }
+    let open = envoy.stat("cluster.mcp.orders.upstream_rq_active").await;
+    println!(
+        "{} GET streams opened ({SLOTS} answered, the others waiting), {open} requests active upstream",
+        streams.len()
+    );
+
+    let started = Instant::now();
+    let reply = caller
+        .call_tool("echo", json!({"beside": "GET streams"}))
+        .await;
+    println!(
+        "tools/call answered after {:?}: {}",
+        started.elapsed(),
+        reply.body
+    );
+    assert!(
+        reply.text().contains("orders-1"),
+        "the tool did not answer beside {} idle GET streams: {}",
+        streams.len(),
+        reply.body
+    );
+    assert_eq!(gw.member.server.calls("echo").await, 1);
+    // The streams hold their own bulkhead, the same size as the calls'.
+    let high = thresholds(envoy, "mcp.orders", "HIGH").await;
+    assert_eq!(high["max_connections"], SLOTS, "{high}");
+    let stream_cx = envoy
+        .stat("cluster.mcp.orders.circuit_breakers.high.cx_open")
+        .await;
+    println!("GET-stream bulkhead: {high}; full: {stream_cx}");
 }

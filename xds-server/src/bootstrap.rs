@@ -558,10 +558,10 @@ fn listener(opts: &BootstrapOptions) -> Value {
                     "stat_prefix": STAT_PREFIX,
                     "codec_type": "AUTO",
                     "rds": { "config_source": ads_source(), "route_config_name": ROUTE_CONFIG_NAME },
-                    // MCP's GET stream (SSE) may stay silent for long stretches. The default 5
-                    // minutes would cut it; disabling the timeout would leak streams whose peer
-                    // vanished. One hour, after which the client reconnects its stream.
-                    "stream_idle_timeout": "3600s",
+                    // Envoy's default, explicit. Every route sets its own: a call's is its
+                    // timeout, MCP's GET stream has its own idle limit (see resources.rs); this
+                    // one holds for requests that match no route.
+                    "stream_idle_timeout": "300s",
                     // Every byte of a trickled body resets the stream idle timeout: the request
                     // timeout is what bounds a request that never completes. It ends once the
                     // request is in (or the response begins), so responses are not cut.
