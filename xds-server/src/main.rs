@@ -268,6 +268,52 @@ struct BootstrapArgs {
     /// instance and the W3C `traceparent`.
     #[arg(long, value_name = "PATH")]
     access_log: Option<PathBuf>,
+    #[command(flatten)]
+    edge: EdgeArgs,
+}
+
+/// What one client may hold at Envoy's MCP listener. None of these cut a response once its
+/// request is in: a long tools/call and MCP's GET stream are unaffected.
+#[derive(Args, Debug)]
+struct EdgeArgs {
+    /// A request (headers and body) must arrive within this, or Envoy answers 408 (a
+    /// JSON-RPC error) and closes the connection: a client trickling its body holds memory
+    /// for this long at most.
+    #[arg(long, default_value = "30s", value_parser = positive_duration)]
+    request_timeout: Duration,
+    /// Request headers must arrive within this from their first byte (408 otherwise).
+    #[arg(long, default_value = "10s", value_parser = positive_duration)]
+    request_headers_timeout: Duration,
+    /// A client connection with no request in flight is closed after this.
+    #[arg(long, default_value = "60s", value_parser = positive_duration)]
+    idle_timeout: Duration,
+    /// Client connections to the MCP listener at once; Envoy closes further ones as it
+    /// accepts them. Envoy's global limit is this plus 16 for its admin listener (exempt, but
+    /// counted). Keep it under half of Envoy's file descriptor limit.
+    #[arg(long, default_value_t = bootstrap::EdgeLimits::default().max_connections,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections: u32,
+    /// Heap (MiB) Envoy's overload manager counts against: from 85% it resets the HTTP/2
+    /// streams holding the most buffered bytes, at 90% it returns free memory to the system,
+    /// at 95% it answers new requests 503 and closes new connections, at 98% it stops reading
+    /// HTTP/1 requests. Set it below the container's memory limit.
+    #[arg(long, default_value_t = bootstrap::EdgeLimits::default().max_heap_bytes / MIB,
+          value_parser = clap::value_parser!(u64).range(16..=1024 * 1024))]
+    max_heap_mib: u64,
+}
+
+const MIB: u64 = 1024 * 1024;
+
+impl EdgeArgs {
+    fn limits(&self) -> bootstrap::EdgeLimits {
+        bootstrap::EdgeLimits {
+            request_timeout: self.request_timeout,
+            request_headers_timeout: self.request_headers_timeout,
+            idle_timeout: self.idle_timeout,
+            max_connections: self.max_connections,
+            max_heap_bytes: self.max_heap_mib * MIB,
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -283,6 +329,7 @@ fn main() -> ExitCode {
                 control: args.control,
                 filter: args.filter,
                 access_log: args.access_log,
+                edge: args.edge.limits(),
                 xds_tls: match (args.xds_tls_ca, args.xds_tls_cert, args.xds_tls_key) {
                     (Some(ca), Some(cert), Some(key)) => Some(bootstrap::XdsClientTls {
                         ca,

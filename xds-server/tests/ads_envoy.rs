@@ -418,6 +418,7 @@ fn rendered_bootstrap_passes_envoy_validation() {
         filter: None,
         xds_tls: None,
         access_log: None,
+        edge: Default::default(),
     };
     // Addresses, then names Envoy resolves itself (as in Compose and Kubernetes), with the
     // filter and the access log reading its fields.
@@ -500,6 +501,7 @@ async fn envoy_follows_snapshots_over_ads_and_nothing_is_sent_when_nothing_chang
         filter: None,
         xds_tls: None,
         access_log: None,
+        edge: Default::default(),
     };
     let envoy = Envoy::start(&scratch_dir("ads-envoy"), &options("envoy-under-test"));
     // A second Envoy on the same server: every stream gets every change.

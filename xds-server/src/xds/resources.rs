@@ -24,9 +24,11 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
     lb_endpoint::HostIdentifier, ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints,
 };
 use envoy_types::pb::envoy::config::route::v3::{
-    header_matcher::HeaderMatchSpecifier, retry_policy, route, route_action::ClusterSpecifier,
-    route_match::PathSpecifier, HeaderMatcher, RetryPolicy, Route, RouteAction, RouteConfiguration,
-    RouteMatch, VirtualHost,
+    header_matcher::HeaderMatchSpecifier,
+    retry_policy, route,
+    route_action::{ClusterSpecifier, MaxStreamDuration},
+    route_match::PathSpecifier,
+    HeaderMatcher, RetryPolicy, Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost,
 };
 use envoy_types::pb::envoy::extensions::upstreams::http::v3::{
     http_protocol_options::{
@@ -51,9 +53,20 @@ pub const CLUSTER_PREFIX: &str = "mcp.";
 pub const SERVICE_PATH_PREFIX: &str = "/mcp/";
 /// `filter_metadata` namespace on each endpoint, read by the wasm filter to name the instance.
 pub const ENDPOINT_METADATA_NAMESPACE: &str = "toolgate";
-/// Timeout of a request other than an MCP GET stream (`tools/call` and the other POSTs).
 /// Name of the only virtual host of [`ROUTE_CONFIG_NAME`].
 const VIRTUAL_HOST_NAME: &str = "toolgate";
+/// An MCP GET stream (server-to-client SSE) that carries nothing for this long is closed;
+/// the client opens it again when it wants it (rmcp servers send a keep-alive comment every
+/// 15 s, so theirs stay).
+pub const GET_STREAM_IDLE_TIMEOUT_SECS: i64 = 300;
+/// Whatever it carries, a GET stream is closed after this, so a slot held by a client that
+/// went away without closing comes back; the client reconnects (resuming with
+/// `Last-Event-ID` where the server supports it).
+pub const GET_STREAM_MAX_DURATION_SECS: i64 = 3600;
+/// GET streams take their connections at this priority, calls at `Default`: Envoy keeps
+/// separate circuit-breaker counters and connection pools per priority, so streams never sit
+/// on the connection slots that calls need (see [`cluster`]).
+const GET_STREAM_PRIORITY: RoutingPriority = RoutingPriority::High;
 /// Key of the upstream protocol options in `typed_extension_protocol_options`.
 const HTTP_PROTOCOL_OPTIONS_KEY: &str = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
 
@@ -265,15 +278,22 @@ pub fn cluster(service: &str, route: &ServiceRoute) -> Cluster {
         }),
         outlier_detection: outlier_detection(),
         // The bulkhead: one slow MCP server fills only its own cluster's connection slots.
+        // Twice: calls route at the default priority, MCP's long-lived GET streams at
+        // GET_STREAM_PRIORITY, and Envoy counts (and pools) connections per priority. Idle
+        // GET streams, each holding an HTTP/1 connection, would otherwise take the slots
+        // that calls need; now they fill a bulkhead of the same size of their own.
         circuit_breakers: Some(CircuitBreakers {
-            thresholds: vec![Thresholds {
-                priority: RoutingPriority::Default as i32,
-                max_connections: u32_value(limits.max_connections),
-                max_pending_requests: u32_value(limits.max_pending_requests),
-                max_requests: u32_value(limits.max_requests),
-                max_retries: u32_value(limits.max_retries),
-                ..Default::default()
-            }],
+            thresholds: [RoutingPriority::Default, GET_STREAM_PRIORITY]
+                .into_iter()
+                .map(|priority| Thresholds {
+                    priority: priority as i32,
+                    max_connections: u32_value(limits.max_connections),
+                    max_pending_requests: u32_value(limits.max_pending_requests),
+                    max_requests: u32_value(limits.max_requests),
+                    max_retries: u32_value(limits.max_retries),
+                    ..Default::default()
+                })
+                .collect(),
             per_host_thresholds: Vec::new(),
         }),
         ..Default::default()
@@ -354,9 +374,11 @@ fn socket_address(ip: IpAddr, port: u16) -> Address {
 
 /// [`ROUTE_CONFIG_NAME`]: one virtual host `*` with two routes per service, both on
 /// `/mcp/<service>` (and below it), rewritten to the service's `mcp_path`:
-/// - `GET` without a timeout: it opens MCP's long-lived server-to-client SSE stream, which a
-///   response timeout would cut;
-/// - everything else with the service's response timeout (policy `timeout_ms`).
+/// - `GET` opens MCP's long-lived server-to-client SSE stream, which a response timeout
+///   would cut: no response timeout, an idle limit and a maximum duration of its own, and
+///   connections from the cluster's GET-stream bulkhead ([`GET_STREAM_PRIORITY`]);
+/// - everything else with the service's response timeout (policy `timeout_ms`), which is
+///   also its idle limit: a call silent until then is what the timeout is for.
 ///
 /// Unknown paths match no route and get Envoy's own 404.
 pub fn route_configuration(snapshot: &RoutingSnapshot) -> RouteConfiguration {
@@ -403,11 +425,26 @@ fn service_route(service: &str, route: &ServiceRoute, get_stream: bool) -> Route
     } else {
         Vec::new()
     };
-    let (name, timeout) = if get_stream {
-        // 0s disables Envoy's route timeout (default 15 s).
-        (format!("{service}/get-stream"), duration_secs(0))
+    let (name, timeout, idle_timeout, priority, max_stream_duration) = if get_stream {
+        (
+            format!("{service}/get-stream"),
+            // 0s disables Envoy's route timeout (default 15 s).
+            duration_secs(0),
+            duration_secs(GET_STREAM_IDLE_TIMEOUT_SECS),
+            GET_STREAM_PRIORITY,
+            Some(MaxStreamDuration {
+                max_stream_duration: Some(duration_secs(GET_STREAM_MAX_DURATION_SECS)),
+                ..Default::default()
+            }),
+        )
     } else {
-        (service.to_string(), duration_ms(route.timeout_ms))
+        (
+            service.to_string(),
+            duration_ms(route.timeout_ms),
+            duration_ms(route.timeout_ms),
+            RoutingPriority::Default,
+            None,
+        )
     };
     Route {
         name,
@@ -422,6 +459,9 @@ fn service_route(service: &str, route: &ServiceRoute, get_stream: bool) -> Route
             cluster_specifier: Some(ClusterSpecifier::Cluster(cluster_name(service))),
             prefix_rewrite: route.mcp_path.clone(),
             timeout: Some(timeout),
+            idle_timeout: Some(idle_timeout),
+            max_stream_duration,
+            priority: priority as i32,
             retry_policy: Some(connect_failure_retry()),
             ..Default::default()
         })),
@@ -582,13 +622,19 @@ mod tests {
         let lb = c.common_lb_config.expect("common lb config");
         assert_eq!(lb.healthy_panic_threshold, Some(Percent { value: 0.0 }));
 
+        // The same bulkhead twice: calls at the default priority, GET streams at their own.
         let t = c.circuit_breakers.expect("circuit breakers").thresholds;
-        assert_eq!(t.len(), 1);
-        assert_eq!(t[0].priority, RoutingPriority::Default as i32);
-        assert_eq!(t[0].max_connections, u32_value(11));
-        assert_eq!(t[0].max_pending_requests, u32_value(12));
-        assert_eq!(t[0].max_requests, u32_value(13));
-        assert_eq!(t[0].max_retries, u32_value(2));
+        let priorities: Vec<i32> = t.iter().map(|t| t.priority).collect();
+        assert_eq!(
+            priorities,
+            [RoutingPriority::Default as i32, GET_STREAM_PRIORITY as i32]
+        );
+        for t in &t {
+            assert_eq!(t.max_connections, u32_value(11));
+            assert_eq!(t.max_pending_requests, u32_value(12));
+            assert_eq!(t.max_requests, u32_value(13));
+            assert_eq!(t.max_retries, u32_value(2));
+        }
 
         let opts: HttpProtocolOptions =
             decode(&c.typed_extension_protocol_options[HTTP_PROTOCOL_OPTIONS_KEY]);
@@ -743,6 +789,39 @@ mod tests {
                 ),
             ]
         );
+    }
+
+    #[test]
+    fn get_streams_have_their_own_priority_idle_limit_and_duration_and_calls_their_timeout() {
+        let rc = route_configuration(&two_services());
+        let action = |name: &str| {
+            let r = rc.virtual_hosts[0]
+                .routes
+                .iter()
+                .find(|r| r.name == name)
+                .unwrap_or_else(|| panic!("no route {name}"));
+            let Some(route::Action::Route(a)) = &r.action else {
+                panic!("not a route action")
+            };
+            a.clone()
+        };
+        let get = action("inventory/get-stream");
+        assert_eq!(get.priority, GET_STREAM_PRIORITY as i32);
+        assert_ne!(get.priority, RoutingPriority::Default as i32);
+        assert_eq!(get.timeout, Some(duration_secs(0)));
+        assert_eq!(
+            get.idle_timeout,
+            Some(duration_secs(GET_STREAM_IDLE_TIMEOUT_SECS))
+        );
+        assert_eq!(
+            get.max_stream_duration.and_then(|m| m.max_stream_duration),
+            Some(duration_secs(GET_STREAM_MAX_DURATION_SECS))
+        );
+        let call = action("inventory");
+        assert_eq!(call.priority, RoutingPriority::Default as i32);
+        assert_eq!(call.timeout, Some(duration_ms(60_000)));
+        assert_eq!(call.idle_timeout, Some(duration_ms(60_000)));
+        assert_eq!(call.max_stream_duration, None);
     }
 
     #[test]

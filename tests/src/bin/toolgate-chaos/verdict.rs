@@ -13,6 +13,10 @@ use crate::observe::{EnvoyPoll, Records};
 pub const WORKER_LAG_MS: f64 = 50.0;
 /// Endpoints equal etcd's this soon after the last change (the issue's bound).
 pub const CONVERGENCE_MS: f64 = 1000.0;
+/// A removal Envoy has not applied this long after the delete, it never applies: the longest
+/// partition (5 s) plus toolgate-xds's reconnect backoff (at most 5 s), with room. Only a key
+/// back in etcd sooner excuses an address Envoy never dropped.
+pub const REMOVAL_DEADLINE_MS: f64 = 15_000.0;
 
 pub struct Check {
     pub name: &'static str,
@@ -34,11 +38,36 @@ impl Verdict {
 /// A delete of an instance's key, and when Envoy stopped listing its address.
 struct Removal<'a> {
     instance: &'a str,
+    address: &'a str,
     deleted_ms: f64,
     /// The first poll after the delete without the address; `None` if Envoy listed it until
     /// the key came back (`until_ms`) or the run ended.
     applied_ms: Option<f64>,
+    /// When the key came back; infinite if it never did.
     until_ms: f64,
+}
+
+/// What became of a removal in Envoy.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Fate {
+    /// Envoy dropped the address at this poll.
+    Applied(f64),
+    /// The key came back within [`REMOVAL_DEADLINE_MS`], before Envoy dropped the address:
+    /// etcd's state was restored before Envoy had to act on it.
+    Undone,
+    /// Envoy kept routing to an address etcd had removed: until the end of the run, or until
+    /// the key came back later than the deadline.
+    NeverApplied,
+}
+
+impl Removal<'_> {
+    fn fate(&self) -> Fate {
+        match self.applied_ms {
+            Some(at) => Fate::Applied(at),
+            None if self.until_ms - self.deleted_ms <= REMOVAL_DEADLINE_MS => Fate::Undone,
+            None => Fate::NeverApplied,
+        }
+    }
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -78,6 +107,7 @@ fn removals<'a>(records: &'a Records) -> Vec<Removal<'a>> {
                 .map(|p| p.ms);
             out.push(Removal {
                 instance,
+                address,
                 deleted_ms: *deleted_ms,
                 applied_ms,
                 until_ms,
@@ -95,6 +125,7 @@ fn no_call_after_removal(calls: &[Call], removals: &[Removal]) -> (Check, Value)
     }
     let mut late = Vec::new();
     let mut in_flight = 0u64;
+    let mut to_unapplied = 0u64;
     for c in calls {
         let Outcome::Answered { instance } = &c.outcome else {
             continue;
@@ -103,12 +134,24 @@ fn no_call_after_removal(calls: &[Call], removals: &[Removal]) -> (Check, Value)
             if c.sent_ms <= r.deleted_ms || c.sent_ms >= r.until_ms {
                 continue;
             }
-            match r.applied_ms {
-                Some(applied) if c.sent_ms > applied + WORKER_LAG_MS => late.push((c, applied)),
-                _ => in_flight += 1,
+            match r.fate() {
+                Fate::Applied(applied) if c.sent_ms > applied + WORKER_LAG_MS => {
+                    late.push((c, Some(applied)))
+                }
+                Fate::Applied(_) | Fate::Undone => in_flight += 1,
+                // No moment at which Envoy caught up: nothing makes such a call in flight.
+                Fate::NeverApplied => {
+                    to_unapplied += 1;
+                    late.push((c, None));
+                }
             }
         }
     }
+    let never: Vec<&Removal> = removals
+        .iter()
+        .filter(|r| r.fate() == Fate::NeverApplied)
+        .collect();
+    let undone = removals.iter().filter(|r| r.fate() == Fate::Undone).count();
     let mut lags: Vec<f64> = removals
         .iter()
         .filter_map(|r| r.applied_ms.map(|a| a - r.deleted_ms))
@@ -116,33 +159,55 @@ fn no_call_after_removal(calls: &[Call], removals: &[Removal]) -> (Check, Value)
     lags.sort_by(f64::total_cmp);
     let mut detail = format!(
         "{} removals from etcd; Envoy applied them p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms after the delete \
-         (100 ms polls); {} calls reached an instance after its delete but before Envoy applied it",
+         (100 ms polls); {undone} undone in etcd within {:.0} s before Envoy applied them; {} never applied; \
+         {} calls reached an instance after its delete but before Envoy applied it",
         removals.len(),
         percentile(&lags, 0.5),
         percentile(&lags, 0.99),
         lags.last().copied().unwrap_or(f64::NAN),
+        REMOVAL_DEADLINE_MS / 1000.0,
+        never.len(),
         in_flight
     );
+    for r in never.iter().take(5) {
+        let until = if r.until_ms.is_finite() {
+            format!("until its key came back at {:.0} ms", r.until_ms)
+        } else {
+            "to the end of the run".to_string()
+        };
+        let _ = write!(
+            detail,
+            "\n    {} ({}) deleted at {:.0} ms was never applied: Envoy listed it {until}",
+            r.instance, r.address, r.deleted_ms
+        );
+    }
     for (c, applied) in late.iter().take(5) {
         let Outcome::Answered { instance } = &c.outcome else {
             continue;
         };
+        let removed = match applied {
+            Some(at) => format!("removed from Envoy at {at:.0} ms"),
+            None => "whose removal Envoy never applied".to_string(),
+        };
         let _ = write!(
             detail,
-            "\n    call sent at {:.0} ms (agent {}, {}) was answered by {instance}, removed from Envoy at {applied:.0} ms",
+            "\n    call sent at {:.0} ms (agent {}, {}) was answered by {instance}, {removed}",
             c.sent_ms, c.agent, c.tool
         );
     }
     let json = json!({
         "removals": removals.len(),
         "applied_ms": {"p50": percentile(&lags, 0.5), "p99": percentile(&lags, 0.99), "max": lags.last()},
+        "undone_before_applied": undone,
+        "never_applied": never.len(),
         "calls_before_applied": in_flight,
-        "calls_after_applied": late.len(),
+        "calls_after_applied": late.len() as u64 - to_unapplied,
+        "calls_to_never_applied": to_unapplied,
     });
     (
         Check {
-            name: "no call reached an instance after its removal was applied",
-            passed: late.is_empty(),
+            name: "every removal reached Envoy, and no call reached an instance after that",
+            passed: late.is_empty() && never.is_empty(),
             detail,
         },
         json,
@@ -317,5 +382,121 @@ pub fn judge(
     Verdict {
         checks: vec![c1, c2, c3, c4],
         json,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::observe::KeyEvent;
+    use std::sync::Arc;
+
+    const A: &str = "10.0.0.1:9000";
+    const B: &str = "10.0.0.2:9000";
+
+    fn put(ms: f64, instance: &str, endpoint: &str) -> KeyEvent {
+        KeyEvent {
+            ms,
+            instance: instance.into(),
+            endpoint: Some(endpoint.into()),
+        }
+    }
+
+    fn delete(ms: f64, instance: &str) -> KeyEvent {
+        KeyEvent {
+            ms,
+            instance: instance.into(),
+            endpoint: None,
+        }
+    }
+
+    /// Envoy polled every 100 ms from 0 to `until_ms`; `listed(ms)` says what it listed.
+    fn polls(until_ms: f64, listed: impl Fn(f64) -> Vec<&'static str>) -> Vec<EnvoyPoll> {
+        (0..=(until_ms / 100.0) as usize)
+            .map(|i| {
+                let ms = i as f64 * 100.0;
+                EnvoyPoll {
+                    ms,
+                    addresses: Arc::new(listed(ms).into_iter().map(String::from).collect()),
+                }
+            })
+            .collect()
+    }
+
+    fn answered(sent_ms: f64, instance: &str) -> Call {
+        Call {
+            sent_ms,
+            took_ms: 5.0,
+            agent: 0,
+            tool: "echo",
+            outcome: Outcome::Answered {
+                instance: instance.into(),
+            },
+        }
+    }
+
+    fn check(records: &Records, calls: &[Call]) -> Check {
+        no_call_after_removal(calls, &removals(records)).0
+    }
+
+    #[test]
+    fn a_removal_envoy_never_applies_fails_the_run() {
+        // `a` is deleted at 1 s and never comes back; Envoy lists it to the end (20 s), and a
+        // call sent at 5 s is answered by it.
+        let records = Records {
+            etcd: vec![put(0.0, "a", A), put(0.0, "b", B), delete(1000.0, "a")],
+            envoy: polls(20_000.0, |_| vec![A, B]),
+            ..Default::default()
+        };
+        let c = check(&records, &[answered(5000.0, "a"), answered(5000.0, "b")]);
+        println!("{}", c.detail);
+        assert!(
+            !c.passed,
+            "a removal Envoy never applied passed: {}",
+            c.detail
+        );
+        assert!(c.detail.contains("never applied"), "{}", c.detail);
+    }
+
+    #[test]
+    fn a_removal_undone_in_etcd_before_the_deadline_is_no_violation() {
+        // `a` is deleted at 1 s and registered again at 1.05 s, between two polls.
+        let records = Records {
+            etcd: vec![put(0.0, "a", A), delete(1000.0, "a"), put(1050.0, "a", A)],
+            envoy: polls(20_000.0, |_| vec![A]),
+            ..Default::default()
+        };
+        let c = check(&records, &[answered(1020.0, "a"), answered(5000.0, "a")]);
+        assert!(c.passed, "{}", c.detail);
+    }
+
+    #[test]
+    fn a_removal_undone_only_after_the_deadline_still_fails() {
+        // `a` is away in etcd for 30 s, and Envoy never stops listing it.
+        let records = Records {
+            etcd: vec![put(0.0, "a", A), delete(1000.0, "a"), put(31_000.0, "a", A)],
+            envoy: polls(40_000.0, |_| vec![A]),
+            ..Default::default()
+        };
+        let c = check(&records, &[]);
+        assert!(!c.passed, "{}", c.detail);
+    }
+
+    #[test]
+    fn calls_before_envoy_applied_a_removal_are_in_flight_and_after_it_violations() {
+        // Envoy drops `a` from the poll at 1.2 s.
+        let records = Records {
+            etcd: vec![put(0.0, "a", A), put(0.0, "b", B), delete(1000.0, "a")],
+            envoy: polls(
+                10_000.0,
+                |ms| if ms < 1200.0 { vec![A, B] } else { vec![B] },
+            ),
+            ..Default::default()
+        };
+        let ok = check(&records, &[answered(1100.0, "a"), answered(1240.0, "a")]);
+        assert!(ok.passed, "{}", ok.detail);
+        assert!(ok.detail.contains("2 calls reached"), "{}", ok.detail);
+        let late = check(&records, &[answered(1300.0, "a")]);
+        assert!(!late.passed, "{}", late.detail);
     }
 }
