@@ -1,9 +1,10 @@
-//! The contracts shared by every toolgate program (see DESIGN.md, "Contracts").
+//! The contracts shared by every toolgate program (see docs/design.md, "Contracts").
 //!
 //! Only serde and std: the wasm filter links this crate too.
 
 pub mod backoff;
 pub mod endpoint;
+pub mod envoy;
 pub mod fleet;
 pub mod instance;
 pub mod keys;

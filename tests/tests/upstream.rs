@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use toolgate_tests::{sdk, wait_until, McpSession, Member, Stack, TestEnv};
+use toolgate_tests::{sdk, wait_until, McpSession, Member, NodeClient, Sdk, Stack, TestEnv};
 
 const TTL: u32 = 10;
 
@@ -66,11 +66,11 @@ async fn every_upstream_failure_reaches_the_python_sdk_as_a_tool_result() {
         );
         assert_eq!(member.server.calls("write_order").await, 1, "{mode}");
     }
-    // They count: ten in a row open the breaker (before, an answer the filter could not read
-    // counted as a success).
+    // They count: five in a row (the policy's `min_calls`) open the breaker (before, an answer
+    // the filter could not read counted as a success).
     for ((mode, _), (service, member)) in modes.iter().zip(&members) {
         let mut s = McpSession::connect(&stack.url(service)).await;
-        for _ in 0..9 {
+        for _ in 0..4 {
             let r = s.call_tool("write_order", json!({})).await;
             assert_eq!(
                 r.breaker_state().as_deref(),
@@ -86,7 +86,7 @@ async fn every_upstream_failure_reaches_the_python_sdk_as_a_tool_result() {
             "{mode}: {}",
             r.body
         );
-        assert_eq!(member.server.calls("write_order").await, 10, "{mode}");
+        assert_eq!(member.server.calls("write_order").await, 5, "{mode}");
     }
 }
 
@@ -158,6 +158,35 @@ async fn with_no_healthy_instance_every_request_gets_an_mcp_error() {
             "{steps:?}: {error}"
         );
         assert_eq!(error["code"], -32603, "{steps:?}: {error}");
+    }
+    // The official TypeScript SDKs: 1.x connects with initialize and raises the gateway's
+    // JSON-RPC error (before: Envoy's plain-text 503). 2.x pinned to 2026-07-28 probes with
+    // server/discover, which gets 503 with the error: the SDK reports an HTTP 503 and keeps
+    // the text (a JSON-RPC error at 200 would make it conclude "the server did not offer
+    // 2026-07-28", as it did before). 2.x in its default mode then falls back to initialize.
+    for (client, probe) in [
+        (NodeClient::new(Sdk::V1), false),
+        (
+            NodeClient::new(Sdk::V2).protocol_version("2026-07-28"),
+            true,
+        ),
+        (NodeClient::new(Sdk::V2), false),
+    ] {
+        let run = client.method("tools/list").run(&stack.url("orders")).await;
+        let error = run.error("connect");
+        println!("{}: {error}", run.sdk());
+        let text = if probe {
+            assert_eq!(error["data"]["status"], 503, "{}: {error}", run.sdk());
+            error["data"]["text"].as_str().unwrap_or_default()
+        } else {
+            assert_eq!(error["code"], -32603, "{}: {error}", run.sdk());
+            error["message"].as_str().unwrap_or_default()
+        };
+        assert!(
+            text.contains("`orders`") && text.contains("available"),
+            "{}: {error}",
+            run.sdk()
+        );
     }
     let get = reqwest::Client::new()
         .get(stack.url("orders"))

@@ -506,9 +506,26 @@ fn local_reply_config(edge: &EdgeLimits) -> Value {
             json!({ "io.toolgate/overload": { "maxHeapBytes": edge.max_heap_bytes } }),
         )
     };
+    // A JSON answer the filter held until complete, cut off by its upstream: Envoy answers by
+    // itself, past every filter (the response headers were not sent yet). The filter marked
+    // the request and left the MCP reply for this case in its filter state.
+    let cut_off = json!({
+        "filter": { "header_filter": { "header": {
+            "name": toolgate_model::envoy::HELD_HEADER,
+            "present_match": true
+        } } },
+        "status_code": 200,
+        "body_format_override": {
+            "text_format_source": {
+                "inline_string": format!("%FILTER_STATE({}:PLAIN)%", toolgate_model::envoy::CUT_REPLY_STATE)
+            },
+            "content_type": "application/json"
+        }
+    });
     let secs = |d: Duration| d.as_secs_f64();
     json!({
         "mappers": [
+            cut_off,
             mapper(
                 431,
                 format!(
@@ -842,9 +859,9 @@ mod tests {
         let mappers = hcm["local_reply_config"]["mappers"]
             .as_array()
             .expect("mappers");
-        assert_eq!(mappers.len(), 3);
+        assert_eq!(mappers.len(), 4);
         assert_eq!(
-            mappers[1]["body_format_override"]["json_format"]["error"]["data"]
+            mappers[2]["body_format_override"]["json_format"]["error"]["data"]
                 ["io.toolgate/limits"]["requestTimeoutMs"],
             2500
         );

@@ -32,7 +32,7 @@ use crate::mcp::reply::{
     UpstreamFailure,
 };
 use crate::mcp::request::{
-    nests_deeper_than, read_body, Body, Refusal, Request, ToolName, TOOLS_CALL,
+    nests_deeper_than, read_body, Body, Refusal, Request, ToolName, SERVER_DISCOVER, TOOLS_CALL,
 };
 use crate::mcp::response::{classify_response, is_client_fault, ResponseClass};
 use crate::mcp::sse::SseScanner;
@@ -81,10 +81,13 @@ pub trait CallHost {
     fn send_reply(&self, status: u32, reply: &Reply, headers: &[(&str, &str)]);
     /// A stream property (`["response", "code_details"]`, `["upstream", "address"]`).
     fn property(&self, path: &[&str]) -> Option<Vec<u8>>;
-    /// An access-log field (see `host::log_field`).
-    fn set_log_field(&self, name: &str, value: &str);
+    /// A property of the stream, which Envoy keeps as the filter state `wasm.<name>` (read by
+    /// the access log's format and by the bootstrap's local-reply mapping).
+    fn set_property(&self, name: &str, value: &[u8]);
     fn log(&self, level: Level, message: &str);
 }
+
+pub use toolgate_model::envoy::{CUT_REPLY_PROPERTY, HELD_HEADER};
 
 /// The session header (HTTP header names are case-insensitive; Envoy keeps them lower case).
 pub const SESSION_HEADER: &str = "mcp-session-id";
@@ -184,6 +187,10 @@ fn open_cause(cause: Option<&Cause>) -> OpenCause {
 /// The request this call carries, once judged.
 struct Judged {
     id: RawId,
+    /// A 2026-07-28 `server/discover`: the SDKs' version probe. Answered 503 when no server
+    /// can take it, since the probe reads a JSON-RPC error at 200 as "this server predates
+    /// 2026-07-28" (and a client pinned to it then blames the version, not the outage).
+    discover: bool,
     /// For an admitted `tools/call`: the tool, and the fallback its policy names.
     tool: Option<(String, Option<String>)>,
 }
@@ -384,7 +391,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
     fn log_field(&self, host: &impl CallHost, name: &str, value: &str) {
         // Without an access log these host calls would be for nothing.
         if self.shared.borrow().config.access_log {
-            host.set_log_field(name, value);
+            host.set_property(name, value.as_bytes());
         }
     }
 
@@ -572,6 +579,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         self.log_field(host, log_field::METHOD, &request.method);
         self.request = Some(Judged {
             id: request.id.clone(),
+            discover: request.method == SERVER_DISCOVER,
             tool: None,
         });
         if request.method != TOOLS_CALL {
@@ -863,6 +871,10 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                     return Action::Continue;
                 }
                 self.watch = Watch::Hold;
+                // Should the upstream reset now, Envoy's own reply must still be MCP.
+                let cut = self.failure_reply(UpstreamFailure::Reset, Framing::Json);
+                host.set_property(CUT_REPLY_PROPERTY, &cut.body);
+                host.set_request_header(HELD_HEADER, Some("1"));
                 Action::Pause
             }
             Verdict::ClientError => {
@@ -882,13 +894,17 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                         let (Some(judged), Some(service)) = (&self.request, &self.service) else {
                             return Action::Continue;
                         };
-                        reply::service_unavailable(
+                        let reply = reply::service_unavailable(
                             self.version,
                             &judged.id,
                             service,
                             what.unwrap_or(UpstreamFailure::NoHealthyUpstream),
                             self.framing,
-                        )
+                        );
+                        if judged.discover {
+                            return self.unavailable(host, reply, end_of_stream);
+                        }
+                        reply
                     }
                 };
                 if end_of_stream {
@@ -926,6 +942,11 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             return Action::Continue;
         };
         let reply = reply::stream_unavailable(self.version, service, what);
+        self.unavailable(host, reply, end_of_stream)
+    }
+
+    /// 503 with `Retry-After` and `reply` (a JSON-RPC error) in place of the response.
+    fn unavailable(&mut self, host: &impl CallHost, reply: Reply, end_of_stream: bool) -> Action {
         if end_of_stream {
             host.send_reply(503, &reply, &[("retry-after", STREAM_RETRY_AFTER_SECS)]);
             return Action::Pause;

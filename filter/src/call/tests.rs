@@ -101,7 +101,11 @@ impl CallHost for Stream {
     fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
         self.properties.borrow().get(&path.join(".")).cloned()
     }
-    fn set_log_field(&self, _name: &str, _value: &str) {}
+    fn set_property(&self, name: &str, value: &[u8]) {
+        self.properties
+            .borrow_mut()
+            .insert(format!("wasm.{name}"), value.to_vec());
+    }
     fn log(&self, _level: Level, message: &str) {
         self.logs.borrow_mut().push(message.to_string());
     }
@@ -294,6 +298,14 @@ fn a_listed_tool_is_admitted_and_its_success_counted() {
     let mut f = w.tools_call("write_order");
     assert!(f.went_upstream());
     assert_eq!(f.json(RESULT), Action::Pause, "a small JSON answer is held");
+    // Held with the reply Envoy sends in its place if the upstream cuts the answer off.
+    assert_eq!(f.stream.request_headers.borrow()[HELD_HEADER], "1");
+    let cut = json_of(&f.stream.properties.borrow()["wasm.mcp_cut_reply"]);
+    assert_eq!(cut["id"], 7);
+    assert_eq!(
+        cut["result"]["_meta"]["io.toolgate/breaker"]["failure"],
+        "reset"
+    );
     assert_eq!(w.stat("write_order", "calls"), 1);
     assert_eq!(w.stat("write_order", "failures"), 0);
     assert_eq!(f.body_json()["result"]["isError"], false, "passed on as is");
@@ -644,6 +656,36 @@ fn other_methods_get_a_json_rpc_error_when_no_server_is_left() {
     let v = f.body_json();
     assert_eq!(v["id"], "init-1");
     assert_eq!(v["error"]["code"], -32603);
+    assert!(v["error"]["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("`orders`")));
+}
+
+/// The 2026-07-28 SDKs take a JSON-RPC error at 200 to their `server/discover` probe for "this
+/// server predates 2026-07-28"; a 503 makes them report the outage.
+#[test]
+fn a_version_probe_no_server_can_take_gets_a_503() {
+    let mut w = Worker::new();
+    let mut f = w.request(
+        "orders",
+        &[("mcp-protocol-version", "2026-07-28")],
+        r#"{"jsonrpc":"2.0","id":1,"method":"server/discover","params":{}}"#,
+    );
+    assert!(f.went_upstream());
+    f.stream.properties.borrow_mut().insert(
+        "response.code_details".into(),
+        b"no_healthy_upstream".to_vec(),
+    );
+    f.respond(
+        503,
+        &[("content-type", "text/plain")],
+        Some("no healthy upstream"),
+    );
+    let h = f.stream.response_headers.borrow().clone();
+    assert_eq!(h[":status"], "503");
+    assert_eq!(h["retry-after"], STREAM_RETRY_AFTER_SECS);
+    let v = f.body_json();
+    assert_eq!(v["id"], 1);
     assert!(v["error"]["message"]
         .as_str()
         .is_some_and(|m| m.contains("`orders`")));

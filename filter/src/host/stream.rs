@@ -69,9 +69,9 @@ impl CallHost for Envoy {
         hostcalls::get_property(path.to_vec()).ok().flatten()
     }
 
-    fn set_log_field(&self, name: &str, value: &str) {
-        // A failure only leaves the field empty in the log.
-        let _ = hostcalls::set_property(vec![name], Some(value.as_bytes()));
+    fn set_property(&self, name: &str, value: &[u8]) {
+        // A failure only leaves the field empty (in the log, or for the local-reply mapping).
+        let _ = hostcalls::set_property(vec![name], Some(value));
     }
 
     fn log(&self, level: Level, message: &str) {

@@ -29,6 +29,8 @@ pub const INVALID_REQUEST: i64 = -32600;
 pub const INVALID_PARAMS: i64 = -32602;
 
 pub const TOOLS_CALL: &str = "tools/call";
+/// The 2026-07-28 revision's stateless discovery, which SDKs send first as their version probe.
+pub const SERVER_DISCOVER: &str = "server/discover";
 
 /// A body the gateway can judge.
 #[derive(Clone, Debug, PartialEq)]

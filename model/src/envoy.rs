@@ -1,0 +1,15 @@
+//! Names the filter and the Envoy bootstrap both use: a contract between `filter/` and
+//! `toolgate-xds bootstrap`.
+
+/// Set on the request (Envoy's own copy: it already went upstream) while the filter holds a
+/// JSON answer until it is complete. If the upstream then resets, Envoy answers by itself, past
+/// every filter; the bootstrap's local-reply mapping sees this header and sends the filter's
+/// reply from [`CUT_REPLY_STATE`] instead of its plain-text 503.
+pub const HELD_HEADER: &str = "x-toolgate-held";
+
+/// The wasm property (filter state `wasm.<name>`) holding the MCP reply for a held answer the
+/// upstream cuts off.
+pub const CUT_REPLY_PROPERTY: &str = "mcp_cut_reply";
+
+/// [`CUT_REPLY_PROPERTY`] as Envoy names the filter state.
+pub const CUT_REPLY_STATE: &str = "wasm.mcp_cut_reply";
