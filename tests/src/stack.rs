@@ -2,7 +2,7 @@
 //! with the operations tests need (policies, overrides, waiting for Envoy to route or for the
 //! filter to have a configuration).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -161,6 +161,75 @@ impl Stack {
             })
             .await;
         }
+    }
+
+    /// Endpoints Envoy sends new calls to (EDS health HEALTHY), sorted.
+    pub async fn healthy(&self, service: &str) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .envoy
+            .hosts()
+            .await
+            .remove(service)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|h| h.health == "HEALTHY")
+            .map(|h| h.address)
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Waits until Envoy sends new calls for `service` to exactly `members` (HEALTHY ones).
+    pub async fn wait_healthy(&self, service: &str, members: &[&Member], within: Duration) {
+        let mut want: Vec<String> = members.iter().map(|m| m.server.endpoint()).collect();
+        want.sort();
+        wait_until(
+            &format!("envoy routes {service} to {want:?}"),
+            within,
+            || {
+                let want = want.clone();
+                async move { self.healthy(service).await == want }
+            },
+        )
+        .await;
+    }
+
+    /// The instance's entry in toolgate-xds's `/v1/registry` (null when absent).
+    pub async fn instance(&self, service: &str, id: &str) -> Value {
+        let reg = self.xds.registry().await;
+        reg["services"][service]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|i| i["instance_id"] == id)
+            .cloned()
+            .unwrap_or(Value::Null)
+    }
+
+    /// The instance's health state in toolgate-xds (`absent` when it has none).
+    pub async fn state(&self, service: &str, id: &str) -> String {
+        self.instance(service, id).await["state"]
+            .as_str()
+            .unwrap_or("absent")
+            .to_string()
+    }
+
+    /// Waits until the instance is in `state`; returns how long that took.
+    pub async fn wait_state(
+        &self,
+        service: &str,
+        id: &str,
+        state: &str,
+        within: Duration,
+    ) -> Duration {
+        let started = Instant::now();
+        wait_until(
+            &format!("{service}/{id} is {state}"),
+            within,
+            || async move { self.state(service, id).await == state },
+        )
+        .await;
+        started.elapsed()
     }
 
     /// Waits until the filter configuration Envoy applied satisfies `check`.

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use toolgate_tests::{wait_for, Envoy, Etcd, McpSession, Member, TestEnv, Xds};
+use toolgate_tests::{wait_for, McpSession, Member, Options, Stack, TestEnv};
 
 /// The access log's JSON lines whose `mcp.tool` is `tool`.
 fn lines_for(log: &std::path::Path, tool: &str) -> Vec<Value> {
@@ -19,32 +19,23 @@ fn lines_for(log: &std::path::Path, tool: &str) -> Vec<Value> {
 #[tokio::test]
 async fn the_access_log_carries_method_tool_breaker_upstream_and_trace_context() {
     let env = TestEnv::new("access_log");
-    let etcd = Etcd::start(&env).await;
-    let xds = Xds::start(&env, "xds", &etcd.endpoint(), &[]).await;
     let log = env.path("access.log");
-    let envoy = Envoy::start_with_filter(
+    let stack = Stack::with(
         &env,
-        "envoy",
-        &xds,
-        1,
-        &["--access-log", &log.to_string_lossy()],
+        Options::default().bootstrap_arg(&["--access-log", &log.to_string_lossy()]),
     )
     .await;
+    let envoy = &stack.envoy;
     let member = Member::start(
         &env,
-        &etcd.endpoint(),
+        &stack.etcd.endpoint(),
         "orders",
         "orders-1",
         &["--stateless"],
         10,
     )
     .await;
-    toolgate_tests::wait_until(
-        "envoy routes to orders-1",
-        Duration::from_secs(20),
-        || async { envoy.addresses("orders").await == vec![member.server.endpoint()] },
-    )
-    .await;
+    stack.routes("orders", &[&member]).await;
 
     let mut agent = McpSession::connect(&envoy.url("orders")).await;
     let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";

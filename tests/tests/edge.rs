@@ -6,36 +6,25 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use toolgate_tests::{rss_kib, wait_until, Envoy, Etcd, McpSession, Member, TestEnv, Xds};
+use toolgate_tests::{rss_kib, wait_until, Envoy, McpSession, Member, Options, Stack, TestEnv};
 
 const MIB: u64 = 1024 * 1024;
 
 struct Gateway {
-    envoy: Envoy,
+    stack: Stack,
     member: Member,
-    _xds: Xds,
-    etcd: Etcd,
     _env: TestEnv,
 }
 
-/// etcd, toolgate-xds, Envoy with the filter and `bootstrap_args`, and one `orders` instance
-/// that Envoy routes to.
+/// The shared stack with `bootstrap_args`, and one `orders` instance that Envoy routes to.
 async fn gateway(name: &str, bootstrap_args: &[&str]) -> Gateway {
     let env = TestEnv::new(name);
-    let etcd = Etcd::start(&env).await;
-    let xds = Xds::start(&env, "xds", &etcd.endpoint(), &[]).await;
-    let envoy = Envoy::start_with_filter(&env, "envoy", &xds, 1, bootstrap_args).await;
-    let member = Member::start(&env, &etcd.endpoint(), "orders", "orders-1", &[], 10).await;
-    let want = vec![member.server.endpoint()];
-    wait_until("Envoy routes orders", Duration::from_secs(20), || async {
-        envoy.addresses("orders").await == want
-    })
-    .await;
+    let stack = Stack::with(&env, Options::default().bootstrap_arg(bootstrap_args)).await;
+    let member = Member::start(&env, &stack.etcd.endpoint(), "orders", "orders-1", &[], 10).await;
+    stack.routes("orders", &[&member]).await;
     Gateway {
-        envoy,
+        stack,
         member,
-        _xds: xds,
-        etcd,
         _env: env,
     }
 }
@@ -167,7 +156,7 @@ async fn slow_bodies_and_slow_headers_are_cut_at_the_request_timeout_and_their_m
         &["--request-timeout", "3s", "--request-headers-timeout", "2s"],
     )
     .await;
-    let envoy = &gw.envoy;
+    let envoy = &gw.stack.envoy;
     let pid = envoy.proc.as_ref().map_or(0, |p| p.pid());
     // A GET stream opened before: the request timeout must not cut it.
     let sse_client = McpSession::connect(&envoy.url("orders")).await;
@@ -384,7 +373,7 @@ async fn connections_beyond_the_limit_are_closed_and_idle_ones_time_out() {
         ],
     )
     .await;
-    let envoy = &gw.envoy;
+    let envoy = &gw.stack.envoy;
     let overflow = "listener.127.0.0.1_{port}.downstream_cx_overflow"
         .replace("{port}", &envoy.port.to_string());
 
@@ -500,7 +489,7 @@ async fn under_a_flood_of_bodies_envoy_sheds_load_at_its_heap_budget() {
         ],
     )
     .await;
-    let envoy = &gw.envoy;
+    let envoy = &gw.stack.envoy;
     let budget = BUDGET_MIB * MIB;
     let heap0 = allocated(envoy).await;
     // A client that connected before the flood.
@@ -639,9 +628,9 @@ async fn thresholds(envoy: &Envoy, cluster: &str, priority: &str) -> serde_json:
 async fn idle_get_streams_leave_the_connection_slots_of_calls_free() {
     const SLOTS: u64 = 4;
     let gw = gateway("edge_get_streams", &[]).await;
-    let envoy = &gw.envoy;
+    let envoy = &gw.stack.envoy;
     // The bulkhead of 4 connections; a call that cannot get one fails after 5 s.
-    let mut etcd = gw.etcd.client().await;
+    let mut etcd = gw.stack.etcd.client().await;
     etcd.put(
         "/mcp/policies/orders",
         json!({"max_connections": SLOTS, "max_requests": SLOTS, "timeout_ms": 5000}).to_string(),

@@ -4,96 +4,13 @@
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
-use serde_json::{json, Value};
+use serde_json::json;
 use toolgate_tests::{
-    cpu_ticks, rss_kib, wait_until, Envoy, Etcd, McpServer, McpSession, Member, Registrant,
-    TestEnv, Xds,
+    cpu_ticks, rss_kib, wait_until, Etcd, McpServer, McpSession, Member, Options, Registrant,
+    Stack, TestEnv, Xds,
 };
 
 const TTL: u32 = 10;
-
-struct Stack {
-    etcd: Etcd,
-    xds: Xds,
-    envoy: Envoy,
-}
-
-impl Stack {
-    /// `xds_args` tune the probes (short intervals keep the tests quick).
-    async fn start(env: &TestEnv, xds_args: &[&str]) -> Stack {
-        let etcd = Etcd::start(env).await;
-        let xds = Xds::start(env, "xds", &etcd.endpoint(), xds_args).await;
-        let envoy = Envoy::start_with_filter(env, "envoy", &xds, 1, &[]).await;
-        Stack { etcd, xds, envoy }
-    }
-
-    /// Endpoints Envoy sends new calls to (EDS health HEALTHY), sorted.
-    async fn routed(&self, service: &str) -> Vec<String> {
-        let mut v: Vec<String> = self
-            .envoy
-            .hosts()
-            .await
-            .remove(service)
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|h| h.health == "HEALTHY")
-            .map(|h| h.address)
-            .collect();
-        v.sort();
-        v
-    }
-
-    async fn wait_routed(&self, service: &str, members: &[&Member], within: Duration) {
-        let mut want: Vec<String> = members.iter().map(|m| m.server.endpoint()).collect();
-        want.sort();
-        wait_until(
-            &format!("envoy routes {service} to {want:?}"),
-            within,
-            || {
-                let want = want.clone();
-                async move { self.routed(service).await == want }
-            },
-        )
-        .await;
-    }
-
-    /// The instance's entry in `/v1/registry`.
-    async fn instance(&self, service: &str, id: &str) -> Value {
-        let reg = self.xds.registry().await;
-        reg["services"][service]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|i| i["instance_id"] == id)
-            .cloned()
-            .unwrap_or(Value::Null)
-    }
-
-    async fn state(&self, service: &str, id: &str) -> String {
-        self.instance(service, id).await["state"]
-            .as_str()
-            .unwrap_or("absent")
-            .to_string()
-    }
-
-    async fn wait_state(&self, service: &str, id: &str, state: &str, within: Duration) -> Duration {
-        let started = Instant::now();
-        wait_until(
-            &format!("{service}/{id} is {state}"),
-            within,
-            || async move { self.state(service, id).await == state },
-        )
-        .await;
-        started.elapsed()
-    }
-
-    async fn policy(&self, service: &str, policy: Value) {
-        let mut c = self.etcd.client().await;
-        c.put(format!("/mcp/policies/{service}"), policy.to_string(), None)
-            .await
-            .expect("put policy");
-    }
-}
 
 async fn stateless_member(
     env: &TestEnv,
@@ -118,7 +35,11 @@ async fn echo(s: &mut McpSession) -> bool {
 async fn a_new_instance_is_probed_at_once_not_after_a_probe_interval() {
     let env = TestEnv::new("health_probed_at_once");
     // A long interval: only an immediate probe can make the instance routable in time.
-    let stack = Stack::start(&env, &["--probe-interval", "20s", "--probe-timeout", "1s"]).await;
+    let stack = Stack::with(
+        &env,
+        Options::default().xds_arg(&["--probe-interval", "20s", "--probe-timeout", "1s"]),
+    )
+    .await;
     let ep = stack.etcd.endpoint();
     let server = McpServer::lab(&env, "fresh-1", &["--stateless", "--json-response"]).await;
     let started = Instant::now();
@@ -127,7 +48,7 @@ async fn a_new_instance_is_probed_at_once_not_after_a_probe_interval() {
         .arg("--tools", "echo")
         .spawn(&env, "fresh-1.registrar");
     wait_until("envoy routes fresh-1", Duration::from_secs(10), || async {
-        stack.routed("fresh").await == vec![server.endpoint()]
+        stack.healthy("fresh").await == vec![server.endpoint()]
     })
     .await;
     let took = started.elapsed();
@@ -165,7 +86,7 @@ async fn a_new_instance_is_probed_at_once_not_after_a_probe_interval() {
     let inst = stack.instance("fresh", "fresh-2").await;
     assert_eq!(inst["state"], "UNKNOWN", "{inst}");
     assert_eq!(inst["probes"][0]["detail"], "HTTP 503", "{inst}");
-    assert_eq!(stack.routed("fresh").await, vec![server.endpoint()]);
+    assert_eq!(stack.healthy("fresh").await, vec![server.endpoint()]);
     assert!(
         stack.envoy.hosts().await["fresh"]
             .iter()
@@ -177,16 +98,16 @@ async fn a_new_instance_is_probed_at_once_not_after_a_probe_interval() {
 #[tokio::test]
 async fn a_failing_health_check_drains_the_instance_and_its_recovery_brings_traffic_back() {
     let env = TestEnv::new("health_drain");
-    let stack = Stack::start(
+    let stack = Stack::with(
         &env,
-        &["--probe-interval", "500ms", "--probe-timeout", "300ms"],
+        Options::default().xds_arg(&["--probe-interval", "500ms", "--probe-timeout", "300ms"]),
     )
     .await;
     let ep = stack.etcd.endpoint();
     let a = stateless_member(&env, &ep, "drain", "drain-a", &["--latency-ms", "2500"]).await;
     let b = stateless_member(&env, &ep, "drain", "drain-b", &[]).await;
     stack
-        .wait_routed("drain", &[&a, &b], Duration::from_secs(20))
+        .wait_healthy("drain", &[&a, &b], Duration::from_secs(20))
         .await;
     let url = stack.envoy.url("drain");
     let mut s = McpSession::connect(&url).await;
@@ -248,7 +169,7 @@ async fn a_failing_health_check_drains_the_instance_and_its_recovery_brings_traf
         .wait_state("drain", "drain-a", "UP", Duration::from_secs(10))
         .await;
     stack
-        .wait_routed("drain", &[&a, &b], Duration::from_secs(10))
+        .wait_healthy("drain", &[&a, &b], Duration::from_secs(10))
         .await;
     for _ in 0..20 {
         assert!(echo(&mut s).await);
@@ -270,23 +191,23 @@ async fn a_failing_health_check_drains_the_instance_and_its_recovery_brings_traf
 #[tokio::test]
 async fn a_frozen_server_is_a_zombie_down_after_the_window_and_back_on_sigcont() {
     let env = TestEnv::new("health_frozen");
-    let stack = Stack::start(
+    let stack = Stack::with(
         &env,
-        &[
+        Options::default().xds_arg(&[
             "--probe-interval",
             "500ms",
             "--probe-timeout",
             "300ms",
             "--down-window",
             "3s",
-        ],
+        ]),
     )
     .await;
     let ep = stack.etcd.endpoint();
     let a = stateless_member(&env, &ep, "frz", "frz-a", &[]).await;
     let b = stateless_member(&env, &ep, "frz", "frz-b", &[]).await;
     stack
-        .wait_routed("frz", &[&a, &b], Duration::from_secs(20))
+        .wait_healthy("frz", &[&a, &b], Duration::from_secs(20))
         .await;
 
     a.server.proc.signal(Signal::SIGSTOP);
@@ -349,7 +270,7 @@ async fn a_frozen_server_is_a_zombie_down_after_the_window_and_back_on_sigcont()
         .wait_state("frz", "frz-a", "UP", Duration::from_secs(10))
         .await;
     stack
-        .wait_routed("frz", &[&a, &b], Duration::from_secs(10))
+        .wait_healthy("frz", &[&a, &b], Duration::from_secs(10))
         .await;
     assert_eq!(
         stack
@@ -363,22 +284,22 @@ async fn a_frozen_server_is_a_zombie_down_after_the_window_and_back_on_sigcont()
 #[tokio::test]
 async fn a_killed_server_leaves_rotation_within_two_probe_intervals_not_the_lease_ttl() {
     let env = TestEnv::new("health_killed");
-    let stack = Stack::start(
+    let stack = Stack::with(
         &env,
-        &["--probe-interval", "1s", "--probe-timeout", "500ms"],
+        Options::default().xds_arg(&["--probe-interval", "1s", "--probe-timeout", "500ms"]),
     )
     .await;
     let ep = stack.etcd.endpoint();
     let mut a = stateless_member(&env, &ep, "kill", "kill-a", &[]).await;
     let b = stateless_member(&env, &ep, "kill", "kill-b", &[]).await;
     stack
-        .wait_routed("kill", &[&a, &b], Duration::from_secs(20))
+        .wait_healthy("kill", &[&a, &b], Duration::from_secs(20))
         .await;
 
     let killed = Instant::now();
     a.server.proc.kill();
     stack
-        .wait_routed("kill", &[&b], Duration::from_secs(8))
+        .wait_healthy("kill", &[&b], Duration::from_secs(8))
         .await;
     let took = killed.elapsed();
     // Expected: two probe intervals, 2 s. The bound is generous but well under the lease TTL,
@@ -402,12 +323,17 @@ async fn a_killed_server_leaves_rotation_within_two_probe_intervals_not_the_leas
 #[tokio::test]
 async fn failing_calls_reported_by_the_filter_make_an_instance_unhealthy_with_a_reduced_share() {
     let env = TestEnv::new("health_call_failures");
-    let stack = Stack::start(
+    let stack = Stack::with(
         &env,
-        &["--probe-interval", "1s", "--probe-timeout", "500ms"],
+        Options::default().xds_arg(&["--probe-interval", "1s", "--probe-timeout", "500ms"]),
     )
     .await;
     let ep = stack.etcd.endpoint();
+    let bad = stateless_member(&env, &ep, "calls", "calls-bad", &["--fail", "echo=http500"]).await;
+    let good = stateless_member(&env, &ep, "calls", "calls-good", &[]).await;
+    stack
+        .wait_healthy("calls", &[&bad, &good], Duration::from_secs(20))
+        .await;
     // Half the tool's calls fail until the bad instance is demoted: keep the tool's breaker
     // closed so the instance-level verdict is what is measured.
     stack
@@ -415,11 +341,6 @@ async fn failing_calls_reported_by_the_filter_make_an_instance_unhealthy_with_a_
             "calls",
             json!({"failure_rate_percent": 100, "min_calls": 1000}),
         )
-        .await;
-    let bad = stateless_member(&env, &ep, "calls", "calls-bad", &["--fail", "echo=http500"]).await;
-    let good = stateless_member(&env, &ep, "calls", "calls-good", &[]).await;
-    stack
-        .wait_routed("calls", &[&bad, &good], Duration::from_secs(20))
         .await;
     let url = stack.envoy.url("calls");
     let mut s = McpSession::connect(&url).await;
@@ -499,21 +420,21 @@ async fn failing_calls_reported_by_the_filter_make_an_instance_unhealthy_with_a_
 #[tokio::test]
 async fn with_the_tolerance_option_two_lost_probes_do_not_leave_up() {
     let env = TestEnv::new("health_tolerance");
-    let stack = Stack::start(
+    let stack = Stack::with(
         &env,
-        &[
+        Options::default().xds_arg(&[
             "--probe-interval",
             "1s",
             "--probe-timeout",
             "300ms",
             "--probe-tolerance",
-        ],
+        ]),
     )
     .await;
     let ep = stack.etcd.endpoint();
     let a = stateless_member(&env, &ep, "tol", "tol-a", &[]).await;
     stack
-        .wait_routed("tol", &[&a], Duration::from_secs(20))
+        .wait_healthy("tol", &[&a], Duration::from_secs(20))
         .await;
 
     let failed_in_a_row = || async {
@@ -531,7 +452,7 @@ async fn with_the_tolerance_option_two_lost_probes_do_not_leave_up() {
     a.server.set(json!({"health_fail": false})).await;
     assert_eq!(failed_in_a_row().await, 2, "restored before a third probe");
     assert_eq!(stack.state("tol", "tol-a").await, "UP");
-    assert_eq!(stack.routed("tol").await, vec![a.server.endpoint()]);
+    assert_eq!(stack.healthy("tol").await, vec![a.server.endpoint()]);
     wait_until("a probe passes again", Duration::from_secs(5), || async {
         failed_in_a_row().await == 0
     })
@@ -552,20 +473,20 @@ async fn with_the_tolerance_option_two_lost_probes_do_not_leave_up() {
 #[tokio::test]
 async fn a_stalled_registrar_shows_as_heartbeat_loss_before_its_lease_expires() {
     let env = TestEnv::new("health_heartbeat_loss");
-    let stack = Stack::start(
+    let stack = Stack::with(
         &env,
-        &[
+        Options::default().xds_arg(&[
             "--lease-check-interval",
             "500ms",
             "--inspect-interval",
             "1s",
-        ],
+        ]),
     )
     .await;
     let ep = stack.etcd.endpoint();
     let a = Member::start(&env, &ep, "hb", "hb-a", &[], 9).await;
     stack
-        .wait_routed("hb", &[&a], Duration::from_secs(20))
+        .wait_healthy("hb", &[&a], Duration::from_secs(20))
         .await;
     wait_until("the lease is checked", Duration::from_secs(5), || async {
         stack.instance("hb", "hb-a").await["lease_check"].is_object()

@@ -2,45 +2,33 @@
 //! headers beyond Envoy's limits, are answered by the gateway with a JSON-RPC error naming the
 //! limit, and never reach the tool server.
 
-use std::time::Duration;
-
 use serde_json::Value;
-use toolgate_tests::{wait_until, Envoy, Etcd, Member, TestEnv, Xds};
+use toolgate_tests::{Member, Options, Stack, TestEnv};
 
 struct Gateway {
-    envoy: Envoy,
+    stack: Stack,
     member: Member,
-    _xds: Xds,
-    _etcd: Etcd,
     _env: TestEnv,
 }
 
-/// etcd, toolgate-xds with `xds_args`, Envoy with the filter, and one `orders` instance
-/// (lab flags `member_args`) that Envoy routes to.
+/// The shared stack (toolgate-xds with `xds_args`) and one `orders` instance (lab flags
+/// `member_args`) that Envoy routes to.
 async fn gateway(name: &str, xds_args: &[&str], member_args: &[&str]) -> Gateway {
     let env = TestEnv::new(name);
-    let etcd = Etcd::start(&env).await;
-    let xds = Xds::start(&env, "xds", &etcd.endpoint(), xds_args).await;
-    let envoy = Envoy::start_with_filter(&env, "envoy", &xds, 1, &[]).await;
+    let stack = Stack::with(&env, Options::default().xds_arg(xds_args)).await;
     let member = Member::start(
         &env,
-        &etcd.endpoint(),
+        &stack.etcd.endpoint(),
         "orders",
         "orders-1",
         member_args,
         10,
     )
     .await;
-    let want = vec![member.server.endpoint()];
-    wait_until("Envoy routes orders", Duration::from_secs(20), || async {
-        envoy.addresses("orders").await == want
-    })
-    .await;
+    stack.routes("orders", &[&member]).await;
     Gateway {
-        envoy,
+        stack,
         member,
-        _xds: xds,
-        _etcd: etcd,
         _env: env,
     }
 }
@@ -48,7 +36,9 @@ async fn gateway(name: &str, xds_args: &[&str], member_args: &[&str]) -> Gateway
 #[tokio::test]
 async fn a_request_nested_too_deep_gets_a_json_rpc_error_and_never_reaches_the_server() {
     let Gateway {
-        envoy, member: m, ..
+        stack: Stack { envoy, .. },
+        member: m,
+        ..
     } = &gateway("limits_depth", &[], &[]).await;
 
     let nested = format!("{}1{}", "[".repeat(100), "]".repeat(100));
@@ -135,7 +125,9 @@ fn assert_too_large(status: reqwest::StatusCode, body: &str, limit: u64) {
 #[tokio::test]
 async fn a_chunked_body_over_the_limit_gets_the_filters_json_rpc_error_not_envoys_413() {
     let Gateway {
-        envoy, member: m, ..
+        stack: Stack { envoy, .. },
+        member: m,
+        ..
     } = &gateway("limits_body", &[], &[]).await;
     let (status, body) = post_chunked(&envoy.url("orders"), 2 * MIB).await;
     assert_too_large(status, &body, MIB as u64);
@@ -148,7 +140,9 @@ const MIB: usize = 1024 * 1024;
 async fn a_raised_body_limit_lets_larger_calls_through_and_refuses_beyond_it() {
     let limit = (4 * MIB).to_string();
     let Gateway {
-        envoy, member: m, ..
+        stack: Stack { envoy, .. },
+        member: m,
+        ..
     } = &gateway(
         "limits_body_raised",
         &["--max-body-bytes", &limit, "--max-json-depth", "8"],

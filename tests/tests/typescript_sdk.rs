@@ -1,23 +1,16 @@
 //! The official TypeScript SDK clients (`@modelcontextprotocol/sdk` 1.x and
 //! `@modelcontextprotocol/client` 2.x, run by `tests/node/call.mjs`) through the gateway.
 
-use std::time::Duration;
-
 use serde_json::json;
-use toolgate_tests::{wait_until, Envoy, Etcd, Member, NodeClient, Sdk, TestEnv, Xds};
+use toolgate_tests::{Member, NodeClient, Sdk, Stack, TestEnv};
 
 #[tokio::test]
 async fn both_typescript_sdks_call_a_lab_tool_through_the_gateway() {
     let env = TestEnv::new("both_typescript_sdks_call_a_lab_tool_through_the_gateway");
-    let etcd = Etcd::start(&env).await;
-    let xds = Xds::start(&env, "xds", &etcd.endpoint(), &[]).await;
-    let envoy = Envoy::start_with_filter(&env, "envoy", &xds, 1, &[]).await;
-    let m = Member::start(&env, &etcd.endpoint(), "orders", "orders-1", &[], 10).await;
-    let want = vec![m.server.endpoint()];
-    wait_until("Envoy routes orders", Duration::from_secs(20), || async {
-        envoy.addresses("orders").await == want
-    })
-    .await;
+    let stack = Stack::start(&env).await;
+    let envoy = &stack.envoy;
+    let m = Member::start(&env, &stack.etcd.endpoint(), "orders", "orders-1", &[], 10).await;
+    stack.routes("orders", &[&m]).await;
 
     // Each SDK with its default version, and 2.x also at the 2026-07-28 revision, which it
     // negotiates with server/discover instead of initialize.
