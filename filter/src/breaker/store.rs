@@ -547,21 +547,42 @@ mod tests {
         assert_eq!(s.set("new", b"y", Some(CREATE_CAS)), Err(CasMismatch));
     }
 
-    /// 16.5: two workers that both found no record must not both create it. Before, the
-    /// create was an unconditional set and the second one silently replaced the first.
+    /// 16.5: another worker creates the record between this worker's read ("no record") and
+    /// its write. Before, the create was an unconditional set that silently replaced the
+    /// rival's record, losing its failure.
     #[test]
-    fn two_workers_creating_a_record_at_once_lose_no_update() {
+    fn a_record_created_between_read_and_write_is_not_overwritten() {
+        /// A store whose first read is answered from before the rival's write.
+        struct Racing<'a> {
+            inner: &'a MemStore,
+            rival: std::cell::RefCell<Option<Breakers<&'a MemStore>>>,
+        }
+        impl SharedStore for Racing<'_> {
+            fn get(&self, key: &str) -> Result<Option<Record>, HostError> {
+                let seen = self.inner.get(key);
+                if let Some(mut rival) = self.rival.borrow_mut().take() {
+                    let policy = BreakerPolicy::default();
+                    rival.record(key, &policy, 1, Admission::Allow, Outcome::Failure);
+                }
+                seen
+            }
+            fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), CasMismatch> {
+                self.inner.set(key, value, cas)
+            }
+        }
         let store = MemStore::new();
         let policy = BreakerPolicy::default();
         let key = "tg/b/s/t";
-        let mut a = Breakers::new(&store, 1);
-        let mut b = Breakers::new(&store, 2);
-        // Both read "no record" (admit), then both write a failure.
-        assert_eq!(a.admit(key, &policy, 0).0, Admission::Allow);
-        assert_eq!(b.admit(key, &policy, 0).0, Admission::Allow);
+        let racing = Racing {
+            inner: &store,
+            rival: std::cell::RefCell::new(Some(Breakers::new(&store, 2))),
+        };
+        let mut a = Breakers::new(&racing, 1);
         a.record(key, &policy, 1, Admission::Allow, Outcome::Failure);
-        b.record(key, &policy, 1, Admission::Allow, Outcome::Failure);
-        let totals = a.snapshot(key).unwrap().totals(1);
+        let totals = Breakers::new(&store, 3)
+            .snapshot(key)
+            .expect("a record")
+            .totals(1);
         assert_eq!(totals.failures, 2, "{totals:?}");
     }
 
