@@ -57,12 +57,12 @@ fn scratch_dir(test: &str) -> PathBuf {
     dir
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind((LOCALHOST, 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("binding 127.0.0.1:0")
-}
+// Ports for Envoy to listen on come from the harness's allocator (below the ephemeral range,
+// never handed out twice): a port from `bind(0)` is ephemeral and could be taken by any
+// outgoing connection between this test releasing it and Envoy binding it. The listeners this
+// process keeps open itself (the ADS server, the stand-in upstreams) still bind port 0: they
+// hold their port from the start, so there is no such window.
+use toolgate_tests::free_port;
 
 /// A running Envoy; killed on drop, its log printed if the test is failing.
 struct Envoy {
