@@ -450,6 +450,11 @@ async fn status(admin: &str, token: Option<&str>) -> anyhow::Result<String> {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    if toolgate_xds::failpoint::COMPILED_IN {
+        // Tests look for this line: a failpoint that never fires in a binary built without
+        // them would otherwise look like a toolgate bug.
+        warn!("failpoints compiled in: a test build (cargo test), not for production");
+    }
     let metrics = Arc::new(Metrics::new());
     xds::resources::set_envoy_outlier_detection(args.envoy_outlier_detection);
     let health_config = Arc::new(args.health.config());

@@ -254,7 +254,7 @@ pub fn cluster(service: &str, route: &ServiceRoute) -> Cluster {
             service_name: String::new(),
         }),
         connect_timeout: Some(duration_secs(
-            if crate::failpoint::nack_service() == Some(service) {
+            if crate::failpoint::nack_service(service) {
                 -1
             } else {
                 1
@@ -341,8 +341,15 @@ fn lb_endpoint(endpoint: &RouteEndpoint) -> LbEndpoint {
     LbEndpoint {
         health_status: health_status(endpoint.health) as i32,
         metadata: Some(metadata),
-        // Envoy rejects a weight of 0 (and with it the whole assignment).
-        load_balancing_weight: u32_value(endpoint.weight.max(1)),
+        // Envoy rejects a weight of 0 (and with it the whole assignment): only a test's
+        // failpoint sends one.
+        load_balancing_weight: u32_value(
+            if crate::failpoint::nack_instance(&endpoint.instance_id) {
+                0
+            } else {
+                endpoint.weight.max(1)
+            },
+        ),
         host_identifier: Some(HostIdentifier::Endpoint(Endpoint {
             address: Some(socket_address(endpoint.ip, endpoint.port)),
             // Shown in Envoy's /clusters output next to the address; not used for routing.
