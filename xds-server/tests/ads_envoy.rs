@@ -484,8 +484,7 @@ async fn envoy_follows_snapshots_over_ads_and_nothing_is_sent_when_nothing_chang
         snapshots,
         Arc::clone(&metrics),
         Arc::clone(&connections),
-        None,
-        None,
+        toolgate_xds::xds::ServeOptions::default(),
         async move {
             let _ = stopped.await;
         },

@@ -24,7 +24,7 @@ use tracing::{debug, info, warn};
 
 use super::cache::{CacheSnapshot, SnapshotCache, TypeSnapshot};
 use super::connections::Connections;
-use super::resources::ResourceType;
+use super::resources::{ResourceOptions, ResourceType};
 use crate::metrics::{Metrics, TypeLabel};
 use crate::routing::RoutingSnapshot;
 
@@ -55,14 +55,16 @@ impl AdsService {
     /// A snapshot of generation 0 is the registry's placeholder before it has read etcd (or
     /// its state dir): it is never served, because an empty configuration would wipe the
     /// routes of every Envoy that reconnects to a restarting toolgate-xds. Requests that
-    /// arrive before the first real snapshot are answered when it arrives.
+    /// arrive before the first real snapshot are answered when it arrives. Resources are
+    /// built with `options`.
     pub fn new(
         snapshots: watch::Receiver<Arc<RoutingSnapshot>>,
+        options: ResourceOptions,
         metrics: Arc<Metrics>,
         shutdown: CancellationToken,
     ) -> AdsService {
         let (tx, rx) = watch::channel(None);
-        tokio::spawn(fold_snapshots(snapshots, tx, shutdown.clone()));
+        tokio::spawn(fold_snapshots(snapshots, options, tx, shutdown.clone()));
         AdsService {
             cache: rx,
             metrics,
@@ -91,10 +93,11 @@ impl AdsService {
 /// A burst of snapshots coalesces for free: `watch` keeps only the latest.
 async fn fold_snapshots(
     mut snapshots: watch::Receiver<Arc<RoutingSnapshot>>,
+    options: ResourceOptions,
     views: watch::Sender<CacheView>,
     shutdown: CancellationToken,
 ) {
-    let mut cache = SnapshotCache::new();
+    let mut cache = SnapshotCache::with_options(options);
     loop {
         let snapshot = Arc::clone(&snapshots.borrow_and_update());
         if snapshot.generation > 0 {
