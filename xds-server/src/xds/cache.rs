@@ -70,6 +70,11 @@ impl TypeSnapshot {
         self.entries.get(name).map(|e| e.hash)
     }
 
+    /// The names of the type's resources, in name order.
+    pub fn names(&self) -> impl Iterator<Item = &String> {
+        self.entries.keys()
+    }
+
     pub fn len(&self) -> usize {
         self.entries.len()
     }
