@@ -1099,7 +1099,16 @@ async fn a_partial_eds_response_nacked_after_the_next_was_sent_is_not_lost() {
     rig.wait_hosts("c", &[c1, c2]).await;
     rig.wait_hosts("a", &[a1, a2]).await;
     rig.wait_hosts("x", &[x1]).await;
-    rig.wait_eds_answered().await;
+    // Two NACKs: N (naming an older response than the last), then x's assignment alone.
+    wait_for("Envoy's answers to everything sent", CONVERGE, || async {
+        let eds = rig.eds();
+        if rig.eds_nacks() == 2 && eds.acked_version == eds.sent_version {
+            Ok(())
+        } else {
+            Err(format!("{} EDS NACKs; {eds:?}", rig.eds_nacks()))
+        }
+    })
+    .await;
     let (pushes_then, nacks_then) = (pushes(&rig.metrics)[1], rig.eds_nacks());
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
