@@ -18,6 +18,11 @@ lint: setup
 	$(CARGO) clippy $(PROFILE) --workspace --all-targets -- -D warnings
 	$(CARGO) clippy $(PROFILE) -p toolgate-filter --target wasm32-wasip1 -- -D warnings
 
+# The tests need toolgate-xds's failpoints (xds-server/src/failpoint.rs, cargo feature
+# `failpoints`). `make build` leaves them out, as the Docker image does; `cargo test` turns them
+# on through toolgate-xds's dev-dependency on itself, and so rebuilds target/release/toolgate-xds
+# with them before the end-to-end tests in tests/ run it (that binary is a test build until the
+# next `make build`).
 test: build lint
 	$(CARGO) test $(PROFILE) --workspace -- --test-threads=$${TEST_THREADS:-2}
 

@@ -92,6 +92,19 @@ impl Xds {
             },
         )
         .await;
+        // Failpoints exist only in a test build of toolgate-xds (`cargo test` builds one, `make
+        // build` does not): without them a failpoint test would fail as if toolgate had a bug.
+        if self
+            .envs
+            .iter()
+            .any(|(k, _)| k.starts_with("TOOLGATE_FAILPOINT_"))
+        {
+            assert!(
+                self.log().contains("failpoints compiled in"),
+                "{} was built without failpoints: `cargo build --release -p toolgate-xds --features failpoints` (or `make test`) builds it with them",
+                project_bin("toolgate-xds").display()
+            );
+        }
     }
 
     /// `127.0.0.1:<xds port>`, for `toolgate-xds bootstrap --xds`.

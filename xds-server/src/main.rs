@@ -450,8 +450,12 @@ async fn status(admin: &str, token: Option<&str>) -> anyhow::Result<String> {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    if toolgate_xds::failpoint::COMPILED_IN {
+        // Tests look for this line: a failpoint that never fires in a binary built without
+        // them would otherwise look like a toolgate bug.
+        warn!("failpoints compiled in: a test build (cargo test), not for production");
+    }
     let metrics = Arc::new(Metrics::new());
-    xds::resources::set_envoy_outlier_detection(args.envoy_outlier_detection);
     let health_config = Arc::new(args.health.config());
     if health_config.probe_timeout >= health_config.probe_interval {
         anyhow::bail!(
@@ -604,8 +608,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         snapshots,
         metrics.clone(),
         envoys.clone(),
-        xds_tls,
-        reports.get().map(Arc::from),
+        xds::ServeOptions {
+            tls: xds_tls,
+            report_token: reports.get().map(Arc::from),
+            resources: xds::ResourceOptions {
+                envoy_outlier_detection: args.envoy_outlier_detection,
+            },
+        },
         stopped(stop_rx.clone()),
     ));
     let admin_task = tokio::spawn(admin::serve(

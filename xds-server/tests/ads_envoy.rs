@@ -57,12 +57,12 @@ fn scratch_dir(test: &str) -> PathBuf {
     dir
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind((LOCALHOST, 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("binding 127.0.0.1:0")
-}
+// Ports for Envoy to listen on come from the harness's allocator (below the ephemeral range,
+// never handed out twice): a port from `bind(0)` is ephemeral and could be taken by any
+// outgoing connection between this test releasing it and Envoy binding it. The listeners this
+// process keeps open itself (the ADS server, the stand-in upstreams) still bind port 0: they
+// hold their port from the start, so there is no such window.
+use toolgate_tests::free_port;
 
 /// A running Envoy; killed on drop, its log printed if the test is failing.
 struct Envoy {
@@ -404,6 +404,17 @@ fn route_summary(dump: &Value) -> Vec<(String, String, String, String)> {
     out
 }
 
+/// The server's logs, shown with a failure (RUST_LOG overrides the level).
+fn init_logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "toolgate_xds=debug".into()),
+        )
+        .try_init();
+}
+
 #[test]
 fn rendered_bootstrap_passes_envoy_validation() {
     let dir = scratch_dir("validate");
@@ -454,14 +465,7 @@ fn rendered_bootstrap_passes_envoy_validation() {
 async fn envoy_follows_snapshots_over_ads_and_nothing_is_sent_when_nothing_changed() {
     use reqwest::Method;
     use EndpointHealth::{Draining, Healthy};
-    // The server's logs, shown with the failure (RUST_LOG overrides the level).
-    let _ = tracing_subscriber::fmt()
-        .with_test_writer()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "toolgate_xds=debug".into()),
-        )
-        .try_init();
+    init_logs();
 
     let (inv_a, _a) = upstream("inv-a").await;
     let (inv_b, _b) = upstream("inv-b").await;
@@ -484,8 +488,7 @@ async fn envoy_follows_snapshots_over_ads_and_nothing_is_sent_when_nothing_chang
         snapshots,
         Arc::clone(&metrics),
         Arc::clone(&connections),
-        None,
-        None,
+        toolgate_xds::xds::ServeOptions::default(),
         async move {
             let _ = stopped.await;
         },
@@ -828,4 +831,349 @@ async fn envoy_follows_snapshots_over_ads_and_nothing_is_sent_when_nothing_chang
     served.expect("serve ended cleanly");
     assert_eq!(metrics.connected_envoys.get(), 0);
     drop(envoy);
+}
+
+// ---- NACKs: no rejected response may leave Envoy with a stale endpoint set ----------------
+//
+// The failpoint `arm_nack_instance` builds every endpoint of an instance with weight 0, so Envoy
+// rejects each EDS response that carries its assignment, whole (it validates every resource
+// before applying any). Pausing Envoy (SIGSTOP) lets two responses go out before it answers the
+// first: its NACK then names a response older than the latest, as on a busy Envoy.
+
+/// Hosts that only need to be listed: Envoy never connects to them here (no traffic, no
+/// health checks), so the ports are never bound.
+fn host(id: &str, port: u16) -> RouteEndpoint {
+    instance(id, port, EndpointHealth::Healthy)
+}
+
+/// The ADS server in process, fed by hand-made snapshots, with one real Envoy connected.
+struct Rig {
+    publish: watch::Sender<Arc<RoutingSnapshot>>,
+    metrics: Arc<Metrics>,
+    connections: Arc<toolgate_xds::xds::Connections>,
+    envoy: Envoy,
+    client: reqwest::Client,
+    generation: u64,
+    /// Ends the server when dropped.
+    _stop: oneshot::Sender<()>,
+}
+
+impl Rig {
+    /// Serves `services`, starts Envoy, and waits until it has every cluster's hosts.
+    async fn start(test: &str, services: &[(&str, Vec<RouteEndpoint>)]) -> Rig {
+        init_logs();
+        let xds_listener = TcpListener::bind((LOCALHOST, 0))
+            .await
+            .expect("binding xDS");
+        let xds = xds_listener.local_addr().expect("xDS address");
+        let metrics = Arc::new(Metrics::new());
+        let (publish, snapshots) = watch::channel(snapshot(1, &routes(services)));
+        let (stop, stopped) = oneshot::channel::<()>();
+        let connections = Arc::new(toolgate_xds::xds::Connections::default());
+        tokio::spawn(toolgate_xds::xds::serve(
+            xds_listener,
+            snapshots,
+            Arc::clone(&metrics),
+            Arc::clone(&connections),
+            toolgate_xds::xds::ServeOptions::default(),
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        let opts = BootstrapOptions {
+            node_id: test.into(),
+            cluster: "toolgate".into(),
+            listen: SocketAddr::new(LOCALHOST, free_port()),
+            xds: Upstream::Ip(xds),
+            admin: SocketAddr::new(LOCALHOST, free_port()),
+            control: Upstream::Ip(SocketAddr::new(LOCALHOST, free_port())),
+            filter: None,
+            xds_tls: None,
+            access_log: None,
+            edge: Default::default(),
+        };
+        let envoy = Envoy::start(&scratch_dir(test), &opts);
+        let rig = Rig {
+            publish,
+            metrics,
+            connections,
+            envoy,
+            client: http(),
+            generation: 1,
+            _stop: stop,
+        };
+        for (service, endpoints) in services {
+            rig.wait_hosts(service, endpoints).await;
+        }
+        rig.wait_eds_answered().await;
+        rig
+    }
+
+    /// Publishes `services` as the next snapshot and waits until the server sent the EDS
+    /// response it causes (it goes out whether Envoy reads it or not).
+    async fn publish_eds(&mut self, services: &[(&str, Vec<RouteEndpoint>)]) -> String {
+        let before = self.eds().sent_version;
+        self.publish_with(services, |_| ());
+        wait_for("the EDS response sent", CONVERGE, || async {
+            match self.eds().sent_version {
+                Some(sent) if Some(&sent) != before.as_ref() => Ok(sent),
+                _ => Err(format!("{:?}", self.eds())),
+            }
+        })
+        .await
+    }
+
+    /// Publishes `services`, changed by `edit`, as the next snapshot.
+    fn publish_with(
+        &mut self,
+        services: &[(&str, Vec<RouteEndpoint>)],
+        edit: impl FnOnce(&mut RoutingSnapshot),
+    ) {
+        self.generation += 1;
+        let mut next = (*snapshot(self.generation, &routes(services))).clone();
+        edit(&mut next);
+        self.publish.send_replace(Arc::new(next));
+    }
+
+    /// What the server last sent, and what Envoy acknowledged and refused, for EDS.
+    fn eds(&self) -> toolgate_xds::xds::connections::TypeStatus {
+        self.connections
+            .list()
+            .first()
+            .and_then(|c| c.types.get("eds").cloned())
+            .unwrap_or_default()
+    }
+
+    fn eds_nacks(&self) -> u64 {
+        self.metrics
+            .nacks
+            .get_or_create(&TypeLabel { r#type: "eds" })
+            .get()
+    }
+
+    /// Waits until Envoy acknowledged the last EDS response: nothing is in flight.
+    async fn wait_eds_answered(&self) {
+        wait_for("Envoy ACKs the last EDS response", CONVERGE, || async {
+            let eds = self.eds();
+            if eds.sent_version.is_some() && eds.acked_version == eds.sent_version {
+                Ok(())
+            } else {
+                Err(format!("{eds:?}"))
+            }
+        })
+        .await;
+    }
+
+    async fn wait_hosts(&self, service: &str, endpoints: &[RouteEndpoint]) {
+        let want: Vec<(String, &str, u32)> = endpoints
+            .iter()
+            .map(|e| (format!("127.0.0.1:{}", e.port), "healthy", e.weight))
+            .collect();
+        let want: Vec<(&str, &str, u32)> =
+            want.iter().map(|(a, f, w)| (a.as_str(), *f, *w)).collect();
+        wait_hosts(
+            &self.client,
+            &self.envoy.admin,
+            &format!("mcp.{service}"),
+            &want,
+        )
+        .await;
+    }
+
+    /// SIGSTOP: Envoy reads nothing and answers nothing until [`resume`](Self::resume).
+    fn pause(&self) {
+        self.signal(nix::sys::signal::Signal::SIGSTOP);
+    }
+
+    fn resume(&self) {
+        self.signal(nix::sys::signal::Signal::SIGCONT);
+    }
+
+    fn signal(&self, signal: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(self.envoy.child.id() as i32);
+        nix::sys::signal::kill(pid, signal).expect("signalling Envoy");
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        // A paused Envoy is still killed on drop; this only keeps a failure's log readable.
+        self.resume();
+    }
+}
+
+fn routes<'a>(
+    services: &'a [(&'a str, Vec<RouteEndpoint>)],
+) -> Vec<(&'a str, &'a str, Vec<RouteEndpoint>)> {
+    services
+        .iter()
+        .map(|(name, endpoints)| (*name, "/mcp", endpoints.clone()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nack_that_names_an_older_response_is_counted_against_its_version() {
+    toolgate_xds::failpoint::arm_nack_instance("stale-x-bad");
+    let (c1, c2, x1, bad) = (
+        host("c1", 41101),
+        host("c2", 41102),
+        host("x1", 41103),
+        host("stale-x-bad", 41104),
+    );
+    let mut rig = Rig::start(
+        "stale-nack-counted",
+        &[("c", vec![c1.clone()]), ("x", vec![x1.clone()])],
+    )
+    .await;
+
+    // Version N carries x's invalid assignment; N+1 takes it back and changes c. Both go out
+    // before Envoy reads either: its NACK of N arrives after N+1 was sent.
+    rig.pause();
+    let rejected = rig
+        .publish_eds(&[
+            ("c", vec![c1.clone()]),
+            ("x", vec![x1.clone(), bad.clone()]),
+        ])
+        .await;
+    rig.publish_eds(&[("c", vec![c1.clone(), c2.clone()]), ("x", vec![x1.clone()])])
+        .await;
+    rig.resume();
+
+    rig.wait_hosts("c", &[c1, c2]).await;
+    wait_for(
+        "the NACK of the older response counted, against its version",
+        Duration::from_secs(10),
+        || async {
+            let eds = rig.eds();
+            if rig.eds_nacks() == 1 && eds.nacked_version.as_deref() == Some(rejected.as_str()) {
+                Ok(())
+            } else {
+                Err(format!("{} EDS NACKs; {eds:?}", rig.eds_nacks()))
+            }
+        },
+    )
+    .await;
+    rig.wait_hosts("x", &[x1]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partial_eds_response_nacked_after_the_next_was_sent_is_not_lost() {
+    toolgate_xds::failpoint::arm_nack_instance("partial-x-bad");
+    let (a1, a2, c1, c2, x1, bad) = (
+        host("a1", 41201),
+        host("a2", 41202),
+        host("c1", 41203),
+        host("c2", 41204),
+        host("x1", 41205),
+        host("partial-x-bad", 41206),
+    );
+    let mut rig = Rig::start(
+        "partial-eds-nack",
+        &[
+            ("a", vec![a1.clone()]),
+            ("c", vec![c1.clone()]),
+            ("x", vec![x1.clone()]),
+        ],
+    )
+    .await;
+
+    // N changes a and carries x's invalid assignment: Envoy rejects all of N. N+1 changes only
+    // c, so it carries only c. Both go out before Envoy answers N.
+    rig.pause();
+    rig.publish_eds(&[
+        ("a", vec![a1.clone(), a2.clone()]),
+        ("c", vec![c1.clone()]),
+        ("x", vec![x1.clone(), bad.clone()]),
+    ])
+    .await;
+    rig.publish_eds(&[
+        ("a", vec![a1.clone(), a2.clone()]),
+        ("c", vec![c1.clone(), c2.clone()]),
+        ("x", vec![x1.clone(), bad.clone()]),
+    ])
+    .await;
+    rig.resume();
+
+    // a's change reaches Envoy although the response that first carried it was rejected; x
+    // keeps what Envoy had, the invalid assignment is not resent in a loop.
+    rig.wait_hosts("c", &[c1, c2]).await;
+    rig.wait_hosts("a", &[a1, a2]).await;
+    rig.wait_hosts("x", &[x1]).await;
+    // Two NACKs: N (naming an older response than the last), then x's assignment alone.
+    wait_for("Envoy's answers to everything sent", CONVERGE, || async {
+        let eds = rig.eds();
+        if rig.eds_nacks() == 2 && eds.acked_version == eds.sent_version {
+            Ok(())
+        } else {
+            Err(format!("{} EDS NACKs; {eds:?}", rig.eds_nacks()))
+        }
+    })
+    .await;
+    let (pushes_then, nacks_then) = (pushes(&rig.metrics)[1], rig.eds_nacks());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        (pushes(&rig.metrics)[1], rig.eds_nacks()),
+        (pushes_then, nacks_then),
+        "no EDS response or NACK after converging"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_recreated_after_an_eds_nack_gets_its_assignment() {
+    toolgate_xds::failpoint::arm_nack_instance("recreated-x-bad");
+    let (a1, x1, bad) = (
+        host("a1", 41301),
+        host("x1", 41302),
+        host("recreated-x-bad", 41303),
+    );
+    let mut rig = Rig::start(
+        "recreated-after-nack",
+        &[("a", vec![a1.clone()]), ("x", vec![x1.clone()])],
+    )
+    .await;
+
+    // Envoy rejects the EDS version that carries x's invalid assignment...
+    let services = [("a", vec![a1.clone()]), ("x", vec![x1.clone(), bad])];
+    rig.publish_eds(&services).await;
+    wait_for("Envoy NACKs x's assignment", CONVERGE, || async {
+        match rig.eds_nacks() {
+            0 => Err(format!("{:?}", rig.eds())),
+            _ => Ok(()),
+        }
+    })
+    .await;
+
+    // ...then a's cluster changes (new limits, same endpoints): Envoy re-creates it, and it
+    // warms until it gets an assignment, although the EDS version did not change.
+    rig.publish_with(&services, |s| {
+        if let Some(a) = s.services.get_mut("a") {
+            Arc::make_mut(a).limits.max_connections = 65;
+        }
+    });
+    let admin = rig.envoy.admin.clone();
+    wait_for(
+        "a's re-created cluster active with its new limit, well before Envoy's 15 s initial_fetch_timeout",
+        Duration::from_secs(5),
+        || async {
+            let text = get_text(&rig.client, &format!("{admin}/clusters"))
+                .await
+                .unwrap_or_default();
+            let warming = get_text(
+                &rig.client,
+                &format!("{admin}/config_dump?resource=dynamic_warming_clusters"),
+            )
+            .await
+            .unwrap_or_default();
+            if text.contains("mcp.a::default_priority::max_connections::65")
+                && !warming.contains("mcp.a")
+            {
+                Ok(())
+            } else {
+                Err(format!("{:?}\nwarming: {warming}", rig.eds()))
+            }
+        },
+    )
+    .await;
+    rig.wait_hosts("a", &[a1]).await;
+    rig.wait_hosts("x", &[x1]).await;
 }

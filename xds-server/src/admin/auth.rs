@@ -148,13 +148,14 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
         .map(str::trim)
 }
 
-/// Compares without an early exit, so the time taken does not tell how much of a guess was
-/// right.
+/// Compares in time that depends on the lengths only, so the time taken does not tell how much
+/// of a guess was right. A guess of the wrong length is refused at once: that tells the
+/// token's length and nothing else (the length of a random token is no secret worth a padded
+/// comparison). `subtle` keeps the byte comparison free of early exits and of branches the
+/// optimiser could add.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    use subtle::ConstantTimeEq;
+    a.len() == b.len() && bool::from(a.ct_eq(b))
 }
 
 #[cfg(test)]
@@ -167,6 +168,16 @@ mod tests {
             h.insert(axum::http::header::AUTHORIZATION, a.parse().unwrap());
         }
         h
+    }
+
+    #[test]
+    fn tokens_match_only_byte_for_byte_and_length_for_length() {
+        assert!(constant_time_eq(b"s3cret", b"s3cret"));
+        assert!(!constant_time_eq(b"s3cret", b"s3creT"));
+        assert!(!constant_time_eq(b"s3cret", b"s3cre"), "a prefix");
+        assert!(!constant_time_eq(b"s3cret", b"s3cret!"), "an extension");
+        assert!(!constant_time_eq(b"", b"s3cret"));
+        assert!(constant_time_eq(b"", b""));
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! One task folds every routing snapshot into a shared [`CacheSnapshot`] (so N Envoys cost one
 //! encoding, and all see the same versions); one task per ADS stream speaks the protocol.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -24,7 +24,7 @@ use tracing::{debug, info, warn};
 
 use super::cache::{CacheSnapshot, SnapshotCache, TypeSnapshot};
 use super::connections::Connections;
-use super::resources::ResourceType;
+use super::resources::{ResourceOptions, ResourceType};
 use crate::metrics::{Metrics, TypeLabel};
 use crate::routing::RoutingSnapshot;
 
@@ -55,14 +55,16 @@ impl AdsService {
     /// A snapshot of generation 0 is the registry's placeholder before it has read etcd (or
     /// its state dir): it is never served, because an empty configuration would wipe the
     /// routes of every Envoy that reconnects to a restarting toolgate-xds. Requests that
-    /// arrive before the first real snapshot are answered when it arrives.
+    /// arrive before the first real snapshot are answered when it arrives. Resources are
+    /// built with `options`.
     pub fn new(
         snapshots: watch::Receiver<Arc<RoutingSnapshot>>,
+        options: ResourceOptions,
         metrics: Arc<Metrics>,
         shutdown: CancellationToken,
     ) -> AdsService {
         let (tx, rx) = watch::channel(None);
-        tokio::spawn(fold_snapshots(snapshots, tx, shutdown.clone()));
+        tokio::spawn(fold_snapshots(snapshots, options, tx, shutdown.clone()));
         AdsService {
             cache: rx,
             metrics,
@@ -91,10 +93,11 @@ impl AdsService {
 /// A burst of snapshots coalesces for free: `watch` keeps only the latest.
 async fn fold_snapshots(
     mut snapshots: watch::Receiver<Arc<RoutingSnapshot>>,
+    options: ResourceOptions,
     views: watch::Sender<CacheView>,
     shutdown: CancellationToken,
 ) {
-    let mut cache = SnapshotCache::new();
+    let mut cache = SnapshotCache::with_options(options);
     loop {
         let snapshot = Arc::clone(&snapshots.borrow_and_update());
         if snapshot.generation > 0 {
@@ -183,7 +186,8 @@ impl Subscription {
 }
 
 /// The last response sent for a type. A request whose `response_nonce` is not this `nonce` was
-/// written before Envoy saw this response: it is stale and ignored.
+/// written before Envoy saw this response: the subscription it carries is stale and ignored
+/// (its ACK or NACK is not: see [`Unanswered`]).
 #[derive(Debug)]
 struct Sent {
     version: String,
@@ -193,24 +197,55 @@ struct Sent {
     subscription: Subscription,
 }
 
+/// A response Envoy has not answered yet. Envoy answers every response, in order, but may read
+/// several before its first answer arrives: a NACK then names an older response than the last
+/// one sent, and is accounted to that response and what it carried.
+#[derive(Debug)]
+struct Unanswered {
+    nonce: String,
+    version: String,
+    /// EDS only: the assignments it carried, each with its content hash.
+    carried: Vec<(String, u64)>,
+}
+
+/// Unanswered responses kept per type. Envoy answers in order, so only the responses sent
+/// since its last answer are kept; the bound matters only for an Envoy that reads but never
+/// answers. An answer to a response no longer kept is treated as naming an unknown response.
+const UNANSWERED_KEPT: usize = 256;
+
 /// Protocol state of one type on one stream.
 #[derive(Debug)]
 struct TypeState {
     subscription: Subscription,
     sent: Option<Sent>,
+    /// Responses sent and not answered yet, oldest first.
+    unanswered: VecDeque<Unanswered>,
     /// Last version Envoy accepted: logged when the stream ends, to tell what it kept.
     acked: Option<String>,
-    /// Last version Envoy rejected. It is never sent again on this stream: Envoy would reject
-    /// it again, in a loop. The next different version is sent as usual.
+    /// Not EDS: last version Envoy rejected. It is never sent again on this stream: Envoy
+    /// would reject it again, in a loop. The next different version is sent as usual. EDS
+    /// keeps rejections per assignment instead (`rejected`, `suspects`): a rejected version
+    /// must not hold back the other assignments it carried, nor the assignments re-created
+    /// clusters wait for.
     nacked: Option<String>,
     /// EDS only: CDS was sent after the last EDS response. Envoy's new and changed clusters
     /// warm until they receive an assignment, even one whose version has not changed, so the
     /// next EDS push or request is answered regardless of versions.
     answer_next: bool,
-    /// EDS only: the content hash of each assignment as last delivered on this stream. A push
-    /// sends only the assignments that differ: a SotW EDS response may omit resources, and
-    /// Envoy then leaves those clusters alone instead of re-applying a thousand unchanged ones.
+    /// EDS only: the content hash of each assignment as last delivered on this stream (sent,
+    /// and not known to be rejected). A push sends only the assignments that differ: a SotW
+    /// EDS response may omit resources, and Envoy then leaves those clusters alone instead of
+    /// re-applying a thousand unchanged ones.
     delivered: HashMap<String, u64>,
+    /// EDS only: assignments Envoy rejected in a response that carried nothing else, by
+    /// content hash. Not sent again in that form (Envoy would reject it again, in a loop); the
+    /// next change of the assignment goes out as usual.
+    rejected: HashMap<String, u64>,
+    /// EDS only: assignments that were in a rejected response together with others. Envoy
+    /// validates every resource of a response before applying any, so it applied none of
+    /// them: each goes again in a response of its own, until Envoy accepts it or rejects it
+    /// alone. One invalid assignment cannot hold back the rest.
+    suspects: BTreeSet<String>,
 }
 
 impl TypeState {
@@ -218,11 +253,92 @@ impl TypeState {
         TypeState {
             subscription: Subscription::from_request(ty, &[]),
             sent: None,
+            unanswered: VecDeque::new(),
             acked: None,
             nacked: None,
             answer_next: false,
             delivered: HashMap::new(),
+            rejected: HashMap::new(),
+            suspects: BTreeSet::new(),
         }
+    }
+
+    /// Takes the response `nonce` names off the unanswered list, with every older one (Envoy
+    /// answers in order, so an answer to a later response settles them too); the named one is
+    /// last. Empty if the nonce is not known (answered already, or no longer kept).
+    fn answered(&mut self, nonce: &str) -> Vec<Unanswered> {
+        match self.unanswered.iter().position(|u| u.nonce == nonce) {
+            Some(at) => self.unanswered.drain(..=at).collect(),
+            None => Vec::new(),
+        }
+    }
+
+    /// EDS: Envoy rejected `responses` (from [`answered`](Self::answered)), so what they
+    /// carried was not applied and goes again: alone if it was alone (then it is the culprit
+    /// and is not sent again in that form), each in its own response if there were several.
+    fn eds_rejected(&mut self, responses: &[Unanswered]) {
+        if responses.is_empty() {
+            // Which response Envoy rejected is unknown: assume it holds nothing from us.
+            self.delivered.clear();
+            return;
+        }
+        let carried: BTreeSet<(&String, u64)> = responses
+            .iter()
+            .flat_map(|r| r.carried.iter().map(|(n, h)| (n, *h)))
+            .collect();
+        for (name, hash) in &carried {
+            if self.delivered.get(*name) == Some(hash) {
+                self.delivered.remove(*name);
+            }
+        }
+        let mut names = carried.iter().map(|(n, h)| (*n, *h));
+        match (names.next(), names.next()) {
+            (Some((name, hash)), None) => {
+                self.suspects.remove(name);
+                self.rejected.insert(name.clone(), hash);
+            }
+            _ => self
+                .suspects
+                .extend(carried.iter().map(|(n, _)| (*n).clone())),
+        }
+    }
+
+    /// EDS: Envoy accepted `responses`: what they carried is no longer suspect.
+    fn eds_accepted(&mut self, responses: &[Unanswered]) {
+        for (name, _) in responses.iter().flat_map(|r| &r.carried) {
+            self.suspects.remove(name);
+        }
+    }
+
+    /// EDS: the assignments to send for `current`, with their hashes: every subscribed one
+    /// toolgate has when `full`, else those not delivered in their current form; never one
+    /// Envoy rejected in its current form.
+    fn eds_wanted(&self, current: &TypeSnapshot, full: bool) -> Vec<(String, u64)> {
+        let names: Vec<&String> = match &self.subscription {
+            Subscription::Wildcard => current.names().collect(),
+            Subscription::Names(names) => names.iter().collect(),
+        };
+        names
+            .into_iter()
+            .filter_map(|name| {
+                let hash = current.hash(name)?;
+                let wanted = self.rejected.get(name) != Some(&hash)
+                    && (full || self.delivered.get(name) != Some(&hash));
+                wanted.then(|| (name.clone(), hash))
+            })
+            .collect()
+    }
+
+    /// EDS: forgets what it knows of assignments this Envoy no longer subscribes to.
+    fn eds_forget_unsubscribed(&mut self, current: &TypeSnapshot) {
+        let subscription = &self.subscription;
+        let keep = |name: &String| match subscription {
+            Subscription::Wildcard => current.hash(name).is_some(),
+            Subscription::Names(names) => names.contains(name),
+        };
+        self.delivered.retain(|n, _| keep(n));
+        self.rejected.retain(|n, _| keep(n));
+        self.suspects.retain(|n| keep(n));
     }
 }
 
@@ -367,55 +483,82 @@ impl AdsStream {
         let node = self.node.clone();
         let state = self.types.entry(ty).or_insert_with(|| TypeState::new(ty));
 
-        if !request.response_nonce.is_empty() {
-            let Some(sent) = state
+        // A request written before Envoy saw our latest response: the subscription it carries
+        // is outdated (the request that answers the latest response carries the current one),
+        // but its ACK or NACK is news about the response it names.
+        let stale = !request.response_nonce.is_empty()
+            && state
                 .sent
                 .as_ref()
-                .filter(|s| s.nonce == request.response_nonce)
-            else {
-                // Written before Envoy saw our latest response; the request that answers that
-                // response follows and carries the current subscription.
-                debug!(node = %node, r#type = ty.short_name(), nonce = %request.response_nonce,
-                    "stale request ignored");
-                return Ok(());
-            };
+                .is_none_or(|s| s.nonce != request.response_nonce);
+        if !request.response_nonce.is_empty() {
+            let answered = state.answered(&request.response_nonce);
+            let version = answered.last().map(|a| a.version.clone());
             if let Some(error) = &request.error_detail {
-                warn!(node = %node, r#type = ty.short_name(), version = %sent.version,
-                    kept = %request.version_info, error = %error.message,
-                    "Envoy rejected an xDS response (NACK)");
+                warn!(node = %node, r#type = ty.short_name(),
+                    version = version.as_deref().unwrap_or("unknown"),
+                    nonce = %request.response_nonce, stale, kept = %request.version_info,
+                    error = %error.message, "Envoy rejected an xDS response (NACK)");
                 self.metrics
                     .nacks
                     .get_or_create(&TypeLabel {
                         r#type: ty.short_name(),
                     })
                     .inc();
-                state.nacked = Some(sent.version.clone());
-                self.connections
-                    .nacked(self.id, ty, &sent.version, &error.message);
-                // Envoy applied none of it: the next response must carry everything again.
-                state.delivered.clear();
+                if let Some(version) = &version {
+                    self.connections
+                        .nacked(self.id, ty, version, &error.message);
+                }
+                if ty == ResourceType::Endpoint {
+                    state.eds_rejected(&answered);
+                } else if version.is_some() {
+                    state.nacked = version;
+                }
+            } else if let Some(version) = version {
+                debug!(node = %node, r#type = ty.short_name(), %version, stale, "ACK");
+                state.eds_accepted(&answered);
+                self.connections.acked(self.id, ty, &version);
+                state.acked = Some(version);
             } else {
-                debug!(node = %node, r#type = ty.short_name(), version = %sent.version, "ACK");
-                state.acked = Some(sent.version.clone());
-                self.connections.acked(self.id, ty, &sent.version);
+                debug!(node = %node, r#type = ty.short_name(), nonce = %request.response_nonce,
+                    "answer to a response not kept (answered already); ignored");
             }
         }
-        state.subscription = Subscription::from_request(ty, &request.resource_names);
+        if stale {
+            debug!(node = %node, r#type = ty.short_name(), nonce = %request.response_nonce,
+                "stale request: its subscription is ignored");
+        } else {
+            state.subscription = Subscription::from_request(ty, &request.resource_names);
+        }
 
         let Some(current) = view.and_then(|v| v.get(ty)) else {
             // Not ready, or a type not built yet (ECDS): answered by the push that brings it.
             return Ok(());
         };
-        if state.nacked.as_deref() == Some(current.version.as_str()) {
-            return Ok(());
-        }
-        let answer = match &state.sent {
-            // Nothing sent on this stream yet: Envoy waits for a first answer.
-            None => true,
-            Some(sent) => {
-                request.version_info != current.version
-                    || !sent.subscription.covers(&state.subscription)
-                    || state.answer_next
+        let answer = if ty == ResourceType::Endpoint {
+            // By assignment, not by version: a NACK (stale or not) may have taken back
+            // assignments Envoy must get again, while a version it rejected must not be
+            // resent just because Envoy still reports the one before.
+            match &state.sent {
+                None => !stale,
+                Some(sent) => {
+                    !state.eds_wanted(current, false).is_empty()
+                        || (!stale
+                            && (state.answer_next
+                                || !sent.subscription.covers(&state.subscription)))
+                }
+            }
+        } else if stale || state.nacked.as_deref() == Some(current.version.as_str()) {
+            false
+        } else {
+            match &state.sent {
+                // Nothing sent on this stream yet: Envoy waits for a first answer.
+                None => true,
+                Some(sent) => {
+                    request.version_info != current.version
+                        || !sent.subscription.covers(&state.subscription)
+                        || state.answer_next
+                }
             }
         };
         if answer {
@@ -435,11 +578,14 @@ impl AdsStream {
             let Some(current) = view.get(ty) else {
                 continue;
             };
-            if state.nacked.as_deref() == Some(current.version.as_str()) {
-                continue;
-            }
             let lacks = match &state.sent {
                 None => true,
+                Some(sent) if ty == ResourceType::Endpoint => {
+                    sent.version != current.version
+                        || state.answer_next
+                        || !state.eds_wanted(current, false).is_empty()
+                }
+                Some(_) if state.nacked.as_deref() == Some(current.version.as_str()) => false,
                 Some(sent) => sent.version != current.version || state.answer_next,
             };
             if lacks {
@@ -450,7 +596,9 @@ impl AdsStream {
         Ok(())
     }
 
-    /// Sends `current` for the names this Envoy subscribed and records it.
+    /// Sends `current` for the names this Envoy subscribed and records it. EDS sends only what
+    /// this Envoy lacks (everything after CDS), in one response, except that each suspect of
+    /// an earlier rejection goes in a response of its own.
     async fn send(&mut self, ty: ResourceType, current: &Arc<TypeSnapshot>) -> Result<(), Closed> {
         if ty == ResourceType::ExtensionConfig && self.filter.is_none() {
             warn!(node = %self.node, "Envoy asked for the filter configuration but its bootstrap names no filter path (node metadata toolgate.filter_path); not answering");
@@ -459,36 +607,54 @@ impl AdsStream {
         let Some(state) = self.types.get_mut(&ty) else {
             return Ok(());
         };
+        if ty != ResourceType::Endpoint {
+            let resources = match &state.subscription {
+                Subscription::Wildcard => current.all(),
+                Subscription::Names(names) => current.select(names),
+            };
+            let resources = match (&self.filter, ty) {
+                (Some(filter), ResourceType::ExtensionConfig) => resources
+                    .iter()
+                    .map(|r| {
+                        super::ecds::for_node(r, filter, &self.node, self.report_token.as_deref())
+                    })
+                    .collect(),
+                _ => resources,
+            };
+            return self.respond(ty, current, resources, Vec::new()).await;
+        }
         // After CDS, re-created clusters warm until they get an assignment, changed or not:
         // then (and on a fresh stream, where `delivered` is empty) EDS goes out in full.
-        let partial = ty == ResourceType::Endpoint && !state.answer_next;
-        let resources = match &state.subscription {
-            Subscription::Wildcard => current.all(),
-            Subscription::Names(names) => {
-                let wanted: Vec<&String> = names
-                    .iter()
-                    .filter(|n| {
-                        let hash = current.hash(n);
-                        hash.is_some() && (!partial || state.delivered.get(*n).copied() != hash)
-                    })
-                    .collect();
-                if ty == ResourceType::Endpoint {
-                    state.delivered.retain(|n, _| names.contains(n));
-                    for name in &wanted {
-                        if let Some(h) = current.hash(name) {
-                            state.delivered.insert((*name).clone(), h);
-                        }
-                    }
-                }
-                current.select(wanted)
-            }
-        };
-        let resources = match (&self.filter, ty) {
-            (Some(filter), ResourceType::ExtensionConfig) => resources
-                .iter()
-                .map(|r| super::ecds::for_node(r, filter, &self.node, self.report_token.as_deref()))
-                .collect(),
-            _ => resources,
+        let wanted = state.eds_wanted(current, state.answer_next);
+        state.eds_forget_unsubscribed(current);
+        let (alone, together): (Vec<_>, Vec<_>) = wanted
+            .into_iter()
+            .partition(|(name, _)| state.suspects.contains(name));
+        // The response with everything else goes also when empty: it answers the request and
+        // carries the version.
+        let mut responses = Vec::new();
+        if !together.is_empty() || alone.is_empty() {
+            responses.push(together);
+        }
+        responses.extend(alone.into_iter().map(|one| vec![one]));
+        for carried in responses {
+            let resources = current.select(carried.iter().map(|(name, _)| name));
+            self.respond(ty, current, resources, carried).await?;
+        }
+        Ok(())
+    }
+
+    /// Sends one response of `current`'s version with `resources` and records it; `carried`
+    /// names (EDS) the assignments among them, with their hashes.
+    async fn respond(
+        &mut self,
+        ty: ResourceType,
+        current: &Arc<TypeSnapshot>,
+        resources: Vec<envoy_types::pb::google::protobuf::Any>,
+        carried: Vec<(String, u64)>,
+    ) -> Result<(), Closed> {
+        let Some(state) = self.types.get_mut(&ty) else {
+            return Ok(());
         };
         self.nonce += 1;
         let nonce = self.nonce.to_string();
@@ -511,6 +677,17 @@ impl AdsStream {
             version: current.version.clone(),
             nonce: nonce.clone(),
             subscription: state.subscription.clone(),
+        });
+        for (name, hash) in &carried {
+            state.delivered.insert(name.clone(), *hash);
+        }
+        if state.unanswered.len() == UNANSWERED_KEPT {
+            state.unanswered.pop_front();
+        }
+        state.unanswered.push_back(Unanswered {
+            nonce: nonce.clone(),
+            version: current.version.clone(),
+            carried,
         });
         state.answer_next = false;
         if ty == ResourceType::Cluster {
@@ -815,46 +992,128 @@ mod tests {
         assert!(h.sent().is_empty());
     }
 
+    /// The EDS responses among `sent`, each as the names it carried.
+    fn eds_names(sent: &[DiscoveryResponse]) -> Vec<Vec<String>> {
+        use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+        use prost::Message;
+        sent.iter()
+            .filter(|r| r.type_url == EDS.type_url())
+            .map(|r| {
+                r.resources
+                    .iter()
+                    .map(|a| {
+                        ClusterLoadAssignment::decode(a.value.as_slice())
+                            .expect("an assignment")
+                            .cluster_name
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    const ABC: &[&str] = &["mcp.a", "mcp.b", "mcp.c"];
+
     #[tokio::test]
-    async fn an_eds_push_carries_only_the_assignments_that_changed_until_a_nack() {
+    async fn an_eds_push_carries_only_the_assignments_that_changed_and_a_rejected_one_stays_out() {
         let mut h = Harness::new();
         h.publish(routing(1, &[("a", &[1]), ("b", &[2]), ("c", &[3])]))
             .await;
-        h.request(request(EDS, &["mcp.a", "mcp.b", "mcp.c"], "", ""))
-            .await;
+        h.request(request(EDS, ABC, "", "")).await;
         let r = h.sent().remove(0);
         assert_eq!(resource_count(&r), 3, "a fresh stream gets everything");
-        h.request(ack(&r, &["mcp.a", "mcp.b", "mcp.c"])).await;
+        h.request(ack(&r, ABC)).await;
         h.publish(routing(2, &[("a", &[1]), ("b", &[2, 4]), ("c", &[3])]))
             .await;
         let pushed = h.sent();
-        let eds: Vec<_> = pushed
-            .iter()
-            .filter(|r| r.type_url == EDS.type_url())
-            .collect();
-        assert_eq!(eds.len(), 1);
-        assert_eq!(resource_count(eds[0]), 1, "only mcp.b changed");
-        // Envoy rejects it: the next response must carry everything again.
-        let mut nack = ack(eds[0], &["mcp.a", "mcp.b", "mcp.c"]);
-        nack.version_info = r.version_info.clone();
-        nack.error_detail = Some(RpcStatus {
-            code: 3,
-            message: "rejected".into(),
-            details: vec![],
-        });
-        h.request(nack).await;
+        assert_eq!(eds_names(&pushed), [vec!["mcp.b"]], "only mcp.b changed");
+        // Envoy rejects it: b alone was in it, so b in that form is not sent again, and a and
+        // c, which Envoy holds, are not either.
+        h.request(nack(&pushed[0], ABC, &r.version_info)).await;
+        assert_eq!(h.nacks(EDS), 1);
+        assert!(h.sent().is_empty(), "the rejected assignment is not resent");
+        // Envoy asks again, still reporting the version before: nothing to send.
+        h.request(request(EDS, ABC, &r.version_info, &pushed[0].nonce))
+            .await;
+        assert!(h.sent().is_empty());
+        // b's next form goes out as usual, still alone.
         h.publish(routing(3, &[("a", &[1]), ("b", &[2, 5]), ("c", &[3])]))
             .await;
-        let pushed = h.sent();
-        let eds: Vec<_> = pushed
-            .iter()
-            .filter(|r| r.type_url == EDS.type_url())
-            .collect();
+        assert_eq!(eds_names(&h.sent()), [vec!["mcp.b"]]);
+    }
+
+    #[tokio::test]
+    async fn a_rejected_eds_response_with_several_assignments_goes_again_one_by_one() {
+        let mut h = Harness::new();
+        h.publish(routing(1, &[("a", &[1]), ("b", &[2]), ("c", &[3])]))
+            .await;
+        h.request(request(CDS, &[], "", "")).await;
+        let cds = h.sent().remove(0);
+        h.request(ack(&cds, &[])).await;
+        h.request(request(EDS, ABC, "", "")).await;
+        let r = h.sent().remove(0);
+        h.request(ack(&r, ABC)).await;
+        let two = || routing(2, &[("a", &[1, 4]), ("b", &[2, 5]), ("c", &[3])]);
+        h.publish(two()).await;
+        let both = h.sent().remove(0);
         assert_eq!(
-            resource_count(eds[0]),
-            3,
-            "after a NACK everything goes again"
+            eds_names(std::slice::from_ref(&both)),
+            [vec!["mcp.a", "mcp.b"]]
         );
+        // Envoy applied none of it: a and b go again, each alone, so the invalid one cannot
+        // hold back the other.
+        h.request(nack(&both, ABC, &r.version_info)).await;
+        let again = h.sent();
+        assert_eq!(eds_names(&again), [vec!["mcp.a"], vec!["mcp.b"]]);
+        // Envoy reads both before answering: its ACK of the first names an older response.
+        h.request(ack(&again[0], ABC)).await;
+        h.request(nack(&again[1], ABC, &again[0].version_info))
+            .await;
+        assert_eq!(h.nacks(EDS), 2);
+        assert!(
+            h.sent().is_empty(),
+            "b in that form is the culprit: not resent"
+        );
+        // A CDS change re-creates clusters: each gets its assignment again, except the
+        // rejected one, although the EDS version did not change.
+        let mut limited = two();
+        limited.generation = 3;
+        if let Some(a) = limited.services.get_mut("a") {
+            Arc::make_mut(a).limits.max_connections = 7;
+        }
+        h.publish(limited).await;
+        let sent = h.sent();
+        assert_eq!(sent.len(), 2, "CDS, then EDS for the warming clusters");
+        assert_eq!(eds_names(&sent), [vec!["mcp.a", "mcp.c"]]);
+    }
+
+    #[tokio::test]
+    async fn a_nack_that_names_an_older_response_is_counted_and_what_it_carried_goes_again() {
+        let mut h = Harness::new();
+        h.publish(routing(1, &[("a", &[1]), ("b", &[2]), ("c", &[3])]))
+            .await;
+        h.request(request(EDS, ABC, "", "")).await;
+        let r = h.sent().remove(0);
+        h.request(ack(&r, ABC)).await;
+        h.publish(routing(2, &[("a", &[1, 4]), ("b", &[2, 5]), ("c", &[3])]))
+            .await;
+        let n = h.sent().remove(0);
+        h.publish(routing(
+            3,
+            &[("a", &[1, 4]), ("b", &[2, 5]), ("c", &[3, 6])],
+        ))
+        .await;
+        let n1 = h.sent().remove(0);
+        assert_eq!(eds_names(std::slice::from_ref(&n1)), [vec!["mcp.c"]]);
+        // Envoy rejects N after N+1 went out: counted against N's version, and what N carried
+        // goes again (each alone), although N+1 is what Envoy will hold.
+        h.request(nack(&n, ABC, &r.version_info)).await;
+        assert_eq!(h.nacks(EDS), 1);
+        assert_eq!(eds_names(&h.sent()), [vec!["mcp.a"], vec!["mcp.b"]]);
+        // The subscription of a stale request is outdated, though: a name it adds is not
+        // answered (the request answering the latest response will say what Envoy wants).
+        h.request(ack(&n1, &["mcp.a", "mcp.b", "mcp.c", "mcp.d"]))
+            .await;
+        assert!(h.sent().is_empty());
     }
 
     #[tokio::test]

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use envoy_types::pb::google::protobuf::Any;
 
-use super::resources::{self, ResourceType};
+use super::resources::{self, ResourceOptions, ResourceType};
 use crate::routing::{RoutingSnapshot, ServiceRoute};
 
 /// All resources of one type at one version. Immutable: shared by every stream through `Arc`,
@@ -70,6 +70,11 @@ impl TypeSnapshot {
         self.entries.get(name).map(|e| e.hash)
     }
 
+    /// The names of the type's resources, in name order.
+    pub fn names(&self) -> impl Iterator<Item = &String> {
+        self.entries.keys()
+    }
+
     pub fn len(&self) -> usize {
         self.entries.len()
     }
@@ -123,11 +128,21 @@ pub struct SnapshotCache {
     /// The services and filter configuration of the last applied snapshot.
     services: Option<(BTreeMap<String, Arc<ServiceRoute>>, String)>,
     current: Option<Arc<CacheSnapshot>>,
+    /// How clusters are built; fixed for the life of the cache.
+    options: ResourceOptions,
 }
 
 impl SnapshotCache {
     pub fn new() -> SnapshotCache {
         SnapshotCache::default()
+    }
+
+    /// A cache that builds every resource with `options`.
+    pub fn with_options(options: ResourceOptions) -> SnapshotCache {
+        SnapshotCache {
+            options,
+            ..SnapshotCache::default()
+        }
     }
 
     /// The current view; `None` until the first [`update`](Self::update).
@@ -192,7 +207,10 @@ impl SnapshotCache {
                         old.mcp_path != route.mcp_path || old.timeout_ms != route.timeout_ms
                     });
                     let name = resources::cluster_name(service);
-                    clusters.put(name.clone(), &resources::cluster(service, route));
+                    clusters.put(
+                        name.clone(),
+                        &resources::cluster(service, route, &self.options),
+                    );
                     assignments.put(name, &resources::load_assignment(service, route));
                 }
             }
@@ -362,6 +380,25 @@ fn fnv1a<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> u64 {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn clusters_are_built_with_the_cache_options() {
+        use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+        use prost::Message;
+        let detects = |options| {
+            let mut cache = SnapshotCache::with_options(options);
+            cache.update(&snapshot(1, &[("a", &[("a-1", 1)])]));
+            let view = cache.current().expect("updated");
+            let clusters = view.get(ResourceType::Cluster).expect("CDS served");
+            let any = &clusters.entries["mcp.a"].any;
+            let cluster = Cluster::decode(any.value.as_slice()).expect("a cluster");
+            cluster.outlier_detection.is_some()
+        };
+        assert!(!detects(ResourceOptions::default()));
+        assert!(detects(ResourceOptions {
+            envoy_outlier_detection: true
+        }));
+    }
 
     #[test]
     fn the_incremental_build_equals_a_full_build() {

@@ -28,6 +28,7 @@ use crate::routing::RoutingSnapshot;
 
 pub use ads::AdsService;
 pub use connections::Connections;
+pub use resources::ResourceOptions;
 
 /// HTTP/2 PING interval on each connection: finds an Envoy that vanished without closing its
 /// TCP connection (host crash, network partition), so its stream task and the
@@ -37,6 +38,17 @@ const HTTP2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 const HTTP2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// TCP keepalive, a second line for idle half-open connections.
 const TCP_KEEPALIVE: Duration = Duration::from_secs(60);
+
+/// How [`serve`] serves, beyond where and what: settings from `toolgate-xds serve`'s flags.
+#[derive(Debug, Clone, Default)]
+pub struct ServeOptions {
+    /// mTLS for the ADS listener; plain gRPC when `None`.
+    pub tls: Option<tonic::transport::ServerTlsConfig>,
+    /// The token each Envoy's filter must send with its reports, put into its configuration.
+    pub report_token: Option<Arc<str>>,
+    /// How the resources are built.
+    pub resources: ResourceOptions,
+}
 
 /// Serves ADS on `listener` until `shutdown` completes, fed by `snapshots`.
 ///
@@ -49,17 +61,21 @@ pub async fn serve(
     snapshots: watch::Receiver<Arc<RoutingSnapshot>>,
     metrics: Arc<Metrics>,
     connections: Arc<Connections>,
-    tls: Option<tonic::transport::ServerTlsConfig>,
-    report_token: Option<Arc<str>>,
+    options: ServeOptions,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let ServeOptions {
+        tls,
+        report_token,
+        resources,
+    } = options;
     let addr = listener
         .local_addr()
         .context("reading the xDS listener's address")?;
     let token = CancellationToken::new();
     // Also stops the cache task if serving fails.
     let _stop_on_return = token.clone().drop_guard();
-    let ads = AdsService::new(snapshots, metrics, token.clone())
+    let ads = AdsService::new(snapshots, resources, metrics, token.clone())
         .with_connections(connections)
         .with_report_token(report_token);
     // `serve_with_incoming` ignores the builder's TCP settings: they go on the incoming stream.

@@ -144,7 +144,14 @@ pub(crate) fn build(snapshot: &RoutingSnapshot) -> BTreeMap<ResourceType, NamedR
     let mut assignments = NamedResources::new();
     for (service, route) in &snapshot.services {
         let name = cluster_name(service);
-        clusters.insert(name.clone(), Arc::new(to_any(&cluster(service, route))));
+        clusters.insert(
+            name.clone(),
+            Arc::new(to_any(&cluster(
+                service,
+                route,
+                &ResourceOptions::default(),
+            ))),
+        );
         assignments.insert(name, Arc::new(to_any(&load_assignment(service, route))));
     }
     let mut routes = NamedResources::new();
@@ -175,27 +182,26 @@ pub fn service_path(service: &str) -> String {
     format!("{SERVICE_PATH_PREFIX}{service}")
 }
 
-static ENVOY_OUTLIER_DETECTION: std::sync::atomic::AtomicBool =
-    std::sync::atomic::AtomicBool::new(false);
-
-/// Adds Envoy's own outlier detection to every service cluster. Off by default: toolgate's
-/// probes and breakers do that job and tell the agent why; on, it is a second line of
-/// defence (and the bench's point of comparison).
-pub fn set_envoy_outlier_detection(on: bool) {
-    ENVOY_OUTLIER_DETECTION.store(on, std::sync::atomic::Ordering::Relaxed);
+/// Settings of this process that shape the resources it builds (flags of `toolgate-xds
+/// serve`): handed from main.rs through [`serve`](super::serve) and the ADS service to the
+/// cache, which builds every cluster with them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ResourceOptions {
+    /// Adds Envoy's own outlier detection to every service cluster. Off by default: toolgate's
+    /// probes and breakers do that job and tell the agent why; on, it is a second line of
+    /// defence (and the bench's point of comparison).
+    pub envoy_outlier_detection: bool,
 }
 
 /// Five 5xx (timeouts and resets count) in a row eject a host for 30 s; any host may go.
-fn outlier_detection() -> Option<OutlierDetection> {
-    ENVOY_OUTLIER_DETECTION
-        .load(std::sync::atomic::Ordering::Relaxed)
-        .then(|| OutlierDetection {
-            consecutive_5xx: u32_value(5),
-            interval: Some(duration_secs(1)),
-            base_ejection_time: Some(duration_secs(30)),
-            max_ejection_percent: u32_value(100),
-            ..Default::default()
-        })
+fn outlier_detection(options: &ResourceOptions) -> Option<OutlierDetection> {
+    options.envoy_outlier_detection.then(|| OutlierDetection {
+        consecutive_5xx: u32_value(5),
+        interval: Some(duration_secs(1)),
+        base_ejection_time: Some(duration_secs(30)),
+        max_ejection_percent: u32_value(100),
+        ..Default::default()
+    })
 }
 
 /// Wraps a message in `google.protobuf.Any` with its canonical type URL.
@@ -232,7 +238,7 @@ fn u32_value(value: u32) -> Option<UInt32Value> {
 
 /// The cluster of one service: EDS over ADS, plain HTTP/1.1 to the MCP servers, no panic mode,
 /// the service's own connection-pool limits.
-pub fn cluster(service: &str, route: &ServiceRoute) -> Cluster {
+pub fn cluster(service: &str, route: &ServiceRoute, options: &ResourceOptions) -> Cluster {
     let limits = route.limits;
     // MCP servers speak plain HTTP/1.1; saying so explicitly keeps a future Envoy default from
     // changing the upstream protocol under us.
@@ -253,13 +259,11 @@ pub fn cluster(service: &str, route: &ServiceRoute) -> Cluster {
             eds_config: Some(ads_config_source()),
             service_name: String::new(),
         }),
-        connect_timeout: Some(duration_secs(
-            if crate::failpoint::nack_service() == Some(service) {
-                -1
-            } else {
-                1
-            },
-        )),
+        connect_timeout: Some(duration_secs(if crate::failpoint::nack_service(service) {
+            -1
+        } else {
+            1
+        })),
         // A single entry: a prost map with one entry encodes deterministically.
         typed_extension_protocol_options: HashMap::from([(
             HTTP_PROTOCOL_OPTIONS_KEY.to_string(),
@@ -276,7 +280,7 @@ pub fn cluster(service: &str, route: &ServiceRoute) -> Cluster {
             update_merge_window: Some(duration_secs(0)),
             ..Default::default()
         }),
-        outlier_detection: outlier_detection(),
+        outlier_detection: outlier_detection(options),
         // The bulkhead: one slow MCP server fills only its own cluster's connection slots.
         // Twice: calls route at the default priority, MCP's long-lived GET streams at
         // GET_STREAM_PRIORITY, and Envoy counts (and pools) connections per priority. Idle
@@ -341,8 +345,15 @@ fn lb_endpoint(endpoint: &RouteEndpoint) -> LbEndpoint {
     LbEndpoint {
         health_status: health_status(endpoint.health) as i32,
         metadata: Some(metadata),
-        // Envoy rejects a weight of 0 (and with it the whole assignment).
-        load_balancing_weight: u32_value(endpoint.weight.max(1)),
+        // Envoy rejects a weight of 0 (and with it the whole assignment): only a test's
+        // failpoint sends one.
+        load_balancing_weight: u32_value(
+            if crate::failpoint::nack_instance(&endpoint.instance_id) {
+                0
+            } else {
+                endpoint.weight.max(1)
+            },
+        ),
         host_identifier: Some(HostIdentifier::Endpoint(Endpoint {
             address: Some(socket_address(endpoint.ip, endpoint.port)),
             // Shown in Envoy's /clusters output next to the address; not used for routing.
@@ -597,6 +608,26 @@ mod tests {
         let billing: ClusterLoadAssignment = decode(&built[&ResourceType::Endpoint]["mcp.billing"]);
         assert_eq!(billing.cluster_name, "mcp.billing");
         assert!(billing.endpoints.is_empty());
+    }
+
+    #[test]
+    fn outlier_detection_is_on_only_when_the_options_say_so() {
+        let snapshot = two_services();
+        let route = &snapshot.services["inventory"];
+        let off = cluster("inventory", route, &ResourceOptions::default());
+        assert_eq!(off.outlier_detection, None);
+        let on = cluster(
+            "inventory",
+            route,
+            &ResourceOptions {
+                envoy_outlier_detection: true,
+            },
+        );
+        let od = on
+            .outlier_detection
+            .expect("outlier detection when asked for");
+        assert_eq!(od.consecutive_5xx, u32_value(5));
+        assert_eq!(od.base_ejection_time, Some(duration_secs(30)));
     }
 
     #[test]
