@@ -65,6 +65,7 @@ pub struct Metrics {
     pub watch_events: Counter,
     pub watch_resumes: Counter,
     pub full_resyncs: Counter,
+    pub etcd_clients: Counter,
     pub invalid_values: Family<ReasonLabel, Counter>,
     pub pushes: Family<TypeLabel, Counter>,
     pub push_latency: Family<TypeLabel, Histogram>,
@@ -116,8 +117,16 @@ impl Metrics {
         let full_resyncs = Counter::default();
         registry.register(
             "toolgate_etcd_full_resyncs",
-            "Full re-reads of the prefix after the watched revision was compacted",
+            "Full re-reads of the prefix after the watched revision was compacted or an inspection \
+             found the registry different from etcd",
             full_resyncs.clone(),
+        );
+        let etcd_clients = Counter::default();
+        registry.register(
+            "toolgate_etcd_clients",
+            "etcd clients the watcher made: one at start and a fresh one after every failed \
+             sync or broken watch (a kept client repeats its last connect error)",
+            etcd_clients.clone(),
         );
         let invalid_values = Family::<ReasonLabel, Counter>::default();
         registry.register(
@@ -258,6 +267,7 @@ impl Metrics {
             watch_events,
             watch_resumes,
             full_resyncs,
+            etcd_clients,
             invalid_values,
             pushes,
             push_latency,

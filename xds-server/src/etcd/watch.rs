@@ -129,7 +129,10 @@ impl Watcher {
                     let mut no_client = String::new();
                     if client.is_none() {
                         match self.config.connect().await {
-                            Ok(c) => client = Some(c),
+                            Ok(c) => {
+                                self.metrics.etcd_clients.inc();
+                                client = Some(c);
+                            }
                             Err(e) if EtcdConfig::is_malformed(&e) => {
                                 error!(error = %e, endpoints = ?self.config.endpoints,
                                     "cannot use the etcd endpoints");
@@ -172,7 +175,10 @@ impl Watcher {
                     let mut no_client = String::new();
                     if client.is_none() {
                         match self.config.connect().await {
-                            Ok(c) => client = Some(c),
+                            Ok(c) => {
+                                self.metrics.etcd_clients.inc();
+                                client = Some(c);
+                            }
                             Err(e) => no_client = format!("connecting to etcd failed: {e}"),
                         }
                     }
@@ -339,13 +345,11 @@ impl Watcher {
             // Fold every response that is already waiting into one publish: a burst of
             // registrations becomes one push, a single change goes out at once.
             let mut batch = vec![first];
-            while let Some(Ok(Some(more))) = stream.message().now_or_never() {
-                let stop = more.canceled();
-                batch.push(more);
-                if stop {
-                    break;
-                }
-            }
+            let _broken = drain_ready(
+                &mut batch,
+                |r| r.canceled(),
+                || stream.message().now_or_never(),
+            );
             let mut changed = false;
             let mut rejected = Vec::new();
             {
@@ -411,6 +415,23 @@ impl Watcher {
     }
 }
 
+/// Appends to `batch` every response `next` has ready without waiting (`None`: nothing
+/// ready), stopping after a cancellation. Returns why the stream broke, if it did.
+fn drain_ready<T, E: std::fmt::Display>(
+    batch: &mut Vec<T>,
+    is_canceled: impl Fn(&T) -> bool,
+    mut next: impl FnMut() -> Option<Result<Option<T>, E>>,
+) -> Option<String> {
+    while let Some(Ok(Some(more))) = next() {
+        let stop = is_canceled(&more);
+        batch.push(more);
+        if stop {
+            break;
+        }
+    }
+    None
+}
+
 /// Applies one watch response; returns whether the routing changed. Progress notifications
 /// (no events) only move the revision: they are not data.
 fn apply(
@@ -452,4 +473,48 @@ fn apply(
         None => {}
     }
     changed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Feeds `drain_ready` from a script: `Some(r)` is ready with `r`, `None` is nothing ready.
+    fn drain(script: Vec<Option<Result<Option<i32>, &'static str>>>) -> (Vec<i32>, Option<String>) {
+        let mut script = script.into_iter();
+        let mut batch = vec![0];
+        let broken = drain_ready(&mut batch, |r| *r < 0, || script.next().flatten());
+        (batch, broken)
+    }
+
+    #[test]
+    fn a_drain_takes_what_is_ready_and_stops_at_a_cancellation() {
+        assert_eq!(
+            drain(vec![Some(Ok(Some(1))), Some(Ok(Some(2))), None, Some(Ok(Some(3)))]),
+            (vec![0, 1, 2], None)
+        );
+        assert_eq!(
+            drain(vec![Some(Ok(Some(1))), Some(Ok(Some(-1))), Some(Ok(Some(3)))]),
+            (vec![0, 1, -1], None)
+        );
+    }
+
+    #[test]
+    fn an_error_in_the_middle_of_a_batch_ends_the_watch_with_its_reason() {
+        let (batch, broken) = drain(vec![
+            Some(Ok(Some(1))),
+            Some(Err("connection reset")),
+            Some(Ok(Some(3))),
+        ]);
+        assert_eq!(batch, vec![0, 1], "what came before the error is applied");
+        let reason = broken.expect("the error is not dropped");
+        assert!(reason.contains("connection reset"), "{reason}");
+    }
+
+    #[test]
+    fn the_end_of_the_stream_in_the_middle_of_a_batch_ends_the_watch() {
+        let (batch, broken) = drain(vec![Some(Ok(Some(1))), Some(Ok(None))]);
+        assert_eq!(batch, vec![0, 1]);
+        assert!(broken.is_some_and(|r| r.contains("closed")));
+    }
 }
