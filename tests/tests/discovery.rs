@@ -985,6 +985,8 @@ async fn a_full_resync_keeps_the_last_good_value_of_a_key_now_invalid() {
         etcd_endpoints(&etcd, "lg").await.contains(&b.server.endpoint())
     })
     .await;
+    // Push the compaction past the revision the watch resumes from (lg-b's put).
+    c.put("/unrelated", "x", None).await.unwrap();
     etcd.compact().await;
     proxy.restore();
     wait_until("the full resync ran", Duration::from_secs(15), || async {

@@ -282,7 +282,18 @@ async fn operator_overrides_apply_everywhere_survive_restarts_and_etcd_loss() {
         r.body
     );
 
-    // etcd gone: both keep the override, even across a restart (from the state dir).
+    // etcd gone: both keep the override, even across a restart (from the state dir). The
+    // state dir is written a moment after a change: wait until a's has the override.
+    let state = env.path("a.xds.state").join("registry.json");
+    wait_until(
+        "a.xds's state dir holds the override",
+        Duration::from_secs(10),
+        || async {
+            std::fs::read_to_string(&state)
+                .is_ok_and(|s| s.contains("/mcp/overrides/ovr/read_order"))
+        },
+    )
+    .await;
     etcd.kill();
     a.xds.restart(&env).await;
     wait_until(
