@@ -908,14 +908,18 @@ async fn a_refused_registration_is_not_a_mismatch_and_causes_no_resync() {
     )
     .await
     .unwrap();
-    wait_until("the refusal is counted", Duration::from_secs(10), || async {
-        xds.metric(
-            "toolgate_registry_invalid_values_total",
-            "reason=\"refused_endpoint\"",
-        )
-        .await
-            >= 1.0
-    })
+    wait_until(
+        "the refusal is counted",
+        Duration::from_secs(10),
+        || async {
+            xds.metric(
+                "toolgate_registry_invalid_values_total",
+                "reason=\"refused_endpoint\"",
+            )
+            .await
+                >= 1.0
+        },
+    )
     .await;
     // ...and the inspection, reading etcd with the same admission rules, must agree.
     let resyncs = xds.metric("toolgate_etcd_full_resyncs_total", "").await;
@@ -963,11 +967,18 @@ async fn a_full_resync_keeps_the_last_good_value_of_a_key_now_invalid() {
     // Its value turns to garbage: the watch refuses it and keeps the last good value.
     let mut c = etcd.client().await;
     c.put(a.key.as_str(), "garbage", None).await.unwrap();
-    wait_until("the garbage is counted", Duration::from_secs(10), || async {
-        xds.metric("toolgate_registry_invalid_values_total", "reason=\"bad_value\"")
+    wait_until(
+        "the garbage is counted",
+        Duration::from_secs(10),
+        || async {
+            xds.metric(
+                "toolgate_registry_invalid_values_total",
+                "reason=\"bad_value\"",
+            )
             .await
-            >= 1.0
-    })
+                >= 1.0
+        },
+    )
     .await;
     let resyncs = xds.metric("toolgate_etcd_full_resyncs_total", "").await;
     let kept = xds
@@ -982,7 +993,9 @@ async fn a_full_resync_keeps_the_last_good_value_of_a_key_now_invalid() {
     .await;
     let b = Member::start(&env, &ep, "lg", "lg-b", &[], TTL).await;
     wait_until("etcd holds lg-b", Duration::from_secs(10), || async {
-        etcd_endpoints(&etcd, "lg").await.contains(&b.server.endpoint())
+        etcd_endpoints(&etcd, "lg")
+            .await
+            .contains(&b.server.endpoint())
     })
     .await;
     // Push the compaction past the revision the watch resumes from (lg-b's put).
@@ -997,12 +1010,7 @@ async fn a_full_resync_keeps_the_last_good_value_of_a_key_now_invalid() {
     wait_until(
         "Envoy has the resync's result (lg-b)",
         Duration::from_secs(15),
-        || async {
-            envoy
-                .addresses("lg")
-                .await
-                .contains(&b.server.endpoint())
-        },
+        || async { envoy.addresses("lg").await.contains(&b.server.endpoint()) },
     )
     .await;
     assert_eq!(

@@ -656,15 +656,17 @@ async fn every_override_mode_the_documents_show_is_accepted_by_the_admin_api() {
     let env = TestEnv::new("fleet_documented_modes");
     let modes = documented_override_modes();
     println!("documented modes: {modes:?}");
-    let runbook = std::fs::read_to_string(toolgate_tests::paths::workspace_root().join("README.md"))
-        .expect("README.md");
+    let runbook =
+        std::fs::read_to_string(toolgate_tests::paths::workspace_root().join("README.md"))
+            .expect("README.md");
     let runbook = &runbook[runbook.find("## Runbook").expect("README has a runbook")..];
     assert!(
         runbook.contains("\"mode\""),
         "the runbook shows an override body"
     );
     assert!(
-        modes.iter().any(|(_, m)| m.contains("close")) && modes.iter().any(|(_, m)| m == "force_open"),
+        modes.iter().any(|(_, m)| m.contains("close"))
+            && modes.iter().any(|(_, m)| m == "force_open"),
         "both kinds of override are documented: {modes:?}"
     );
     let etcd = Etcd::start(&env).await;
@@ -690,6 +692,9 @@ async fn every_override_mode_the_documents_show_is_accepted_by_the_admin_api() {
                 None,
             )
             .await;
-        assert!(status.is_success(), "lifting {mode:?}: HTTP {status}: {body}");
+        assert!(
+            status.is_success(),
+            "lifting {mode:?}: HTTP {status}: {body}"
+        );
     }
 }
