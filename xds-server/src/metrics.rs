@@ -67,6 +67,7 @@ pub struct Metrics {
     pub full_resyncs: Counter,
     pub etcd_clients: Counter,
     pub invalid_values: Family<ReasonLabel, Counter>,
+    pub kept_last_good: Counter,
     pub pushes: Family<TypeLabel, Counter>,
     pub push_latency: Family<TypeLabel, Histogram>,
     pub nacks: Family<TypeLabel, Counter>,
@@ -133,6 +134,13 @@ impl Metrics {
             "toolgate_registry_invalid_values",
             "etcd values under the services prefix that were ignored, by reason",
             invalid_values.clone(),
+        );
+        let kept_last_good = Counter::default();
+        registry.register(
+            "toolgate_registry_kept_last_good",
+            "Keys whose value was invalid in a full read of etcd and that kept their last good \
+             value instead",
+            kept_last_good.clone(),
         );
         let pushes = Family::<TypeLabel, Counter>::default();
         registry.register(
@@ -269,6 +277,7 @@ impl Metrics {
             full_resyncs,
             etcd_clients,
             invalid_values,
+            kept_last_good,
             pushes,
             push_latency,
             nacks,

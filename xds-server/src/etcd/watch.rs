@@ -15,7 +15,7 @@ use super::{EtcdConfig, EtcdStatus};
 use crate::metrics::{Metrics, ReasonLabel};
 use crate::registry::persist::PersistedRegistry;
 use crate::registry::publish::Publisher;
-use crate::registry::{Registry, Rejected};
+use crate::registry::{Registry, Rejected, Reset};
 
 pub struct Watcher {
     pub config: EtcdConfig,
@@ -48,7 +48,7 @@ impl Watcher {
     /// Loads a state-dir snapshot and publishes it, for a start while etcd is unreachable.
     pub async fn serve_persisted(&mut self, state: &PersistedRegistry) {
         let started = Instant::now();
-        let rejected = {
+        let read = {
             let mut reg = self.registry.write().unwrap_or_else(|p| p.into_inner());
             reg.reset(
                 state
@@ -60,7 +60,7 @@ impl Watcher {
         };
         self.warm_up().await;
         self.publish(started);
-        self.count_rejected(&rejected);
+        self.count_read(&read);
     }
 
     fn publish(&self, changed_at: Instant) {
@@ -244,7 +244,7 @@ impl Watcher {
         .map_err(|_| "the Get of the prefix timed out".to_string())?
         .map_err(|e| format!("the Get of the prefix failed: {e}"))?;
         let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
-        let (rejected, instances) = {
+        let (read, instances) = {
             let mut reg = self.registry.write().unwrap_or_else(|p| p.into_inner());
             let kvs = crate::etcd::kv_tuples(resp.kvs());
             (reg.reset(kvs, revision), reg.instance_count())
@@ -257,7 +257,7 @@ impl Watcher {
             took_ms = started.elapsed().as_millis() as u64,
             "read the registry from etcd"
         );
-        self.count_rejected(&rejected);
+        self.count_read(&read);
         self.mark_up();
         Ok(revision)
     }
@@ -402,6 +402,15 @@ impl Watcher {
         } else {
             debug!(reason, "etcd still unreachable");
         }
+    }
+
+    /// Counts and logs what a full read did not take.
+    fn count_read(&self, read: &Reset) {
+        self.count_rejected(&read.rejected);
+        for key in &read.kept {
+            warn!(%key, "kept the last good value of a key whose value in etcd is invalid");
+        }
+        self.metrics.kept_last_good.inc_by(read.kept.len() as u64);
     }
 
     fn count_rejected(&self, rejected: &[Rejected]) {
