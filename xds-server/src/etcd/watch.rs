@@ -158,6 +158,9 @@ impl Watcher {
                             resumed: false,
                         },
                         Err(reason) => {
+                            // A fresh client for the next attempt, as after a broken watch
+                            // (see there): a kept one repeats its last connect error.
+                            client = None;
                             self.mark_down(&reason);
                             if !self.is_ready() && started.elapsed() >= startup_wait {
                                 if let Some(state) = persisted.take() {
@@ -345,7 +348,7 @@ impl Watcher {
             // Fold every response that is already waiting into one publish: a burst of
             // registrations becomes one push, a single change goes out at once.
             let mut batch = vec![first];
-            let _broken = drain_ready(
+            let broken = drain_ready(
                 &mut batch,
                 |r| r.canceled(),
                 || stream.message().now_or_never(),
@@ -371,6 +374,9 @@ impl Watcher {
                 }
             }
             self.count_rejected(&rejected);
+            if let Some(reason) = broken {
+                return WatchEnd::Broken { reason };
+            }
             if let Some(last) = batch.last().filter(|r| r.canceled()) {
                 if last.compact_revision() > 0 {
                     return WatchEnd::Compacted {
@@ -425,20 +431,28 @@ impl Watcher {
 }
 
 /// Appends to `batch` every response `next` has ready without waiting (`None`: nothing
-/// ready), stopping after a cancellation. Returns why the stream broke, if it did.
+/// ready), stopping after a cancellation. Returns why the stream broke, if it did: the
+/// responses before a failure are good and are applied, and the watch then ends with the
+/// failure's own reason (a stream that failed once is not read again).
 fn drain_ready<T, E: std::fmt::Display>(
     batch: &mut Vec<T>,
     is_canceled: impl Fn(&T) -> bool,
     mut next: impl FnMut() -> Option<Result<Option<T>, E>>,
 ) -> Option<String> {
-    while let Some(Ok(Some(more))) = next() {
-        let stop = is_canceled(&more);
-        batch.push(more);
-        if stop {
-            break;
+    loop {
+        match next() {
+            None => return None,
+            Some(Ok(Some(more))) => {
+                let stop = is_canceled(&more);
+                batch.push(more);
+                if stop {
+                    return None;
+                }
+            }
+            Some(Ok(None)) => return Some("etcd closed the watch stream".into()),
+            Some(Err(e)) => return Some(format!("the watch stream failed: {e}")),
         }
     }
-    None
 }
 
 /// Applies one watch response; returns whether the routing changed. Progress notifications
@@ -499,11 +513,20 @@ mod tests {
     #[test]
     fn a_drain_takes_what_is_ready_and_stops_at_a_cancellation() {
         assert_eq!(
-            drain(vec![Some(Ok(Some(1))), Some(Ok(Some(2))), None, Some(Ok(Some(3)))]),
+            drain(vec![
+                Some(Ok(Some(1))),
+                Some(Ok(Some(2))),
+                None,
+                Some(Ok(Some(3)))
+            ]),
             (vec![0, 1, 2], None)
         );
         assert_eq!(
-            drain(vec![Some(Ok(Some(1))), Some(Ok(Some(-1))), Some(Ok(Some(3)))]),
+            drain(vec![
+                Some(Ok(Some(1))),
+                Some(Ok(Some(-1))),
+                Some(Ok(Some(3)))
+            ]),
             (vec![0, 1, -1], None)
         );
     }
