@@ -177,7 +177,7 @@ impl Registry {
     pub fn empty_like(&self) -> Registry {
         let mut r = Registry::with_health(self.layout.clone(), self.health.clone());
         r.endpoints = self.endpoints.clone();
-        r.request_limits = self.request_limits.clone();
+        r.request_limits = self.request_limits;
         r
     }
 
