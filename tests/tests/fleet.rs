@@ -639,7 +639,9 @@ fn documented_override_modes() -> Vec<(String, String)> {
                 let Some(end) = quoted.find('"') else { break };
                 modes.push((doc.to_string(), quoted[..end].to_string()));
                 rest = quoted[end + 1..].trim_start();
-                match rest.strip_prefix('|') {
+                // A markdown table writes the `|` as `\|`.
+                let rest_bar = rest.strip_prefix('\\').unwrap_or(rest);
+                match rest_bar.strip_prefix('|') {
                     Some(more) => rest = more.trim_start(),
                     None => break,
                 }
