@@ -24,7 +24,10 @@ pub struct FleetOpen {
 pub enum OverrideMode {
     /// Every call gets the semantic reply with the operator's reason.
     ForceOpen,
-    /// The breaker never opens (its window still counts).
+    /// The breaker never opens (its window still counts). `force_close` is accepted too: the
+    /// runbook's "force close" reads that way, and a refused spelling would fail an operator
+    /// in the middle of an incident.
+    #[serde(alias = "force_close")]
     ForceClosed,
 }
 
@@ -79,4 +82,23 @@ pub struct BreakerEvents {
     /// The reporting Envoy's node id.
     pub gateway: String,
     pub events: Vec<BreakerEvent>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn force_close_and_force_closed_are_the_same_mode_written_one_way() {
+        for spelling in ["force_close", "force_closed"] {
+            let o: Override =
+                serde_json::from_str(&format!(r#"{{"mode":"{spelling}","reason":"fixed"}}"#))
+                    .unwrap();
+            assert_eq!(o.mode, OverrideMode::ForceClosed, "{spelling}");
+            assert!(serde_json::to_string(&o)
+                .unwrap()
+                .contains(r#""mode":"force_closed""#));
+        }
+        assert!(serde_json::from_str::<OverrideMode>(r#""force_shut""#).is_err());
+    }
 }

@@ -549,7 +549,28 @@ async fn with_etcd_gone_the_gateway_keeps_routing_even_across_a_control_plane_re
         Duration::from_secs(20),
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(600)).await; // let the state dir catch up
+    // The restart below must find both instances in the state dir: wait until it has them.
+    let state = env.path("xds.state").join("registry.json");
+    wait_until(
+        "the state dir holds keep-a and keep-b",
+        Duration::from_secs(10),
+        || async {
+            let Ok(bytes) = std::fs::read(&state) else {
+                return false;
+            };
+            let Ok(saved) = serde_json::from_slice::<serde_json::Value>(&bytes) else {
+                return false;
+            };
+            let keys: BTreeSet<&str> = saved["values"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|kv| kv[0].as_str())
+                .collect();
+            keys.contains(a.key.as_str()) && keys.contains(b.key.as_str())
+        },
+    )
+    .await;
 
     let (calls, stop) = steady_calls(stack.envoy.url("keep"));
     stack.etcd.kill();
@@ -860,4 +881,202 @@ async fn a_configuration_envoy_rejects_is_nacked_once_and_not_resent() {
     )
     .await;
     drop(poison);
+}
+
+#[tokio::test]
+async fn a_refused_registration_is_not_a_mismatch_and_causes_no_resync() {
+    let env = TestEnv::new("a_refused_registration_is_not_a_mismatch_and_causes_no_resync");
+    let etcd = Etcd::start(&env).await;
+    let xds = Xds::start(
+        &env,
+        "xds",
+        &etcd.endpoint(),
+        &["--allowed-cidrs", "127.0.0.0/8", "--inspect-interval", "1s"],
+    )
+    .await;
+    let envoy = Envoy::start(&env, "envoy", &xds).await;
+    let ep = etcd.endpoint();
+    let a = Member::start(&env, &ep, "cidr", "cidr-a", &[], TTL).await;
+    wait_envoy_has(&envoy, "cidr", &endpoints(&[&a]), Duration::from_secs(20)).await;
+
+    // A registration outside the allowed networks is refused by the watch...
+    let mut c = etcd.client().await;
+    c.put(
+        "/mcp/services/cidr/outside",
+        r#"{"instance_id":"outside","endpoint":"10.1.2.3:8080"}"#,
+        None,
+    )
+    .await
+    .unwrap();
+    wait_until(
+        "the refusal is counted",
+        Duration::from_secs(10),
+        || async {
+            xds.metric(
+                "toolgate_registry_invalid_values_total",
+                "reason=\"refused_endpoint\"",
+            )
+            .await
+                >= 1.0
+        },
+    )
+    .await;
+    // ...and the inspection, reading etcd with the same admission rules, must agree.
+    let resyncs = xds.metric("toolgate_etcd_full_resyncs_total", "").await;
+    let mismatches = xds
+        .metric("toolgate_registry_reconcile_mismatches_total", "")
+        .await;
+    let inspections = xds.metric("toolgate_registry_inspections_total", "").await;
+    wait_until(
+        "three more inspections ran",
+        Duration::from_secs(10),
+        || async {
+            xds.metric("toolgate_registry_inspections_total", "").await >= inspections + 3.0
+        },
+    )
+    .await;
+    assert_eq!(
+        xds.metric("toolgate_registry_reconcile_mismatches_total", "")
+            .await,
+        mismatches,
+        "a refused registration is not a mismatch"
+    );
+    assert_eq!(
+        xds.metric("toolgate_etcd_full_resyncs_total", "").await,
+        resyncs,
+        "no full resync"
+    );
+    assert!(
+        !xds.log().contains("the registry differs from etcd"),
+        "no inspection logged a difference"
+    );
+    assert_eq!(envoy.addresses("cidr").await, endpoints(&[&a]));
+}
+
+#[tokio::test]
+async fn a_full_resync_keeps_the_last_good_value_of_a_key_now_invalid() {
+    let env = TestEnv::new("a_full_resync_keeps_the_last_good_value_of_a_key_now_invalid");
+    let etcd = Etcd::start(&env).await;
+    let proxy = FaultProxy::start(format!("127.0.0.1:{}", etcd.port()).parse().unwrap());
+    let xds = Xds::start(&env, "xds", &proxy.endpoint(), &[]).await;
+    let envoy = Envoy::start(&env, "envoy", &xds).await;
+    let ep = etcd.endpoint();
+    let a = Member::start(&env, &ep, "lg", "lg-a", &[], TTL).await;
+    wait_envoy_has(&envoy, "lg", &endpoints(&[&a]), Duration::from_secs(20)).await;
+
+    // Its value turns to garbage: the watch refuses it and keeps the last good value.
+    let mut c = etcd.client().await;
+    c.put(a.key.as_str(), "garbage", None).await.unwrap();
+    wait_until(
+        "the garbage is counted",
+        Duration::from_secs(10),
+        || async {
+            xds.metric(
+                "toolgate_registry_invalid_values_total",
+                "reason=\"bad_value\"",
+            )
+            .await
+                >= 1.0
+        },
+    )
+    .await;
+    let resyncs = xds.metric("toolgate_etcd_full_resyncs_total", "").await;
+    let kept = xds
+        .metric("toolgate_registry_kept_last_good_total", "")
+        .await;
+
+    // A full resync: cut from etcd, a new instance joins, etcd compacts past the watch.
+    proxy.cut();
+    wait_until("toolgate_etcd_up is 0", Duration::from_secs(10), || async {
+        xds.metric("toolgate_etcd_up", "").await == 0.0
+    })
+    .await;
+    let b = Member::start(&env, &ep, "lg", "lg-b", &[], TTL).await;
+    wait_until("etcd holds lg-b", Duration::from_secs(10), || async {
+        etcd_endpoints(&etcd, "lg")
+            .await
+            .contains(&b.server.endpoint())
+    })
+    .await;
+    // Push the compaction past the revision the watch resumes from (lg-b's put).
+    c.put("/unrelated", "x", None).await.unwrap();
+    etcd.compact().await;
+    proxy.restore();
+    wait_until("the full resync ran", Duration::from_secs(15), || async {
+        xds.metric("toolgate_etcd_full_resyncs_total", "").await > resyncs
+    })
+    .await;
+    // lg-b is only in the resync's read: once Envoy has it, it has the resync's result.
+    wait_until(
+        "Envoy has the resync's result (lg-b)",
+        Duration::from_secs(15),
+        || async { envoy.addresses("lg").await.contains(&b.server.endpoint()) },
+    )
+    .await;
+    assert_eq!(
+        envoy.addresses("lg").await,
+        {
+            let mut v = endpoints(&[&a, &b]);
+            v.sort();
+            v
+        },
+        "lg-a keeps its last good value across the resync"
+    );
+    let reg = xds.registry().await;
+    let ids: BTreeSet<String> = reg["services"]["lg"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|i| i["instance_id"].as_str().map(String::from))
+        .collect();
+    assert_eq!(
+        ids,
+        BTreeSet::from(["lg-a".to_string(), "lg-b".to_string()]),
+        "{reg}"
+    );
+    assert!(
+        xds.metric("toolgate_registry_kept_last_good_total", "")
+            .await
+            > kept,
+        "the kept value is counted"
+    );
+}
+
+#[tokio::test]
+async fn a_failed_full_sync_is_retried_with_a_fresh_etcd_client() {
+    let env = TestEnv::new("a_failed_full_sync_is_retried_with_a_fresh_etcd_client");
+    let etcd = Etcd::start(&env).await;
+    let proxy = FaultProxy::start(format!("127.0.0.1:{}", etcd.port()).parse().unwrap());
+    // Cut from the start: without etcd credentials the client is made at once (it connects
+    // lazily), and every Get of the prefix fails.
+    proxy.cut();
+    let xds = Xds::start(&env, "xds", &proxy.endpoint(), &[]).await;
+    wait_until(
+        "three full syncs failed",
+        Duration::from_secs(20),
+        || async { xds.log().matches("the Get of the prefix").count() >= 3 },
+    )
+    .await;
+    let failed = xds.log().matches("the Get of the prefix").count();
+    let clients = xds.metric("toolgate_etcd_clients_total", "").await;
+    println!("{failed} failed full syncs, {clients} etcd clients made");
+    assert!(
+        clients >= 3.0,
+        "a failed full sync keeps no client: the next try makes a fresh one \
+         ({failed} failed syncs, {clients} clients)"
+    );
+
+    proxy.restore();
+    let restored = Instant::now();
+    let a = Member::start(&env, &etcd.endpoint(), "fresh", "fresh-a", &[], TTL).await;
+    wait_until("toolgate_etcd_up is 1", Duration::from_secs(10), || async {
+        xds.metric("toolgate_etcd_up", "").await == 1.0
+    })
+    .await;
+    println!(
+        "link restored -> etcd_up 1: {} ms",
+        restored.elapsed().as_millis()
+    );
+    let envoy = Envoy::start(&env, "envoy", &xds).await;
+    wait_envoy_has(&envoy, "fresh", &endpoints(&[&a]), Duration::from_secs(20)).await;
 }

@@ -82,6 +82,21 @@ impl Gateway {
     }
 }
 
+/// Whether `gw`'s toolgate-xds itself (not its Envoy) holds the override on `service/tool`.
+async fn lists_override(gw: &Gateway, service: &str, tool: &str, reason: &str) -> bool {
+    let (_, listed) = gw
+        .admin(reqwest::Method::GET, "/v1/overrides", None, None)
+        .await;
+    listed["overrides"].as_array().is_some_and(|l| {
+        l.iter().any(|o| {
+            o["service"] == service
+                && o["tool"] == tool
+                && o["mode"] == "force_open"
+                && o["reason"] == reason
+        })
+    })
+}
+
 async fn breaker_keys(etcd: &Etcd) -> Vec<(String, String)> {
     let mut c = etcd.client().await;
     let resp = c
@@ -250,9 +265,15 @@ async fn operator_overrides_apply_everywhere_survive_restarts_and_etcd_loss() {
     assert_eq!(listed["overrides"][0]["reason"], reason, "{listed}");
     assert_eq!(listed["overrides"][0]["author"], "alice", "{listed}");
 
-    // A restarted toolgate-xds reads it back from etcd.
+    // A restarted toolgate-xds reads it back from etcd. Its Envoy keeps the last filter
+    // configuration it was sent whatever the restarted process knows, so ask the process.
     b.xds.restart(&env).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    wait_until(
+        "the restarted b.xds lists the override (from etcd)",
+        Duration::from_secs(10),
+        || async { lists_override(&b, "ovr", "read_order", reason).await },
+    )
+    .await;
     let r = b.call("ovr", "read_order").await;
     assert_eq!(
         r.breaker_state().as_deref(),
@@ -261,10 +282,49 @@ async fn operator_overrides_apply_everywhere_survive_restarts_and_etcd_loss() {
         r.body
     );
 
-    // etcd gone: both keep the override, even across a restart (from the state dir).
+    // etcd gone: both keep the override, even across a restart (from the state dir). The
+    // state dir is written a moment after a change: wait until a's has the override.
+    let state = env.path("a.xds.state").join("registry.json");
+    wait_until(
+        "a.xds's state dir holds the override",
+        Duration::from_secs(10),
+        || async {
+            std::fs::read_to_string(&state)
+                .is_ok_and(|s| s.contains("/mcp/overrides/ovr/read_order"))
+        },
+    )
+    .await;
     etcd.kill();
     a.xds.restart(&env).await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    wait_until(
+        "the restarted a.xds serves its state-dir snapshot",
+        Duration::from_secs(15),
+        || async { a.xds.log().contains("serving the state-dir snapshot") },
+    )
+    .await;
+    assert!(
+        lists_override(&a, "ovr", "read_order", reason).await,
+        "a.xds restored the override from its state dir: {}",
+        a.admin(reqwest::Method::GET, "/v1/overrides", None, None)
+            .await
+            .1
+    );
+    // An Envoy that connects only now has nothing but what the restarted a.xds sends it.
+    let fresh = Envoy::start_with_filter(&env, "a.envoy-fresh", &a.xds, 1, &[]).await;
+    wait_until(
+        "a fresh Envoy on the restarted a.xds forces read_order open",
+        Duration::from_secs(15),
+        || async {
+            if fresh.addresses("ovr").await.is_empty() {
+                return false;
+            }
+            let mut s = McpSession::connect(&fresh.url("ovr")).await;
+            let r = s.call_tool("read_order", json!({})).await;
+            r.breaker_state().as_deref() == Some("forced_open") && r.text().contains(reason)
+        },
+    )
+    .await;
+    drop(fresh);
     for gw in [&a, &b] {
         let r = gw.call("ovr", "read_order").await;
         assert_eq!(
@@ -562,4 +622,81 @@ async fn three_gateways_opening_one_tool_at_once_leave_one_key_and_no_echo() {
         "bounded writes: {} revisions",
         after - before
     );
+}
+
+/// Every override mode README.md and docs/design.md show in an example body (`"mode": "…"`,
+/// alternatives separated by `|`), with the document it came from.
+fn documented_override_modes() -> Vec<(String, String)> {
+    let root = toolgate_tests::paths::workspace_root();
+    let mut modes = Vec::new();
+    for doc in ["README.md", "docs/design.md"] {
+        let text = std::fs::read_to_string(root.join(doc))
+            .unwrap_or_else(|e| panic!("reading {doc}: {e}"));
+        for (at, _) in text.match_indices("\"mode\":") {
+            let mut rest = text[at + "\"mode\":".len()..].trim_start();
+            // "force_open" | "force_closed" | …
+            while let Some(quoted) = rest.strip_prefix('"') {
+                let Some(end) = quoted.find('"') else { break };
+                modes.push((doc.to_string(), quoted[..end].to_string()));
+                rest = quoted[end + 1..].trim_start();
+                // A markdown table writes the `|` as `\|`.
+                let rest_bar = rest.strip_prefix('\\').unwrap_or(rest);
+                match rest_bar.strip_prefix('|') {
+                    Some(more) => rest = more.trim_start(),
+                    None => break,
+                }
+            }
+        }
+    }
+    modes.sort();
+    modes.dedup();
+    modes
+}
+
+#[tokio::test]
+async fn every_override_mode_the_documents_show_is_accepted_by_the_admin_api() {
+    let env = TestEnv::new("fleet_documented_modes");
+    let modes = documented_override_modes();
+    println!("documented modes: {modes:?}");
+    let runbook =
+        std::fs::read_to_string(toolgate_tests::paths::workspace_root().join("README.md"))
+            .expect("README.md");
+    let runbook = &runbook[runbook.find("## Runbook").expect("README has a runbook")..];
+    assert!(
+        runbook.contains("\"mode\""),
+        "the runbook shows an override body"
+    );
+    assert!(
+        modes.iter().any(|(_, m)| m.contains("close"))
+            && modes.iter().any(|(_, m)| m == "force_open"),
+        "both kinds of override are documented: {modes:?}"
+    );
+    let etcd = Etcd::start(&env).await;
+    let gw = Gateway::start(&env, "a", &etcd).await;
+    for (doc, mode) in &modes {
+        let (status, body) = gw
+            .admin(
+                reqwest::Method::PUT,
+                "/v1/overrides/docs/some_tool",
+                Some(TOKEN),
+                Some(json!({"mode": mode, "reason": format!("as {doc} shows"), "author": "test"})),
+            )
+            .await;
+        assert!(
+            status.is_success(),
+            "mode {mode:?} from {doc}: HTTP {status}: {body}"
+        );
+        let (status, body) = gw
+            .admin(
+                reqwest::Method::DELETE,
+                "/v1/overrides/docs/some_tool",
+                Some(TOKEN),
+                None,
+            )
+            .await;
+        assert!(
+            status.is_success(),
+            "lifting {mode:?}: HTTP {status}: {body}"
+        );
+    }
 }

@@ -65,7 +65,9 @@ pub struct Metrics {
     pub watch_events: Counter,
     pub watch_resumes: Counter,
     pub full_resyncs: Counter,
+    pub etcd_clients: Counter,
     pub invalid_values: Family<ReasonLabel, Counter>,
+    pub kept_last_good: Counter,
     pub pushes: Family<TypeLabel, Counter>,
     pub push_latency: Family<TypeLabel, Histogram>,
     pub nacks: Family<TypeLabel, Counter>,
@@ -116,14 +118,29 @@ impl Metrics {
         let full_resyncs = Counter::default();
         registry.register(
             "toolgate_etcd_full_resyncs",
-            "Full re-reads of the prefix after the watched revision was compacted",
+            "Full re-reads of the prefix after the watched revision was compacted or an inspection \
+             found the registry different from etcd",
             full_resyncs.clone(),
+        );
+        let etcd_clients = Counter::default();
+        registry.register(
+            "toolgate_etcd_clients",
+            "etcd clients the watcher made: one at start and a fresh one after every failed \
+             sync or broken watch (a kept client repeats its last connect error)",
+            etcd_clients.clone(),
         );
         let invalid_values = Family::<ReasonLabel, Counter>::default();
         registry.register(
             "toolgate_registry_invalid_values",
             "etcd values under the services prefix that were ignored, by reason",
             invalid_values.clone(),
+        );
+        let kept_last_good = Counter::default();
+        registry.register(
+            "toolgate_registry_kept_last_good",
+            "Keys whose value was invalid in a full read of etcd and that kept their last good \
+             value instead",
+            kept_last_good.clone(),
         );
         let pushes = Family::<TypeLabel, Counter>::default();
         registry.register(
@@ -258,7 +275,9 @@ impl Metrics {
             watch_events,
             watch_resumes,
             full_resyncs,
+            etcd_clients,
             invalid_values,
+            kept_last_good,
             pushes,
             push_latency,
             nacks,

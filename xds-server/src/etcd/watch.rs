@@ -15,7 +15,7 @@ use super::{EtcdConfig, EtcdStatus};
 use crate::metrics::{Metrics, ReasonLabel};
 use crate::registry::persist::PersistedRegistry;
 use crate::registry::publish::Publisher;
-use crate::registry::{Registry, Rejected};
+use crate::registry::{Registry, Rejected, Reset};
 
 pub struct Watcher {
     pub config: EtcdConfig,
@@ -48,7 +48,7 @@ impl Watcher {
     /// Loads a state-dir snapshot and publishes it, for a start while etcd is unreachable.
     pub async fn serve_persisted(&mut self, state: &PersistedRegistry) {
         let started = Instant::now();
-        let rejected = {
+        let read = {
             let mut reg = self.registry.write().unwrap_or_else(|p| p.into_inner());
             reg.reset(
                 state
@@ -60,7 +60,7 @@ impl Watcher {
         };
         self.warm_up().await;
         self.publish(started);
-        self.count_rejected(&rejected);
+        self.count_read(&read);
     }
 
     fn publish(&self, changed_at: Instant) {
@@ -129,7 +129,10 @@ impl Watcher {
                     let mut no_client = String::new();
                     if client.is_none() {
                         match self.config.connect().await {
-                            Ok(c) => client = Some(c),
+                            Ok(c) => {
+                                self.metrics.etcd_clients.inc();
+                                client = Some(c);
+                            }
                             Err(e) if EtcdConfig::is_malformed(&e) => {
                                 error!(error = %e, endpoints = ?self.config.endpoints,
                                     "cannot use the etcd endpoints");
@@ -155,6 +158,9 @@ impl Watcher {
                             resumed: false,
                         },
                         Err(reason) => {
+                            // A fresh client for the next attempt, as after a broken watch
+                            // (see there): a kept one repeats its last connect error.
+                            client = None;
                             self.mark_down(&reason);
                             if !self.is_ready() && started.elapsed() >= startup_wait {
                                 if let Some(state) = persisted.take() {
@@ -172,7 +178,10 @@ impl Watcher {
                     let mut no_client = String::new();
                     if client.is_none() {
                         match self.config.connect().await {
-                            Ok(c) => client = Some(c),
+                            Ok(c) => {
+                                self.metrics.etcd_clients.inc();
+                                client = Some(c);
+                            }
                             Err(e) => no_client = format!("connecting to etcd failed: {e}"),
                         }
                     }
@@ -238,7 +247,7 @@ impl Watcher {
         .map_err(|_| "the Get of the prefix timed out".to_string())?
         .map_err(|e| format!("the Get of the prefix failed: {e}"))?;
         let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
-        let (rejected, instances) = {
+        let (read, instances) = {
             let mut reg = self.registry.write().unwrap_or_else(|p| p.into_inner());
             let kvs = crate::etcd::kv_tuples(resp.kvs());
             (reg.reset(kvs, revision), reg.instance_count())
@@ -251,7 +260,7 @@ impl Watcher {
             took_ms = started.elapsed().as_millis() as u64,
             "read the registry from etcd"
         );
-        self.count_rejected(&rejected);
+        self.count_read(&read);
         self.mark_up();
         Ok(revision)
     }
@@ -339,13 +348,11 @@ impl Watcher {
             // Fold every response that is already waiting into one publish: a burst of
             // registrations becomes one push, a single change goes out at once.
             let mut batch = vec![first];
-            while let Some(Ok(Some(more))) = stream.message().now_or_never() {
-                let stop = more.canceled();
-                batch.push(more);
-                if stop {
-                    break;
-                }
-            }
+            let broken = drain_ready(
+                &mut batch,
+                |r| r.canceled(),
+                || stream.message().now_or_never(),
+            );
             let mut changed = false;
             let mut rejected = Vec::new();
             {
@@ -367,6 +374,9 @@ impl Watcher {
                 }
             }
             self.count_rejected(&rejected);
+            if let Some(reason) = broken {
+                return WatchEnd::Broken { reason };
+            }
             if let Some(last) = batch.last().filter(|r| r.canceled()) {
                 if last.compact_revision() > 0 {
                     return WatchEnd::Compacted {
@@ -400,6 +410,15 @@ impl Watcher {
         }
     }
 
+    /// Counts and logs what a full read did not take.
+    fn count_read(&self, read: &Reset) {
+        self.count_rejected(&read.rejected);
+        for key in &read.kept {
+            warn!(%key, "kept the last good value of a key whose value in etcd is invalid");
+        }
+        self.metrics.kept_last_good.inc_by(read.kept.len() as u64);
+    }
+
     fn count_rejected(&self, rejected: &[Rejected]) {
         for r in rejected {
             warn!(key = %r.key, reason = r.reason, detail = %r.detail, "ignored an invalid registration");
@@ -407,6 +426,31 @@ impl Watcher {
                 .invalid_values
                 .get_or_create(&ReasonLabel { reason: r.reason })
                 .inc();
+        }
+    }
+}
+
+/// Appends to `batch` every response `next` has ready without waiting (`None`: nothing
+/// ready), stopping after a cancellation. Returns why the stream broke, if it did: the
+/// responses before a failure are good and are applied, and the watch then ends with the
+/// failure's own reason (a stream that failed once is not read again).
+fn drain_ready<T, E: std::fmt::Display>(
+    batch: &mut Vec<T>,
+    is_canceled: impl Fn(&T) -> bool,
+    mut next: impl FnMut() -> Option<Result<Option<T>, E>>,
+) -> Option<String> {
+    loop {
+        match next() {
+            None => return None,
+            Some(Ok(Some(more))) => {
+                let stop = is_canceled(&more);
+                batch.push(more);
+                if stop {
+                    return None;
+                }
+            }
+            Some(Ok(None)) => return Some("etcd closed the watch stream".into()),
+            Some(Err(e)) => return Some(format!("the watch stream failed: {e}")),
         }
     }
 }
@@ -452,4 +496,57 @@ fn apply(
         None => {}
     }
     changed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Feeds `drain_ready` from a script: `Some(r)` is ready with `r`, `None` is nothing ready.
+    fn drain(script: Vec<Option<Result<Option<i32>, &'static str>>>) -> (Vec<i32>, Option<String>) {
+        let mut script = script.into_iter();
+        let mut batch = vec![0];
+        let broken = drain_ready(&mut batch, |r| *r < 0, || script.next().flatten());
+        (batch, broken)
+    }
+
+    #[test]
+    fn a_drain_takes_what_is_ready_and_stops_at_a_cancellation() {
+        assert_eq!(
+            drain(vec![
+                Some(Ok(Some(1))),
+                Some(Ok(Some(2))),
+                None,
+                Some(Ok(Some(3)))
+            ]),
+            (vec![0, 1, 2], None)
+        );
+        assert_eq!(
+            drain(vec![
+                Some(Ok(Some(1))),
+                Some(Ok(Some(-1))),
+                Some(Ok(Some(3)))
+            ]),
+            (vec![0, 1, -1], None)
+        );
+    }
+
+    #[test]
+    fn an_error_in_the_middle_of_a_batch_ends_the_watch_with_its_reason() {
+        let (batch, broken) = drain(vec![
+            Some(Ok(Some(1))),
+            Some(Err("connection reset")),
+            Some(Ok(Some(3))),
+        ]);
+        assert_eq!(batch, vec![0, 1], "what came before the error is applied");
+        let reason = broken.expect("the error is not dropped");
+        assert!(reason.contains("connection reset"), "{reason}");
+    }
+
+    #[test]
+    fn the_end_of_the_stream_in_the_middle_of_a_batch_ends_the_watch() {
+        let (batch, broken) = drain(vec![Some(Ok(Some(1))), Some(Ok(None))]);
+        assert_eq!(batch, vec![0, 1]);
+        assert!(broken.is_some_and(|r| r.contains("closed")));
+    }
 }

@@ -1,7 +1,7 @@
 //! The health tasks: one probe loop per instance (started and stopped as registrations come
 //! and go), the aging of call failures, and the periodic inspection.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,7 +16,7 @@ use super::machine::State;
 use super::{probe, Hub};
 use crate::etcd::EtcdConfig;
 use crate::metrics::ResultLabel;
-use crate::registry::Registry;
+use crate::registry::Rejected;
 
 /// Where an instance is probed, and what wakes its probe task early.
 type Target = (SocketAddr, String, Arc<Notify>);
@@ -204,7 +204,7 @@ async fn inspect(hub: Hub, etcd: EtcdConfig, resync: Arc<Notify>) {
         every.tick().await;
         let started = Instant::now();
         let stale_after = hub.config.probe_interval * 2 + hub.config.probe_timeout;
-        let (revision, ours, prefix, layout, instances, reprobed) = {
+        let (revision, ours, prefix, scratch, instances, reprobed) = {
             let reg = hub.registry.read().unwrap_or_else(|p| p.into_inner());
             let mut reprobed = 0;
             if hub.config.probes {
@@ -223,7 +223,7 @@ async fn inspect(hub: Hub, etcd: EtcdConfig, resync: Arc<Notify>) {
                 reg.revision(),
                 reg.fingerprint(),
                 reg.layout().prefix().to_string(),
-                reg.layout().clone(),
+                reg.empty_like(),
                 reg.instance_count(),
                 reprobed,
             )
@@ -240,20 +240,15 @@ async fn inspect(hub: Hub, etcd: EtcdConfig, resync: Arc<Notify>) {
                 // Compacted past our revision, or etcd away: the watcher handles both.
                 Ok(Err(e)) => format!("skipped ({e})"),
                 Ok(Ok(resp)) => {
-                    let mut fresh = Registry::new(layout);
+                    let mut fresh = scratch;
                     let kvs = crate::etcd::kv_tuples(resp.kvs());
-                    fresh.reset(kvs, revision);
-                    let theirs = fresh.fingerprint();
-                    if theirs == ours {
+                    let read = fresh.reset(kvs, revision);
+                    let differing = differing_keys(&ours, &fresh.fingerprint(), &read.rejected);
+                    if differing.is_empty() {
                         format!("registry matches etcd at revision {revision}")
                     } else {
-                        let a: HashSet<_> = ours.iter().collect();
-                        let b: HashSet<_> = theirs.iter().collect();
-                        let differing: Vec<&str> = a
-                            .symmetric_difference(&b)
-                            .map(|(k, _, _)| k.as_str())
-                            .take(5)
-                            .collect();
+                        let differing: Vec<&str> =
+                            differing.iter().take(5).map(String::as_str).collect();
                         hub.metrics.reconcile_mismatches.inc();
                         error!(
                             revision,
@@ -274,6 +269,69 @@ async fn inspect(hub: Hub, etcd: EtcdConfig, resync: Arc<Notify>) {
             reprobed,
             took_ms = started.elapsed().as_millis() as u64,
             "inspection: {verdict}"
+        );
+    }
+}
+
+/// The keys whose value or lease differs between the registry and a fresh read of etcd,
+/// sorted. Keys whose value in etcd is not admitted are left out: the registry refused the
+/// same value when the watch brought it and kept the key's last good value (or has none),
+/// which is no sign of a missed event.
+fn differing_keys(
+    ours: &[(String, String, i64)],
+    theirs: &[(String, String, i64)],
+    rejected: &[Rejected],
+) -> Vec<String> {
+    let refused: HashSet<&str> = rejected.iter().map(|r| r.key.as_str()).collect();
+    let admitted = |entries: &'_ [(String, String, i64)]| -> HashSet<(String, String, i64)> {
+        entries
+            .iter()
+            .filter(|(k, _, _)| !refused.contains(k.as_str()))
+            .cloned()
+            .collect()
+    };
+    let (a, b) = (admitted(ours), admitted(theirs));
+    a.symmetric_difference(&b)
+        .map(|(k, _, _)| k.clone())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(key: &str, value: &str, lease: i64) -> (String, String, i64) {
+        (key.to_string(), value.to_string(), lease)
+    }
+
+    fn refused(key: &str) -> Rejected {
+        Rejected {
+            key: key.to_string(),
+            reason: "refused_endpoint",
+            detail: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_refused_value_is_not_a_difference_but_a_missed_event_is() {
+        let ours = vec![
+            entry("/mcp/services/a/1", "v1", 7),
+            entry("/mcp/services/a/2", "v2", 7),
+        ];
+        // a/2 turned invalid in etcd (the registry kept its last good value); a/3 is refused.
+        let theirs = vec![entry("/mcp/services/a/1", "v1", 7)];
+        let rejected = [refused("/mcp/services/a/2"), refused("/mcp/services/a/3")];
+        assert!(differing_keys(&ours, &theirs, &rejected).is_empty());
+        // A changed lease or value, or a key only one side has, is a missed event.
+        let theirs = vec![
+            entry("/mcp/services/a/1", "v1", 8),
+            entry("/mcp/services/b/1", "w", 0),
+        ];
+        assert_eq!(
+            differing_keys(&ours, &theirs, &rejected),
+            ["/mcp/services/a/1", "/mcp/services/b/1"]
         );
     }
 }

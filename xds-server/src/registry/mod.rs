@@ -73,6 +73,15 @@ pub struct FleetEntry {
     pub lease: i64,
 }
 
+/// What a [`Registry::reset`] did not take from the read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reset {
+    /// Every value that was not admitted.
+    pub rejected: Vec<Rejected>,
+    /// The keys among them that kept their last good value.
+    pub kept: Vec<String>,
+}
+
 /// A value that was not admitted, with the key it came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rejected {
@@ -161,6 +170,15 @@ impl Registry {
     pub fn with_session_key(mut self, key: String) -> Self {
         self.session_key = key;
         self
+    }
+
+    /// An empty registry that admits exactly what this one does (layout, endpoint policy,
+    /// limits), so that a read of etcd folded into it compares with this one like for like.
+    pub fn empty_like(&self) -> Registry {
+        let mut r = Registry::with_health(self.layout.clone(), self.health.clone());
+        r.endpoints = self.endpoints.clone();
+        r.request_limits = self.request_limits;
+        r
     }
 
     /// Which endpoint addresses registrations may name (dangerous ones never).
@@ -271,24 +289,38 @@ impl Registry {
     }
 
     /// Replaces everything with a full read of the prefix (cold start, resync after compaction).
-    /// Returns the values that were rejected.
+    /// A key whose value in the read is invalid keeps the last good value it had, as it does
+    /// when the watch brings the same value: a resync never loses what a put would not.
     pub fn reset<'a>(
         &mut self,
         kvs: impl IntoIterator<Item = (&'a str, &'a [u8], i64, i64)>,
         revision: i64,
-    ) -> Vec<Rejected> {
+    ) -> Reset {
         // Health is kept for instances that are still there at the same address: a resync
         // after a compaction must not send every instance back to UNKNOWN.
-        let old = std::mem::take(&mut self.instances);
+        let mut old = std::mem::take(&mut self.instances);
+        let mut old_policies = std::mem::take(&mut self.policies);
+        let mut old_fleet = std::mem::take(&mut self.fleet);
+        let mut old_overrides = std::mem::take(&mut self.overrides);
         self.by_addr.clear();
-        self.policies.clear();
-        self.fleet.clear();
-        self.overrides.clear();
         self.all_stale = true;
         let mut rejected = Vec::new();
         for (key, value, lease, mod_revision) in kvs {
             if let Err(r) = self.put(key, value, lease, mod_revision) {
                 rejected.push(r);
+            }
+        }
+        let mut kept = Vec::new();
+        for r in &rejected {
+            let restored = self.restore_last_good(
+                &r.key,
+                &mut old,
+                &mut old_policies,
+                &mut old_fleet,
+                &mut old_overrides,
+            );
+            if restored {
+                kept.push(r.key.clone());
             }
         }
         for (sk, old) in old {
@@ -303,7 +335,69 @@ impl Registry {
             }
         }
         self.revision = revision;
-        rejected
+        Reset { rejected, kept }
+    }
+
+    /// Puts back the value `key` had before a reset, taken from the old maps. Returns whether
+    /// there was one to put back.
+    fn restore_last_good(
+        &mut self,
+        key: &str,
+        instances: &mut BTreeMap<ServiceKey, Instance>,
+        policies: &mut BTreeMap<(String, Option<String>), (PolicyOverrides, String)>,
+        fleet: &mut BTreeMap<(String, String), FleetEntry>,
+        overrides: &mut BTreeMap<(String, String), Override>,
+    ) -> bool {
+        if let Ok(sk) = self.layout.parse_instance_key(key) {
+            // The same key may be in the read twice only if etcd misbehaves; the first
+            // admitted value would stand then.
+            if self.instances.contains_key(&sk) {
+                return false;
+            }
+            let Some(inst) = instances.remove(&sk) else {
+                return false;
+            };
+            self.services
+                .insert(sk.service.clone(), inst.meta.mcp_path.clone());
+            self.by_addr
+                .insert((sk.service.clone(), inst.addr()), sk.clone());
+            self.instances.insert(sk, inst);
+            return true;
+        }
+        if let Ok(names) = self
+            .layout
+            .parse_tool_key(&self.layout.breakers_prefix(), key)
+        {
+            return match fleet.remove(&names) {
+                Some(e) => self.fleet.insert(names, e).is_none(),
+                None => false,
+            };
+        }
+        if let Ok(names) = self
+            .layout
+            .parse_tool_key(&self.layout.overrides_prefix(), key)
+        {
+            return match overrides.remove(&names) {
+                Some(o) => self.overrides.insert(names, o).is_none(),
+                None => false,
+            };
+        }
+        if let Ok(k) = self.layout.parse_policy_key(key) {
+            let Some(last) = policies.remove(&k) else {
+                return false;
+            };
+            self.policies.insert(k.clone(), last);
+            // A tool's policy is merged over its service's, which the read may have changed:
+            // keep the old one only if the merge is still valid.
+            if let Err(e) = self.filter_config().validate() {
+                tracing::warn!(key, error = %e,
+                    "the last good policy no longer fits the policies read with it; dropped");
+                self.policies.remove(&k);
+                return false;
+            }
+            return true;
+        }
+        false
     }
 
     /// Applies a PUT anywhere under the prefix. `Ok(true)` when what Envoy gets changed.
@@ -1047,18 +1141,70 @@ mod tests {
         let mut r = reg();
         r.put("/mcp/services/inv/i-1", V1, 7, 2).unwrap();
         let v2: &[u8] = br#"{"instance_id":"i-2","endpoint":"127.0.0.1:9002"}"#;
-        let rejected = r.reset(
+        let read = r.reset(
             [
                 ("/mcp/services/fin/i-2", v2, 1, 5),
                 ("/mcp/services/fin/bad", &b"x"[..], 1, 5),
             ],
             9,
         );
-        assert_eq!(rejected.len(), 1);
+        assert_eq!(read.rejected.len(), 1);
+        assert!(read.kept.is_empty(), "fin/bad never had a good value");
         assert_eq!(r.revision(), 9);
         assert_eq!(r.instance_count(), 1);
         let snap = r.routing(1, Instant::now());
         assert_eq!(snap.services["fin"].endpoints[0].instance_id, "i-2");
+    }
+
+    #[test]
+    fn a_reset_keeps_the_last_good_value_of_every_key_invalid_in_the_read() {
+        let mut r = reg();
+        let v2: &[u8] = br#"{"instance_id":"i-2","endpoint":"127.0.0.1:9002"}"#;
+        r.put("/mcp/services/inv/i-1", V1, 7, 2).unwrap();
+        r.put("/mcp/services/inv/i-2", v2, 7, 3).unwrap();
+        r.put("/mcp/policies/inv", br#"{"max_requests":7}"#, 0, 4)
+            .unwrap();
+        r.put(
+            "/mcp/overrides/inv/a",
+            br#"{"mode":"force_open","reason":"maintenance"}"#,
+            0,
+            5,
+        )
+        .unwrap();
+        let read = r.reset(
+            [
+                ("/mcp/overrides/inv/a", &b"{"[..], 0, 9),
+                ("/mcp/policies/inv", br#"{"max_requests":0}"#, 0, 9),
+                ("/mcp/services/inv/i-1", b"garbage", 7, 9),
+                // i-2 is gone from etcd: deleted, not invalid.
+                ("/mcp/services/inv/i-3", b"garbage", 7, 9),
+            ],
+            9,
+        );
+        assert_eq!(read.rejected.len(), 4);
+        assert_eq!(
+            read.kept,
+            vec![
+                "/mcp/overrides/inv/a".to_string(),
+                "/mcp/policies/inv".to_string(),
+                "/mcp/services/inv/i-1".to_string(),
+            ],
+            "i-3 never had a good value"
+        );
+        let snap = r.routing(1, Instant::now());
+        let ids: Vec<&str> = snap.services["inv"]
+            .endpoints
+            .iter()
+            .map(|e| e.instance_id.as_str())
+            .collect();
+        assert_eq!(ids, ["i-1"], "i-1 keeps its last good value; i-2 left");
+        assert_eq!(snap.services["inv"].limits.max_requests, 7);
+        assert_eq!(r.overrides().len(), 1);
+        assert_eq!(
+            r.find_by_addr("inv", "127.0.0.1:9001".parse().unwrap())
+                .map(|k| k.instance.as_str()),
+            Some("i-1")
+        );
     }
 
     #[test]
