@@ -132,6 +132,13 @@ impl Xds {
         }
     }
 
+    /// Stops it with SIGTERM (SIGKILL after 5 s), as an orchestrator does.
+    pub async fn stop(&mut self) {
+        if let Some(mut p) = self.proc.take() {
+            p.stop(Duration::from_secs(5)).await;
+        }
+    }
+
     pub async fn restart(&mut self, env: &TestEnv) {
         if let Some(mut p) = self.proc.take() {
             p.stop(Duration::from_secs(5)).await;

@@ -9,24 +9,15 @@ use nix::sys::signal::Signal;
 use reqwest::StatusCode;
 use serde_json::json;
 use toolgate_tests::{
-    rmcp_client, wait_until, Envoy, Etcd, FaultProxy, McpServer, McpSession, Member, TestEnv, Xds,
+    rmcp_client, wait_until, Envoy, Etcd, FaultProxy, McpServer, McpSession, Member, Options,
+    Stack, TestEnv, Xds,
 };
 
 const TTL: u32 = 10;
 
-struct Stack {
-    etcd: Etcd,
-    xds: Xds,
-    envoy: Envoy,
-}
-
-impl Stack {
-    async fn start(env: &TestEnv) -> Stack {
-        let etcd = Etcd::start(env).await;
-        let xds = Xds::start(env, "xds", &etcd.endpoint(), &[]).await;
-        let envoy = Envoy::start(env, "envoy", &xds).await;
-        Stack { etcd, xds, envoy }
-    }
+/// The shared stack without the filter: discovery is about what Envoy routes.
+async fn stack(env: &TestEnv) -> Stack {
+    Stack::with(env, Options::default().without_filter()).await
 }
 
 /// The sorted endpoints etcd holds for `service`.
@@ -77,7 +68,7 @@ fn endpoints(members: &[&Member]) -> Vec<String> {
 #[tokio::test]
 async fn mcp_clients_call_tools_through_envoy_in_every_transport_mode() {
     let env = TestEnv::new("mcp_clients_call_tools_through_envoy_in_every_transport_mode");
-    let stack = Stack::start(&env).await;
+    let stack = stack(&env).await;
     let ep = stack.etcd.endpoint();
     let sse = Member::start(&env, &ep, "sse", "sse-1", &[], TTL).await;
     // rmcp answers JSON only without sessions; stateful sessions always stream SSE.
@@ -130,7 +121,7 @@ async fn mcp_clients_call_tools_through_envoy_in_every_transport_mode() {
 #[tokio::test]
 async fn a_session_sticks_to_its_instance_and_moves_with_a_404_when_it_dies() {
     let env = TestEnv::new("a_session_sticks_to_its_instance_and_moves_with_a_404_when_it_dies");
-    let stack = Stack::start(&env).await;
+    let stack = stack(&env).await;
     let ep = stack.etcd.endpoint();
     let mut members = Vec::new();
     for i in 0..5 {
@@ -185,7 +176,7 @@ async fn a_session_sticks_to_its_instance_and_moves_with_a_404_when_it_dies() {
 #[tokio::test]
 async fn scale_out_from_5_to_50_instances_reaches_envoy() {
     let env = TestEnv::new("scale_out_from_5_to_50_instances_reaches_envoy");
-    let stack = Stack::start(&env).await;
+    let stack = stack(&env).await;
     let ep = stack.etcd.endpoint();
     let mut servers = Vec::new();
     for i in 0..50 {
@@ -265,7 +256,7 @@ async fn scale_out_from_5_to_50_instances_reaches_envoy() {
 #[tokio::test]
 async fn a_revoked_instance_leaves_envoy_and_gets_no_more_calls() {
     let env = TestEnv::new("a_revoked_instance_leaves_envoy_and_gets_no_more_calls");
-    let stack = Stack::start(&env).await;
+    let stack = stack(&env).await;
     let ep = stack.etcd.endpoint();
     let a = Member::start(
         &env,
@@ -339,7 +330,7 @@ async fn a_revoked_instance_leaves_envoy_and_gets_no_more_calls() {
 #[tokio::test]
 async fn a_killed_instance_leaves_envoy_when_its_lease_expires() {
     let env = TestEnv::new("a_killed_instance_leaves_envoy_when_its_lease_expires");
-    let stack = Stack::start(&env).await;
+    let stack = stack(&env).await;
     let ep = stack.etcd.endpoint();
     let a = Member::start(&env, &ep, "crash", "crash-a", &[], 3).await;
     let mut b = Member::start(&env, &ep, "crash", "crash-b", &[], 3).await;
@@ -522,7 +513,7 @@ async fn with_etcd_gone_the_gateway_keeps_routing_even_across_a_control_plane_re
     let env = TestEnv::new(
         "with_etcd_gone_the_gateway_keeps_routing_even_across_a_control_plane_restart",
     );
-    let mut stack = Stack::start(&env).await;
+    let mut stack = stack(&env).await;
     let ep = stack.etcd.endpoint();
     let a = Member::start(
         &env,
@@ -628,7 +619,7 @@ async fn with_etcd_gone_the_gateway_keeps_routing_even_across_a_control_plane_re
 #[tokio::test]
 async fn a_control_plane_restart_never_empties_envoy() {
     let env = TestEnv::new("a_control_plane_restart_never_empties_envoy");
-    let mut stack = Stack::start(&env).await;
+    let mut stack = stack(&env).await;
     let ep = stack.etcd.endpoint();
     let a = Member::start(
         &env,
@@ -711,7 +702,7 @@ async fn a_control_plane_restart_never_empties_envoy() {
 #[tokio::test]
 async fn a_restarted_envoy_and_a_second_envoy_both_converge() {
     let env = TestEnv::new("a_restarted_envoy_and_a_second_envoy_both_converge");
-    let mut stack = Stack::start(&env).await;
+    let mut stack = stack(&env).await;
     let ep = stack.etcd.endpoint();
     let a = Member::start(&env, &ep, "two", "two-a", &[], TTL).await;
     let b = Member::start(&env, &ep, "other", "other-a", &[], TTL).await;
@@ -755,7 +746,7 @@ async fn a_restarted_envoy_and_a_second_envoy_both_converge() {
 #[tokio::test]
 async fn garbage_in_the_registry_is_ignored_counted_and_harmless() {
     let env = TestEnv::new("garbage_in_the_registry_is_ignored_counted_and_harmless");
-    let stack = Stack::start(&env).await;
+    let stack = stack(&env).await;
     let ep = stack.etcd.endpoint();
     let a = Member::start(&env, &ep, "inv", "inv-a", &[], TTL).await;
     wait_envoy_has(
@@ -1079,4 +1070,64 @@ async fn a_failed_full_sync_is_retried_with_a_fresh_etcd_client() {
     );
     let envoy = Envoy::start(&env, "envoy", &xds).await;
     wait_envoy_has(&envoy, "fresh", &endpoints(&[&a]), Duration::from_secs(20)).await;
+}
+
+/// A change just before a graceful stop is in the state dir: the periodic writer can be up to
+/// 250 ms behind, so toolgate-xds writes the snapshot once more as it stops.
+#[tokio::test]
+async fn a_change_just_before_a_stop_is_in_the_state_dir() {
+    let env = TestEnv::new("a_change_just_before_a_stop_is_in_the_state_dir");
+    let mut stack = stack(&env).await;
+    let state = env.path("xds.state").join("registry.json");
+    let saved_keys = || -> BTreeSet<String> {
+        std::fs::read(&state)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .map(|saved| {
+                saved["values"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|kv| Some(kv[0].as_str()?.to_string()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut c = stack.etcd.client().await;
+    for (i, id) in ["late-a", "late-b"].into_iter().enumerate() {
+        let key = format!("/mcp/services/late/{id}");
+        let value = json!({"instance_id": id, "endpoint": format!("127.0.0.1:{}", 20_000 + i)});
+        c.put(key.clone(), value.to_string(), None)
+            .await
+            .expect("etcd put");
+        if i == 0 {
+            // Written: the writer now pauses, and late-b arrives during its pause.
+            wait_until(
+                "the state dir holds late-a",
+                Duration::from_secs(10),
+                || {
+                    let key = key.clone();
+                    let keys = saved_keys();
+                    async move { keys.contains(&key) }
+                },
+            )
+            .await;
+        }
+    }
+    wait_until(
+        "toolgate-xds has late-b",
+        Duration::from_secs(10),
+        || async {
+            stack.xds.registry().await["services"]["late"]
+                .as_array()
+                .is_some_and(|v| v.iter().any(|i| i["instance_id"] == "late-b"))
+        },
+    )
+    .await;
+    stack.xds.stop().await;
+    assert!(
+        saved_keys().contains("/mcp/services/late/late-b"),
+        "the state dir after a graceful stop: {:?}",
+        saved_keys()
+    );
 }

@@ -583,7 +583,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let watcher = Watcher {
         config: etcd_config.clone(),
         registry: registry.clone(),
-        publisher,
+        publisher: publisher.clone(),
         metrics: metrics.clone(),
         status: status.clone(),
         resync: resync.clone(),
@@ -621,7 +621,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         admin_listener,
         AdminState {
             metrics,
-            registry,
+            registry: registry.clone(),
             etcd: status,
             hub,
             fleet,
@@ -640,6 +640,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         _ = sigint.recv() => info!("SIGINT: stopping"),
     }
     let _ = stop_tx.send(true);
+    if let Some(dir) = &args.state_dir {
+        match publisher.flush_state(dir, &registry) {
+            Ok(true) => info!(dir = %dir.display(), "state snapshot written"),
+            Ok(false) => {}
+            Err(e) => warn!(dir = %dir.display(), error = %e, "writing the state snapshot failed"),
+        }
+    }
     let _ = tokio::time::timeout(Duration::from_secs(5), async {
         let _ = xds_task.await;
         let _ = admin_task.await;

@@ -7,7 +7,7 @@
 //! second over 10,000 instances) the changes that arrive during one build share the next one,
 //! so latency stays at about two builds instead of growing with a backlog.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -104,6 +104,33 @@ impl Publisher {
     pub fn is_started(&self) -> bool {
         self.inner.started.load(Ordering::Acquire)
     }
+
+    /// Writes the state snapshot now, for a stop: the periodic writer can be up to 250 ms
+    /// behind, and a restart must find the last change. Nothing is written before publishing
+    /// began, so a registry not read yet never replaces a good snapshot. Returns whether it
+    /// wrote.
+    pub fn flush_state(&self, dir: &Path, registry: &RwLock<Registry>) -> std::io::Result<bool> {
+        if !self.is_started() {
+            return Ok(false);
+        }
+        save_state(dir, registry).map(|()| true)
+    }
+}
+
+/// One writer at a time, each reading the registry under the lock: a slower writer holding an
+/// older state can never rename it over a newer one.
+static WRITING: Mutex<()> = Mutex::new(());
+
+fn save_state(dir: &Path, registry: &RwLock<Registry>) -> std::io::Result<()> {
+    let _writing = WRITING.lock().unwrap_or_else(|p| p.into_inner());
+    let state = {
+        let reg = registry.read().unwrap_or_else(|p| p.into_inner());
+        PersistedRegistry {
+            revision: reg.revision(),
+            values: reg.raw_values(),
+        }
+    };
+    persist::save(dir, &state)
 }
 
 async fn run(
@@ -152,15 +179,8 @@ async fn run(
 async fn write_state(dir: PathBuf, registry: Arc<RwLock<Registry>>, wake: Arc<Notify>) {
     loop {
         wake.notified().await;
-        let state = {
-            let reg = registry.read().unwrap_or_else(|p| p.into_inner());
-            PersistedRegistry {
-                revision: reg.revision(),
-                values: reg.raw_values(),
-            }
-        };
-        let dir2 = dir.clone();
-        match tokio::task::spawn_blocking(move || persist::save(&dir2, &state)).await {
+        let (dir2, registry2) = (dir.clone(), registry.clone());
+        match tokio::task::spawn_blocking(move || save_state(&dir2, &registry2)).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
                 warn!(dir = %dir.display(), error = %e, "writing the state snapshot failed")
