@@ -61,6 +61,9 @@ async fn honest_calls_behave(stack: &Stack, member: &Member) {
         "{}",
         r.body
     );
+    // 16.12: no time to wait for, so no retry hint (before: 0, "retry now" to a retrier).
+    let meta = &r.result().expect("a result")["_meta"]["io.toolgate/breaker"];
+    assert_eq!(meta.get("retryAfterSeconds"), None, "{}", r.body);
 }
 
 #[tokio::test]
