@@ -207,6 +207,17 @@ async fn with_no_healthy_instance_every_request_gets_an_mcp_error() {
             .is_some_and(|m| m.contains("`orders`")),
         "{body}"
     );
+    // The mark the filter sets on a held answer, sent by a client itself, changes none of
+    // Envoy's own replies (here: no route).
+    let marked = reqwest::Client::new()
+        .post(stack.url("nosuch"))
+        .header(toolgate_model::envoy::HELD_HEADER, "1")
+        .header("content-type", "application/json")
+        .body(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#)
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(marked.status().as_u16(), 404);
 }
 
 /// 16.11: a breaker opened by slow calls that all succeeded says so, with the figures.

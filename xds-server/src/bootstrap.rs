@@ -508,12 +508,16 @@ fn local_reply_config(edge: &EdgeLimits) -> Value {
     };
     // A JSON answer the filter held until complete, cut off by its upstream: Envoy answers by
     // itself, past every filter (the response headers were not sent yet). The filter marked
-    // the request and left the MCP reply for this case in its filter state.
+    // the request and left the MCP reply for this case in its filter state. Only an upstream
+    // reset matches: a client sending the header itself changes none of Envoy's other replies.
     let cut_off = json!({
-        "filter": { "header_filter": { "header": {
-            "name": toolgate_model::envoy::HELD_HEADER,
-            "present_match": true
-        } } },
+        "filter": { "and_filter": { "filters": [
+            { "header_filter": { "header": {
+                "name": toolgate_model::envoy::HELD_HEADER,
+                "present_match": true
+            } } },
+            { "response_flag_filter": { "flags": ["UR", "UC", "UPE"] } }
+        ] } },
         "status_code": 200,
         "body_format_override": {
             "text_format_source": {
