@@ -334,6 +334,27 @@ impl Envoy {
         v
     }
 
+    /// Waits until Envoy has exactly `want` (in any order) for `service`; returns how long
+    /// that took.
+    pub async fn wait_addresses(
+        &self,
+        service: &str,
+        want: &[String],
+        within: Duration,
+    ) -> Duration {
+        let mut want = want.to_vec();
+        want.sort();
+        wait_until(
+            &format!("{} has exactly {want:?} for {service}", self.name),
+            within,
+            || {
+                let want = want.clone();
+                async move { self.addresses(service).await == want }
+            },
+        )
+        .await
+    }
+
     /// Envoy's own stat (admin `/stats?filter=`), summed.
     pub async fn stat(&self, name: &str) -> u64 {
         self.admin().stat(name).await

@@ -144,17 +144,10 @@ impl Stack {
     /// Waits until Envoy routes `service` to exactly `members`, and the filter knows the
     /// service's tools.
     pub async fn routes(&self, service: &str, members: &[&Member]) {
-        let mut want: Vec<String> = members.iter().map(|m| m.server.endpoint()).collect();
-        want.sort();
-        wait_until(
-            &format!("envoy routes {service} to {want:?}"),
-            Duration::from_secs(20),
-            || {
-                let want = want.clone();
-                async move { self.envoy.addresses(service).await == want }
-            },
-        )
-        .await;
+        let want: Vec<String> = members.iter().map(|m| m.server.endpoint()).collect();
+        self.envoy
+            .wait_addresses(service, &want, Duration::from_secs(20))
+            .await;
         if !members.is_empty() {
             self.wait_filter_config(&format!("the catalog has {service}"), |c| {
                 c["catalog"].get(service).is_some()

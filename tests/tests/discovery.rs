@@ -42,25 +42,6 @@ async fn etcd_endpoints(etcd: &Etcd, service: &str) -> Vec<String> {
     v
 }
 
-async fn wait_envoy_has(
-    envoy: &Envoy,
-    service: &str,
-    want: &[String],
-    timeout: Duration,
-) -> Duration {
-    let mut want = want.to_vec();
-    want.sort();
-    wait_until(
-        &format!("envoy has exactly {want:?} for {service}"),
-        timeout,
-        || {
-            let want = want.clone();
-            async move { envoy.addresses(service).await == want }
-        },
-    )
-    .await
-}
-
 fn endpoints(members: &[&Member]) -> Vec<String> {
     members.iter().map(|m| m.server.endpoint()).collect()
 }
@@ -84,7 +65,10 @@ async fn mcp_clients_call_tools_through_envoy_in_every_transport_mode() {
     let stateless =
         Member::start(&env, &ep, "stateless", "stateless-1", &["--stateless"], TTL).await;
     for (svc, m) in [("sse", &sse), ("json", &json_m), ("stateless", &stateless)] {
-        wait_envoy_has(&stack.envoy, svc, &endpoints(&[m]), Duration::from_secs(20)).await;
+        stack
+            .envoy
+            .wait_addresses(svc, &endpoints(&[m]), Duration::from_secs(20))
+            .await;
     }
 
     for svc in ["sse", "json", "stateless"] {
@@ -128,7 +112,10 @@ async fn a_session_sticks_to_its_instance_and_moves_with_a_404_when_it_dies() {
         members.push(Member::start(&env, &ep, "aff", &format!("aff-{i}"), &[], TTL).await);
     }
     let all: Vec<String> = members.iter().map(|m| m.server.endpoint()).collect();
-    wait_envoy_has(&stack.envoy, "aff", &all, Duration::from_secs(20)).await;
+    stack
+        .envoy
+        .wait_addresses("aff", &all, Duration::from_secs(20))
+        .await;
 
     let mut session = McpSession::connect(&stack.envoy.url("aff")).await;
     for i in 0..100 {
@@ -192,7 +179,10 @@ async fn scale_out_from_5_to_50_instances_reaches_envoy() {
     };
     let mut registrars: Vec<_> = (0..5).map(register).collect();
     let first5: Vec<String> = servers[..5].iter().map(|s| s.endpoint()).collect();
-    wait_envoy_has(&stack.envoy, "scale", &first5, Duration::from_secs(20)).await;
+    stack
+        .envoy
+        .wait_addresses("scale", &first5, Duration::from_secs(20))
+        .await;
 
     // Watch etcd to know when the last registration landed.
     let mut client = stack.etcd.client().await;
@@ -220,7 +210,10 @@ async fn scale_out_from_5_to_50_instances_reaches_envoy() {
         }
     }
     let all: Vec<String> = servers.iter().map(|s| s.endpoint()).collect();
-    wait_envoy_has(&stack.envoy, "scale", &all, Duration::from_secs(20)).await;
+    stack
+        .envoy
+        .wait_addresses("scale", &all, Duration::from_secs(20))
+        .await;
     println!(
         "last of 45 registrations -> Envoy has all 50: {:.1} ms (includes admin polling every 10 ms)",
         last_put.elapsed().as_secs_f64() * 1e3
@@ -276,13 +269,10 @@ async fn a_revoked_instance_leaves_envoy_and_gets_no_more_calls() {
         TTL,
     )
     .await;
-    wait_envoy_has(
-        &stack.envoy,
-        "rev",
-        &endpoints(&[&a, &b]),
-        Duration::from_secs(20),
-    )
-    .await;
+    stack
+        .envoy
+        .wait_addresses("rev", &endpoints(&[&a, &b]), Duration::from_secs(20))
+        .await;
 
     let mut client = stack.etcd.client().await;
     let mut watch = client.watch(b.key.as_str(), None).await.unwrap();
@@ -301,13 +291,10 @@ async fn a_revoked_instance_leaves_envoy_and_gets_no_more_calls() {
             break Instant::now();
         }
     };
-    wait_envoy_has(
-        &stack.envoy,
-        "rev",
-        &endpoints(&[&a]),
-        Duration::from_secs(5),
-    )
-    .await;
+    stack
+        .envoy
+        .wait_addresses("rev", &endpoints(&[&a]), Duration::from_secs(5))
+        .await;
     println!(
         "revoke seen in etcd -> gone from Envoy: {:.1} ms (admin polled every 10 ms)",
         revoked.elapsed().as_secs_f64() * 1e3
@@ -334,23 +321,17 @@ async fn a_killed_instance_leaves_envoy_when_its_lease_expires() {
     let ep = stack.etcd.endpoint();
     let a = Member::start(&env, &ep, "crash", "crash-a", &[], 3).await;
     let mut b = Member::start(&env, &ep, "crash", "crash-b", &[], 3).await;
-    wait_envoy_has(
-        &stack.envoy,
-        "crash",
-        &endpoints(&[&a, &b]),
-        Duration::from_secs(20),
-    )
-    .await;
+    stack
+        .envoy
+        .wait_addresses("crash", &endpoints(&[&a, &b]), Duration::from_secs(20))
+        .await;
     let killed = Instant::now();
     b.registrar.kill();
     b.server.proc.kill();
-    wait_envoy_has(
-        &stack.envoy,
-        "crash",
-        &endpoints(&[&a]),
-        Duration::from_secs(8),
-    )
-    .await;
+    stack
+        .envoy
+        .wait_addresses("crash", &endpoints(&[&a]), Duration::from_secs(8))
+        .await;
     let took = killed.elapsed();
     println!(
         "SIGKILL of instance and registrar -> out of Envoy: {:.2} s (TTL 3 s)",
@@ -379,13 +360,13 @@ async fn partition_scenario(name: &str, compact: bool) {
         || async { etcd_endpoints(&etcd, "part").await.len() == 3 },
     )
     .await;
-    wait_envoy_has(
-        &envoy,
-        "part",
-        &etcd_endpoints(&etcd, "part").await,
-        Duration::from_secs(20),
-    )
-    .await;
+    envoy
+        .wait_addresses(
+            "part",
+            &etcd_endpoints(&etcd, "part").await,
+            Duration::from_secs(20),
+        )
+        .await;
     let resyncs_before = xds.metric("toolgate_etcd_full_resyncs_total", "").await;
 
     proxy.cut();
@@ -429,7 +410,9 @@ async fn partition_scenario(name: &str, compact: bool) {
     proxy.restore();
 
     let want = etcd_endpoints(&etcd, "part").await;
-    let took = wait_envoy_has(&envoy, "part", &want, Duration::from_secs(15)).await;
+    let took = envoy
+        .wait_addresses("part", &want, Duration::from_secs(15))
+        .await;
     println!(
         "partition healed -> Envoy equals etcd in {:.0} ms",
         took.as_secs_f64() * 1e3
@@ -533,13 +516,10 @@ async fn with_etcd_gone_the_gateway_keeps_routing_even_across_a_control_plane_re
         TTL,
     )
     .await;
-    wait_envoy_has(
-        &stack.envoy,
-        "keep",
-        &endpoints(&[&a, &b]),
-        Duration::from_secs(20),
-    )
-    .await;
+    stack
+        .envoy
+        .wait_addresses("keep", &endpoints(&[&a, &b]), Duration::from_secs(20))
+        .await;
     // The restart below must find both instances in the state dir: wait until it has them.
     let state = env.path("xds.state").join("registry.json");
     wait_until(
@@ -602,13 +582,10 @@ async fn with_etcd_gone_the_gateway_keeps_routing_even_across_a_control_plane_re
         TTL,
     )
     .await;
-    wait_envoy_has(
-        &stack.envoy,
-        "keep",
-        &endpoints(&[&a, &b, &c]),
-        Duration::from_secs(30),
-    )
-    .await;
+    stack
+        .envoy
+        .wait_addresses("keep", &endpoints(&[&a, &b, &c]), Duration::from_secs(30))
+        .await;
     let _ = stop.send(true);
     let (ok, failed, errors) = calls.await.unwrap();
     println!("calls during the outage: {ok} ok, {failed} failed");
@@ -639,13 +616,10 @@ async fn a_control_plane_restart_never_empties_envoy() {
         TTL,
     )
     .await;
-    wait_envoy_has(
-        &stack.envoy,
-        "cp",
-        &endpoints(&[&a, &b]),
-        Duration::from_secs(20),
-    )
-    .await;
+    stack
+        .envoy
+        .wait_addresses("cp", &endpoints(&[&a, &b]), Duration::from_secs(20))
+        .await;
 
     let (calls, stop) = steady_calls(stack.envoy.url("cp"));
     stack.xds.kill();
@@ -679,13 +653,10 @@ async fn a_control_plane_restart_never_empties_envoy() {
         TTL,
     )
     .await;
-    wait_envoy_has(
-        &stack.envoy,
-        "cp",
-        &endpoints(&[&a, &b, &c]),
-        Duration::from_secs(20),
-    )
-    .await;
+    stack
+        .envoy
+        .wait_addresses("cp", &endpoints(&[&a, &b, &c]), Duration::from_secs(20))
+        .await;
     let _ = done_tx.send(true);
     watcher.await.unwrap();
     let min = seen_rx.await.unwrap();
@@ -706,34 +677,29 @@ async fn a_restarted_envoy_and_a_second_envoy_both_converge() {
     let ep = stack.etcd.endpoint();
     let a = Member::start(&env, &ep, "two", "two-a", &[], TTL).await;
     let b = Member::start(&env, &ep, "other", "other-a", &[], TTL).await;
-    wait_envoy_has(
-        &stack.envoy,
-        "two",
-        &endpoints(&[&a]),
-        Duration::from_secs(20),
-    )
-    .await;
+    stack
+        .envoy
+        .wait_addresses("two", &endpoints(&[&a]), Duration::from_secs(20))
+        .await;
     stack.envoy.restart(&env).await;
-    wait_envoy_has(
-        &stack.envoy,
-        "two",
-        &endpoints(&[&a]),
-        Duration::from_secs(20),
-    )
-    .await;
-    wait_envoy_has(
-        &stack.envoy,
-        "other",
-        &endpoints(&[&b]),
-        Duration::from_secs(20),
-    )
-    .await;
+    stack
+        .envoy
+        .wait_addresses("two", &endpoints(&[&a]), Duration::from_secs(20))
+        .await;
+    stack
+        .envoy
+        .wait_addresses("other", &endpoints(&[&b]), Duration::from_secs(20))
+        .await;
 
     let second = Envoy::start(&env, "envoy2", &stack.xds).await;
-    wait_envoy_has(&second, "two", &endpoints(&[&a]), Duration::from_secs(20)).await;
+    second
+        .wait_addresses("two", &endpoints(&[&a]), Duration::from_secs(20))
+        .await;
     let c = Member::start(&env, &ep, "two", "two-c", &[], TTL).await;
     for envoy in [&stack.envoy, &second] {
-        wait_envoy_has(envoy, "two", &endpoints(&[&a, &c]), Duration::from_secs(20)).await;
+        envoy
+            .wait_addresses("two", &endpoints(&[&a, &c]), Duration::from_secs(20))
+            .await;
         let mut s = McpSession::connect(&envoy.url("other")).await;
         assert_eq!(s.call_tool("echo", json!({})).await.status, StatusCode::OK);
     }
@@ -749,13 +715,10 @@ async fn garbage_in_the_registry_is_ignored_counted_and_harmless() {
     let stack = stack(&env).await;
     let ep = stack.etcd.endpoint();
     let a = Member::start(&env, &ep, "inv", "inv-a", &[], TTL).await;
-    wait_envoy_has(
-        &stack.envoy,
-        "inv",
-        &endpoints(&[&a]),
-        Duration::from_secs(20),
-    )
-    .await;
+    stack
+        .envoy
+        .wait_addresses("inv", &endpoints(&[&a]), Duration::from_secs(20))
+        .await;
 
     let mut c = stack.etcd.client().await;
     let garbage: [(&str, &str); 5] = [
@@ -827,13 +790,9 @@ async fn a_configuration_envoy_rejects_is_nacked_once_and_not_resent() {
     let envoy = Envoy::start(&env, "envoy", &xds).await;
     let ep = etcd.endpoint();
     let good = Member::start(&env, &ep, "good", "good-1", &[], TTL).await;
-    wait_envoy_has(
-        &envoy,
-        "good",
-        &endpoints(&[&good]),
-        Duration::from_secs(20),
-    )
-    .await;
+    envoy
+        .wait_addresses("good", &endpoints(&[&good]), Duration::from_secs(20))
+        .await;
     let cds_before = xds
         .metric("toolgate_xds_pushes_total", "type=\"cds\"")
         .await;
@@ -864,13 +823,13 @@ async fn a_configuration_envoy_rejects_is_nacked_once_and_not_resent() {
     let mut s = McpSession::connect(&envoy.url("good")).await;
     assert_eq!(s.call_tool("echo", json!({})).await.status, StatusCode::OK);
     let good2 = Member::start(&env, &ep, "good", "good-2", &[], TTL).await;
-    wait_envoy_has(
-        &envoy,
-        "good",
-        &endpoints(&[&good, &good2]),
-        Duration::from_secs(10),
-    )
-    .await;
+    envoy
+        .wait_addresses(
+            "good",
+            &endpoints(&[&good, &good2]),
+            Duration::from_secs(10),
+        )
+        .await;
     drop(poison);
 }
 
@@ -888,7 +847,9 @@ async fn a_refused_registration_is_not_a_mismatch_and_causes_no_resync() {
     let envoy = Envoy::start(&env, "envoy", &xds).await;
     let ep = etcd.endpoint();
     let a = Member::start(&env, &ep, "cidr", "cidr-a", &[], TTL).await;
-    wait_envoy_has(&envoy, "cidr", &endpoints(&[&a]), Duration::from_secs(20)).await;
+    envoy
+        .wait_addresses("cidr", &endpoints(&[&a]), Duration::from_secs(20))
+        .await;
 
     // A registration outside the allowed networks is refused by the watch...
     let mut c = etcd.client().await;
@@ -953,7 +914,9 @@ async fn a_full_resync_keeps_the_last_good_value_of_a_key_now_invalid() {
     let envoy = Envoy::start(&env, "envoy", &xds).await;
     let ep = etcd.endpoint();
     let a = Member::start(&env, &ep, "lg", "lg-a", &[], TTL).await;
-    wait_envoy_has(&envoy, "lg", &endpoints(&[&a]), Duration::from_secs(20)).await;
+    envoy
+        .wait_addresses("lg", &endpoints(&[&a]), Duration::from_secs(20))
+        .await;
 
     // Its value turns to garbage: the watch refuses it and keeps the last good value.
     let mut c = etcd.client().await;
@@ -1069,7 +1032,9 @@ async fn a_failed_full_sync_is_retried_with_a_fresh_etcd_client() {
         restored.elapsed().as_millis()
     );
     let envoy = Envoy::start(&env, "envoy", &xds).await;
-    wait_envoy_has(&envoy, "fresh", &endpoints(&[&a]), Duration::from_secs(20)).await;
+    envoy
+        .wait_addresses("fresh", &endpoints(&[&a]), Duration::from_secs(20))
+        .await;
 }
 
 /// A change just before a graceful stop is in the state dir: the periodic writer can be up to

@@ -31,16 +31,9 @@ impl Gateway {
     }
 
     async fn routes(&self, service: &str, m: &Member) {
-        let want = vec![m.server.endpoint()];
-        wait_until(
-            &format!("{} routes {service}", self.envoy.name),
-            Duration::from_secs(20),
-            || {
-                let want = want.clone();
-                async move { self.envoy.addresses(service).await == want }
-            },
-        )
-        .await;
+        self.envoy
+            .wait_addresses(service, &[m.server.endpoint()], Duration::from_secs(20))
+            .await;
     }
 
     async fn call(&self, service: &str, tool: &str) -> Reply {
