@@ -13,7 +13,7 @@ pub mod policy;
 
 pub use backoff::Backoff;
 pub use endpoint::{Endpoint, EndpointError};
-pub use instance::{InstanceError, InstanceMetadata, MAX_WEIGHT};
+pub use instance::{InstanceError, InstanceMetadata, ProbeKind, MAX_WEIGHT};
 pub use keys::{KeyError, KeyLayout, ServiceKey, DEFAULT_PREFIX};
 pub use names::{validate_name, NameError, MAX_NAME_LEN};
 pub use policy::{

@@ -1,0 +1,661 @@
+//! A small MCP client over Streamable HTTP, for checking a server and listing its tools, never
+//! for calling them.
+//!
+//! It negotiates the newest revision the server speaks: `server/discover` in 2026-07-28 terms
+//! first (stateless: every later request stands alone), and, when the server does not answer
+//! that, `initialize` as the client of 2025-11-25 (the server picks the revision it speaks). A
+//! session the server hands out is kept for every later request, re-created when the server
+//! forgets it, and deleted (`DELETE`) by [`McpClient::close`]: a prober that initialized once
+//! per probe would leave the server one session per probe, 43,200 a day at a 2 s interval.
+
+mod sse;
+pub mod tools;
+
+pub use sse::SseScanner;
+
+use std::fmt;
+use std::time::Duration;
+
+use reqwest::header::{HeaderMap, HeaderValue, ACCEPT, CONTENT_TYPE};
+use serde_json::{json, Value};
+
+/// The stateless revision.
+pub const STATELESS_REVISION: &str = "2026-07-28";
+/// The newest revision with sessions and `initialize`, offered when the server does not speak
+/// the stateless one; the server answers with the revision it picks.
+pub const SESSION_REVISION: &str = "2025-11-25";
+
+const SESSION_HEADER: &str = "mcp-session-id";
+const VERSION_HEADER: &str = "mcp-protocol-version";
+const METHOD_HEADER: &str = "mcp-method";
+/// The most a probe or one page of a listing may answer before it is cut.
+pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 4 << 20;
+
+/// Why an MCP request did not give an answer, in words.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Failure {
+    /// Nothing came back within the timeout.
+    Timeout(Duration),
+    /// The TCP connection could not be made, or broke.
+    Transport(String),
+    /// A non-2xx status, with the JSON-RPC error the body carried, if any.
+    Http {
+        status: u16,
+        request: String,
+        error: Option<RpcError>,
+        body: String,
+    },
+    /// A JSON-RPC error in a 2xx answer.
+    Rpc { request: String, error: RpcError },
+    /// An answer that is not the JSON-RPC response asked for.
+    Malformed { request: String, why: String },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RpcError {
+    pub code: i64,
+    pub message: String,
+}
+
+impl fmt::Display for RpcError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "JSON-RPC error {}: {}", self.code, self.message)
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Failure::Timeout(t) => write!(f, "no answer within {}ms", t.as_millis()),
+            Failure::Transport(why) => f.write_str(why),
+            Failure::Http {
+                status,
+                request,
+                error: Some(e),
+                ..
+            } => write!(f, "{request}: HTTP {status}, {e}"),
+            Failure::Http {
+                status,
+                request,
+                error: None,
+                body,
+            } if body.is_empty() => write!(f, "{request}: HTTP {status}"),
+            Failure::Http {
+                status,
+                request,
+                body,
+                ..
+            } => write!(f, "{request}: HTTP {status}: {body}"),
+            Failure::Rpc { request, error } => write!(f, "{request}: {error}"),
+            Failure::Malformed { request, why } => write!(f, "{request}: {why}"),
+        }
+    }
+}
+
+impl Failure {
+    fn status(&self) -> Option<u16> {
+        match self {
+            Failure::Http { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    /// The server answered, but not in MCP terms the client asked in: another revision may do.
+    fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            Failure::Http { .. } | Failure::Rpc { .. } | Failure::Malformed { .. }
+        )
+    }
+}
+
+/// The revision agreed with the server and what it implies for every later request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Negotiated {
+    /// 2026-07-28: requests carry the revision and stand alone; `versions` are those the
+    /// server listed.
+    Stateless { versions: Vec<String> },
+    /// An `initialize`d connection of `version`; `session` is the id the server gave, if any
+    /// (a server without sessions keeps nothing between requests).
+    Session {
+        version: String,
+        session: Option<String>,
+    },
+}
+
+impl Negotiated {
+    pub fn version(&self) -> &str {
+        match self {
+            Negotiated::Stateless { .. } => STATELESS_REVISION,
+            Negotiated::Session { version, .. } => version,
+        }
+    }
+
+    /// The revisions the server is known to speak, newest first.
+    pub fn versions(&self) -> Vec<String> {
+        match self {
+            Negotiated::Stateless { versions } => {
+                let mut v = versions.clone();
+                v.sort_by(|a, b| b.cmp(a));
+                v.dedup();
+                v
+            }
+            Negotiated::Session { version, .. } => vec![version.clone()],
+        }
+    }
+}
+
+/// A session to close later, taken out of a client that can no longer do it itself (its task
+/// was stopped).
+#[derive(Debug, Clone)]
+pub struct OpenSession {
+    pub url: String,
+    pub id: String,
+    pub version: String,
+}
+
+impl OpenSession {
+    /// `DELETE` the session; the server may refuse (405: it does not let clients end sessions),
+    /// which leaves it to expire there.
+    pub async fn delete(&self, http: &reqwest::Client, timeout: Duration) -> Result<(), String> {
+        let req = http
+            .delete(&self.url)
+            .header(SESSION_HEADER, &self.id)
+            .header(VERSION_HEADER, &self.version);
+        match tokio::time::timeout(timeout, req.send()).await {
+            Err(_) => Err(format!("no answer within {}ms", timeout.as_millis())),
+            Ok(Err(e)) => Err(crate::describe_reqwest(&e, timeout)),
+            Ok(Ok(resp)) if resp.status().is_success() => Ok(()),
+            Ok(Ok(resp)) => Err(format!("HTTP {}", resp.status().as_u16())),
+        }
+    }
+}
+
+/// One MCP client of one server endpoint. Not shared: each prober or registrar owns one.
+pub struct McpClient {
+    http: reqwest::Client,
+    url: String,
+    timeout: Duration,
+    client_name: String,
+    max_response_bytes: usize,
+    negotiated: Option<Negotiated>,
+    capabilities: Value,
+    next_id: u64,
+}
+
+impl McpClient {
+    /// A client of `url` (`http://host:port/mcp`) that names itself `client_name` in
+    /// `clientInfo` and gives each request `timeout`.
+    pub fn new(
+        http: reqwest::Client,
+        url: impl Into<String>,
+        timeout: Duration,
+        client_name: &str,
+    ) -> Self {
+        McpClient {
+            http,
+            url: url.into(),
+            timeout,
+            client_name: client_name.to_string(),
+            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
+            negotiated: None,
+            capabilities: Value::Null,
+            next_id: 1,
+        }
+    }
+
+    pub fn max_response_bytes(mut self, bytes: usize) -> Self {
+        self.max_response_bytes = bytes;
+        self
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    pub fn negotiated(&self) -> Option<&Negotiated> {
+        self.negotiated.as_ref()
+    }
+
+    /// What the server said it can do (`initialize` or `server/discover` result).
+    pub fn capabilities(&self) -> &Value {
+        &self.capabilities
+    }
+
+    /// The session the server holds for this client, if any.
+    pub fn open_session(&self) -> Option<OpenSession> {
+        match &self.negotiated {
+            Some(Negotiated::Session {
+                version,
+                session: Some(id),
+            }) => Some(OpenSession {
+                url: self.url.clone(),
+                id: id.clone(),
+                version: version.clone(),
+            }),
+            _ => None,
+        }
+    }
+
+    /// Ends the session, if any, and forgets the negotiation.
+    pub async fn close(&mut self) -> Result<(), String> {
+        let open = self.open_session();
+        self.negotiated = None;
+        match open {
+            Some(s) => s.delete(&self.http, self.timeout).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Agrees on a revision if none is agreed yet.
+    pub async fn connect(&mut self) -> Result<&Negotiated, Failure> {
+        if self.negotiated.is_none() {
+            let n = self.negotiate().await?;
+            self.negotiated = Some(n);
+        }
+        match &self.negotiated {
+            Some(n) => Ok(n),
+            None => Err(Failure::Transport("no revision agreed".into())),
+        }
+    }
+
+    async fn negotiate(&mut self) -> Result<Negotiated, Failure> {
+        let discover = match self.discover().await {
+            Ok(versions) if versions.iter().any(|v| v == STATELESS_REVISION) => {
+                return Ok(Negotiated::Stateless { versions });
+            }
+            Ok(versions) => Failure::Malformed {
+                request: "server/discover".into(),
+                why: format!("the server lists {versions:?}, without {STATELESS_REVISION}"),
+            },
+            Err(e) => e,
+        };
+        // A server that cannot be reached will not answer initialize either.
+        if !discover.is_refusal() {
+            return Err(discover);
+        }
+        match self.initialize().await {
+            Ok(n) => Ok(n),
+            Err(e) if e.is_refusal() => Err(Failure::Malformed {
+                request: "MCP".into(),
+                why: format!(
+                    "the server answered neither server/discover ({discover}) nor initialize ({e})"
+                ),
+            }),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `server/discover` in 2026-07-28 terms; the revisions the server lists.
+    async fn discover(&mut self) -> Result<Vec<String>, Failure> {
+        let result = self
+            .request_as(
+                &Negotiated::Stateless { versions: vec![] },
+                "server/discover",
+                json!({}),
+            )
+            .await?;
+        let versions = result
+            .get("supportedVersions")
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default();
+        self.capabilities = result.get("capabilities").cloned().unwrap_or(Value::Null);
+        Ok(versions)
+    }
+
+    /// `initialize` offering [`SESSION_REVISION`], then `notifications/initialized`.
+    async fn initialize(&mut self) -> Result<Negotiated, Failure> {
+        let params = json!({
+            "protocolVersion": SESSION_REVISION,
+            "capabilities": {},
+            "clientInfo": {"name": self.client_name, "version": env!("CARGO_PKG_VERSION")},
+        });
+        let (result, headers) = self.exchange(None, "initialize", Some(params)).await?;
+        let version = match result.get("protocolVersion").and_then(Value::as_str) {
+            Some(v) if !v.is_empty() && v.len() <= 32 => v.to_string(),
+            other => {
+                return Err(Failure::Malformed {
+                    request: "initialize".into(),
+                    why: format!("the result carries no usable protocolVersion ({other:?})"),
+                })
+            }
+        };
+        let session = match headers.get(SESSION_HEADER) {
+            None => None,
+            Some(v) => match v.to_str() {
+                Ok(id) if !id.is_empty() && id.len() <= 512 => Some(id.to_string()),
+                _ => {
+                    return Err(Failure::Malformed {
+                        request: "initialize".into(),
+                        why: "the Mcp-Session-Id header is not a usable session id".into(),
+                    })
+                }
+            },
+        };
+        self.capabilities = result.get("capabilities").cloned().unwrap_or(Value::Null);
+        let negotiated = Negotiated::Session { version, session };
+        // The server may refuse requests on a session that was not confirmed.
+        self.notify(&negotiated, "notifications/initialized")
+            .await?;
+        Ok(negotiated)
+    }
+
+    /// One liveness check: `server/discover` (stateless) or `ping` on the kept session, which
+    /// is re-created once if the server forgot it. `Ok` says what answered.
+    pub async fn probe(&mut self) -> Result<String, Failure> {
+        let negotiated = self.connect().await?.clone();
+        let outcome = match &negotiated {
+            Negotiated::Stateless { .. } => self
+                .request_as(&negotiated, "server/discover", json!({}))
+                .await
+                .map(|_| format!("MCP server/discover answered ({STATELESS_REVISION})")),
+            // A server that keeps no sessions keeps nothing for an initialize either.
+            Negotiated::Session { session: None, .. } => self
+                .initialize()
+                .await
+                .map(|n| format!("MCP initialize answered ({}, no session)", n.version())),
+            Negotiated::Session {
+                version,
+                session: Some(_),
+            } => {
+                let version = version.clone();
+                match self.request_as(&negotiated, "ping", json!({})).await {
+                    Ok(_) => Ok(format!("MCP ping answered ({version}, session kept)")),
+                    // The spec says 404 for a session the server no longer has; servers in
+                    // the wild (the TypeScript SDK's examples) say 400.
+                    Err(e) if matches!(e.status(), Some(400 | 404)) => {
+                        return self.renew_session(e).await
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+        };
+        if let Err(e) = &outcome {
+            // Renegotiate next time when the server refused the revision's terms (it may have
+            // been replaced by a build speaking another revision).
+            if e.is_refusal() && matches!(negotiated, Negotiated::Stateless { .. }) {
+                self.negotiated = None;
+            }
+        }
+        outcome
+    }
+
+    /// The session was lost: one new one, checked with a ping. A server that refuses pings on
+    /// fresh sessions too gets that session deleted, so probing never piles them up.
+    async fn renew_session(&mut self, lost: Failure) -> Result<String, Failure> {
+        self.negotiated = None;
+        let fresh = match self.initialize().await {
+            Ok(n) => n,
+            Err(e) => {
+                return Err(Failure::Malformed {
+                    request: "ping".into(),
+                    why: format!("session lost ({lost}); initialize again failed: {e}"),
+                })
+            }
+        };
+        self.negotiated = Some(fresh.clone());
+        match self.request_as(&fresh, "ping", json!({})).await {
+            Ok(_) => Ok(format!(
+                "MCP ping answered ({}, session re-created after: {lost})",
+                fresh.version()
+            )),
+            Err(e) => {
+                let _ = self.close().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// A request in the terms of the agreed revision; its `result`.
+    pub async fn request(&mut self, method: &str, params: Value) -> Result<Value, Failure> {
+        let negotiated = self.connect().await?.clone();
+        self.request_as(&negotiated, method, params).await
+    }
+
+    async fn request_as(
+        &mut self,
+        negotiated: &Negotiated,
+        method: &str,
+        mut params: Value,
+    ) -> Result<Value, Failure> {
+        if let (Negotiated::Stateless { .. }, Some(obj)) = (negotiated, params.as_object_mut()) {
+            // 2026-07-28 carries the revision, the client and its capabilities in every request.
+            let meta = obj.entry("_meta").or_insert_with(|| json!({}));
+            if let Some(meta) = meta.as_object_mut() {
+                meta.insert(
+                    "io.modelcontextprotocol/protocolVersion".into(),
+                    json!(STATELESS_REVISION),
+                );
+                meta.insert(
+                    "io.modelcontextprotocol/clientInfo".into(),
+                    json!({"name": self.client_name, "version": env!("CARGO_PKG_VERSION")}),
+                );
+                meta.insert(
+                    "io.modelcontextprotocol/clientCapabilities".into(),
+                    json!({}),
+                );
+            }
+        }
+        self.exchange(Some(negotiated), method, Some(params))
+            .await
+            .map(|(result, _)| result)
+    }
+
+    async fn notify(&mut self, negotiated: &Negotiated, method: &str) -> Result<(), Failure> {
+        let body = json!({"jsonrpc": "2.0", "method": method});
+        let req = self.post(Some(negotiated), method).json(&body);
+        let resp = self.send(req, method).await?;
+        let status = resp.status().as_u16();
+        if (200..300).contains(&status) {
+            Ok(())
+        } else {
+            Err(Failure::Http {
+                status,
+                request: method.to_string(),
+                error: None,
+                body: String::new(),
+            })
+        }
+    }
+
+    fn post(&self, negotiated: Option<&Negotiated>, method: &str) -> reqwest::RequestBuilder {
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(
+            ACCEPT,
+            HeaderValue::from_static("application/json, text/event-stream"),
+        );
+        match negotiated {
+            Some(Negotiated::Stateless { .. }) => {
+                headers.insert(VERSION_HEADER, HeaderValue::from_static(STATELESS_REVISION));
+                if let Ok(m) = HeaderValue::from_str(method) {
+                    headers.insert(METHOD_HEADER, m);
+                }
+            }
+            Some(Negotiated::Session { version, session }) => {
+                if let Ok(v) = HeaderValue::from_str(version) {
+                    headers.insert(VERSION_HEADER, v);
+                }
+                if let Some(Ok(id)) = session.as_deref().map(HeaderValue::from_str) {
+                    headers.insert(SESSION_HEADER, id);
+                }
+            }
+            None => {}
+        }
+        self.http.post(&self.url).headers(headers)
+    }
+
+    async fn send(
+        &self,
+        req: reqwest::RequestBuilder,
+        request: &str,
+    ) -> Result<reqwest::Response, Failure> {
+        match tokio::time::timeout(self.timeout, req.send()).await {
+            Err(_) => Err(Failure::Timeout(self.timeout)),
+            Ok(Err(e)) if e.is_timeout() => Err(Failure::Timeout(self.timeout)),
+            Ok(Err(e)) => Err(Failure::Transport(format!(
+                "{request}: {}",
+                crate::describe_reqwest(&e, self.timeout)
+            ))),
+            Ok(Ok(resp)) => Ok(resp),
+        }
+    }
+
+    /// Sends one request and reads its response, JSON or SSE, within the timeout and the size
+    /// bound; the `result` and the response headers.
+    async fn exchange(
+        &mut self,
+        negotiated: Option<&Negotiated>,
+        method: &str,
+        params: Option<Value>,
+    ) -> Result<(Value, HeaderMap), Failure> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut body = json!({"jsonrpc": "2.0", "id": id, "method": method});
+        if let Some(p) = params {
+            body["params"] = p;
+        }
+        let req = self.post(negotiated, method).json(&body);
+        let timeout = self.timeout;
+        let max = self.max_response_bytes;
+        let read = async {
+            let resp = self.send(req, method).await?;
+            let status = resp.status().as_u16();
+            let headers = resp.headers().clone();
+            let sse = headers
+                .get(CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.to_ascii_lowercase().starts_with("text/event-stream"));
+            let message = read_message(resp, id, sse, max, method).await;
+            if !(200..300).contains(&status) {
+                let (error, body) = match message {
+                    Ok(Message::Error(e)) => (Some(e), String::new()),
+                    Ok(Message::Other(text)) => (None, text),
+                    _ => (None, String::new()),
+                };
+                return Err(Failure::Http {
+                    status,
+                    request: method.to_string(),
+                    error,
+                    body,
+                });
+            }
+            match message? {
+                Message::Result(r) => Ok((r, headers)),
+                Message::Error(error) => Err(Failure::Rpc {
+                    request: method.to_string(),
+                    error,
+                }),
+                Message::Other(text) => Err(Failure::Malformed {
+                    request: method.to_string(),
+                    why: format!("HTTP {status} without a JSON-RPC response for id {id}: {text}"),
+                }),
+            }
+        };
+        match tokio::time::timeout(timeout, read).await {
+            Ok(r) => r,
+            Err(_) => Err(Failure::Timeout(timeout)),
+        }
+    }
+}
+
+enum Message {
+    Result(Value),
+    Error(RpcError),
+    /// Not a response to the request: a snippet of what came instead.
+    Other(String),
+}
+
+/// Reads the response to request `id` from a JSON body or an SSE stream (skipping the
+/// notifications and requests the server sends first), stopping once it is there.
+async fn read_message(
+    mut resp: reqwest::Response,
+    id: u64,
+    sse: bool,
+    max: usize,
+    request: &str,
+) -> Result<Message, Failure> {
+    let mut scanner = SseScanner::default();
+    let mut body = Vec::new();
+    loop {
+        let chunk = match resp.chunk().await {
+            Ok(Some(c)) => c,
+            Ok(None) => break,
+            Err(e) => {
+                return Err(Failure::Transport(format!(
+                    "{request}: the answer broke off: {}",
+                    crate::describe_reqwest(&e, Duration::ZERO)
+                )))
+            }
+        };
+        if sse {
+            for data in scanner.push(&chunk) {
+                if let Some(m) = response_to(&data, id) {
+                    return Ok(m);
+                }
+            }
+            if scanner.buffered() > max {
+                return Err(too_large(request, max));
+            }
+        } else {
+            body.extend_from_slice(&chunk);
+            if body.len() > max {
+                return Err(too_large(request, max));
+            }
+        }
+    }
+    if sse {
+        return Ok(Message::Other("the event stream ended without it".into()));
+    }
+    let text = String::from_utf8_lossy(&body);
+    Ok(response_to(&text, id).unwrap_or_else(|| Message::Other(snippet(&text))))
+}
+
+fn too_large(request: &str, max: usize) -> Failure {
+    Failure::Malformed {
+        request: request.to_string(),
+        why: format!("the answer is larger than {max} bytes; not read further"),
+    }
+}
+
+/// The JSON-RPC response for `id` in `text`, if that is what it is. An error with a null id is
+/// taken too: servers answer so when they could not read the request at all.
+fn response_to(text: &str, id: u64) -> Option<Message> {
+    let v: Value = serde_json::from_str(text).ok()?;
+    let matches = match v.get("id") {
+        Some(Value::Number(n)) => n.as_u64() == Some(id),
+        Some(Value::String(s)) => s == &id.to_string(),
+        Some(Value::Null) | None => v.get("error").is_some() && v.get("method").is_none(),
+        _ => false,
+    };
+    if !matches {
+        return None;
+    }
+    if let Some(e) = v.get("error") {
+        return Some(Message::Error(RpcError {
+            code: e.get("code").and_then(Value::as_i64).unwrap_or(0),
+            message: snippet(e.get("message").and_then(Value::as_str).unwrap_or("")),
+        }));
+    }
+    v.get("result").cloned().map(Message::Result)
+}
+
+/// At most 200 characters of what a server said, on one line.
+fn snippet(text: &str) -> String {
+    let one_line: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    let trimmed = one_line.trim();
+    if trimmed.chars().count() > 200 {
+        format!("{}…", trimmed.chars().take(200).collect::<String>())
+    } else {
+        trimmed.to_string()
+    }
+}
