@@ -590,7 +590,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         probed: probed.clone(),
     };
     let etcd_access = etcd_config.access.describe();
-    health::monitor::spawn(hub.clone(), etcd_config, probed, resync);
+    let probe_sessions = health::monitor::spawn(hub.clone(), etcd_config, probed, resync);
     tokio::spawn(watcher.run(persisted, args.startup_wait));
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -640,6 +640,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         _ = sigint.recv() => info!("SIGINT: stopping"),
     }
     let _ = stop_tx.send(true);
+    // A stopped prober must leave no MCP session behind on the servers it probed.
+    probe_sessions.close_all().await;
     if let Some(dir) = &args.state_dir {
         match publisher.flush_state(dir, &registry) {
             Ok(true) => info!(dir = %dir.display(), "state snapshot written"),

@@ -69,6 +69,7 @@ pub fn render(admin: &str, registry: &Value, breakers: &Value, overrides: &Value
                     "NO INSTANCES".into(),
                     "-".into(),
                     "-".into(),
+                    "-".into(),
                 ]);
             }
             for i in list {
@@ -90,6 +91,7 @@ pub fn render(admin: &str, registry: &Value, breakers: &Value, overrides: &Value
                     s(&i["instance_id"]),
                     s(&i["endpoint"]),
                     s(&i["state"]),
+                    last_probe(&i),
                     failing,
                     format!("{} since {}", s(&i["cause"]), s(&i["since"])),
                 ]);
@@ -102,6 +104,7 @@ pub fn render(admin: &str, registry: &Value, breakers: &Value, overrides: &Value
             "INSTANCE",
             "ENDPOINT",
             "STATE",
+            "LAST PROBE",
             "CALLS FAILING",
             "WHY",
         ],
@@ -149,6 +152,16 @@ pub fn render(admin: &str, registry: &Value, breakers: &Value, overrides: &Value
     out
 }
 
+/// The probe kind and its last result: `mcp ok`, or `http failed: HTTP 404 on GET /health: …`.
+fn last_probe(instance: &Value) -> String {
+    let kind = instance["probe"].as_str().unwrap_or("http");
+    match instance["probes"].as_array().and_then(|p| p.last()) {
+        None => format!("{kind} -"),
+        Some(p) if p["ok"].as_bool() == Some(true) => format!("{kind} ok"),
+        Some(p) => format!("{kind} failed: {}", s(&p["detail"])),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,7 +172,8 @@ mod tests {
         let reg = json!({"etcd_up": false, "revision": 7, "instances": 1, "services": {
             "inv": [{"instance_id": "inv-1", "endpoint": "127.0.0.1:1", "state": "SUSPECT",
                      "cause": "2 probes failed", "since": "t", "calls": {"ok": 3, "http_5xx": 1},
-                     "call_failure_rate": 0.25}],
+                     "call_failure_rate": 0.25, "probe": "mcp", "probes": [{"ok": false,
+                     "detail": "MCP at /mcp: ping: HTTP 500"}]}],
             "empty": []}});
         let br = json!({"breakers": [{"service": "inv", "tool": "read", "state": "open",
             "remaining_ms": 1500, "opened_by": "gw-a"}]});
@@ -169,6 +183,10 @@ mod tests {
         assert!(out.contains("inv      inv-1"), "{out}");
         assert!(out.contains("SUSPECT"), "{out}");
         assert!(out.contains("25% of 4"), "{out}");
+        assert!(
+            out.contains("mcp failed: MCP at /mcp: ping: HTTP 500"),
+            "{out}"
+        );
         assert!(out.contains("NO INSTANCES"), "{out}");
         assert!(out.contains("1.5s"), "{out}");
         assert!(out.contains("OVERRIDES\nSERVICE"), "{out}");

@@ -220,8 +220,9 @@ function renderInstances() {
       el("td", { class: "wide" }, total ? total + (total === 1 ? " call, " : " calls, ") +
         Math.round(r.call_failure_rate * 100) + "% failed" : "–"),
       el("td", { class: "wide", title: probe ? probe.at : "" }, probe
-        ? (probe.ok ? "ok " : "failed ") + probe.detail + " (" + ago(probe.at) + ")"
-        : "–"),
+        ? (r.probe || "http") + " " + (probe.ok ? "ok " : "failed ") + probe.detail +
+          " (" + ago(probe.at) + ")"
+        : (r.probe || "http") + " –"),
     );
   });
   patchRows(body, (out.length ? out : [emptyRow(8, view.registry

@@ -287,6 +287,14 @@ impl Health {
         self.failures_in_row = self.failures_in_row.saturating_add(1);
         let first = *self.first_failure.get_or_insert(now);
         let failing_for = now.duration_since(first);
+        if self.state == State::Unknown {
+            // Never routed: say why in the words the probe gave (a missing /health reads
+            // "the server has no health endpoint there"), not "waiting for the first probe".
+            self.cause = format!(
+                "not routed: no probe has passed yet ({} failed, last: {detail})",
+                self.failures_in_row
+            );
+        }
         match self.state {
             State::Up | State::Unhealthy if self.failures_in_row >= cfg.suspect_after => self.go(
                 State::Suspect,

@@ -2,7 +2,6 @@
 //! and go), the aging of call failures, and the periodic inspection.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -10,46 +9,69 @@ use etcd_client::GetOptions;
 use tokio::sync::{Notify, Semaphore};
 use tokio::task::JoinHandle;
 use toolgate_model::ServiceKey;
-use tracing::{debug, error, info};
+use tracing::{debug, error, info, warn};
 
 use super::machine::State;
-use super::{probe, Hub};
+use super::probe::{self, ProbeSessions, Prober};
+use super::Hub;
 use crate::etcd::EtcdConfig;
 use crate::metrics::ResultLabel;
-use crate::registry::Rejected;
+use crate::registry::{ProbeTarget, Rejected};
 
-/// Where an instance is probed, and what wakes its probe task early.
-type Target = (SocketAddr, String, Arc<Notify>);
+/// Where and how an instance is probed, and what wakes its probe task early.
+type Target = (ProbeTarget, Arc<Notify>);
 
 struct ProbeTask {
     handle: JoinHandle<()>,
-    target: (SocketAddr, String),
+    target: ProbeTarget,
     wake: Arc<Notify>,
+    id: u64,
+    sessions: ProbeSessions,
 }
 
 impl Drop for ProbeTask {
     fn drop(&mut self) {
         self.handle.abort();
+        // The instance left or moved: the server must not keep the prober's session.
+        self.sessions.release(self.id);
     }
 }
 
 /// Starts every health task. `probed` is notified after each applied probe (the cold-start
-/// warm-up waits on it); `resync` asks the watcher for a full re-read of etcd.
-pub fn spawn(hub: Hub, etcd: EtcdConfig, probed: Arc<Notify>, resync: Arc<Notify>) {
-    tokio::spawn(supervise_probes(hub.clone(), probed));
+/// warm-up waits on it); `resync` asks the watcher for a full re-read of etcd. The returned
+/// sessions are the MCP sessions the probers hold, for closing when toolgate-xds stops.
+pub fn spawn(
+    hub: Hub,
+    etcd: EtcdConfig,
+    probed: Arc<Notify>,
+    resync: Arc<Notify>,
+) -> ProbeSessions {
+    let client = probe::client(hub.config.probe_timeout);
+    let sessions = ProbeSessions::new(client.clone(), hub.config.probe_timeout);
+    tokio::spawn(supervise_probes(
+        hub.clone(),
+        probed,
+        client,
+        sessions.clone(),
+    ));
     tokio::spawn(age_call_failures(hub.clone()));
     tokio::spawn(inspect(hub.clone(), etcd.clone(), resync));
     tokio::spawn(super::lease::check_leases(hub, etcd));
+    sessions
 }
 
 /// Keeps exactly one probe task per registered instance, at its current address.
-async fn supervise_probes(hub: Hub, probed: Arc<Notify>) {
+async fn supervise_probes(
+    hub: Hub,
+    probed: Arc<Notify>,
+    client: reqwest::Client,
+    sessions: ProbeSessions,
+) {
     let membership = hub
         .registry
         .read()
         .unwrap_or_else(|p| p.into_inner())
         .membership();
-    let client = probe::client(hub.config.probe_timeout);
     let slots = Arc::new(Semaphore::new(hub.config.probe_concurrency.max(1)));
     let mut tasks: HashMap<ServiceKey, ProbeTask> = HashMap::new();
     loop {
@@ -60,9 +82,7 @@ async fn supervise_probes(hub: Hub, probed: Arc<Notify>) {
             dirty
                 .into_iter()
                 .map(|k| {
-                    let target = reg
-                        .instance(&k)
-                        .map(|i| (i.addr(), i.meta.health_path.clone(), i.wake.clone()));
+                    let target = reg.instance(&k).map(|i| (i.probe_target(), i.wake.clone()));
                     (k, target)
                 })
                 .collect()
@@ -71,35 +91,39 @@ async fn supervise_probes(hub: Hub, probed: Arc<Notify>) {
             continue;
         }
         for (key, target) in changes {
-            let Some((addr, path, wake)) = target else {
+            let Some((target, wake)) = target else {
                 tasks.remove(&key);
                 continue;
             };
             // A key deleted and put again between two looks is a new registration: its task
             // may have ended (the instance was gone when it looked) and its wake is new.
             if tasks.get(&key).is_some_and(|t| {
-                t.target == (addr, path.clone())
-                    && Arc::ptr_eq(&t.wake, &wake)
-                    && !t.handle.is_finished()
+                t.target == target && Arc::ptr_eq(&t.wake, &wake) && !t.handle.is_finished()
             }) {
                 continue;
             }
-            let url = probe::url(addr, &path);
+            // The old task (and its session) goes first, so the server never holds two.
+            tasks.remove(&key);
+            let id = sessions.task_id();
+            let prober = Prober::new(&target, &client, hub.config.probe_timeout);
             let handle = tokio::spawn(probe_loop(
                 hub.clone(),
                 key.clone(),
-                url,
+                prober,
                 wake.clone(),
                 client.clone(),
                 slots.clone(),
                 probed.clone(),
+                (id, sessions.clone()),
             ));
             tasks.insert(
                 key,
                 ProbeTask {
                     handle,
-                    target: (addr, path),
+                    target,
                     wake,
+                    id,
+                    sessions: sessions.clone(),
                 },
             );
         }
@@ -108,17 +132,20 @@ async fn supervise_probes(hub: Hub, probed: Arc<Notify>) {
 
 /// Probes one instance at once, then every interval (with ±10% jitter so instances
 /// registered together do not probe in lockstep), or sooner when woken.
+#[allow(clippy::too_many_arguments)]
 async fn probe_loop(
     hub: Hub,
     key: ServiceKey,
-    url: String,
+    mut prober: Prober,
     wake: Arc<Notify>,
     client: reqwest::Client,
     slots: Arc<Semaphore>,
     probed: Arc<Notify>,
+    (id, sessions): (u64, ProbeSessions),
 ) {
     let cfg = hub.config.clone();
     let mut delay = Duration::ZERO;
+    let mut told_unrouted = false;
     loop {
         if !delay.is_zero() {
             tokio::select! {
@@ -133,8 +160,9 @@ async fn probe_loop(
         hub.metrics
             .probe_wait
             .observe(queued.elapsed().as_secs_f64());
-        let result = probe::probe(&client, &url, cfg.probe_timeout).await;
+        let result = prober.probe(&client, cfg.probe_timeout).await;
         drop(permit);
+        sessions.set(id, prober.session());
         let label = if result.ok { "pass" } else { "fail" };
         hub.metrics
             .probes
@@ -145,10 +173,22 @@ async fn probe_loop(
         } else {
             debug!(service = %key.service, instance = %key.instance, detail = %result.detail, "probe failed");
         }
-        let applied = hub.update(&key, |h, now, cfg| (h.on_probe(result, now, cfg), ()));
+        let (ok, detail) = (result.ok, result.detail.clone());
+        let applied = hub.update(&key, |h, now, cfg| {
+            let t = h.on_probe(result, now, cfg);
+            (t, h.state())
+        });
         probed.notify_waiters();
-        if applied.is_none() {
+        let Some(state) = applied else {
+            sessions.release(id);
             return;
+        };
+        // An instance that never passed a probe is never routed; the operator must learn why
+        // once, in the probe's words, without waiting for DOWN.
+        if !ok && state == State::Unknown && !told_unrouted {
+            warn!(service = %key.service, instance = %key.instance, probe = %prober.kind(),
+                %detail, "instance not routed: its first probe failed; it stays UNKNOWN until one passes");
+            told_unrouted = true;
         }
         let jitter = 0.9 + rand::random::<f64>() * 0.2;
         delay = cfg.probe_interval.mul_f64(jitter);

@@ -1,69 +1,169 @@
-//! The active probe: `GET http://<endpoint><health_path>`, any 2xx within the timeout passes.
+//! The active probe of one instance, in the kind its registration asks for: `GET health_path`
+//! (http), an MCP request on `mcp_path` (mcp), or a TCP connect (tcp). See `toolgate-probe`.
+//!
+//! An MCP prober keeps one server session for the life of its instance's probe task (a legacy
+//! server would otherwise hold one session per probe); [`ProbeSessions`] knows every session
+//! open, so a stopped task or a stopping toolgate-xds deletes them.
 
-use std::net::SocketAddr;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use toolgate_model::ProbeKind;
+use toolgate_probe::mcp::{McpClient, OpenSession};
+use tracing::{debug, info};
+
 use super::machine::ProbeResult;
+use crate::registry::ProbeTarget;
 
-/// One client for every probe: connections to an instance are kept between probes (a probe
-/// every 2 s to 5,000 instances would otherwise churn through the ephemeral ports), and a
-/// frozen server is caught by the timeout on its idle connection.
-pub fn client(timeout: Duration) -> reqwest::Client {
-    reqwest::Client::builder()
-        .no_proxy()
-        .timeout(timeout)
-        .connect_timeout(timeout)
-        .pool_max_idle_per_host(1)
-        .pool_idle_timeout(Duration::from_secs(30))
-        .tcp_nodelay(true)
-        .build()
-        // Only a TLS backend or a resolver that cannot start fails here; neither is used.
-        .unwrap_or_else(|_| reqwest::Client::new())
+pub use toolgate_probe::http::client;
+
+/// The name the prober gives itself in `clientInfo`, so a server's logs say who initialized.
+pub const CLIENT_NAME: &str = "toolgate-prober";
+
+/// One instance's prober: what it asks, and for MCP the client holding the session.
+pub enum Prober {
+    Http { url: String },
+    Mcp(Box<McpClient>),
+    Tcp(std::net::SocketAddr),
 }
 
-/// The URL the probe asks.
-pub fn url(addr: SocketAddr, health_path: &str) -> String {
-    let path = if health_path.starts_with('/') {
-        health_path.to_string()
-    } else {
-        format!("/{health_path}")
-    };
-    format!("http://{addr}{path}")
-}
-
-pub async fn probe(client: &reqwest::Client, url: &str, timeout: Duration) -> ProbeResult {
-    let started = Instant::now();
-    let res = client.get(url).send().await;
-    let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
-    let (ok, detail) = match res {
-        Ok(resp) => {
-            let status = resp.status();
-            (status.is_success(), format!("HTTP {}", status.as_u16()))
+impl Prober {
+    pub fn new(target: &ProbeTarget, http: &reqwest::Client, timeout: Duration) -> Prober {
+        match target.kind {
+            ProbeKind::Http => Prober::Http {
+                url: toolgate_probe::http::url(target.addr, &target.path),
+            },
+            ProbeKind::Mcp => Prober::Mcp(Box::new(McpClient::new(
+                http.clone(),
+                toolgate_probe::http::url(target.addr, &target.path),
+                timeout,
+                CLIENT_NAME,
+            ))),
+            ProbeKind::Tcp => Prober::Tcp(target.addr),
         }
-        Err(e) => (false, describe(&e, timeout)),
-    };
-    ProbeResult {
-        at: SystemTime::now(),
-        ok,
-        latency_ms,
-        detail,
+    }
+
+    pub async fn probe(&mut self, http: &reqwest::Client, timeout: Duration) -> ProbeResult {
+        let started = Instant::now();
+        let outcome = match self {
+            Prober::Http { url } => toolgate_probe::http::get(http, url, timeout).await,
+            Prober::Mcp(c) => c
+                .probe()
+                .await
+                .map_err(|e| format!("MCP at {}: {e}", path_of(c.url()))),
+            Prober::Tcp(addr) => toolgate_probe::tcp::connect(*addr, timeout).await,
+        };
+        let (ok, detail) = match outcome {
+            Ok(d) => (true, d),
+            Err(d) => (false, d),
+        };
+        ProbeResult {
+            at: SystemTime::now(),
+            ok,
+            latency_ms: started.elapsed().as_secs_f64() * 1000.0,
+            detail,
+        }
+    }
+
+    pub fn kind(&self) -> ProbeKind {
+        match self {
+            Prober::Http { .. } => ProbeKind::Http,
+            Prober::Mcp(_) => ProbeKind::Mcp,
+            Prober::Tcp(_) => ProbeKind::Tcp,
+        }
+    }
+
+    /// The server session this prober holds, if any.
+    pub fn session(&self) -> Option<OpenSession> {
+        match self {
+            Prober::Mcp(c) => c.open_session(),
+            _ => None,
+        }
     }
 }
 
-fn describe(e: &reqwest::Error, timeout: Duration) -> String {
-    if e.is_timeout() {
-        return format!("no answer within {}ms", timeout.as_millis());
+fn path_of(url: &str) -> &str {
+    url.strip_prefix("http://")
+        .and_then(|rest| rest.find('/').map(|i| &rest[i..]))
+        .unwrap_or(url)
+}
+
+/// Every MCP session the probers hold, by probe task.
+#[derive(Clone)]
+pub struct ProbeSessions {
+    open: Arc<Mutex<HashMap<u64, OpenSession>>>,
+    next: Arc<AtomicU64>,
+    http: reqwest::Client,
+    timeout: Duration,
+}
+
+impl ProbeSessions {
+    pub fn new(http: reqwest::Client, timeout: Duration) -> Self {
+        ProbeSessions {
+            open: Arc::default(),
+            next: Arc::new(AtomicU64::new(1)),
+            http,
+            timeout,
+        }
     }
-    // The root cause says what happened ("Connection refused"), the wrappers only "error
-    // sending request".
-    let mut source: &dyn std::error::Error = e;
-    while let Some(next) = source.source() {
-        source = next;
+
+    /// A number for a new probe task.
+    pub fn task_id(&self) -> u64 {
+        self.next.fetch_add(1, Ordering::Relaxed)
     }
-    if e.is_connect() {
-        format!("connect failed: {source}")
-    } else {
-        format!("request failed: {source}")
+
+    /// Records what task `id` holds now.
+    pub fn set(&self, id: u64, session: Option<OpenSession>) {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        match session {
+            Some(s) => {
+                open.insert(id, s);
+            }
+            None => {
+                open.remove(&id);
+            }
+        }
+    }
+
+    /// Deletes task `id`'s session in the background (its task is gone, or going).
+    pub fn release(&self, id: u64) {
+        let session = {
+            let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+            open.remove(&id)
+        };
+        let (Some(session), Ok(rt)) = (session, tokio::runtime::Handle::try_current()) else {
+            return;
+        };
+        let (http, timeout) = (self.http.clone(), self.timeout);
+        rt.spawn(async move {
+            match session.delete(&http, timeout).await {
+                Ok(()) => debug!(url = %session.url, "prober session deleted"),
+                Err(e) => {
+                    debug!(url = %session.url, error = %e, "deleting a prober session failed")
+                }
+            }
+        });
+    }
+
+    /// Deletes every session, concurrently, within one timeout (toolgate-xds is stopping).
+    pub async fn close_all(&self) -> usize {
+        let all: Vec<OpenSession> = {
+            let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+            open.drain().map(|(_, s)| s).collect()
+        };
+        if all.is_empty() {
+            return 0;
+        }
+        let deletes = all.iter().map(|s| s.delete(&self.http, self.timeout));
+        let results = futures::future::join_all(deletes).await;
+        let closed = results.iter().filter(|r| r.is_ok()).count();
+        info!(
+            sessions = all.len(),
+            closed, "deleted the probers' MCP sessions"
+        );
+        closed
     }
 }
 
@@ -72,17 +172,23 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn refused_and_silent_servers_fail_with_a_reason() {
-        let url_of = |a: SocketAddr| url(a, "health");
-        // A port nobody listens on: bind, learn the port, close.
+    async fn refused_and_silent_servers_fail_with_a_reason_in_every_kind() {
         let addr = {
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             l.local_addr().unwrap()
         };
-        let c = client(Duration::from_millis(300));
-        let r = probe(&c, &url_of(addr), Duration::from_millis(300)).await;
-        assert!(!r.ok);
-        assert!(r.detail.starts_with("connect failed"), "{}", r.detail);
+        let t = Duration::from_millis(300);
+        let c = client(t);
+        for kind in ProbeKind::ALL {
+            let target = ProbeTarget {
+                addr,
+                kind,
+                path: "/p".into(),
+            };
+            let r = Prober::new(&target, &c, t).probe(&c, t).await;
+            assert!(!r.ok);
+            assert!(r.detail.contains("connect failed"), "{kind}: {}", r.detail);
+        }
 
         // A server that accepts and never answers (a frozen process looks like this).
         let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -93,31 +199,23 @@ mod tests {
                 held.push(s);
             }
         });
-        let r = probe(&c, &url_of(addr), Duration::from_millis(300)).await;
-        assert!(!r.ok);
-        assert_eq!(r.detail, "no answer within 300ms");
-        assert!(r.latency_ms >= 290.0);
-    }
-
-    #[tokio::test]
-    async fn a_2xx_passes_and_a_503_fails() {
-        use axum::http::StatusCode;
-        use axum::routing::get;
-        let app = axum::Router::new()
-            .route("/health", get(|| async { "ok" }))
-            .route(
-                "/sick",
-                get(|| async { (StatusCode::SERVICE_UNAVAILABLE, "no") }),
-            );
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(l, app).await });
-        let c = client(Duration::from_secs(1));
-        let r = probe(&c, &url(addr, "/health"), Duration::from_secs(1)).await;
-        assert!(r.ok, "{}", r.detail);
-        assert_eq!(r.detail, "HTTP 200");
-        let r = probe(&c, &url(addr, "/sick"), Duration::from_secs(1)).await;
-        assert!(!r.ok);
-        assert_eq!(r.detail, "HTTP 503");
+        for kind in [ProbeKind::Http, ProbeKind::Mcp] {
+            let target = ProbeTarget {
+                addr,
+                kind,
+                path: "/p".into(),
+            };
+            let r = Prober::new(&target, &c, t).probe(&c, t).await;
+            assert!(!r.ok);
+            assert!(r.detail.ends_with("no answer within 300ms"), "{}", r.detail);
+            assert!(r.latency_ms >= 290.0);
+        }
+        // TCP alone cannot tell: the kernel accepts for the frozen process.
+        let target = ProbeTarget {
+            addr,
+            kind: ProbeKind::Tcp,
+            path: String::new(),
+        };
+        assert!(Prober::new(&target, &c, t).probe(&c, t).await.ok);
     }
 }

@@ -17,7 +17,7 @@ use serde::Serialize;
 use tokio::sync::Notify;
 use toolgate_model::fleet::{FleetOpen, Override, MAX_REASON_LEN};
 use toolgate_model::policy::{FilterConfig, PolicyOverrides, RequestLimits, ServicePolicy};
-use toolgate_model::{InstanceMetadata, KeyLayout, ServiceKey};
+use toolgate_model::{InstanceMetadata, KeyLayout, ProbeKind, ServiceKey};
 
 use crate::health::machine::{CallCounts, Health, ProbeResult, State};
 use crate::health::HealthConfig;
@@ -48,6 +48,29 @@ impl Instance {
     pub fn addr(&self) -> SocketAddr {
         SocketAddr::new(self.ip, self.meta.endpoint.port)
     }
+
+    /// How and where the instance is probed: the address, the kind, and the path the kind
+    /// asks (`health_path` for http, `mcp_path` for mcp, none for tcp).
+    pub fn probe_target(&self) -> ProbeTarget {
+        let path = match self.meta.probe {
+            ProbeKind::Http => self.meta.health_path.clone(),
+            ProbeKind::Mcp => self.meta.mcp_path.clone(),
+            ProbeKind::Tcp => String::new(),
+        };
+        ProbeTarget {
+            addr: self.addr(),
+            kind: self.meta.probe,
+            path,
+        }
+    }
+}
+
+/// See [`Instance::probe_target`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeTarget {
+    pub addr: SocketAddr,
+    pub kind: ProbeKind,
+    pub path: String,
 }
 
 /// What etcd's lease TimeToLive said at the last heartbeat check.
@@ -902,6 +925,8 @@ impl Registry {
                     tools: inst.meta.tools.clone(),
                     mcp_path: inst.meta.mcp_path.clone(),
                     health_path: inst.meta.health_path.clone(),
+                    probe: inst.meta.probe,
+                    protocol_versions: inst.meta.protocol_versions.clone(),
                     version: inst.meta.version.clone(),
                     zone: inst.meta.zone.clone(),
                     lease: format!("{:x}", inst.lease),
@@ -948,7 +973,7 @@ fn same_routing(a: &Instance, b: &Instance) -> bool {
 
 /// Whether two registrations of one key are probed the same way (same server).
 fn same_target(a: &Instance, b: &Instance) -> bool {
-    a.addr() == b.addr() && a.meta.health_path == b.meta.health_path
+    a.probe_target() == b.probe_target()
 }
 
 #[derive(Debug, Serialize)]
@@ -966,6 +991,10 @@ pub struct InstanceView {
     pub tools: Vec<String>,
     pub mcp_path: String,
     pub health_path: String,
+    /// The probe kind the registration asked for.
+    pub probe: ProbeKind,
+    /// The MCP revisions the registrar learned the server speaks, newest first.
+    pub protocol_versions: Vec<String>,
     pub version: String,
     pub zone: String,
     pub lease: String,
