@@ -159,7 +159,7 @@ struct HealthArgs {
     /// Turn active probes off: instances are UP while their lease lives.
     #[arg(long)]
     no_probes: bool,
-    /// How often each instance's health_path is probed.
+    /// How often each instance is probed (in its registration's kind: http, mcp or tcp).
     #[arg(long, default_value = "2s", value_parser = positive_duration)]
     probe_interval: Duration,
     /// How long a probe may take.
