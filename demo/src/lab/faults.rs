@@ -53,11 +53,14 @@ pub async fn inject(State(lab): State<Arc<LabState>>, request: Request, next: Ne
     let tools = jsonrpc::called_tools(&bytes);
     let id = jsonrpc::call_id(&bytes).unwrap_or_else(|| "null".into());
     let reset = reset_handle(&parts.extensions);
-    // Counted before the wedge, so a test sees that a probe reached the lab
-    // even when the lab never answered it.
+    // Counted before the wedge, so a test sees that a probe or a call reached
+    // the lab even when the lab never answered it.
     let initializes = jsonrpc::count_requests(&bytes, "initialize");
     if initializes > 0 {
         lab.record_initialize(initializes);
+    }
+    for tool in &tools {
+        lab.record_call(tool);
     }
     if lab.mcp_wedged() {
         return park(&lab, reset).await;
@@ -67,9 +70,6 @@ pub async fn inject(State(lab): State<Arc<LabState>>, request: Request, next: Ne
         return next.run(request).await;
     }
 
-    for tool in &tools {
-        lab.record_call(tool);
-    }
     let delay = tools
         .iter()
         .map(|tool| lab.latency_for(tool))

@@ -158,7 +158,8 @@ pub struct Knobs {
     pub health_fail: bool,
     /// Every request to `/mcp` (any method) hangs while `/health` still
     /// answers: an HTTP stack that is up with its MCP handler wedged, which
-    /// only a probe in MCP's own terms can see.
+    /// only a probe in MCP's own terms can see. A request parked while wedged
+    /// stays parked (until its client gives up) after the knob is cleared.
     pub mcp_wedged: bool,
 }
 
