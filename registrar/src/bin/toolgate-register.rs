@@ -381,7 +381,7 @@ async fn prepare(
                 Ok(chosen) => {
                     info!(probe = %chosen.kind, why = %chosen.why,
                         after_ms = started.elapsed().as_millis() as u64,
-                        "server answers; probe kind chosen");
+                        "server is healthy; probe kind chosen");
                     chosen.kind
                 }
                 Err(e) if plan.must_detect => return Err(e),
