@@ -133,6 +133,28 @@ impl Target {
     }
 }
 
+/// The revisions a server listed that a registration can carry (the model's rules, at most
+/// [`toolgate_model::instance::MAX_PROTOCOL_VERSIONS`], in the given order), and the rest: a
+/// server listing nonsense must not keep its instance from being registered.
+pub fn registrable_versions(
+    endpoint: &Endpoint,
+    versions: Vec<String>,
+) -> (Vec<String>, Vec<String>) {
+    let mut kept = Vec::new();
+    let mut dropped = Vec::new();
+    for v in versions {
+        let mut probe = toolgate_model::InstanceMetadata::new("x", endpoint.clone());
+        probe.protocol_versions = vec![v.clone()];
+        if probe.validate().is_ok() && kept.len() < toolgate_model::instance::MAX_PROTOCOL_VERSIONS
+        {
+            kept.push(v);
+        } else {
+            dropped.push(v.chars().take(40).collect());
+        }
+    }
+    (kept, dropped)
+}
+
 /// A 5xx from the health endpoint: it exists and reports the server unhealthy, unlike a 404
 /// (no health endpoint: the MCP endpoint is asked instead). Matches the wording of
 /// [`toolgate_probe::http::get`].
@@ -245,6 +267,21 @@ mod tests {
         );
         assert!(sick.contains("GET /hz: HTTP 503"), "{sick}");
         assert!(sick.contains("MCP at /m: not tried"), "{sick}");
+    }
+
+    #[test]
+    fn nonsense_revisions_are_dropped_not_fatal() {
+        let ep: Endpoint = "127.0.0.1:9000".parse().unwrap();
+        let mut listed = vec!["2026-07-28".to_string(), "a b".into(), String::new()];
+        listed.extend((0..20).map(|i| format!("v{i}")));
+        let (kept, dropped) = registrable_versions(&ep, listed);
+        assert_eq!(kept.len(), 16);
+        assert_eq!(kept[0], "2026-07-28");
+        assert_eq!(dropped.len(), 7);
+        assert_eq!(dropped[0], "a b");
+        let mut m = toolgate_model::InstanceMetadata::new("x", ep);
+        m.protocol_versions = kept;
+        assert!(m.validate().is_ok());
     }
 
     #[test]

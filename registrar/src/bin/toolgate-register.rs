@@ -237,10 +237,17 @@ async fn run(args: Args) -> Result<ExitCode, Failure> {
             return Err(Failure::Other(anyhow::anyhow!(e)));
         }
     };
-    let versions = match prepared.kind {
+    let listed = match prepared.kind {
         ProbeKind::Mcp => mcp.negotiated().map(|n| n.versions()).unwrap_or_default(),
         _ => Vec::new(),
     };
+    let (versions, dropped) = probe_kind::registrable_versions(&args.endpoint, listed);
+    if !dropped.is_empty() {
+        warn!(
+            ?dropped,
+            "revisions the server lists that are not registered (not revision names, or past 16)"
+        );
+    }
     registrar = registrar.metadata(|m| {
         m.probe = prepared.kind;
         m.protocol_versions = versions;
