@@ -176,13 +176,24 @@ impl Follower {
                         failures = 0;
                         info!(url = %self.mcp.url(), "following the server's tool list changes on its GET stream");
                         // A change between the listing and this stream would go unannounced.
-                        self.refresh_once().await;
+                        tokio::select! {
+                            _ = &mut stop => break,
+                            _ = self.refresh_once() => {}
+                        }
                         let end = tokio::select! {
                             _ = &mut stop => break,
                             end = self.read_stream(resp) => end,
                         };
                         warn!(reason = %end, "the server's GET stream ended; listing again and reopening it");
-                        self.refresh_once().await;
+                        // A second apart: a server that ends every stream at once must not
+                        // get a busy loop of listings.
+                        tokio::select! {
+                            _ = &mut stop => break,
+                            _ = async {
+                                tokio::time::sleep(Duration::from_secs(1)).await;
+                                self.refresh_once().await
+                            } => {}
+                        }
                     }
                     // 405: the server offers no stream; 400 on a first try: it refuses this one.
                     Err(e)
@@ -219,7 +230,10 @@ impl Follower {
                     _ = &mut stop => break,
                     _ = tokio::time::sleep(self.refresh) => {}
                 }
-                self.refresh_once().await;
+                tokio::select! {
+                    _ = &mut stop => break,
+                    _ = self.refresh_once() => {}
+                }
             }
         }
         self.mcp

@@ -491,3 +491,55 @@ async fn update_tools_puts_the_new_list_under_the_same_lease() {
     registration.deregister().await.expect("deregistered");
     assert!(registered(&client, key).await.is_none());
 }
+
+#[tokio::test]
+async fn the_official_everything_server_joins_with_its_stream_followed_and_its_session_closed() {
+    let env = TestEnv::new("register_join_everything");
+    let etcd = Etcd::start(&env).await;
+    let client = etcd.client().await;
+    let root = toolgate_tests::paths::workspace_root();
+    let port = free_port();
+    // Unmodified: its `app.listen(PORT)` is kept on loopback by the preload.
+    let args = strings(&[
+        &format!("PORT={port}"),
+        "node",
+        "--import",
+        &root.join("tests/node/loopback.mjs").display().to_string(),
+        &root
+            .join("tests/node/node_modules/@modelcontextprotocol/server-everything/dist/index.js")
+            .display()
+            .to_string(),
+        "streamableHttp",
+    ]);
+    let mut reg = Registrant::new(&etcd.endpoint(), "ev", &format!("127.0.0.1:{port}"))
+        .arg("--instance-id", "ev-1")
+        .child(std::path::Path::new("/usr/bin/env"), &args)
+        .spawn(&env, "registrar");
+    let key = "/mcp/services/ev/ev-1";
+    let (meta, _) = wait_registered(&client, key, Duration::from_secs(30)).await;
+    assert_eq!(meta.probe, ProbeKind::Mcp, "no /health: auto picks mcp");
+    assert_eq!(meta.protocol_versions, ["2025-11-25"]);
+    assert!(
+        meta.tools.iter().any(|t| t == "echo") && meta.tools.len() > 5,
+        "{:?}",
+        meta.tools
+    );
+    // It announces tools.listChanged on a session: the registrar follows its GET stream.
+    wait_until(
+        "the registrar follows the stream",
+        Duration::from_secs(10),
+        || async { plain(&reg.log()).contains("on its GET stream") },
+    )
+    .await;
+    reg.signal(Signal::SIGTERM);
+    reg.wait_exit(Duration::from_secs(15))
+        .await
+        .expect("the registrar exits");
+    assert!(registered(&client, key).await.is_none(), "deregistered");
+    let log = plain(&reg.log());
+    assert!(log.contains("MCP session closed"), "{log}");
+    assert!(
+        log.contains("Received session termination request"),
+        "the server saw the DELETE: {log}"
+    );
+}

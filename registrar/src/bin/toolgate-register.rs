@@ -468,9 +468,15 @@ impl Stopping<'_> {
         let mut mcp = self.mcp;
         if let Some((stop, task)) = self.follower {
             let _ = stop.send(());
+            let abort = task.abort_handle();
             match tokio::time::timeout(PROBE_TIMEOUT, task).await {
                 Ok(Ok(client)) => mcp = Some(client),
-                _ => warn!("the tool list follower did not stop in time"),
+                _ => {
+                    // Stopped hard: it must not put the key after the revoke (a put on the
+                    // revoked lease would fail anyway, but quietly is better).
+                    abort.abort();
+                    warn!("the tool list follower did not stop in time; its MCP session is left to expire")
+                }
             }
         }
         deregister(self.registration, self.readiness).await;
