@@ -163,7 +163,7 @@ impl Registrar {
                     None => self.connect().await?,
                 };
                 client = Some(c.clone());
-                self.grant_and_put(c).await
+                self.grant_and_put(c, &self.metadata).await
             };
             match tokio::time::timeout(RPC_TIMEOUT, attempt).await {
                 Ok(Ok(lease)) => {
@@ -203,8 +203,13 @@ impl Registrar {
         }
     }
 
-    /// Grants a lease and binds the key to it. Used at start and again whenever the lease is lost.
-    pub(crate) async fn grant_and_put(&self, mut client: Client) -> Result<Lease, RegisterError> {
+    /// Grants a lease and binds the key, holding `metadata`, to it. Used at start and again
+    /// whenever the lease is lost (with the metadata as it is then: the tools may have changed).
+    pub(crate) async fn grant_and_put(
+        &self,
+        mut client: Client,
+        metadata: &InstanceMetadata,
+    ) -> Result<Lease, RegisterError> {
         let grant = client.lease_grant(self.ttl, None).await?;
         let lease = Lease {
             id: grant.id(),
@@ -220,7 +225,7 @@ impl Registrar {
         let put = client
             .put(
                 self.key(),
-                self.metadata.to_json(),
+                metadata.to_json(),
                 Some(PutOptions::new().with_lease(lease.id)),
             )
             .await;

@@ -1,16 +1,30 @@
 //! The background task that keeps a registration alive: one keepalive stream, reopened when it
 //! breaks, and a fresh lease (and put) when etcd says the old lease is gone.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use etcd_client::Client;
+use etcd_client::{Client, PutOptions};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::config::{Registrar, RPC_TIMEOUT};
 use crate::error::RegisterError;
-use toolgate_model::Backoff;
+use toolgate_model::{Backoff, InstanceMetadata};
+
+/// The metadata as it is now, shared by the keepalive task (which puts it again after a lost
+/// lease) and whoever updates the tool list, so a re-registration never restores an old list.
+type SharedMetadata = Arc<Mutex<InstanceMetadata>>;
+
+fn snapshot(shared: &SharedMetadata) -> InstanceMetadata {
+    // A panic while holding the lock cannot leave the metadata half-written (it is replaced
+    // whole), so a poisoned lock still holds a usable value.
+    match shared.lock() {
+        Ok(m) => m.clone(),
+        Err(poisoned) => poisoned.into_inner().clone(),
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Lease {
@@ -33,6 +47,7 @@ pub enum RegistrationEvent {
 /// keepalives, and the key then lives until its lease expires.
 pub struct Registration {
     key: String,
+    updater: ToolsUpdater,
     events: watch::Receiver<RegistrationEvent>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<Result<(), RegisterError>>>,
@@ -48,11 +63,20 @@ impl Registration {
         let key = registrar.key();
         let (events_tx, events) = watch::channel(RegistrationEvent::Alive { lease: lease.id });
         let (stop, stop_rx) = oneshot::channel();
+        let metadata: SharedMetadata = Arc::new(Mutex::new(registrar.metadata.clone()));
+        let updater = ToolsUpdater {
+            key: key.clone(),
+            client: client.clone(),
+            metadata: metadata.clone(),
+            events: events.clone(),
+            put_lock: Arc::new(tokio::sync::Mutex::new(())),
+        };
         let task = tokio::spawn(keep_registered(
-            registrar, client, lease, events_tx, stop_rx,
+            registrar, client, lease, metadata, events_tx, stop_rx,
         ));
         Registration {
             key,
+            updater,
             events,
             stop: Some(stop),
             task: Some(task),
@@ -65,15 +89,27 @@ impl Registration {
 
     /// The lease the key is bound to now (it changes after a lease loss).
     pub fn lease_id(&self) -> i64 {
-        match *self.events.borrow() {
-            RegistrationEvent::Alive { lease }
-            | RegistrationEvent::Reconnecting { lease }
-            | RegistrationEvent::LeaseLost { lease } => lease,
-        }
+        lease_of(&self.events.borrow())
     }
 
     pub fn events(&self) -> watch::Receiver<RegistrationEvent> {
         self.events.clone()
+    }
+
+    /// The metadata as registered now.
+    pub fn metadata(&self) -> InstanceMetadata {
+        snapshot(&self.updater.metadata)
+    }
+
+    /// Replaces the registered tool list: see [`ToolsUpdater::update_tools`].
+    pub async fn update_tools(&self, tools: Vec<String>) -> Result<(), RegisterError> {
+        self.updater.update_tools(tools).await
+    }
+
+    /// A handle that changes the tool list from another task (one following the server's
+    /// list), while this registration stays with whoever deregisters it.
+    pub fn updater(&self) -> ToolsUpdater {
+        self.updater.clone()
     }
 
     /// Revokes the lease, which deletes the key at once, and stops the keepalives.
@@ -98,10 +134,79 @@ impl Drop for Registration {
     }
 }
 
+/// Changes a live registration's tool list: the key is put again under the lease it holds.
+#[derive(Clone)]
+pub struct ToolsUpdater {
+    key: String,
+    client: Client,
+    metadata: SharedMetadata,
+    events: watch::Receiver<RegistrationEvent>,
+    /// One put at a time, so two updates cannot land in the opposite order.
+    put_lock: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl ToolsUpdater {
+    /// Registers `tools` instead of the current list: the key is put again under the lease it
+    /// holds. The new list is kept even when the put fails, so a re-registration after a lost
+    /// lease carries it; the caller decides whether the list changed (and calls again after a
+    /// failure).
+    pub async fn update_tools(&self, tools: Vec<String>) -> Result<(), RegisterError> {
+        let _one_at_a_time = self.put_lock.lock().await;
+        let mut next = snapshot(&self.metadata);
+        next.tools = tools;
+        next.validate()?;
+        let value = next.to_json();
+        match self.metadata.lock() {
+            Ok(mut m) => *m = next,
+            Err(poisoned) => *poisoned.into_inner() = next,
+        }
+        // The lease may be replaced between reading it and the put (etcd then answers "lease
+        // not found"); the replacement already carries the new list, but one retry with the
+        // new lease keeps this call's answer true.
+        let mut last = None;
+        for _ in 0..2 {
+            let lease = lease_of(&self.events.borrow());
+            let mut kv = self.client.kv_client();
+            let put = kv.put(
+                self.key.clone(),
+                value.clone(),
+                Some(PutOptions::new().with_lease(lease)),
+            );
+            match tokio::time::timeout(RPC_TIMEOUT, put).await {
+                Ok(Ok(_)) => {
+                    info!(key = %self.key, lease = format_args!("{lease:x}"), "metadata updated");
+                    return Ok(());
+                }
+                Ok(Err(e)) => last = Some(RegisterError::Etcd(e)),
+                Err(_) => {
+                    last = Some(RegisterError::Invalid(format!(
+                        "putting {} timed out after {} ms",
+                        self.key,
+                        RPC_TIMEOUT.as_millis()
+                    )))
+                }
+            }
+            if lease_of(&self.events.borrow()) == lease {
+                break;
+            }
+        }
+        Err(last.unwrap_or_else(|| RegisterError::Invalid("the put was not tried".into())))
+    }
+}
+
+fn lease_of(event: &RegistrationEvent) -> i64 {
+    match *event {
+        RegistrationEvent::Alive { lease }
+        | RegistrationEvent::Reconnecting { lease }
+        | RegistrationEvent::LeaseLost { lease } => lease,
+    }
+}
+
 async fn keep_registered(
     registrar: Registrar,
     client: Client,
     mut lease: Lease,
+    metadata: SharedMetadata,
     events: watch::Sender<RegistrationEvent>,
     mut stop: oneshot::Receiver<()>,
 ) -> Result<(), RegisterError> {
@@ -148,7 +253,7 @@ async fn keep_registered(
                 let old = lease.id;
                 tokio::select! {
                     _ = &mut stop => break,
-                    new = reregister(&registrar, &client) => lease = new,
+                    new = reregister(&registrar, &client, &metadata) => lease = new,
                 }
                 warn!(key = %key, old_lease = format_args!("{old:x}"), lease = format_args!("{:x}", lease.id),
                     "lease expired while etcd was out of reach; registered again with a new lease");
@@ -203,10 +308,12 @@ async fn run_stream((mut keeper, mut stream): KeepAlivePair, lease: Lease) -> St
 }
 
 /// Grants a new lease and puts the key again, retrying until it works.
-async fn reregister(registrar: &Registrar, client: &Client) -> Lease {
+async fn reregister(registrar: &Registrar, client: &Client, metadata: &SharedMetadata) -> Lease {
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
     loop {
-        match tokio::time::timeout(RPC_TIMEOUT, registrar.grant_and_put(client.clone())).await {
+        let current = snapshot(metadata);
+        let put = registrar.grant_and_put(client.clone(), &current);
+        match tokio::time::timeout(RPC_TIMEOUT, put).await {
             Ok(Ok(lease)) => return lease,
             Ok(Err(e)) => warn!(error = %e, "registering again failed; retrying"),
             Err(_) => warn!("registering again timed out; retrying"),

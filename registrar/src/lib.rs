@@ -18,11 +18,12 @@
 
 mod config;
 mod error;
-pub mod health;
 mod keepalive;
+pub mod probe_kind;
 pub mod ready;
+pub mod tools;
 
 pub use config::{Registrar, MIN_TTL_SECS};
 pub use error::RegisterError;
-pub use keepalive::{Registration, RegistrationEvent};
+pub use keepalive::{Registration, RegistrationEvent, ToolsUpdater};
 pub use toolgate_model::{Endpoint, InstanceMetadata, KeyLayout};

@@ -442,6 +442,9 @@ async fn bad_input_exits_2_naming_the_problem_and_writes_nothing() {
                 "inv",
                 "--endpoint",
                 "127.0.0.1:1",
+                // Given, so the registrar need not list them from the (absent) server first.
+                "--tools",
+                "t",
                 "--etcd-timeout",
                 "1s",
             ],

@@ -93,7 +93,8 @@ impl fmt::Display for Failure {
 }
 
 impl Failure {
-    fn status(&self) -> Option<u16> {
+    /// The HTTP status of a non-2xx answer.
+    pub fn status(&self) -> Option<u16> {
         match self {
             Failure::Http { status, .. } => Some(*status),
             _ => None,
@@ -245,6 +246,48 @@ impl McpClient {
             Some(s) => s.delete(&self.http, self.timeout).await,
             None => Ok(()),
         }
+    }
+
+    /// Opens the session's GET stream (server-to-client messages such as
+    /// `notifications/tools/list_changed`) with `http`, which must have no total timeout: the
+    /// stream stays open for as long as the server keeps it. Only the answer's headers are
+    /// bounded by this client's timeout; read the body with [`SseScanner`]. A stateless
+    /// revision or a server without a session has no such stream.
+    pub async fn open_stream(&self, http: &reqwest::Client) -> Result<reqwest::Response, Failure> {
+        const REQUEST: &str = "GET stream";
+        let Some(session) = self.open_session() else {
+            return Err(Failure::Malformed {
+                request: REQUEST.into(),
+                why: "no session: a stateless server or one without sessions has no stream".into(),
+            });
+        };
+        let req = http
+            .get(&self.url)
+            .header(ACCEPT, "text/event-stream")
+            .header(SESSION_HEADER, &session.id)
+            .header(VERSION_HEADER, &session.version);
+        let resp = self.send(req, REQUEST).await?;
+        let status = resp.status().as_u16();
+        if !(200..300).contains(&status) {
+            return Err(Failure::Http {
+                status,
+                request: REQUEST.into(),
+                error: None,
+                body: String::new(),
+            });
+        }
+        let sse = resp
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.to_ascii_lowercase().starts_with("text/event-stream"));
+        if !sse {
+            return Err(Failure::Malformed {
+                request: REQUEST.into(),
+                why: format!("HTTP {status} is not a text/event-stream"),
+            });
+        }
+        Ok(resp)
     }
 
     /// Agrees on a revision if none is agreed yet.

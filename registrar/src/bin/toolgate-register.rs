@@ -1,7 +1,9 @@
 //! `toolgate-register`: registers one MCP server instance in etcd for as long as it lives.
 //!
-//! With a command after `--` it runs the server as its child: registers once the child's health
-//! endpoint answers, revokes before passing SIGTERM on, and exits with the child's code.
+//! With a command after `--` it runs the server as its child: registers once the child answers
+//! its probe (the health endpoint or the MCP endpoint, see `--probe`), revokes before passing
+//! SIGTERM on, and exits with the child's code. Without `--tools` it registers the tools the
+//! server lists and keeps that list current.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -10,9 +12,14 @@ use anyhow::Context;
 use clap::Parser;
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, SignalKind};
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
+use toolgate_model::ProbeKind;
+use toolgate_probe::mcp::tools::{ListLimits, Listing};
+use toolgate_probe::mcp::McpClient;
+use toolgate_registrar::probe_kind::{self, Requested, Target};
 use toolgate_registrar::ready::{self, Readiness};
-use toolgate_registrar::{health, Endpoint, RegisterError, Registrar, Registration};
+use toolgate_registrar::tools::{self, Follower};
+use toolgate_registrar::{Endpoint, RegisterError, Registrar, Registration};
 use tracing::{error, info, warn};
 
 /// Exit code for bad input, as clap uses for bad flags.
@@ -39,9 +46,19 @@ struct Args {
     /// Where the instance listens, host:port (IPv6 as [::1]:8080).
     #[arg(long)]
     endpoint: Endpoint,
-    /// Tool names the instance serves, comma-separated.
+    /// Tool names the instance serves, comma-separated. Without it the server's own
+    /// `tools/list` (over MCP) decides, and the registered list follows its changes.
     #[arg(long, value_delimiter = ',')]
-    tools: Vec<String>,
+    tools: Option<Vec<String>>,
+    /// How toolgate probes the instance: http (GET <health-path> answers 2xx), mcp (the MCP
+    /// endpoint answers), tcp (a connect succeeds), or auto: http if the health endpoint
+    /// answers 2xx, else mcp if the MCP endpoint answers (tcp only when asked for).
+    #[arg(long, default_value = "auto")]
+    probe: Requested,
+    /// With tools discovered (no --tools), how often to list them again when the server
+    /// announces no changes on a stream; 0 never.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    tools_refresh: Duration,
     /// Instance id; defaults to <hostname>-<port>.
     #[arg(long)]
     instance_id: Option<String>,
@@ -66,10 +83,10 @@ struct Args {
     /// Extra labels, key=value; repeatable.
     #[arg(long = "label", value_parser = parse_label)]
     labels: Vec<(String, String)>,
-    /// Register only once GET <endpoint><health-path> answers 2xx (default: on with a child, off without).
+    /// Register only once the instance passes its probe (default: on with a child, off without).
     #[arg(long)]
     wait_healthy: Option<bool>,
-    /// How long to wait for the health endpoint.
+    /// How long to wait for the probe to pass (and, without --tools, for tools/list).
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     wait_healthy_timeout: Duration,
     /// How long to keep trying to reach etcd at start before giving up.
@@ -144,10 +161,14 @@ async fn run(args: Args) -> Result<ExitCode, Failure> {
         .access
         .load()
         .map_err(|e| Failure::Usage(e.to_string()))?;
+    let given: Option<Vec<String>> = args
+        .tools
+        .as_ref()
+        .map(|t| t.iter().filter(|t| !t.is_empty()).cloned().collect());
     let mut registrar = Registrar::new(&args.etcd, &args.service, args.endpoint.clone())
         .etcd_access(access)
         .prefix(&args.prefix)
-        .tools(args.tools.iter().filter(|t| !t.is_empty()).cloned())
+        .tools(given.clone().unwrap_or_default())
         .ttl_secs(args.ttl)
         .startup_timeout(args.etcd_timeout)
         .metadata(|m| {
@@ -187,39 +208,90 @@ async fn run(args: Args) -> Result<ExitCode, Failure> {
     let mut sigterm = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
 
-    if args.wait_healthy.unwrap_or(child.is_some()) {
-        let waited = tokio::select! {
-            r = health::wait_healthy(&args.endpoint, &args.health_path, args.wait_healthy_timeout,
-                || child.as_mut().is_none_or(|c| matches!(c.try_wait(), Ok(None)))) => r,
-            _ = sigterm.recv() => return Ok(stop_child(child, args.stop_timeout).await),
-            _ = sigint.recv() => return Ok(stop_child(child, args.stop_timeout).await),
-        };
-        match waited {
-            Ok(after) => {
-                info!(endpoint = %args.endpoint, after_ms = after.as_millis() as u64, "server is healthy")
-            }
-            Err(e) => {
-                if let Some(mut c) = child {
-                    if let Ok(Some(status)) = c.try_wait() {
-                        error!(%status, "server exited before it became healthy; not registering");
-                        return Ok(exit_code(status));
-                    }
-                    child = Some(c);
+    let target = Target::new(
+        args.endpoint.clone(),
+        &args.health_path,
+        &args.mcp_path,
+        PROBE_TIMEOUT,
+    );
+    let mut mcp = target.mcp_client();
+    let plan = Plan::of(&args, child.is_some(), given.is_some());
+    let prepared = tokio::select! {
+        r = prepare(&target, &mut mcp, &plan, given.as_deref(),
+            || child.as_mut().is_none_or(|c| matches!(c.try_wait(), Ok(None)))) => r,
+        _ = sigterm.recv() => return Ok(stop_child(child, args.stop_timeout).await),
+        _ = sigint.recv() => return Ok(stop_child(child, args.stop_timeout).await),
+    };
+    let prepared = match prepared {
+        Ok(p) => p,
+        Err(e) => {
+            if let Some(mut c) = child {
+                if let Ok(Some(status)) = c.try_wait() {
+                    error!(%status, error = %e, "server exited before it answered; not registering");
+                    return Ok(exit_code(status));
                 }
-                stop_child(child, args.stop_timeout).await;
-                return Err(Failure::Other(anyhow::anyhow!(e)));
+                child = Some(c);
             }
+            let _ = close_session(&mut mcp).await;
+            stop_child(child, args.stop_timeout).await;
+            return Err(Failure::Other(anyhow::anyhow!(e)));
         }
+    };
+    let listed = match prepared.kind {
+        ProbeKind::Mcp => mcp.negotiated().map(|n| n.versions()).unwrap_or_default(),
+        _ => Vec::new(),
+    };
+    let (versions, dropped) = probe_kind::registrable_versions(&args.endpoint, listed);
+    if !dropped.is_empty() {
+        warn!(
+            ?dropped,
+            "revisions the server lists that are not registered (not revision names, or past 16)"
+        );
     }
+    registrar = registrar.metadata(|m| {
+        m.probe = prepared.kind;
+        m.protocol_versions = versions;
+        if let Some(listing) = &prepared.listing {
+            m.tools = listing.names.clone();
+        }
+    });
 
     let registration = match registrar.register().await {
         Ok(r) => r,
         Err(e) => {
+            let _ = close_session(&mut mcp).await;
             stop_child(child, args.stop_timeout).await;
             return Err(e.into());
         }
     };
     track_readiness(&registration, readiness.clone());
+
+    // Discovered tools are followed; tools given by hand are the operator's word.
+    let mut mcp_slot = Some(mcp);
+    let follower = match (&prepared.listing, mcp_slot.take()) {
+        (Some(listing), Some(mcp)) => {
+            let (stop, stop_rx) = oneshot::channel();
+            let f = Follower::new(
+                mcp,
+                registration.updater(),
+                listing,
+                args.tools_refresh,
+                ListLimits::default(),
+                PROBE_TIMEOUT,
+            );
+            Some((stop, tokio::spawn(f.run(stop_rx))))
+        }
+        (_, mcp) => {
+            mcp_slot = mcp;
+            None
+        }
+    };
+    let stopping = Stopping {
+        registration,
+        readiness: &readiness,
+        follower,
+        mcp: mcp_slot,
+    };
 
     let code = match child.as_mut() {
         Some(c) => {
@@ -227,13 +299,13 @@ async fn run(args: Args) -> Result<ExitCode, Failure> {
                 status = c.wait() => {
                     let status = status.context("waiting for the child")?;
                     warn!(%status, "server exited; deregistering");
-                    deregister(registration, &readiness).await;
+                    stopping.run(false).await;
                     return Ok(exit_code(status));
                 }
                 _ = sigterm.recv() => info!("SIGTERM: deregistering before stopping the server"),
                 _ = sigint.recv() => info!("SIGINT: deregistering before stopping the server"),
             }
-            deregister(registration, &readiness).await;
+            stopping.run(true).await;
             stop_child(child, args.stop_timeout).await
         }
         None => {
@@ -241,11 +313,188 @@ async fn run(args: Args) -> Result<ExitCode, Failure> {
                 _ = sigterm.recv() => info!("SIGTERM: deregistering"),
                 _ = sigint.recv() => info!("SIGINT: deregistering"),
             }
-            deregister(registration, &readiness).await;
+            stopping.run(true).await;
             ExitCode::SUCCESS
         }
     };
     Ok(code)
+}
+
+/// How long one probe or MCP request of the instance may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Without a child or --wait-healthy the server is up already or starting beside us: tried
+/// this long before giving up, so a registrar started together with its server need not race.
+const UNWRAPPED_PATIENCE: Duration = Duration::from_secs(3);
+
+/// What must be known about the server before registering, and for how long to try.
+struct Plan {
+    requested: Requested,
+    /// The probe must pass before registering (--wait-healthy).
+    wait: bool,
+    /// How long probing (and listing) may be retried.
+    patience: Duration,
+    /// A failed `auto` is fatal (otherwise: register with the http kind, as before probe
+    /// kinds existed).
+    must_detect: bool,
+}
+
+impl Plan {
+    fn of(args: &Args, has_child: bool, tools_given: bool) -> Plan {
+        let wait = args.wait_healthy.unwrap_or(has_child);
+        // The tools must come from the server when not given: then it must answer, and a
+        // child gets the whole startup window to do so.
+        let needs_server = wait || !tools_given;
+        let patience = if wait || (has_child && !tools_given) {
+            args.wait_healthy_timeout
+        } else if !tools_given {
+            UNWRAPPED_PATIENCE
+        } else {
+            Duration::ZERO
+        };
+        Plan {
+            requested: args.probe,
+            wait,
+            patience,
+            must_detect: needs_server,
+        }
+    }
+}
+
+/// The probe kind, how it was chosen, and the server's listing when it decides the tools.
+struct Prepared {
+    kind: ProbeKind,
+    listing: Option<Listing>,
+}
+
+/// Picks the probe kind (waiting for it to pass when asked to), then lists the tools: the
+/// list to register when none were given, a check of the given ones otherwise.
+async fn prepare(
+    target: &Target,
+    mcp: &mut McpClient,
+    plan: &Plan,
+    given: Option<&[String]>,
+    mut still_wanted: impl FnMut() -> bool,
+) -> Result<Prepared, String> {
+    let started = tokio::time::Instant::now();
+    let deadline = started + plan.patience;
+    let kind = match (plan.requested, plan.wait) {
+        // Asked for a kind, not asked to wait: nothing to find out.
+        (Requested::Kind(kind), false) => {
+            info!(probe = %kind, "probe kind asked for");
+            kind
+        }
+        (requested, _) => {
+            match probe_kind::settle(target, requested, mcp, deadline, &mut still_wanted).await {
+                Ok(chosen) => {
+                    info!(probe = %chosen.kind, why = %chosen.why,
+                        after_ms = started.elapsed().as_millis() as u64,
+                        "server is healthy; probe kind chosen");
+                    chosen.kind
+                }
+                Err(e) if plan.must_detect => return Err(e),
+                Err(e) => {
+                    warn!(error = %e, "no probe kind found; registering with the http probe, as \
+                        before probe kinds existed (the server need not run yet: --tools given, \
+                        --wait-healthy off)");
+                    ProbeKind::Http
+                }
+            }
+        }
+    };
+    match given {
+        Some(given) => {
+            // Checked once: a server that does not speak MCP (yet) is not an error here.
+            match mcp.list_tools(ListLimits::default()).await {
+                Ok(listing) => {
+                    let notes = tools::compare_given(given, &listing.names);
+                    for n in &notes {
+                        warn!("{n}");
+                    }
+                    if notes.is_empty() {
+                        info!(tools = ?given, "the server lists the tools given by --tools");
+                    }
+                }
+                Err(e) => {
+                    info!(error = %e, "the tools given by --tools are not checked: the server's tools/list did not answer")
+                }
+            }
+            Ok(Prepared {
+                kind,
+                listing: None,
+            })
+        }
+        None => {
+            let listing = loop {
+                match mcp.list_tools(ListLimits::default()).await {
+                    Ok(l) => break l,
+                    Err(e) => {
+                        let why = format!(
+                            "no --tools given, and the server's tools/list at {} failed: {e}",
+                            target.mcp_url()
+                        );
+                        if tokio::time::Instant::now() >= deadline {
+                            return Err(why);
+                        }
+                        if !still_wanted() {
+                            return Err(format!("the server exited: {why}"));
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
+            for n in tools::listing_notes(&listing) {
+                warn!("{n}");
+            }
+            info!(tools = ?listing.names, pages = listing.pages, "tools listed by the server");
+            Ok(Prepared {
+                kind,
+                listing: Some(listing),
+            })
+        }
+    }
+}
+
+/// What is undone on the way out, in order: the tool follower (so it cannot put after the
+/// revoke), the registration, then the registrar's MCP session while the server still runs.
+struct Stopping<'a> {
+    registration: Registration,
+    readiness: &'a watch::Sender<Readiness>,
+    follower: Option<(oneshot::Sender<()>, tokio::task::JoinHandle<McpClient>)>,
+    mcp: Option<McpClient>,
+}
+
+impl Stopping<'_> {
+    async fn run(self, server_alive: bool) {
+        let mut mcp = self.mcp;
+        if let Some((stop, task)) = self.follower {
+            let _ = stop.send(());
+            let abort = task.abort_handle();
+            match tokio::time::timeout(PROBE_TIMEOUT, task).await {
+                Ok(Ok(client)) => mcp = Some(client),
+                _ => {
+                    // Stopped hard: it must not put the key after the revoke (a put on the
+                    // revoked lease would fail anyway, but quietly is better).
+                    abort.abort();
+                    warn!("the tool list follower did not stop in time; its MCP session is left to expire")
+                }
+            }
+        }
+        deregister(self.registration, self.readiness).await;
+        if let (Some(mut client), true) = (mcp, server_alive) {
+            if let Err(e) = close_session(&mut client).await {
+                info!(error = %e, "closing the MCP session failed; the server expires it");
+            }
+        }
+    }
+}
+
+async fn close_session(mcp: &mut McpClient) -> Result<(), String> {
+    let had = mcp.open_session().is_some();
+    mcp.close().await?;
+    if had {
+        info!("MCP session closed");
+    }
+    Ok(())
 }
 
 /// Follows the registration's events into what `/ready` says, until it is deregistered.
