@@ -174,7 +174,18 @@ impl Stack {
 
     /// Waits until Envoy sends new calls for `service` to exactly `members` (HEALTHY ones).
     pub async fn wait_healthy(&self, service: &str, members: &[&Member], within: Duration) {
-        let mut want: Vec<String> = members.iter().map(|m| m.server.endpoint()).collect();
+        let want: Vec<String> = members.iter().map(|m| m.server.endpoint()).collect();
+        self.wait_healthy_addresses(service, &want, within).await;
+    }
+
+    /// Waits until Envoy sends new calls for `service` to exactly `addresses` (`ip:port`).
+    pub async fn wait_healthy_addresses(
+        &self,
+        service: &str,
+        addresses: &[String],
+        within: Duration,
+    ) {
+        let mut want = addresses.to_vec();
         want.sort();
         wait_until(
             &format!("envoy routes {service} to {want:?}"),

@@ -172,6 +172,22 @@ impl Xds {
             .expect("/metrics text")
     }
 
+    /// What `toolgate-xds status` prints for this toolgate-xds (reads are open unless
+    /// `--protect-reads`).
+    pub async fn status_text(&self) -> String {
+        let out = tokio::process::Command::new(crate::paths::project_bin("toolgate-xds"))
+            .args(["status", "--admin", &self.admin_url()])
+            .output()
+            .await
+            .expect("toolgate-xds status runs");
+        assert!(
+            out.status.success(),
+            "toolgate-xds status failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     /// The sum of every sample of `name` whose labels contain `labels` (e.g. `type="cds"`).
     pub async fn metric(&self, name: &str, labels: &str) -> f64 {
         parse_metric(&self.metrics_text().await, name, labels)

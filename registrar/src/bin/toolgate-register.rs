@@ -267,9 +267,8 @@ async fn run(args: Args) -> Result<ExitCode, Failure> {
     track_readiness(&registration, readiness.clone());
 
     // Discovered tools are followed; tools given by hand are the operator's word.
-    let mut mcp_slot = Some(mcp);
-    let follower = match (&prepared.listing, mcp_slot.take()) {
-        (Some(listing), Some(mcp)) => {
+    let follower = match &prepared.listing {
+        Some(listing) => {
             let (stop, stop_rx) = oneshot::channel();
             let f = Follower::new(
                 mcp,
@@ -281,8 +280,10 @@ async fn run(args: Args) -> Result<ExitCode, Failure> {
             );
             Some((stop, tokio::spawn(f.run(stop_rx))))
         }
-        (_, mcp) => {
-            mcp_slot = mcp;
+        None => {
+            // Nothing follows the list: the session the checks opened has done its work, and
+            // a server should not hold it for the life of the instance.
+            let _ = close_session(&mut mcp).await;
             None
         }
     };
@@ -290,7 +291,6 @@ async fn run(args: Args) -> Result<ExitCode, Failure> {
         registration,
         readiness: &readiness,
         follower,
-        mcp: mcp_slot,
     };
 
     let code = match child.as_mut() {
@@ -460,12 +460,11 @@ struct Stopping<'a> {
     registration: Registration,
     readiness: &'a watch::Sender<Readiness>,
     follower: Option<(oneshot::Sender<()>, tokio::task::JoinHandle<McpClient>)>,
-    mcp: Option<McpClient>,
 }
 
 impl Stopping<'_> {
     async fn run(self, server_alive: bool) {
-        let mut mcp = self.mcp;
+        let mut mcp = None;
         if let Some((stop, task)) = self.follower {
             let _ = stop.send(());
             let abort = task.abort_handle();
