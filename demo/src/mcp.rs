@@ -59,6 +59,21 @@ where
     S: ServerHandler,
     F: Fn() -> S + Send + Sync + 'static,
 {
+    router_with_sessions(handler, options, shutdown).0
+}
+
+/// [`router`], plus the session manager when `options.stateful`, so a caller
+/// can count the live sessions rmcp holds (the lab shows them in `/control`,
+/// which lets a test prove that a prober closes the sessions it opens).
+pub fn router_with_sessions<S, F>(
+    handler: F,
+    options: TransportOptions,
+    shutdown: &CancellationToken,
+) -> (Router, Option<Arc<LocalSessionManager>>)
+where
+    S: ServerHandler,
+    F: Fn() -> S + Send + Sync + 'static,
+{
     let config = StreamableHttpServerConfig::default()
         .with_legacy_session_mode(options.stateful)
         .with_json_response(options.json_response)
@@ -72,15 +87,17 @@ where
     let factory = move || Ok(handler());
     if options.stateful {
         let sessions = Arc::new(LocalSessionManager::default());
-        Router::new().route_service(
+        let router = Router::new().route_service(
             MCP_PATH,
-            StreamableHttpService::new(factory, sessions, config),
-        )
+            StreamableHttpService::new(factory, sessions.clone(), config),
+        );
+        (router, Some(sessions))
     } else {
         let sessions = Arc::new(NeverSessionManager::default());
-        Router::new().route_service(
+        let router = Router::new().route_service(
             MCP_PATH,
             StreamableHttpService::new(factory, sessions, config),
-        )
+        );
+        (router, None)
     }
 }

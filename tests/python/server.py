@@ -1,11 +1,12 @@
 """An MCP server built with the official Python SDK, for end-to-end tests behind the gateway.
 
-usage: server.py PORT [--stateless] [--json-response]
+usage: server.py PORT [--stateless] [--json-response] [--no-health]
 
 It is the server a hostile client would aim at: pydantic's JSON reader is lenient (duplicate keys,
 the last one wins; NaN and Infinity accepted), so whatever the gateway lets through, this server
 executes. Every tool counts its calls, and `GET /calls` returns the counts as JSON, so a test can
-tell whether a tool ran. `GET /health` answers 200 for toolgate-xds's probes.
+tell whether a tool ran. `GET /health` answers 200 for toolgate-xds's probes, unless `--no-health`
+leaves the route out (a 404, as on most MCP servers, which only an MCP-level probe can check).
 
 Tools: `read_order`, `write_order` (return text), `fail_order` (raises: an `isError` result),
 `slow_order` (sleeps `seconds`, default 3).
@@ -56,7 +57,7 @@ async def calls(_: Request) -> JSONResponse:
     return JSONResponse(dict(CALLS))
 
 
-@server.custom_route("/health", methods=["GET"])
+# Registered in main(), not by decorator, so that --no-health can leave it out.
 async def health(_: Request) -> PlainTextResponse:
     return PlainTextResponse("ok")
 
@@ -66,7 +67,10 @@ def main() -> None:
     parser.add_argument("port", type=int)
     parser.add_argument("--stateless", action="store_true")
     parser.add_argument("--json-response", action="store_true")
+    parser.add_argument("--no-health", action="store_true")
     args = parser.parse_args()
+    if not args.no_health:
+        server.custom_route("/health", methods=["GET"])(health)
     app = server.streamable_http_app(
         stateless_http=args.stateless,
         json_response=args.json_response,

@@ -26,9 +26,11 @@ pub use etcd::{Etcd, EtcdCluster};
 pub use faultproxy::FaultProxy;
 pub use mcp::{McpSession, Reply};
 pub use node::{NodeClient, NodeRun, Sdk};
-pub use paths::{filter_wasm, free_port, project_bin, tool_bin};
+pub use paths::{
+    everything_server, filter_wasm, free_port, loopback_preload, project_bin, python_bin, tool_bin,
+};
 pub use process::{cpu_ticks, rss_kib, Proc};
-pub use servers::{McpServer, Member, Registrant};
+pub use servers::{McpServer, Member, Registrant, ServerCommand};
 pub use stack::{Options, Stack};
 pub use testenv::TestEnv;
 pub use wait::{wait_for, wait_until};

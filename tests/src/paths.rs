@@ -48,6 +48,38 @@ pub fn tool_bin(name: &str) -> PathBuf {
     path
 }
 
+/// `.venv/bin/python`, where `make setup` installs the official Python MCP SDK.
+pub fn python_bin() -> PathBuf {
+    let path = workspace_root().join(".venv/bin/python");
+    assert!(
+        path.exists(),
+        "{} is missing: run `make setup` first",
+        path.display()
+    );
+    path
+}
+
+/// `dist/index.js` of `@modelcontextprotocol/server-everything`, the reference MCP server, as
+/// `make setup` installs it into `tests/node/node_modules` (pinned by tests/node/package.json).
+/// Run it as `node --import <loopback_preload()> <this> streamableHttp` with `PORT` set.
+pub fn everything_server() -> PathBuf {
+    let path = workspace_root()
+        .join("tests/node/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    assert!(
+        path.exists(),
+        "{} is missing: run `make setup` first",
+        path.display()
+    );
+    path
+}
+
+/// `tests/node/loopback.mjs`: a Node preload (`node --import`) that turns a listen on every
+/// interface into one on 127.0.0.1, for servers such as the everything-server that bind all
+/// interfaces and take no host setting.
+pub fn loopback_preload() -> PathBuf {
+    workspace_root().join("tests/node/loopback.mjs")
+}
+
 /// A port that was free a moment ago on 127.0.0.1, for a process to listen on.
 ///
 /// Taken below the kernel's ephemeral range: ports from `bind(0)` are ephemeral ports, which

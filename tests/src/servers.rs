@@ -1,10 +1,13 @@
 //! MCP servers (the demo services and the lab server) and their registrars, as processes.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::paths::{free_port, project_bin};
+use crate::paths::{
+    everything_server, free_port, loopback_preload, project_bin, python_bin, workspace_root,
+};
 use crate::process::Proc;
 use crate::testenv::TestEnv;
 use crate::wait::wait_until;
@@ -25,6 +28,8 @@ enum Kind {
     Rust,
     /// `tests/python/server.py`, the official Python SDK: counts at `GET /calls`.
     Python,
+    /// `@modelcontextprotocol/server-everything`, unmodified: counts nothing.
+    Everything,
 }
 
 impl McpServer {
@@ -35,33 +40,26 @@ impl McpServer {
 
     /// [`lab`](Self::lab) on a given port (for a registrar started before its server).
     pub async fn lab_on(env: &TestEnv, instance_id: &str, port: u16, extra: &[&str]) -> McpServer {
-        let mut args = vec![
-            "--listen".to_string(),
-            format!("127.0.0.1:{port}"),
-            "--instance-id".to_string(),
-            instance_id.to_string(),
-        ];
-        args.extend(extra.iter().map(|s| s.to_string()));
-        let proc = env.spawn(instance_id, &project_bin("toolgate-lab"), &args);
+        let proc = ServerCommand::lab(port, instance_id, extra).spawn(env, instance_id);
         Self::ready(proc, port, instance_id, "/control", Kind::Rust).await
     }
 
     /// `tests/python/server.py`: an MCP server built with the official Python SDK, whose lenient
     /// JSON reading (duplicate keys, NaN) executes whatever the gateway lets through. `extra`:
-    /// `--stateless`, `--json-response`.
+    /// `--stateless`, `--json-response`, `--no-health`.
     pub async fn python(env: &TestEnv, instance_id: &str, extra: &[&str]) -> McpServer {
         let port = free_port();
-        let mut args = vec![
-            crate::paths::workspace_root()
-                .join("tests/python/server.py")
-                .display()
-                .to_string(),
-            port.to_string(),
-        ];
-        args.extend(extra.iter().map(|s| s.to_string()));
-        let python = crate::paths::workspace_root().join(".venv/bin/python");
-        let proc = env.spawn(instance_id, &python, &args);
-        Self::ready(proc, port, instance_id, "/health", Kind::Python).await
+        let proc = ServerCommand::python(port, extra).spawn(env, instance_id);
+        // `/calls`, not `/health`: it is there with --no-health too.
+        Self::ready(proc, port, instance_id, "/calls", Kind::Python).await
+    }
+
+    /// `@modelcontextprotocol/server-everything` in Streamable HTTP mode, unmodified (kept on
+    /// 127.0.0.1 by [`ServerCommand::everything`]); it has no `/health` and counts no calls.
+    pub async fn everything(env: &TestEnv, instance_id: &str) -> McpServer {
+        let port = free_port();
+        let proc = ServerCommand::everything(port).spawn(env, instance_id);
+        Self::ready(proc, port, instance_id, "", Kind::Everything).await
     }
 
     /// `toolgate-demo --service <service>`, ready when `/health` answers.
@@ -91,11 +89,15 @@ impl McpServer {
                 .expect("http client"),
         };
         let url = format!("{}{path}", server.base_url());
+        // An empty path: the server has no route a GET succeeds on, so any HTTP answer
+        // (a 404 for `/`) shows it listens.
+        let any_answer = path.is_empty();
         wait_until(
-            &format!("{instance_id} answers {path}"),
+            &format!("{instance_id} answers GET {url}"),
             Duration::from_secs(20),
             || async {
-                matches!(server.http.get(&url).send().await, Ok(r) if r.status().is_success())
+                matches!(server.http.get(&url).send().await,
+                    Ok(r) if any_answer || r.status().is_success())
             },
         )
         .await;
@@ -144,6 +146,18 @@ impl McpServer {
         resp.json().await.expect("/control JSON")
     }
 
+    /// Zeroes the lab's counts (`POST /control/reset-counters`), returning the new state.
+    pub async fn reset_counters(&self) -> Value {
+        self.http
+            .post(format!("{}/control/reset-counters", self.base_url()))
+            .send()
+            .await
+            .expect("POST /control/reset-counters")
+            .json()
+            .await
+            .expect("/control JSON")
+    }
+
     /// How many `tools/call` of `tool` the server executed, by its own count.
     pub async fn calls(&self, tool: &str) -> u64 {
         match self.kind {
@@ -160,7 +174,94 @@ impl McpServer {
                     .expect("/calls JSON");
                 counts[tool].as_u64().unwrap_or(0)
             }
+            Kind::Everything => panic!(
+                "{} (the everything-server) does not count tool calls",
+                self.instance_id
+            ),
         }
+    }
+}
+
+/// How to start an MCP server on a given loopback port: program, arguments and environment.
+/// A test runs it itself ([`spawn`](Self::spawn)) or has `toolgate-register` run it as its
+/// child ([`Registrant::server`]).
+#[derive(Debug, Clone)]
+pub struct ServerCommand {
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    /// Set on top of the inherited environment (for a registrar's child: on the registrar,
+    /// whose environment the child inherits).
+    pub env: Vec<(String, String)>,
+    pub port: u16,
+}
+
+impl ServerCommand {
+    /// `toolgate-lab --listen 127.0.0.1:<port> --instance-id <id> <extra>` (see
+    /// `toolgate-lab --help`; `--no-health` leaves `/health` out).
+    pub fn lab(port: u16, instance_id: &str, extra: &[&str]) -> ServerCommand {
+        let mut args = vec![
+            "--listen".to_string(),
+            format!("127.0.0.1:{port}"),
+            "--instance-id".to_string(),
+            instance_id.to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        ServerCommand {
+            program: project_bin("toolgate-lab"),
+            args,
+            env: Vec::new(),
+            port,
+        }
+    }
+
+    /// `.venv/bin/python tests/python/server.py <port> <extra>`; `extra`: `--stateless`,
+    /// `--json-response`, `--no-health`. It binds 127.0.0.1 itself.
+    pub fn python(port: u16, extra: &[&str]) -> ServerCommand {
+        let mut args = vec![
+            workspace_root()
+                .join("tests/python/server.py")
+                .display()
+                .to_string(),
+            port.to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        ServerCommand {
+            program: python_bin(),
+            args,
+            env: Vec::new(),
+            port,
+        }
+    }
+
+    /// `PORT=<port> node --import tests/node/loopback.mjs <everything-server> streamableHttp`:
+    /// the reference server as published. It reads its port from `PORT` only and binds every
+    /// interface; the preload keeps it on 127.0.0.1. MCP at `/mcp`, no `/health`.
+    pub fn everything(port: u16) -> ServerCommand {
+        ServerCommand {
+            program: PathBuf::from("node"),
+            args: vec![
+                "--import".to_string(),
+                loopback_preload().display().to_string(),
+                everything_server().display().to_string(),
+                "streamableHttp".to_string(),
+            ],
+            env: vec![("PORT".to_string(), port.to_string())],
+            port,
+        }
+    }
+
+    /// `127.0.0.1:<port>`, as registered in etcd.
+    pub fn endpoint(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    pub fn mcp_url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.port)
+    }
+
+    /// Starts the server as the test's own child; output goes to `<name>.log`.
+    pub fn spawn(&self, env: &TestEnv, name: &str) -> Proc {
+        env.spawn_with_env(name, &self.program, &self.args, &self.env)
     }
 }
 
@@ -169,6 +270,7 @@ impl McpServer {
 pub struct Registrant {
     args: Vec<String>,
     child: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 impl Registrant {
@@ -183,6 +285,7 @@ impl Registrant {
                 endpoint.into(),
             ],
             child: Vec::new(),
+            env: Vec::new(),
         }
     }
 
@@ -200,6 +303,24 @@ impl Registrant {
         self
     }
 
+    /// Sets `key=value` in the registrar's environment, which its child inherits (the
+    /// everything-server takes its port only from `PORT`).
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+
+    /// Runs `server` as the registrar's child: its command line and its environment.
+    pub fn server(self, server: &ServerCommand) -> Self {
+        let with_child = self.child(&server.program, &server.args);
+        server
+            .env
+            .iter()
+            .fold(with_child, |registrant, (key, value)| {
+                registrant.env(key, value)
+            })
+    }
+
     pub fn args(&self) -> Vec<String> {
         let mut all = self.args.clone();
         if !self.child.is_empty() {
@@ -210,12 +331,9 @@ impl Registrant {
     }
 
     pub fn spawn(&self, env: &TestEnv, name: &str) -> Proc {
-        env.spawn_with_env(
-            name,
-            &project_bin("toolgate-register"),
-            &self.args(),
-            &[("RUST_LOG".into(), "info".into())],
-        )
+        let mut envs = vec![("RUST_LOG".to_string(), "info".to_string())];
+        envs.extend(self.env.iter().cloned());
+        env.spawn_with_env(name, &project_bin("toolgate-register"), &self.args(), &envs)
     }
 }
 

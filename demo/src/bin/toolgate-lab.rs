@@ -16,9 +16,10 @@ use toolgate_demo::{
     shutdown,
 };
 
-/// Configurable MCP server for tests: MCP at /mcp, GET /health, and a control
-/// API (GET/POST /control, POST /control/reset-counters) that changes every
-/// knob below at run time. Prints `listening on ADDR` once bound.
+/// Configurable MCP server for tests: MCP at /mcp, GET /health (unless
+/// --no-health), and a control API (GET/POST /control, POST
+/// /control/reset-counters) that changes every knob below at run time. Prints
+/// `listening on ADDR` once bound.
 #[derive(Debug, Parser)]
 #[command(name = "toolgate-lab", version)]
 struct Cli {
@@ -48,6 +49,10 @@ struct Cli {
     /// Make /health answer 503.
     #[arg(long)]
     health_fail: bool,
+    /// Serve no /health route at all (404), like most MCP servers: only an
+    /// MCP-level probe can tell whether this lab is up.
+    #[arg(long, conflicts_with = "health_fail")]
+    no_health: bool,
     #[command(flatten)]
     transport: TransportArgs,
 }
@@ -109,5 +114,5 @@ async fn main() -> anyhow::Result<()> {
         cli.transport.options(),
         shutdown.clone(),
     ));
-    http::serve(cli.listen, lab::app(lab), shutdown).await
+    http::serve(cli.listen, lab::app(lab, !cli.no_health), shutdown).await
 }

@@ -1,6 +1,8 @@
-//! The lab's control API: `GET /control` shows identity, knobs and call
-//! counts; `POST /control` changes knobs; `POST /control/reset-counters`
-//! zeroes the counts. Every answer is the full state after the change.
+//! The lab's control API: `GET /control` shows identity, knobs and counts
+//! (tool calls, `initialize`s, DELETEs, live MCP sessions); `POST /control`
+//! changes knobs; `POST /control/reset-counters` zeroes the counts (live
+//! sessions are not a count and stay). Every answer is the full state after
+//! the change.
 
 use std::sync::Arc;
 
@@ -24,7 +26,7 @@ pub fn router(lab: Arc<LabState>) -> Router {
 }
 
 async fn show(State(lab): State<Arc<LabState>>) -> Json<Value> {
-    Json(lab.snapshot())
+    Json(lab.snapshot().await)
 }
 
 // Takes raw bytes rather than axum's Json extractor so that every refusal,
@@ -37,7 +39,7 @@ async fn update(State(lab): State<Arc<LabState>>, body: Bytes) -> Response {
     match lab.update_knobs(&patch) {
         Ok(()) => {
             tracing::info!(change = %patch, "knobs changed");
-            Json(lab.snapshot()).into_response()
+            Json(lab.snapshot().await).into_response()
         }
         Err(error) => bad_request(error.to_string()),
     }
@@ -45,7 +47,7 @@ async fn update(State(lab): State<Arc<LabState>>, body: Bytes) -> Response {
 
 async fn reset_counters(State(lab): State<Arc<LabState>>) -> Json<Value> {
     lab.reset_counters();
-    Json(lab.snapshot())
+    Json(lab.snapshot().await)
 }
 
 fn bad_request(message: String) -> Response {

@@ -1,7 +1,8 @@
-//! The lab's fault layer in front of `/mcp`: counts every `tools/call` on
-//! arrival, adds the configured latency, and injects the failures that live
-//! below JSON-RPC (HTTP 500, TCP reset, hang). rmcp never sees a request this
-//! layer fails; JSON-RPC-level failures are left to the tools themselves.
+//! The lab's fault layer in front of `/mcp`: counts every `tools/call`,
+//! `initialize` and DELETE on arrival, parks every request while `mcp_wedged`,
+//! adds the configured latency, and injects the failures that live below
+//! JSON-RPC (HTTP 500, TCP reset, hang). rmcp never sees a request this layer
+//! fails; JSON-RPC-level failures are left to the tools themselves.
 
 use std::sync::Arc;
 
@@ -27,7 +28,15 @@ use crate::http::reset::ResetHandle;
 const MAX_INSPECTED_BODY: usize = 4 * 1024 * 1024;
 
 pub async fn inject(State(lab): State<Arc<LabState>>, request: Request, next: Next) -> Response {
+    if request.method() == Method::DELETE {
+        lab.record_delete();
+    }
     if request.method() != Method::POST {
+        // GET streams and DELETEs hang too when wedged: a wedged handler
+        // answers nothing, whatever the method.
+        if lab.mcp_wedged() {
+            return park(&lab, reset_handle(request.extensions())).await;
+        }
         return next.run(request).await;
     }
     let (parts, body) = request.into_parts();
@@ -43,18 +52,24 @@ pub async fn inject(State(lab): State<Arc<LabState>>, request: Request, next: Ne
     };
     let tools = jsonrpc::called_tools(&bytes);
     let id = jsonrpc::call_id(&bytes).unwrap_or_else(|| "null".into());
-    let reset = parts
-        .extensions
-        .get::<ConnectInfo<ResetHandle>>()
-        .map(|ConnectInfo(handle)| handle.clone());
+    let reset = reset_handle(&parts.extensions);
+    // Counted before the wedge, so a test sees that a probe or a call reached
+    // the lab even when the lab never answered it.
+    let initializes = jsonrpc::count_requests(&bytes, "initialize");
+    if initializes > 0 {
+        lab.record_initialize(initializes);
+    }
+    for tool in &tools {
+        lab.record_call(tool);
+    }
+    if lab.mcp_wedged() {
+        return park(&lab, reset).await;
+    }
     let request = Request::from_parts(parts, Body::from(bytes));
     if tools.is_empty() {
         return next.run(request).await;
     }
 
-    for tool in &tools {
-        lab.record_call(tool);
-    }
     let delay = tools
         .iter()
         .map(|tool| lab.latency_for(tool))
@@ -122,16 +137,25 @@ pub async fn inject(State(lab): State<Arc<LabState>>, request: Request, next: Ne
                 .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
         }
         FailureMode::Reset => tear_down(reset.as_ref()),
-        FailureMode::Hang => {
-            // Parked until the client gives up (hyper then drops this future)
-            // or the lab stops.
-            lab.shutdown.cancelled().await;
-            tear_down(reset.as_ref())
-        }
+        FailureMode::Hang => park(&lab, reset).await,
         FailureMode::None | FailureMode::JsonrpcError | FailureMode::IsError => {
             next.run(request).await
         }
     }
+}
+
+/// The connection's reset handle, which `http::serve`'s listener puts on every request.
+fn reset_handle(extensions: &axum::http::Extensions) -> Option<ResetHandle> {
+    extensions
+        .get::<ConnectInfo<ResetHandle>>()
+        .map(|ConnectInfo(handle)| handle.clone())
+}
+
+/// No answer: parked until the client gives up (hyper then drops this future)
+/// or the lab stops, when the connection is reset rather than answered.
+async fn park(lab: &LabState, reset: Option<ResetHandle>) -> Response {
+    lab.shutdown.cancelled().await;
+    tear_down(reset.as_ref())
 }
 
 /// An SSE answer that sends one progress notification for the call `id` and then ends

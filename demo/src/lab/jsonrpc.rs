@@ -28,6 +28,22 @@ pub fn call_id(body: &[u8]) -> Option<String> {
     Some(first.get("id")?.to_string())
 }
 
+/// How many requests (with an `id`) in `body` call `method`: a single message
+/// or a batch. The lab counts `initialize`s with it, so a test can see how
+/// many sessions a prober tried to open.
+pub fn count_requests(body: &[u8], method: &str) -> u64 {
+    let Ok(message) = serde_json::from_slice::<Value>(body) else {
+        return 0;
+    };
+    let is_call = |m: &Value| {
+        m.get("method").and_then(Value::as_str) == Some(method) && m.get("id").is_some()
+    };
+    match &message {
+        Value::Array(batch) => batch.iter().filter(|m| is_call(m)).count() as u64,
+        single => u64::from(is_call(single)),
+    }
+}
+
 fn tool_call_name(message: &Value) -> Option<String> {
     // A response or notification has no `id`-bearing `tools/call` to fail.
     if message.get("method")?.as_str()? != "tools/call" || message.get("id").is_none() {
@@ -53,6 +69,23 @@ mod tests {
                        {"jsonrpc":"2.0","id":2,"method":"tools/list"},
                        {"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"b"}}]"#;
         assert_eq!(called_tools(body), vec!["a", "b"]);
+    }
+
+    #[test]
+    fn counts_requests_of_a_method() {
+        let init = br#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}"#;
+        assert_eq!(count_requests(init, "initialize"), 1);
+        let batch = br#"[{"jsonrpc":"2.0","id":1,"method":"initialize"},
+                        {"jsonrpc":"2.0","method":"initialize"},
+                        {"jsonrpc":"2.0","id":2,"method":"ping"},
+                        {"jsonrpc":"2.0","id":3,"method":"initialize"}]"#;
+        assert_eq!(count_requests(batch, "initialize"), 2);
+        assert_eq!(count_requests(b"not json", "initialize"), 0);
+        assert_eq!(
+            count_requests(br#"{"jsonrpc":"2.0","method":"initialize"}"#, "initialize"),
+            0,
+            "a notification is not a request"
+        );
     }
 
     #[test]

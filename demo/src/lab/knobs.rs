@@ -11,7 +11,7 @@ pub const DEFAULT_TOOLS: &str = "read_order,write_order,echo";
 /// Upper bound for any injected latency, so a typo cannot park a test for hours.
 pub const MAX_LATENCY_MS: u64 = 600_000;
 
-const KNOWN_KNOBS: &str = "latency_ms, tool_latency_ms, fail, fail_rate, health_fail";
+const KNOWN_KNOBS: &str = "latency_ms, tool_latency_ms, fail, fail_rate, health_fail, mcp_wedged";
 
 /// What a call to a tool does instead of answering normally.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -156,6 +156,11 @@ pub struct Knobs {
     pub fail_rate: f64,
     /// `/health` answers 503.
     pub health_fail: bool,
+    /// Every request to `/mcp` (any method) hangs while `/health` still
+    /// answers: an HTTP stack that is up with its MCP handler wedged, which
+    /// only a probe in MCP's own terms can see. A request parked while wedged
+    /// stays parked (until its client gives up) after the knob is cleared.
+    pub mcp_wedged: bool,
 }
 
 impl Knobs {
@@ -170,6 +175,7 @@ impl Knobs {
                 .collect(),
             fail_rate: 1.0,
             health_fail: false,
+            mcp_wedged: false,
         }
     }
 
@@ -276,6 +282,12 @@ impl Knobs {
                         return refuse(format!("health_fail: expected true or false, got {value}"));
                     };
                     next.health_fail = flag;
+                }
+                "mcp_wedged" => {
+                    let Some(flag) = value.as_bool() else {
+                        return refuse(format!("mcp_wedged: expected true or false, got {value}"));
+                    };
+                    next.mcp_wedged = flag;
                 }
                 unknown => {
                     return refuse(format!("unknown knob '{unknown}' (known: {KNOWN_KNOBS})"))
@@ -410,8 +422,24 @@ mod tests {
         assert!(error_of(json!({"fail": {"nope": "reset"}})).contains("'nope'"));
         assert!(error_of(json!({"fail_rate": 1.5})).contains("1.5"));
         assert!(error_of(json!({"health_fail": "yes"})).contains("health_fail"));
+        assert!(error_of(json!({"mcp_wedged": 1})).contains("mcp_wedged"));
+        assert!(
+            error_of(json!({"nope": 1})).contains("mcp_wedged"),
+            "listed as known"
+        );
         assert!(error_of(json!({"latencyms": 1})).contains("'latencyms'"));
         assert!(error_of(json!([1])).contains("object"));
+    }
+
+    #[test]
+    fn mcp_wedged_toggles() {
+        let mut knobs = knobs();
+        assert!(!knobs.mcp_wedged);
+        assert_eq!(knobs.apply(&json!({"mcp_wedged": true})), Ok(()));
+        assert!(knobs.mcp_wedged);
+        assert!(!knobs.health_fail, "wedging MCP leaves health alone");
+        assert_eq!(knobs.apply(&json!({"mcp_wedged": false})), Ok(()));
+        assert!(!knobs.mcp_wedged);
     }
 
     #[test]

@@ -16,19 +16,24 @@ use axum::{middleware, Router};
 use self::{state::LabState, tools::EchoTools};
 use crate::{http, mcp};
 
-/// `/mcp` behind the fault layer, `/control`, and `/health` that follows the
-/// `health_fail` knob.
-pub fn app(lab: Arc<LabState>) -> Router {
+/// `/mcp` behind the fault layer, `/control`, and (when `health_route`) a
+/// `/health` that follows the `health_fail` knob. Without it `/health` is a
+/// 404, as on most MCP servers in the wild, which only MCP itself can probe.
+pub fn app(lab: Arc<LabState>, health_route: bool) -> Router {
     let tools_lab = lab.clone();
-    let mcp = mcp::router(
+    let (mcp, sessions) = mcp::router_with_sessions(
         move || EchoTools::new(tools_lab.clone()),
         lab.transport,
         &lab.shutdown,
-    )
-    .layer(middleware::from_fn_with_state(lab.clone(), faults::inject));
-    let health_lab = lab.clone();
-    http::router(
-        mcp.merge(control::router(lab)),
-        Arc::new(move || !health_lab.health_fail()),
-    )
+    );
+    if let Some(sessions) = sessions {
+        lab.attach_sessions(sessions);
+    }
+    let mcp = mcp.layer(middleware::from_fn_with_state(lab.clone(), faults::inject));
+    let routes = mcp.merge(control::router(lab.clone()));
+    if !health_route {
+        return routes;
+    }
+    let health_lab = lab;
+    http::router(routes, Arc::new(move || !health_lab.health_fail()))
 }

@@ -1,12 +1,17 @@
 //! What the lab shares between its fault layer, its MCP tools and its
-//! control API: identity, knobs and call counters.
+//! control API: identity, knobs, call counters, and the MCP session counts
+//! that let a test prove a prober closes what it opens.
 
 use std::{
     collections::BTreeMap,
-    sync::{Mutex, MutexGuard, PoisonError},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex, MutexGuard, OnceLock, PoisonError,
+    },
     time::Duration,
 };
 
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
@@ -21,6 +26,14 @@ pub struct LabState {
     pub shutdown: CancellationToken,
     knobs: Mutex<Knobs>,
     calls: Mutex<BTreeMap<String, u64>>,
+    /// `initialize` requests received on `/mcp`, whatever rmcp made of them.
+    initializes: AtomicU64,
+    /// HTTP DELETEs received on `/mcp` (a client closing its session).
+    deletes: AtomicU64,
+    /// rmcp's session table, set once the MCP router is built (which happens
+    /// after this state exists, since the router's handlers hold the state).
+    /// Unset when stateless: there are no sessions to count.
+    sessions: OnceLock<Arc<LocalSessionManager>>,
 }
 
 /// The data behind these locks stays consistent whatever a panicking holder
@@ -45,7 +58,34 @@ impl LabState {
             shutdown,
             knobs: Mutex::new(knobs),
             calls: Mutex::new(calls),
+            initializes: AtomicU64::new(0),
+            deletes: AtomicU64::new(0),
+            sessions: OnceLock::new(),
         }
+    }
+
+    /// Hands the state rmcp's session table, so `/control` can count live sessions.
+    /// Only the first call counts: the lab builds one MCP router.
+    pub fn attach_sessions(&self, sessions: Arc<LocalSessionManager>) {
+        if self.sessions.set(sessions).is_err() {
+            tracing::warn!("a second session table was attached; /control keeps the first");
+        }
+    }
+
+    /// Live MCP sessions (0 when stateless).
+    pub async fn live_sessions(&self) -> usize {
+        match self.sessions.get() {
+            Some(manager) => manager.sessions.read().await.len(),
+            None => 0,
+        }
+    }
+
+    pub fn record_initialize(&self, count: u64) {
+        self.initializes.fetch_add(count, Ordering::Relaxed);
+    }
+
+    pub fn record_delete(&self) {
+        self.deletes.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn serves(&self, tool: &str) -> bool {
@@ -62,6 +102,10 @@ impl LabState {
 
     pub fn health_fail(&self) -> bool {
         lock(&self.knobs).health_fail
+    }
+
+    pub fn mcp_wedged(&self) -> bool {
+        lock(&self.knobs).mcp_wedged
     }
 
     pub fn latency_for(&self, tool: &str) -> Duration {
@@ -90,10 +134,13 @@ impl LabState {
         let mut calls = lock(&self.calls);
         calls.retain(|tool, _| self.tools.contains(tool));
         calls.values_mut().for_each(|count| *count = 0);
+        self.initializes.store(0, Ordering::Relaxed);
+        self.deletes.store(0, Ordering::Relaxed);
     }
 
-    /// The `GET /control` document.
-    pub fn snapshot(&self) -> Value {
+    /// The `GET /control` document. Async because rmcp's session table sits
+    /// behind a tokio lock.
+    pub async fn snapshot(&self) -> Value {
         let calls = lock(&self.calls).clone();
         let total_calls: u64 = calls.values().sum();
         json!({
@@ -103,6 +150,9 @@ impl LabState {
             "knobs": self.knobs(),
             "calls": calls,
             "total_calls": total_calls,
+            "sessions": self.live_sessions().await,
+            "initializes": self.initializes.load(Ordering::Relaxed),
+            "deletes": self.deletes.load(Ordering::Relaxed),
         })
     }
 }
