@@ -6,6 +6,7 @@ mod failfast;
 mod fleet;
 mod machine;
 mod plot;
+mod probecost;
 mod propagation;
 mod removal;
 mod scale;
@@ -32,13 +33,15 @@ enum Suite {
     /// Gateway A's breaker opens -> gateway B rejects the tool.
     Fleet,
     /// Revoke -> out of Envoy; server crash, and failing health check, -> out of rotation by
-    /// the probes.
+    /// the probes; crash and a wedged MCP handler with `mcp` probes.
     Removal,
     /// A hung tool: the open-circuit reply, and the toolgate filter against Envoy's outlier
     /// detection in the 10 s after it breaks.
     Failfast,
     /// 10,000 instances: memory, cold start, resync, propagation under churn.
     Scale,
+    /// toolgate-xds's CPU and memory probing 1,000 instances, `http` against `mcp`.
+    ProbeCost,
 }
 
 #[derive(Parser, Debug)]
@@ -52,7 +55,7 @@ struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "propagation,removal,failfast,fleet,scale,dataplane"
+        default_value = "propagation,removal,failfast,fleet,scale,probe-cost,dataplane"
     )]
     suites: Vec<Suite>,
     /// Short run (about 2 minutes, a smoke test of every suite): smaller sizes, fewer trials,
@@ -90,6 +93,12 @@ struct Args {
     /// Fleet sync trials [default: 50; quick: 10].
     #[arg(long)]
     fleet_trials: Option<usize>,
+    /// Probe cost: instances probed [default: 1000; quick: 200].
+    #[arg(long)]
+    probe_instances: Option<usize>,
+    /// Probe cost: seconds each probe kind is measured [default: 60; quick: 10].
+    #[arg(long)]
+    probe_window: Option<u64>,
     /// Where to write the figures as JSON.
     #[arg(long, default_value = "bench/results.json")]
     json: PathBuf,
@@ -153,6 +162,7 @@ async fn main() -> anyhow::Result<()> {
             r.crash.p50_ms, r.crash.p99_ms, r.crash.max_ms, r.crash.n,
             r.unhealthy.p50_ms, r.unhealthy.p99_ms, r.unhealthy.max_ms, r.unhealthy.n,
         );
+        println!("{}", removal_by_probe_table(&r));
         report["removal"] = serde_json::to_value(&r)?;
         draw(
             "removal",
@@ -161,6 +171,14 @@ async fn main() -> anyhow::Result<()> {
                 ("revoke".to_string(), r.revoke.samples_ms.clone()),
                 ("crash (SIGKILL)".to_string(), r.crash.samples_ms.clone()),
                 ("health failing".to_string(), r.unhealthy.samples_ms.clone()),
+                (
+                    "crash, mcp probe".to_string(),
+                    r.crash_mcp.samples_ms.clone(),
+                ),
+                (
+                    "MCP wedged, mcp probe".to_string(),
+                    r.wedged_mcp.samples_ms.clone(),
+                ),
             ],
         );
     }
@@ -203,6 +221,22 @@ async fn main() -> anyhow::Result<()> {
                 r.churn_propagation.samples_ms.clone(),
             )],
         );
+    }
+
+    if args.suites.contains(&Suite::ProbeCost) {
+        let instances = args
+            .probe_instances
+            .unwrap_or(if args.quick { 200 } else { 1000 });
+        let window = args
+            .probe_window
+            .unwrap_or(if args.quick { 10 } else { 60 });
+        eprintln!("probe cost: {instances} instances, {window} s per probe kind ...");
+        let env = TestEnv::new("bench_probe_cost");
+        // Ten lab processes: enough that no one lab is the bottleneck, few enough for a
+        // small machine (each carries a tenth of the instances).
+        let r = probecost::run(&env, instances, 10, Duration::from_secs(window)).await?;
+        println!("{}", r.markdown());
+        report["probe_cost"] = serde_json::to_value(&r)?;
     }
 
     if args.suites.contains(&Suite::Fleet) {
@@ -282,6 +316,45 @@ fn draw(name: &str, title: &str, series: &[(String, Vec<f64>)]) {
         Ok(()) => eprintln!("  plot: {}", path.display()),
         Err(e) => eprintln!("  no plot for {name}: {e:#}"),
     }
+}
+
+/// Crash and a wedged MCP handler -> out of rotation, by probe kind, with issue 18's goal.
+fn removal_by_probe_table(r: &removal::Removal) -> String {
+    let goal = if r.crash_mcp_goal_met {
+        "met"
+    } else {
+        "MISSED"
+    };
+    let http_wedge = if r.wedged_http_left_rotation {
+        format!(
+            "left rotation after {:.0} ms (unexpected: /health still answered)",
+            r.wedged_http_watched_ms
+        )
+    } else {
+        format!(
+            "never leaves rotation (/health still answers; watched {:.0} s)",
+            r.wedged_http_watched_ms / 1e3
+        )
+    };
+    format!(
+        "| out of rotation, by probe kind | http probe p50 / p99 / max (n) | mcp probe p50 / p99 / max (n) | goal |\n\
+         | --- | ---: | ---: | --- |\n\
+         | crash (SIGKILL, lease alive) | {:.0} / {:.0} / {:.0} ms ({}) | {:.0} / {:.0} / {:.0} ms ({}) | mcp p99 < {:.0} s: {goal} |\n\
+         | MCP handler wedged (/health 200) | {http_wedge} | {:.0} / {:.0} / {:.0} ms ({}) | |\n",
+        r.crash.p50_ms,
+        r.crash.p99_ms,
+        r.crash.max_ms,
+        r.crash.n,
+        r.crash_mcp.p50_ms,
+        r.crash_mcp.p99_ms,
+        r.crash_mcp.max_ms,
+        r.crash_mcp.n,
+        r.crash_mcp_goal_ms / 1e3,
+        r.wedged_mcp.p50_ms,
+        r.wedged_mcp.p99_ms,
+        r.wedged_mcp.max_ms,
+        r.wedged_mcp.n,
+    )
 }
 
 fn propagation_table(results: &[Propagation]) -> String {

@@ -3,13 +3,20 @@
 //! alive) and a failing health check (the server up, `GET /health` answering 503) -> out of
 //! rotation by the active probes (toolgate-xds defaults: every 2 s, 1 s timeout, two misses).
 //! `tests/health.rs` checks the last two with generous bounds; these are the real figures.
+//!
+//! Then the same with `"probe":"mcp"` registrations (issue 18): a crash, and an MCP handler
+//! that hangs while `/health` still answers 200 (the lab's `mcp_wedged`), which only an MCP
+//! probe can see. The registrar on this branch cannot ask for a probe kind, so those
+//! registrations are written to etcd directly under a lease the bench holds (alive, as the
+//! registrar's would be).
 
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
+use etcd_client::PutOptions;
 use nix::sys::signal::Signal;
 use serde::Serialize;
-use toolgate_tests::{Envoy, Etcd, Member, TestEnv, Xds};
+use toolgate_tests::{Envoy, Etcd, McpServer, Member, TestEnv, Xds};
 
 use crate::stats::{summarize, Summary};
 
@@ -19,6 +26,46 @@ pub struct Removal {
     pub crash: Summary,
     /// Health check failing -> SUSPECT (DRAINING in Envoy: no new calls).
     pub unhealthy: Summary,
+    /// Crash (SIGKILL, lease alive) -> out of rotation, the instance probed with `mcp`.
+    pub crash_mcp: Summary,
+    /// Issue 18's goal for `crash_mcp`: p99 under this, at the default probe settings.
+    pub crash_mcp_goal_ms: f64,
+    pub crash_mcp_goal_met: bool,
+    /// `/mcp` hangs, `/health` answers 200 -> out of rotation, probed with `mcp`.
+    pub wedged_mcp: Summary,
+    /// The same wedge probed with `http`: whether it left rotation within the watch (it should
+    /// not: `GET /health` still passes), and how long it was watched.
+    pub wedged_http_left_rotation: bool,
+    pub wedged_http_watched_ms: f64,
+}
+
+/// Issue 18: an `mcp`-probed crash is out of rotation within 5 s (p99) at the default probe
+/// interval (2 s, 1 s timeout, two misses).
+pub const CRASH_MCP_GOAL: Duration = Duration::from_secs(5);
+
+/// A lab registered as `id` in `service` with the given probe kind, under `lease`.
+async fn register(
+    etcd: &mut etcd_client::Client,
+    lease: i64,
+    service: &str,
+    id: &str,
+    server: &McpServer,
+    probe: &str,
+) -> anyhow::Result<String> {
+    let key = format!("/mcp/services/{service}/{id}");
+    let value = serde_json::json!({
+        "instance_id": id,
+        "endpoint": server.endpoint(),
+        "tools": ["read_order", "write_order", "echo"],
+        "probe": probe,
+    });
+    etcd.put(
+        key.as_str(),
+        value.to_string(),
+        Some(PutOptions::new().with_lease(lease)),
+    )
+    .await?;
+    Ok(key)
 }
 
 /// Whether Envoy sends new calls to `addr` in `service` (HEALTHY; DRAINING is out).
@@ -140,9 +187,102 @@ pub async fn run(
         .await?;
         unhealthy.push(t0.elapsed());
     }
+
+    // The mcp-probed trials. One lease for all of them, long enough for the whole section and
+    // revoked at its end; each trial deletes its key so dead instances do not pile up.
+    let mut client = etcd.client().await;
+    let lease = client.lease_grant(600, None).await?.id();
+    let mcp = mcp_trials(env, &envoy, &mut client, lease, crashes, unhealthy_trials).await;
+    let _ = client.lease_revoke(lease).await;
+    let (crash_mcp, wedged_mcp, (wedged_http_left_rotation, wedged_http_watched)) = mcp?;
+    let crash_mcp = summarize(&crash_mcp);
+    let crash_mcp_goal_met = crash_mcp.p99_ms < CRASH_MCP_GOAL.as_secs_f64() * 1e3;
     Ok(Removal {
         revoke: summarize(&revoke),
         crash: summarize(&crash),
         unhealthy: summarize(&unhealthy),
+        crash_mcp,
+        crash_mcp_goal_ms: CRASH_MCP_GOAL.as_secs_f64() * 1e3,
+        crash_mcp_goal_met,
+        wedged_mcp: summarize(&wedged_mcp),
+        wedged_http_left_rotation,
+        wedged_http_watched_ms: wedged_http_watched.as_secs_f64() * 1e3,
     })
+}
+
+type McpTrials = (Vec<Duration>, Vec<Duration>, (bool, Duration));
+
+async fn mcp_trials(
+    env: &TestEnv,
+    envoy: &Envoy,
+    client: &mut etcd_client::Client,
+    lease: i64,
+    crashes: usize,
+    wedges: usize,
+) -> anyhow::Result<McpTrials> {
+    let lab_args = ["--stateless", "--json-response"];
+    let mut crash = Vec::with_capacity(crashes);
+    for i in 0..crashes {
+        let id = format!("crm-{i}");
+        let mut server = McpServer::lab(env, &id, &lab_args).await;
+        let key = register(client, lease, "crm", &id, &server, "mcp").await?;
+        let addr = server.endpoint();
+        until("mcp crash: routed", Duration::from_secs(20), async || {
+            routed(envoy, "crm", &addr).await
+        })
+        .await?;
+        let t0 = Instant::now();
+        server.proc.kill();
+        until(
+            "mcp crash: out of rotation",
+            Duration::from_secs(20),
+            async || !routed(envoy, "crm", &addr).await,
+        )
+        .await?;
+        crash.push(t0.elapsed());
+        client.delete(key, None).await?;
+    }
+    let mut wedged = Vec::with_capacity(wedges);
+    for i in 0..wedges {
+        let id = format!("wdm-{i}");
+        let server = McpServer::lab(env, &id, &lab_args).await;
+        let key = register(client, lease, "wdm", &id, &server, "mcp").await?;
+        let addr = server.endpoint();
+        until("mcp wedged: routed", Duration::from_secs(20), async || {
+            routed(envoy, "wdm", &addr).await
+        })
+        .await?;
+        let t0 = Instant::now();
+        server.set(serde_json::json!({"mcp_wedged": true})).await;
+        until(
+            "mcp wedged: out of rotation",
+            Duration::from_secs(20),
+            async || !routed(envoy, "wdm", &addr).await,
+        )
+        .await?;
+        wedged.push(t0.elapsed());
+        client.delete(key, None).await?;
+    }
+    // The same wedge under `http` probes: `/health` keeps answering, so the instance should
+    // stay in rotation. Watched for a bounded time (three probe intervals past the mcp
+    // figure's worst case) rather than waited on forever.
+    let server = McpServer::lab(env, "wdh", &lab_args).await;
+    let key = register(client, lease, "wdh", "wdh", &server, "http").await?;
+    let addr = server.endpoint();
+    until("http wedged: routed", Duration::from_secs(20), async || {
+        routed(envoy, "wdh", &addr).await
+    })
+    .await?;
+    server.set(serde_json::json!({"mcp_wedged": true})).await;
+    let watch = Duration::from_secs(10);
+    let (left, watched) = match until("http wedged: out of rotation", watch, async || {
+        !routed(envoy, "wdh", &addr).await
+    })
+    .await
+    {
+        Ok(after) => (true, after),
+        Err(_) => (false, watch),
+    };
+    client.delete(key, None).await?;
+    Ok((crash, wedged, (left, watched)))
 }
