@@ -85,7 +85,16 @@ async fn a_new_instance_is_probed_at_once_not_after_a_probe_interval() {
     .await;
     let inst = stack.instance("fresh", "fresh-2").await;
     assert_eq!(inst["state"], "UNKNOWN", "{inst}");
-    assert_eq!(inst["probes"][0]["detail"], "HTTP 503", "{inst}");
+    assert_eq!(
+        inst["probes"][0]["detail"], "HTTP 503 on GET /health",
+        "{inst}"
+    );
+    assert!(
+        inst["cause"]
+            .as_str()
+            .is_some_and(|c| c.contains("HTTP 503 on GET /health")),
+        "an instance never routed says why: {inst}"
+    );
     assert_eq!(stack.healthy("fresh").await, vec![server.endpoint()]);
     assert!(
         stack.envoy.hosts().await["fresh"]

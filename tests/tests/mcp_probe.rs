@@ -373,3 +373,39 @@ async fn a_server_without_health_probed_over_http_is_never_routed_and_says_why()
     );
     registrar.stop(Duration::from_secs(10)).await;
 }
+
+#[tokio::test]
+async fn a_tcp_probe_sees_a_crash_but_not_a_freeze_as_documented() {
+    let env = TestEnv::new("mcp_probe_tcp");
+    let stack = Stack::with(&env, Options::default().xds_arg(&FAST_PROBES)).await;
+    let mut crashes = McpServer::lab(&env, "tcp-crash", &["--tools", "echo"]).await;
+    let freezes = McpServer::lab(&env, "tcp-freeze", &["--tools", "echo"]).await;
+    let mut registrars = Vec::new();
+    for server in [&crashes, &freezes] {
+        registrars.push(
+            Registrant::new(&stack.etcd.endpoint(), "tcp", &server.endpoint())
+                .arg("--instance-id", &server.instance_id)
+                .arg("--probe", "tcp")
+                .arg("--tools", "echo")
+                .spawn(&env, &format!("{}.registrar", server.instance_id)),
+        );
+    }
+    for id in ["tcp-crash", "tcp-freeze"] {
+        stack
+            .wait_state("tcp", id, "UP", Duration::from_secs(30))
+            .await;
+        assert_eq!(stack.instance("tcp", id).await["probe"], "tcp");
+    }
+    freezes.proc.signal(Signal::SIGSTOP);
+    crashes.proc.kill();
+    stack
+        .wait_state("tcp", "tcp-crash", "SUSPECT", Duration::from_secs(6))
+        .await;
+    // Three more probe intervals: the kernel still accepts for the frozen process.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(stack.state("tcp", "tcp-freeze").await, "UP");
+    freezes.proc.signal(Signal::SIGCONT);
+    for mut r in registrars {
+        r.stop(Duration::from_secs(10)).await;
+    }
+}
