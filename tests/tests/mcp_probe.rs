@@ -409,3 +409,46 @@ async fn a_tcp_probe_sees_a_crash_but_not_a_freeze_as_documented() {
         r.stop(Duration::from_secs(10)).await;
     }
 }
+
+#[tokio::test]
+async fn a_restarted_legacy_server_gets_one_new_prober_session_not_one_per_probe() {
+    let env = TestEnv::new("mcp_probe_restart");
+    let stack = Stack::with(&env, Options::default().xds_arg(&FAST_PROBES)).await;
+    let cmd = ServerCommand::everything(free_port());
+    let mut first = cmd.spawn(&env, "everything-1");
+    let mut registrar = Registrant::new(&stack.etcd.endpoint(), "ev", &cmd.endpoint())
+        .arg("--instance-id", "ev-1")
+        .arg("--probe", "mcp")
+        .arg("--tools", "echo")
+        .arg("--wait-healthy", "true")
+        .spawn(&env, "ev.registrar");
+    stack
+        .wait_state("ev", "ev-1", "UP", Duration::from_secs(30))
+        .await;
+    first.kill();
+    stack
+        .wait_state("ev", "ev-1", "SUSPECT", Duration::from_secs(6))
+        .await;
+    // The same server starts again on the same port: it knows nothing of the old session.
+    let second = cmd.spawn(&env, "everything-2");
+    stack
+        .wait_state("ev", "ev-1", "UP", Duration::from_secs(15))
+        .await;
+    let inst = stack.instance("ev", "ev-1").await;
+    let recreated = inst["probes"].as_array().into_iter().flatten().any(|p| {
+        p["detail"]
+            .as_str()
+            .unwrap_or("")
+            .contains("session re-created")
+    });
+    assert!(recreated, "the lost session was replaced: {inst}");
+    // Five more probes on the new server: still the one session it gave the prober.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (created, ended) = session_counts(&second);
+    assert!(
+        created == 1 && ended == 0,
+        "one prober session on the restarted server: created {created}, deleted {ended}\n{}",
+        second.log()
+    );
+    registrar.stop(Duration::from_secs(10)).await;
+}

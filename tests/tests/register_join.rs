@@ -452,6 +452,43 @@ async fn without_tools_a_malformed_listing_is_an_error_naming_the_answer() {
 }
 
 #[tokio::test]
+async fn a_huge_listing_is_cut_at_the_cap_and_bad_names_are_named_not_fatal() {
+    let env = TestEnv::new("register_join_huge");
+    let etcd = Etcd::start(&env).await;
+    let client = etcd.client().await;
+    let mut tools: Vec<Value> = vec![
+        json!({"name": "has space"}),
+        json!({"name": "a/b"}),
+        json!({"name": 42}),
+        json!({"name": "x".repeat(200)}),
+    ];
+    let names: Vec<String> = (0..2_500).map(|i| format!("tool_{i:04}")).collect();
+    tools.extend(
+        names
+            .iter()
+            .map(|n| json!({"name": n, "inputSchema": {"type": "object"}})),
+    );
+    let (_server, port) = start_mutable(false, Value::Array(tools)).await;
+    let mut reg = Registrant::new(&etcd.endpoint(), "huge", &format!("127.0.0.1:{port}"))
+        .arg("--instance-id", "h-1")
+        .spawn(&env, "registrar");
+    let (meta, _) =
+        wait_registered(&client, "/mcp/services/huge/h-1", Duration::from_secs(15)).await;
+    assert_eq!(meta.tools.len(), 2_000, "registered up to the cap");
+    assert_eq!(meta.tools[..], names[..2_000]);
+    let log = plain(&reg.log());
+    assert!(
+        log.contains("stopped at 2000 tools"),
+        "the cut is said: {log}"
+    );
+    for refused in ["has space", "a/b", "(page 1, entry 2)", "xxxxxxxx"] {
+        assert!(log.contains(refused), "{refused} is named: {log}");
+    }
+    assert!(reg.is_running(), "bad input is no reason to stop");
+    reg.stop(Duration::from_secs(10)).await;
+}
+
+#[tokio::test]
 async fn update_tools_puts_the_new_list_under_the_same_lease() {
     let env = TestEnv::new("register_join_update_tools");
     let etcd = Etcd::start(&env).await;
