@@ -354,6 +354,7 @@ mod tests {
             }],
             cut: Some("stopped at 2000 tools; the server lists more".into()),
             pages: 1,
+            ..Listing::default()
         };
         let notes = listing_notes(&listing);
         assert_eq!(notes.len(), 3, "{notes:?}");

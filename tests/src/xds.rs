@@ -161,6 +161,18 @@ impl Xds {
             .expect("/v1/registry JSON")
     }
 
+    /// `/v1/catalog`: each service's tool definitions as read from its servers.
+    pub async fn catalog(&self) -> Value {
+        self.http
+            .get(format!("{}/v1/catalog", self.admin_url()))
+            .send()
+            .await
+            .expect("GET /v1/catalog")
+            .json()
+            .await
+            .expect("/v1/catalog JSON")
+    }
+
     pub async fn metrics_text(&self) -> String {
         self.http
             .get(format!("{}/metrics", self.admin_url()))

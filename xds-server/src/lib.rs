@@ -6,6 +6,7 @@
 
 pub mod admin;
 pub mod bootstrap;
+pub mod catalog;
 pub mod etcd;
 pub mod failpoint;
 pub mod fleet;

@@ -591,6 +591,15 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     let etcd_access = etcd_config.access.describe();
     let probe_sessions = health::monitor::spawn(hub.clone(), etcd_config, probed, resync);
+    let catalog = Arc::new(toolgate_xds::catalog::Catalog::default());
+    if health_config.probes {
+        tokio::spawn(toolgate_xds::catalog::run(
+            registry.clone(),
+            catalog.clone(),
+            toolgate_probe::http::client(health_config.probe_timeout),
+            health_config.probe_timeout,
+        ));
+    }
     tokio::spawn(watcher.run(persisted, args.startup_wait));
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -629,6 +638,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             envoys,
             protect_reads: args.protect_reads,
             reports,
+            catalog,
         },
         stopped(stop_rx),
     ));

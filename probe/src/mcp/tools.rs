@@ -37,6 +37,9 @@ pub struct Refused {
 pub struct Listing {
     /// Registrable names, in the server's order, each once.
     pub names: Vec<String>,
+    /// The full definitions (description, inputSchema, outputSchema, annotations…) of
+    /// `names`, in the same order, as the server gave them.
+    pub definitions: Vec<Value>,
     pub refused: Vec<Refused>,
     /// Where and why the listing stopped before the server's last page.
     pub cut: Option<String>,
@@ -133,6 +136,7 @@ fn sort_tool(
         return;
     }
     listing.names.push(name.to_string());
+    listing.definitions.push(tool.clone());
 }
 
 fn shorten(name: &str) -> String {
@@ -166,6 +170,7 @@ mod tests {
             sort_tool(t, 1, i, &mut seen, &mut listing);
         }
         assert_eq!(listing.names, ["ok_tool"]);
+        assert_eq!(listing.definitions, [json!({"name": "ok_tool"})]);
         assert_eq!(listing.refused.len(), 6, "{:?}", listing.refused);
         assert!(listing.refused[0].why.contains("contains ' '"));
         assert!(listing.refused[2].name.ends_with('…'));

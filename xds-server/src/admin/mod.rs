@@ -43,6 +43,8 @@ pub struct AdminState {
     pub protect_reads: bool,
     /// What the filters' reports must carry.
     pub reports: ReportToken,
+    /// Each service's tool definitions, for `/v1/catalog`.
+    pub catalog: Arc<crate::catalog::Catalog>,
 }
 
 pub fn router(state: AdminState) -> Router {
@@ -50,6 +52,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/v1/registry", get(registry))
+        .route("/v1/catalog", get(catalog))
         .route("/v1/envoys", get(envoys))
         .route("/v1/feedback", post(report_calls))
         .route("/v1/breaker-events", post(breaker_events))
@@ -136,6 +139,10 @@ async fn registry(State(s): State<AdminState>) -> impl IntoResponse {
         "instances": view.instances,
         "services": view.services,
     }))
+}
+
+async fn catalog(State(s): State<AdminState>) -> impl IntoResponse {
+    Json(json!({"services": s.catalog.view()}))
 }
 
 async fn envoys(State(s): State<AdminState>) -> impl IntoResponse {

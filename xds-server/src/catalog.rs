@@ -1,0 +1,242 @@
+//! The tool catalog: each service's full tool definitions (description, inputSchema,
+//! outputSchema, annotations), read over MCP from one UP instance when the service first has
+//! one and again whenever its registered tool list changes, never per client request.
+//!
+//! The registrar re-registers on the server's `notifications/tools/list_changed`, so a
+//! changed list arrives here as a changed registration. The builder reconciles against the
+//! in-memory registry once a second (etcd is not read); it talks to instances only when
+//! probes are on, as `--no-probes` promises that toolgate-xds contacts no instance.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use serde::Serialize;
+use serde_json::Value;
+use toolgate_probe::mcp::tools::ListLimits;
+use toolgate_probe::mcp::McpClient;
+use tracing::{info, warn};
+
+use crate::health::machine::State;
+use crate::registry::Registry;
+
+/// The name the catalog builder gives itself in `clientInfo`.
+const CLIENT_NAME: &str = "toolgate-catalog";
+/// A service whose read failed is tried again after this long.
+const RETRY_AFTER: Duration = Duration::from_secs(10);
+/// Services read per pass, so one pass stays short when thousands appear at once.
+const READS_PER_PASS: usize = 16;
+
+/// One service's entry.
+#[derive(Debug, Clone, Serialize)]
+pub struct ServiceCatalog {
+    /// The registered tool list the definitions were read for (the newest registration's).
+    pub registered: Vec<String>,
+    /// The definitions of the registered tools the server listed, in the server's order.
+    pub tools: Vec<Value>,
+    /// The instance read, and the revision it spoke.
+    pub from_instance: String,
+    pub protocol_version: String,
+    /// When it was read (RFC 3339); empty until a read succeeded.
+    pub read_at: String,
+    /// Why the last read failed, if it did (the definitions of an earlier read stay).
+    pub error: Option<String>,
+    /// Instances that disagree on their tools, tools registered but not served.
+    pub warnings: Vec<String>,
+    #[serde(skip)]
+    tried: Option<Instant>,
+}
+
+/// Every service's catalog entry, shared with the admin API.
+#[derive(Default)]
+pub struct Catalog {
+    services: RwLock<BTreeMap<String, ServiceCatalog>>,
+}
+
+impl Catalog {
+    pub fn view(&self) -> BTreeMap<String, ServiceCatalog> {
+        self.services
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+/// What a service needs read: the newest registration's tool list and where to read it.
+struct Wanted {
+    service: String,
+    registered: Vec<String>,
+    instance: String,
+    url: String,
+    warnings: Vec<String>,
+}
+
+/// Keeps the catalog in step with the registry until the process ends.
+pub async fn run(
+    registry: Arc<RwLock<Registry>>,
+    catalog: Arc<Catalog>,
+    http: reqwest::Client,
+    timeout: Duration,
+) {
+    let mut every = tokio::time::interval(Duration::from_secs(1));
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let wanted = {
+            let reg = registry.read().unwrap_or_else(|p| p.into_inner());
+            wanted(&reg)
+        };
+        let due: Vec<Wanted> = {
+            let mut services = catalog.services.write().unwrap_or_else(|p| p.into_inner());
+            services.retain(|s, _| wanted.contains_key(s));
+            wanted
+                .into_values()
+                .flatten()
+                .filter(|w| match services.get(&w.service) {
+                    None => true,
+                    Some(c) if c.registered != w.registered => true,
+                    Some(c) => {
+                        c.error.is_some() && c.tried.is_none_or(|t| t.elapsed() >= RETRY_AFTER)
+                    }
+                })
+                .take(READS_PER_PASS)
+                .collect()
+        };
+        for w in due {
+            let read = read_tools(&http, &w, timeout).await;
+            let mut services = catalog.services.write().unwrap_or_else(|p| p.into_inner());
+            let entry = services
+                .entry(w.service.clone())
+                .or_insert_with(|| ServiceCatalog {
+                    registered: Vec::new(),
+                    tools: Vec::new(),
+                    from_instance: String::new(),
+                    protocol_version: String::new(),
+                    read_at: String::new(),
+                    error: None,
+                    warnings: Vec::new(),
+                    tried: None,
+                });
+            entry.registered = w.registered.clone();
+            entry.tried = Some(Instant::now());
+            entry.from_instance = w.instance.clone();
+            match read {
+                Ok((tools, version, mut warnings)) => {
+                    info!(service = %w.service, instance = %w.instance, tools = tools.len(),
+                        %version, "tool catalog read");
+                    for note in &warnings {
+                        warn!(service = %w.service, "tool catalog: {note}");
+                    }
+                    warnings.splice(0..0, w.warnings.iter().cloned());
+                    entry.tools = tools;
+                    entry.protocol_version = version;
+                    entry.read_at = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
+                    entry.error = None;
+                    entry.warnings = warnings;
+                }
+                Err(e) => {
+                    warn!(service = %w.service, instance = %w.instance, error = %e,
+                        "reading the tool catalog failed; keeping the last one");
+                    entry.error = Some(e);
+                    entry.warnings = w.warnings.clone();
+                }
+            }
+        }
+    }
+}
+
+/// Per service: what to read, or `None` while no instance is UP (nothing to read from yet,
+/// and the entry read before stays).
+fn wanted(reg: &Registry) -> BTreeMap<String, Option<Wanted>> {
+    let mut by_service: BTreeMap<String, Vec<(&str, &crate::registry::Instance)>> = BTreeMap::new();
+    for (key, inst) in reg.instances() {
+        by_service
+            .entry(key.service.clone())
+            .or_default()
+            .push((key.instance.as_str(), inst));
+    }
+    by_service
+        .into_iter()
+        .map(|(service, instances)| {
+            let newest = instances.iter().max_by_key(|(_, i)| i.mod_revision);
+            let Some((newest_id, newest)) = newest else {
+                return (service, None);
+            };
+            let mut warnings = Vec::new();
+            let mut sorted_newest = newest.meta.tools.clone();
+            sorted_newest.sort();
+            for (id, inst) in &instances {
+                let mut theirs = inst.meta.tools.clone();
+                theirs.sort();
+                if theirs != sorted_newest {
+                    warnings.push(format!(
+                        "instances disagree on their tools: {id} registers {:?}, the newest \
+                         registration ({newest_id}) {:?}; the catalog shows the newest's",
+                        inst.meta.tools, newest.meta.tools
+                    ));
+                }
+            }
+            // Read from an UP instance with the newest list, else from any UP one.
+            let source = instances
+                .iter()
+                .filter(|(_, i)| i.health.state() == State::Up)
+                .max_by_key(|(_, i)| (i.meta.tools == newest.meta.tools, i.mod_revision));
+            let wanted = source.map(|(id, inst)| Wanted {
+                service: service.clone(),
+                registered: newest.meta.tools.clone(),
+                instance: id.to_string(),
+                url: toolgate_probe::http::url(inst.addr(), &inst.meta.mcp_path),
+                warnings,
+            });
+            (service, wanted)
+        })
+        .collect()
+}
+
+/// Lists the tools of one instance and keeps the definitions of the registered ones.
+async fn read_tools(
+    http: &reqwest::Client,
+    w: &Wanted,
+    timeout: Duration,
+) -> Result<(Vec<Value>, String, Vec<String>), String> {
+    let mut client = McpClient::new(http.clone(), w.url.clone(), timeout, CLIENT_NAME);
+    let listed = client.list_tools(ListLimits::default()).await;
+    let version = client
+        .negotiated()
+        .map(|n| n.version().to_string())
+        .unwrap_or_default();
+    // The builder keeps no session between reads.
+    let _ = client.close().await;
+    let listing = listed.map_err(|e| format!("tools/list at {}: {e}", w.url))?;
+    let mut warnings: Vec<String> = listing
+        .refused
+        .iter()
+        .map(|r| format!("the server lists tool {:?}, refused: {}", r.name, r.why))
+        .collect();
+    if let Some(cut) = &listing.cut {
+        warnings.push(format!("the listing was cut: {cut}"));
+    }
+    let tools: Vec<Value> = if w.registered.is_empty() {
+        listing.definitions
+    } else {
+        let missing: Vec<&String> = w
+            .registered
+            .iter()
+            .filter(|t| !listing.names.contains(t))
+            .collect();
+        if !missing.is_empty() {
+            warnings.push(format!(
+                "registered but not listed by {}: {missing:?}",
+                w.instance
+            ));
+        }
+        listing
+            .definitions
+            .into_iter()
+            .zip(listing.names)
+            .filter(|(_, name)| w.registered.contains(name))
+            .map(|(d, _)| d)
+            .collect()
+    };
+    Ok((tools, version, warnings))
+}
