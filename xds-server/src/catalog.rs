@@ -22,8 +22,10 @@ use crate::registry::Registry;
 
 /// The name the catalog builder gives itself in `clientInfo`.
 const CLIENT_NAME: &str = "toolgate-catalog";
-/// A service whose read failed is tried again after this long.
+/// A service whose read failed is tried again after this long, doubled after each further
+/// failure up to [`RETRY_MAX`]: a server that does not speak MCP costs little and logs once.
 const RETRY_AFTER: Duration = Duration::from_secs(10);
+const RETRY_MAX: Duration = Duration::from_secs(300);
 /// Services read per pass, so one pass stays short when thousands appear at once.
 const READS_PER_PASS: usize = 16;
 
@@ -43,8 +45,19 @@ pub struct ServiceCatalog {
     pub error: Option<String>,
     /// Instances that disagree on their tools, tools registered but not served.
     pub warnings: Vec<String>,
+    /// Reads failed in a row.
+    pub failures: u32,
     #[serde(skip)]
     tried: Option<Instant>,
+}
+
+impl ServiceCatalog {
+    fn retry_due(&self) -> bool {
+        let wait = RETRY_AFTER
+            .saturating_mul(1 << self.failures.saturating_sub(1).min(5))
+            .min(RETRY_MAX);
+        self.error.is_some() && self.tried.is_none_or(|t| t.elapsed() >= wait)
+    }
 }
 
 /// Every service's catalog entry, shared with the admin API.
@@ -95,9 +108,7 @@ pub async fn run(
                 .filter(|w| match services.get(&w.service) {
                     None => true,
                     Some(c) if c.registered != w.registered => true,
-                    Some(c) => {
-                        c.error.is_some() && c.tried.is_none_or(|t| t.elapsed() >= RETRY_AFTER)
-                    }
+                    Some(c) => c.retry_due(),
                 })
                 .take(READS_PER_PASS)
                 .collect()
@@ -115,8 +126,12 @@ pub async fn run(
                     read_at: String::new(),
                     error: None,
                     warnings: Vec::new(),
+                    failures: 0,
                     tried: None,
                 });
+            if entry.registered != w.registered {
+                entry.failures = 0;
+            }
             entry.registered = w.registered.clone();
             entry.tried = Some(Instant::now());
             entry.from_instance = w.instance.clone();
@@ -132,11 +147,16 @@ pub async fn run(
                     entry.protocol_version = version;
                     entry.read_at = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
                     entry.error = None;
+                    entry.failures = 0;
                     entry.warnings = warnings;
                 }
                 Err(e) => {
-                    warn!(service = %w.service, instance = %w.instance, error = %e,
-                        "reading the tool catalog failed; keeping the last one");
+                    // Once per distinct failure; the retries in between are quiet.
+                    if entry.error.as_deref() != Some(e.as_str()) {
+                        warn!(service = %w.service, instance = %w.instance, error = %e,
+                            "reading the tool catalog failed; keeping the last one, retrying with backoff");
+                    }
+                    entry.failures = entry.failures.saturating_add(1);
                     entry.error = Some(e);
                     entry.warnings = w.warnings.clone();
                 }
@@ -239,4 +259,37 @@ async fn read_tools(
             .collect()
     };
     Ok((tools, version, warnings))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failed_reads_back_off_to_five_minutes() {
+        let mut c = ServiceCatalog {
+            registered: vec![],
+            tools: vec![],
+            from_instance: String::new(),
+            protocol_version: String::new(),
+            read_at: String::new(),
+            error: None,
+            warnings: vec![],
+            failures: 0,
+            tried: Some(Instant::now()),
+        };
+        assert!(!c.retry_due(), "nothing to retry without an error");
+        c.error = Some("tools/list: HTTP 404".into());
+        c.failures = 1;
+        assert!(!c.retry_due(), "not before 10 s");
+        c.tried = Instant::now().checked_sub(Duration::from_secs(11));
+        assert!(c.retry_due());
+        c.failures = 3;
+        assert!(!c.retry_due(), "the third failure waits 40 s");
+        c.failures = 60;
+        c.tried = Instant::now().checked_sub(Duration::from_secs(299));
+        assert!(!c.retry_due(), "capped at 300 s, not overflowed");
+        c.tried = Instant::now().checked_sub(Duration::from_secs(301));
+        assert!(c.retry_due());
+    }
 }
