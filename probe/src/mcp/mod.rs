@@ -432,7 +432,9 @@ impl McpClient {
     /// The session was lost: one new one, checked with a ping. A server that refuses pings on
     /// fresh sessions too gets that session deleted, so probing never piles them up.
     async fn renew_session(&mut self, lost: Failure) -> Result<String, Failure> {
-        self.negotiated = None;
+        // Usually the server forgot it (a restart) and refuses the DELETE; a server that
+        // refuses pings on live sessions must not keep one per probe.
+        let _ = self.close().await;
         let fresh = match self.initialize().await {
             Ok(n) => n,
             Err(e) => {
