@@ -35,7 +35,8 @@ pub async fn get(client: &reqwest::Client, url: &str, timeout: Duration) -> Resu
     }
 }
 
-fn path_of(url: &str) -> &str {
+/// The path part of an `http://host:port/path` URL, for messages.
+pub fn path_of(url: &str) -> &str {
     url.strip_prefix("http://")
         .and_then(|rest| rest.find('/').map(|i| &rest[i..]))
         .unwrap_or(url)

@@ -279,6 +279,23 @@ async fn probes_passed(stack: &Stack) -> f64 {
         .await
 }
 
+/// The everything-server run on its own (not as the registrar's child, so its log outlives
+/// both), registered beside it as `ev/ev-1` with the `mcp` probe and tools given by hand; UP.
+async fn legacy_beside(env: &TestEnv, stack: &Stack, name: &str) -> (ServerCommand, Proc, Proc) {
+    let cmd = ServerCommand::everything(free_port());
+    let server = cmd.spawn(env, name);
+    let registrar = Registrant::new(&stack.etcd.endpoint(), "ev", &cmd.endpoint())
+        .arg("--instance-id", "ev-1")
+        .arg("--probe", "mcp")
+        .arg("--tools", "echo")
+        .arg("--wait-healthy", "true")
+        .spawn(env, "ev.registrar");
+    stack
+        .wait_state("ev", "ev-1", "UP", Duration::from_secs(30))
+        .await;
+    (cmd, server, registrar)
+}
+
 /// Counts the everything-server's own session log lines: sessions it created and sessions a
 /// client ended with DELETE.
 fn session_counts(server: &Proc) -> (usize, usize) {
@@ -297,18 +314,7 @@ async fn a_hundred_probes_of_a_legacy_server_hold_one_session_deleted_when_the_p
         Options::default().xds_arg(&["--probe-interval", "100ms", "--probe-timeout", "80ms"]),
     )
     .await;
-    // The server runs on its own (not as the registrar's child), so its log outlives both.
-    let cmd = ServerCommand::everything(free_port());
-    let server = cmd.spawn(&env, "everything");
-    let mut registrar = Registrant::new(&stack.etcd.endpoint(), "ev", &cmd.endpoint())
-        .arg("--instance-id", "ev-1")
-        .arg("--probe", "mcp")
-        .arg("--tools", "echo")
-        .arg("--wait-healthy", "true")
-        .spawn(&env, "ev.registrar");
-    stack
-        .wait_state("ev", "ev-1", "UP", Duration::from_secs(30))
-        .await;
+    let (_cmd, server, mut registrar) = legacy_beside(&env, &stack, "everything").await;
     let start = probes_passed(&stack).await;
     wait_until(
         "100 more probes passed",
@@ -344,17 +350,7 @@ async fn a_hundred_probes_of_a_legacy_server_hold_one_session_deleted_when_the_p
 async fn an_instance_that_leaves_gets_its_prober_session_deleted() {
     let env = TestEnv::new("mcp_probe_leave");
     let stack = Stack::with(&env, Options::default().xds_arg(&FAST_PROBES)).await;
-    let cmd = ServerCommand::everything(free_port());
-    let server = cmd.spawn(&env, "everything");
-    let mut registrar = Registrant::new(&stack.etcd.endpoint(), "ev", &cmd.endpoint())
-        .arg("--instance-id", "ev-1")
-        .arg("--probe", "mcp")
-        .arg("--tools", "echo")
-        .arg("--wait-healthy", "true")
-        .spawn(&env, "ev.registrar");
-    stack
-        .wait_state("ev", "ev-1", "UP", Duration::from_secs(30))
-        .await;
+    let (_cmd, server, mut registrar) = legacy_beside(&env, &stack, "everything").await;
     assert!(session_counts(&server).0 >= 1);
     // SIGTERM: the registrar revokes the lease; toolgate-xds drops the instance and its prober
     // deletes the session while toolgate-xds keeps running.
@@ -450,17 +446,7 @@ async fn a_tcp_probe_sees_a_crash_but_not_a_freeze_as_documented() {
 async fn a_restarted_legacy_server_gets_one_new_prober_session_not_one_per_probe() {
     let env = TestEnv::new("mcp_probe_restart");
     let stack = Stack::with(&env, Options::default().xds_arg(&FAST_PROBES)).await;
-    let cmd = ServerCommand::everything(free_port());
-    let mut first = cmd.spawn(&env, "everything-1");
-    let mut registrar = Registrant::new(&stack.etcd.endpoint(), "ev", &cmd.endpoint())
-        .arg("--instance-id", "ev-1")
-        .arg("--probe", "mcp")
-        .arg("--tools", "echo")
-        .arg("--wait-healthy", "true")
-        .spawn(&env, "ev.registrar");
-    stack
-        .wait_state("ev", "ev-1", "UP", Duration::from_secs(30))
-        .await;
+    let (cmd, mut first, mut registrar) = legacy_beside(&env, &stack, "everything-1").await;
     first.kill();
     stack
         .wait_state("ev", "ev-1", "SUSPECT", Duration::from_secs(6))

@@ -52,7 +52,7 @@ impl Prober {
             Prober::Mcp(c) => c
                 .probe()
                 .await
-                .map_err(|e| format!("MCP at {}: {e}", path_of(c.url()))),
+                .map_err(|e| format!("MCP at {}: {e}", toolgate_probe::http::path_of(c.url()))),
             Prober::Tcp(addr) => toolgate_probe::tcp::connect(*addr, timeout).await,
         };
         let (ok, detail) = match outcome {
@@ -82,12 +82,6 @@ impl Prober {
             _ => None,
         }
     }
-}
-
-fn path_of(url: &str) -> &str {
-    url.strip_prefix("http://")
-        .and_then(|rest| rest.find('/').map(|i| &rest[i..]))
-        .unwrap_or(url)
 }
 
 /// Every MCP session the probers hold, by probe task.
@@ -171,6 +165,14 @@ impl ProbeSessions {
 mod tests {
     use super::*;
 
+    fn target(addr: std::net::SocketAddr, kind: ProbeKind) -> ProbeTarget {
+        ProbeTarget {
+            addr,
+            kind,
+            path: "/p".into(),
+        }
+    }
+
     #[tokio::test]
     async fn refused_and_silent_servers_fail_with_a_reason_in_every_kind() {
         let addr = {
@@ -180,11 +182,7 @@ mod tests {
         let t = Duration::from_millis(300);
         let c = client(t);
         for kind in ProbeKind::ALL {
-            let target = ProbeTarget {
-                addr,
-                kind,
-                path: "/p".into(),
-            };
+            let target = target(addr, kind);
             let r = Prober::new(&target, &c, t).probe(&c, t).await;
             assert!(!r.ok);
             assert!(r.detail.contains("connect failed"), "{kind}: {}", r.detail);
@@ -200,22 +198,14 @@ mod tests {
             }
         });
         for kind in [ProbeKind::Http, ProbeKind::Mcp] {
-            let target = ProbeTarget {
-                addr,
-                kind,
-                path: "/p".into(),
-            };
+            let target = target(addr, kind);
             let r = Prober::new(&target, &c, t).probe(&c, t).await;
             assert!(!r.ok);
             assert!(r.detail.ends_with("no answer within 300ms"), "{}", r.detail);
             assert!(r.latency_ms >= 290.0);
         }
         // TCP alone cannot tell: the kernel accepts for the frozen process.
-        let target = ProbeTarget {
-            addr,
-            kind: ProbeKind::Tcp,
-            path: String::new(),
-        };
+        let target = target(addr, ProbeKind::Tcp);
         assert!(Prober::new(&target, &c, t).probe(&c, t).await.ok);
     }
 }
