@@ -87,6 +87,23 @@ impl KeyLayout {
         }
     }
 
+    /// `<prefix>virtual/`: virtual servers, one key per name (issue 19).
+    pub fn virtual_prefix(&self) -> String {
+        format!("{}virtual/", self.prefix)
+    }
+
+    /// The name in `<prefix>virtual/<name>`, checked like a service name.
+    pub fn parse_virtual_key(&self, key: &str) -> Result<String, KeyError> {
+        let rest = key
+            .strip_prefix(self.virtual_prefix().as_str())
+            .ok_or_else(|| KeyError::NotAService(key.to_string()))?;
+        validate_name("virtual server", rest).map_err(|source| KeyError::Name {
+            key: key.to_string(),
+            source,
+        })?;
+        Ok(rest.to_string())
+    }
+
     /// `<prefix>breakers/`: breaker openings shared by the fleet, leased for the open duration.
     pub fn breakers_prefix(&self) -> String {
         format!("{}breakers/", self.prefix)

@@ -382,6 +382,11 @@ pub struct FilterConfig {
     /// upstream address reaches a client; empty: not sealed.
     #[serde(skip_serializing_if = "ReportToken::is_empty")]
     pub session_key: ReportToken,
+    /// The virtual servers (issue 19), by name: the tool names an agent may call on each
+    /// and the (service, tool) each calls. `default` is served at `/mcp`, every one at
+    /// `/virtual/<name>`.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub virtual_servers: BTreeMap<String, crate::virtual_server::VirtualRoutes>,
 }
 
 /// A secret that never shows in a `Debug` print (configurations are logged and asserted on):
@@ -420,6 +425,7 @@ impl Default for FilterConfig {
             access_log: false,
             catalog: BTreeMap::new(),
             session_key: ReportToken::default(),
+            virtual_servers: BTreeMap::new(),
         }
     }
 }

@@ -1,0 +1,442 @@
+//! Virtual servers: one MCP endpoint over the tools of many services (`<prefix>virtual/<name>`).
+//!
+//! A virtual server is a selection: which services, which of their tools (glob patterns), how
+//! the tools are named to the agent, and whether a tool that cannot work right now is shown
+//! with a note or hidden. The default one (`default`, served at `/mcp`) offers every tool of
+//! every service, prefixed, unless `<prefix>virtual/default` says otherwise.
+//!
+//! Names an agent sees must not change because an unrelated service registered later, so a
+//! conflict is always settled in favour of the service that has been registered the longest
+//! (the smallest etcd create revision among its live instance keys, then the service name):
+//! see [`resolve`].
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::names::{validate_name, MAX_NAME_LEN};
+
+/// The virtual server served at `/mcp`.
+pub const DEFAULT_VIRTUAL: &str = "default";
+/// Between the service and the tool in a prefixed name (`inventory__get_stock`).
+pub const SEPARATOR: &str = "__";
+/// Patterns per list, and characters per pattern.
+pub const MAX_PATTERNS: usize = 64;
+pub const MAX_PATTERN_LEN: usize = 2 * MAX_NAME_LEN + 1;
+/// Services a virtual server may list by name.
+pub const MAX_SERVICES: usize = 1024;
+/// The longest description kept.
+pub const MAX_DESCRIPTION_LEN: usize = 1024;
+
+/// How the agent sees a tool's name.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Naming {
+    /// Always `<service>__<tool>`.
+    #[default]
+    Prefixed,
+    /// The tool's own name; where two services offer the same name, the longest-registered
+    /// service keeps it and the others' tools are offered as `<service>__<tool>`.
+    Bare,
+}
+
+/// What `tools/list` does with a tool that cannot work right now (no UP instance, breaker
+/// open fleet-wide, forced open by an operator).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WhenUnavailable {
+    /// Listed, with `_meta["io.toolgate/availability"]` and a sentence in its description.
+    #[default]
+    Annotate,
+    /// Not listed until it works again.
+    Hide,
+}
+
+/// The definition stored at `<prefix>virtual/<name>`. Unknown fields are refused: a typo in
+/// `exclude` must not silently offer a tool the operator meant to withhold.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct VirtualServer {
+    /// The services offered; empty: every registered service.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub services: Vec<String>,
+    /// Only tools matching one of these are offered; empty: every tool. A pattern with a `/`
+    /// matches `<service>/<tool>`, one without matches the tool name; `*` matches any run of
+    /// characters, `?` one character.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub include: Vec<String>,
+    /// Tools matching one of these are never offered (wins over `include`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub exclude: Vec<String>,
+    pub naming: Naming,
+    pub unavailable: WhenUnavailable,
+    /// Shown to the agent as the server's `instructions`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+}
+
+/// Why a definition was refused, with the field it is about (`services[2]`, `include[0]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VirtualError {
+    pub field: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for VirtualError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+impl std::error::Error for VirtualError {}
+
+fn error(field: impl Into<String>, message: impl Into<String>) -> VirtualError {
+    VirtualError {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+impl VirtualServer {
+    /// Every server (all services, prefixed, annotated): what `/mcp` offers when no
+    /// `<prefix>virtual/default` exists.
+    pub fn everything() -> Self {
+        VirtualServer::default()
+    }
+
+    /// Parses and validates a stored value.
+    pub fn parse(value: &[u8]) -> Result<Self, VirtualError> {
+        let parsed: VirtualServer =
+            serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(value))
+                .map_err(|e| {
+                    let path = e.path().to_string();
+                    let field = if path == "." {
+                        "value".to_string()
+                    } else {
+                        path
+                    };
+                    error(
+                        field,
+                        format!("not a virtual server definition: {}", e.inner()),
+                    )
+                })?;
+        parsed.validate()?;
+        Ok(parsed)
+    }
+
+    /// The structural rules: names, patterns, sizes. Whether the services exist is the admin
+    /// API's question (a service may be between instances when a stored value is read).
+    pub fn validate(&self) -> Result<(), VirtualError> {
+        if self.services.len() > MAX_SERVICES {
+            return Err(error(
+                "services",
+                format!(
+                    "lists {} services; at most {MAX_SERVICES} are allowed",
+                    self.services.len()
+                ),
+            ));
+        }
+        let mut seen = BTreeSet::new();
+        for (i, s) in self.services.iter().enumerate() {
+            validate_name("service", s)
+                .map_err(|e| error(format!("services[{i}]"), e.to_string()))?;
+            if !seen.insert(s) {
+                return Err(error(
+                    format!("services[{i}]"),
+                    format!("{s:?} is listed twice"),
+                ));
+            }
+        }
+        for (list, patterns) in [("include", &self.include), ("exclude", &self.exclude)] {
+            if patterns.len() > MAX_PATTERNS {
+                return Err(error(
+                    list,
+                    format!(
+                        "has {} patterns; at most {MAX_PATTERNS} are allowed",
+                        patterns.len()
+                    ),
+                ));
+            }
+            for (i, p) in patterns.iter().enumerate() {
+                check_pattern(p).map_err(|m| error(format!("{list}[{i}]"), m))?;
+            }
+        }
+        if let Some(d) = &self.description {
+            if d.chars().count() > MAX_DESCRIPTION_LEN {
+                return Err(error(
+                    "description",
+                    format!("is longer than {MAX_DESCRIPTION_LEN} characters"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the service is offered at all.
+    pub fn offers_service(&self, service: &str) -> bool {
+        self.services.is_empty() || self.services.iter().any(|s| s == service)
+    }
+
+    /// Whether the tool of the service is offered (service selected, included, not excluded).
+    pub fn offers(&self, service: &str, tool: &str) -> bool {
+        self.offers_service(service)
+            && (self.include.is_empty() || self.include.iter().any(|p| matches(p, service, tool)))
+            && !self.exclude.iter().any(|p| matches(p, service, tool))
+    }
+}
+
+fn check_pattern(p: &str) -> Result<(), String> {
+    if p.is_empty() {
+        return Err("is empty".to_string());
+    }
+    if p.chars().count() > MAX_PATTERN_LEN {
+        return Err(format!("is longer than {MAX_PATTERN_LEN} characters"));
+    }
+    if p.matches('/').count() > 1 {
+        return Err(format!(
+            "{p:?} has more than one '/' (the form is <service>/<tool>)"
+        ));
+    }
+    if let Some(ch) = p
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-' | '*' | '?' | '/')))
+    {
+        return Err(format!(
+            "{p:?} contains {ch:?}; only name characters, '*', '?' and one '/' are allowed"
+        ));
+    }
+    Ok(())
+}
+
+/// Whether a pattern matches the tool of the service.
+pub fn matches(pattern: &str, service: &str, tool: &str) -> bool {
+    match pattern.split_once('/') {
+        Some((s, t)) => {
+            glob(s.as_bytes(), service.as_bytes()) && glob(t.as_bytes(), tool.as_bytes())
+        }
+        None => glob(pattern.as_bytes(), tool.as_bytes()),
+    }
+}
+
+/// `*` and `?` glob, iterative with one backtrack point: linear enough for names of 128
+/// characters, and no recursion a hostile pattern could deepen.
+fn glob(pattern: &[u8], text: &[u8]) -> bool {
+    let (mut p, mut t) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while t < text.len() {
+        if p < pattern.len() && (pattern[p] == b'?' || pattern[p] == text[t]) {
+            p += 1;
+            t += 1;
+        } else if p < pattern.len() && pattern[p] == b'*' {
+            star = Some((p, t));
+            p += 1;
+        } else if let Some((sp, st)) = star {
+            p = sp + 1;
+            t = st + 1;
+            star = Some((sp, st + 1));
+        } else {
+            return false;
+        }
+    }
+    pattern[p..].iter().all(|&c| c == b'*')
+}
+
+/// A tool as the agent sees it on one virtual server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VirtualTool {
+    pub service: String,
+    pub tool: String,
+}
+
+/// What the filter needs of one virtual server: the names the agent may call and what each
+/// calls. Built by toolgate-xds ([`resolve`]) and delivered in the filter's configuration.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct VirtualRoutes {
+    pub tools: BTreeMap<String, VirtualTool>,
+}
+
+impl VirtualRoutes {
+    /// The name the agent sees for a tool of a service on this endpoint, if it is offered.
+    pub fn visible_name(&self, service: &str, tool: &str) -> Option<&str> {
+        self.tools
+            .iter()
+            .find(|(_, t)| t.service == service && t.tool == tool)
+            .map(|(name, _)| name.as_str())
+    }
+}
+
+/// A service as [`resolve`] needs it: its age (the smallest create revision among its live
+/// instance keys) and its tools.
+#[derive(Debug, Clone)]
+pub struct ServiceTools<'a> {
+    pub service: &'a str,
+    pub since_revision: i64,
+    pub tools: Vec<&'a str>,
+}
+
+/// A tool [`resolve`] could not name, and why (logged by toolgate-xds).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unnamed {
+    pub service: String,
+    pub tool: String,
+    pub reason: String,
+}
+
+/// The names of one virtual server's tools. Services are taken oldest first, so a name once
+/// given stays with its tool while the tool's service lives, whatever registers later.
+pub fn resolve(vs: &VirtualServer, services: &[ServiceTools<'_>]) -> (VirtualRoutes, Vec<Unnamed>) {
+    let mut order: Vec<&ServiceTools<'_>> = services
+        .iter()
+        .filter(|s| vs.offers_service(s.service))
+        .collect();
+    order.sort_by(|a, b| (a.since_revision, a.service).cmp(&(b.since_revision, b.service)));
+    let mut routes = VirtualRoutes::default();
+    let mut unnamed = Vec::new();
+    for s in order {
+        for tool in &s.tools {
+            if !vs.offers(s.service, tool) {
+                continue;
+            }
+            let prefixed = format!("{}{SEPARATOR}{}", s.service, tool);
+            let candidates: Vec<String> = match vs.naming {
+                Naming::Prefixed => vec![prefixed],
+                Naming::Bare => vec![tool.to_string(), prefixed],
+            };
+            let entry = VirtualTool {
+                service: s.service.to_string(),
+                tool: tool.to_string(),
+            };
+            let mut named = false;
+            for name in &candidates {
+                if name.len() > MAX_NAME_LEN {
+                    continue;
+                }
+                if !routes.tools.contains_key(name) {
+                    routes.tools.insert(name.clone(), entry.clone());
+                    named = true;
+                    break;
+                }
+            }
+            if !named {
+                let reason = match candidates.iter().find(|n| n.len() <= MAX_NAME_LEN) {
+                    Some(n) => format!(
+                        "{n:?} is taken by {} of a service registered earlier",
+                        routes
+                            .tools
+                            .get(n)
+                            .map(|t| format!("{}/{}", t.service, t.tool))
+                            .unwrap_or_default()
+                    ),
+                    None => format!("its name would be longer than {MAX_NAME_LEN} characters"),
+                };
+                unnamed.push(Unnamed {
+                    service: s.service.to_string(),
+                    tool: tool.to_string(),
+                    reason,
+                });
+            }
+        }
+    }
+    (routes, unnamed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn svc<'a>(service: &'a str, since: i64, tools: &[&'a str]) -> ServiceTools<'a> {
+        ServiceTools {
+            service,
+            since_revision: since,
+            tools: tools.to_vec(),
+        }
+    }
+
+    #[test]
+    fn prefixed_names_carry_the_service() {
+        let (routes, unnamed) = resolve(
+            &VirtualServer::everything(),
+            &[
+                svc("inventory", 5, &["get_stock"]),
+                svc("finance", 9, &["get_stock"]),
+            ],
+        );
+        assert!(unnamed.is_empty());
+        let names: Vec<_> = routes.tools.keys().cloned().collect();
+        assert_eq!(names, ["finance__get_stock", "inventory__get_stock"]);
+        assert_eq!(
+            routes.visible_name("finance", "get_stock"),
+            Some("finance__get_stock")
+        );
+    }
+
+    #[test]
+    fn a_bare_name_stays_with_the_service_registered_first() {
+        let vs = VirtualServer {
+            naming: Naming::Bare,
+            ..VirtualServer::default()
+        };
+        let before = resolve(&vs, &[svc("zeta", 3, &["search"])]).0;
+        assert_eq!(before.tools["search"].service, "zeta");
+        // "alpha" sorts first by name but registered later: "search" stays zeta's.
+        let after = resolve(
+            &vs,
+            &[svc("alpha", 7, &["search"]), svc("zeta", 3, &["search"])],
+        )
+        .0;
+        assert_eq!(after.tools["search"].service, "zeta");
+        assert_eq!(after.tools["alpha__search"].service, "alpha");
+    }
+
+    #[test]
+    fn a_conflict_with_no_free_name_is_reported() {
+        let (routes, unnamed) = resolve(
+            &VirtualServer::everything(),
+            &[svc("a__b", 1, &["c"]), svc("a", 2, &["b__c"])],
+        );
+        assert_eq!(routes.tools["a__b__c"].service, "a__b");
+        assert_eq!(unnamed.len(), 1);
+        assert!(unnamed[0].reason.contains("a__b/c"), "{:?}", unnamed[0]);
+    }
+
+    #[test]
+    fn include_and_exclude_select_tools() {
+        let vs = VirtualServer {
+            services: vec!["orders".into(), "inventory".into()],
+            include: vec!["read_*".into(), "inventory/*".into()],
+            exclude: vec!["*/read_secret".into()],
+            ..VirtualServer::default()
+        };
+        assert!(vs.offers("orders", "read_order"));
+        assert!(!vs.offers("orders", "write_order"));
+        assert!(vs.offers("inventory", "write_stock"));
+        assert!(!vs.offers("orders", "read_secret"));
+        assert!(!vs.offers("billing", "read_order"));
+    }
+
+    #[test]
+    fn globs_match_like_a_shell() {
+        assert!(glob(b"*", b""));
+        assert!(glob(b"a*c", b"abbbc"));
+        assert!(glob(b"a?c", b"abc"));
+        assert!(!glob(b"a?c", b"ac"));
+        assert!(glob(b"*x*y*", b"aaxbbyc"));
+        assert!(!glob(b"*x*y", b"aaxbbyc"));
+    }
+
+    #[test]
+    fn bad_definitions_name_their_field() {
+        let e = VirtualServer::parse(br#"{"services":["ok","bad name"]}"#).unwrap_err();
+        assert_eq!(e.field, "services[1]");
+        let e = VirtualServer::parse(br#"{"include":["a/b/c"]}"#).unwrap_err();
+        assert_eq!(e.field, "include[0]");
+        let e = VirtualServer::parse(br#"{"naming":"sideways"}"#).unwrap_err();
+        assert_eq!(e.field, "naming");
+        let e = VirtualServer::parse(br#"{"exlude":["x"]}"#).unwrap_err();
+        assert!(e.message.contains("exlude"), "{e}");
+        let e = VirtualServer::parse(b"{not json").unwrap_err();
+        assert_eq!(e.field, "value");
+        assert!(VirtualServer::parse(br#"{"naming":"bare","unavailable":"hide"}"#).is_ok());
+    }
+}
