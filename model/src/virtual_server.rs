@@ -110,7 +110,7 @@ impl VirtualServer {
             serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(value))
                 .map_err(|e| {
                     let path = e.path().to_string();
-                    let field = if path == "." {
+                    let field = if path == "." || path == "?" {
                         "value".to_string()
                     } else {
                         path
