@@ -17,6 +17,9 @@ use serde::Serialize;
 use tokio::sync::Notify;
 use toolgate_model::fleet::{FleetOpen, Override, MAX_REASON_LEN};
 use toolgate_model::policy::{FilterConfig, PolicyOverrides, RequestLimits, ServicePolicy};
+use toolgate_model::virtual_server::{
+    resolve, ServiceTools, Unnamed, VirtualRoutes, VirtualServer, DEFAULT_VIRTUAL,
+};
 use toolgate_model::{InstanceMetadata, KeyLayout, ProbeKind, ServiceKey};
 
 use crate::health::machine::{CallCounts, Health, ProbeResult, State};
@@ -152,6 +155,11 @@ pub struct Registry {
     catalog: BTreeMap<String, BTreeSet<String>>,
     /// The key the filters seal `Mcp-Session-Id` with (base64), if any.
     session_key: String,
+    /// Virtual servers from `<prefix>virtual/<name>`, as last admitted (issue 19).
+    virtuals: BTreeMap<String, VirtualServer>,
+    /// Each service's age for naming: the smallest etcd create revision among its live
+    /// instance keys (the older service keeps a contested name).
+    since_revision: BTreeMap<String, i64>,
 }
 
 impl Registry {
@@ -186,6 +194,8 @@ impl Registry {
             request_limits: RequestLimits::default(),
             catalog: BTreeMap::new(),
             session_key: String::new(),
+            virtuals: BTreeMap::new(),
+            since_revision: BTreeMap::new(),
         }
     }
 
@@ -544,6 +554,41 @@ impl Registry {
         Ok(changed)
     }
 
+    /// The virtual servers offered: every admitted `<prefix>virtual/<name>`, and `default`
+    /// (every tool of every service, prefixed) unless one is stored under that name.
+    pub fn virtual_servers(&self) -> BTreeMap<String, VirtualServer> {
+        let mut all = self.virtuals.clone();
+        all.entry(DEFAULT_VIRTUAL.to_string())
+            .or_insert_with(VirtualServer::everything);
+        all
+    }
+
+    /// The names each virtual server offers and what they call, and the tools that could not
+    /// be named (with why).
+    pub fn virtual_routes(&self) -> (BTreeMap<String, VirtualRoutes>, Vec<(String, Unnamed)>) {
+        let services: Vec<ServiceTools<'_>> = self
+            .catalog
+            .iter()
+            .map(|(service, tools)| ServiceTools {
+                service,
+                since_revision: self
+                    .since_revision
+                    .get(service)
+                    .copied()
+                    .unwrap_or(i64::MAX),
+                tools: tools.iter().map(String::as_str).collect(),
+            })
+            .collect();
+        let mut routes = BTreeMap::new();
+        let mut unnamed = Vec::new();
+        for (name, vs) in self.virtual_servers() {
+            let (r, u) = resolve(&vs, &services);
+            unnamed.extend(u.into_iter().map(|u| (name.clone(), u)));
+            routes.insert(name, r);
+        }
+        (routes, unnamed)
+    }
+
     /// The filter's configuration: the defaults, every admitted policy override, the fleet's
     /// breaker openings and the operator overrides.
     pub fn filter_config(&self) -> FilterConfig {
@@ -552,6 +597,7 @@ impl Registry {
             max_json_depth: self.request_limits.max_json_depth,
             catalog: self.catalog.clone(),
             session_key: toolgate_model::policy::ReportToken(self.session_key.clone()),
+            virtual_servers: self.virtual_routes().0,
             ..FilterConfig::default()
         };
         for ((service, tool), e) in &self.fleet {
