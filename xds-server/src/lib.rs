@@ -17,4 +17,5 @@ pub mod routing;
 pub mod session_key;
 pub mod status;
 pub mod trace;
+pub mod upstream;
 pub mod xds;

@@ -612,6 +612,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         probe_timeout = ?health_config.probe_timeout, down_window = ?health_config.down_window,
         "toolgate-xds serving");
     let envoys = Arc::new(xds::Connections::default());
+    let upstream = Arc::new(toolgate_xds::upstream::UpstreamSessions::new(
+        registry.clone(),
+    ));
+    tokio::spawn(expire_upstream_sessions(upstream.clone()));
     let xds_task = tokio::spawn(xds::serve(
         xds_listener,
         snapshots,
@@ -639,6 +643,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             protect_reads: args.protect_reads,
             reports,
             catalog,
+            upstream: upstream.clone(),
         },
         stopped(stop_rx),
     ));
@@ -688,4 +693,16 @@ fn read_secret(
         }
         (None, None) => None,
     })
+}
+
+/// Deletes the sessions held for clients that nobody used for a while.
+async fn expire_upstream_sessions(upstream: Arc<toolgate_xds::upstream::UpstreamSessions>) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(60));
+    loop {
+        tick.tick().await;
+        let n = upstream.expire(toolgate_xds::upstream::IDLE_EXPIRY).await;
+        if n > 0 {
+            info!(sessions = n, "deleted idle sessions held for clients");
+        }
+    }
 }

@@ -146,6 +146,14 @@ impl Negotiated {
     }
 }
 
+/// A server's whole answer to a forwarded message.
+#[derive(Debug, Clone)]
+pub struct Forwarded {
+    pub status: u16,
+    pub content_type: String,
+    pub body: Vec<u8>,
+}
+
 /// A session to close later, taken out of a client that can no longer do it itself (its task
 /// was stopped).
 #[derive(Debug, Clone)]
@@ -387,6 +395,93 @@ impl McpClient {
         self.notify(&negotiated, "notifications/initialized")
             .await?;
         Ok(negotiated)
+    }
+
+    /// Takes a negotiation made elsewhere (a session another client of the same server
+    /// opened), so that this client sends on it.
+    pub fn assume(&mut self, negotiated: Negotiated) {
+        self.negotiated = Some(negotiated);
+    }
+
+    /// `initialize` with a client's own parameters (its `protocolVersion`, `capabilities`,
+    /// `clientInfo`), then `notifications/initialized`: the session the gateway opens on a
+    /// client's behalf. Replaces any earlier negotiation (the caller closes that first).
+    pub async fn initialize_as(&mut self, params: Value) -> Result<&Negotiated, Failure> {
+        self.negotiated = None;
+        let (result, headers) = self.exchange(None, "initialize", Some(params)).await?;
+        let version = match result.get("protocolVersion").and_then(Value::as_str) {
+            Some(v) if !v.is_empty() && v.len() <= 32 => v.to_string(),
+            other => {
+                return Err(Failure::Malformed {
+                    request: "initialize".into(),
+                    why: format!("the result carries no usable protocolVersion ({other:?})"),
+                })
+            }
+        };
+        let session = headers
+            .get(SESSION_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .filter(|id| !id.is_empty() && id.len() <= 512)
+            .map(str::to_string);
+        self.capabilities = result.get("capabilities").cloned().unwrap_or(Value::Null);
+        let negotiated = Negotiated::Session { version, session };
+        self.notify(&negotiated, "notifications/initialized")
+            .await?;
+        self.negotiated = Some(negotiated);
+        match &self.negotiated {
+            Some(n) => Ok(n),
+            None => Err(Failure::Transport("no revision agreed".into())),
+        }
+    }
+
+    /// Sends a client's JSON-RPC message as it is, on the session this client holds, and
+    /// reads the whole answer (JSON or SSE, up to the size bound): a call replayed on a new
+    /// session for a client whose server forgot the old one.
+    /// It accepts JSON and SSE, as every Streamable HTTP client must.
+    pub async fn forward(&self, body: Vec<u8>) -> Result<Forwarded, Failure> {
+        const REQUEST: &str = "forwarded request";
+        let req = self.post(self.negotiated.as_ref(), "").body(body);
+        let max = self.max_response_bytes;
+        let read = async {
+            let mut resp = self.send(req, REQUEST).await?;
+            let status = resp.status().as_u16();
+            let content_type = resp
+                .headers()
+                .get(CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_string();
+            let mut body = Vec::new();
+            loop {
+                match resp.chunk().await {
+                    Ok(Some(c)) => {
+                        if body.len() + c.len() > max {
+                            return Err(Failure::Malformed {
+                                request: REQUEST.into(),
+                                why: format!("the answer is larger than {max} bytes"),
+                            });
+                        }
+                        body.extend_from_slice(&c);
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        return Err(Failure::Transport(format!(
+                            "{REQUEST}: the answer broke off: {}",
+                            crate::describe_reqwest(&e, Duration::ZERO)
+                        )))
+                    }
+                }
+            }
+            Ok(Forwarded {
+                status,
+                content_type,
+                body,
+            })
+        };
+        match tokio::time::timeout(self.timeout, read).await {
+            Ok(r) => r,
+            Err(_) => Err(Failure::Timeout(self.timeout)),
+        }
     }
 
     /// One liveness check: `server/discover` (stateless) or `ping` on the kept session, which

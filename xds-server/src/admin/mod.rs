@@ -5,6 +5,7 @@
 
 pub mod auth;
 mod console;
+mod upstream;
 
 use std::future::Future;
 use std::sync::{Arc, RwLock};
@@ -45,6 +46,8 @@ pub struct AdminState {
     pub reports: ReportToken,
     /// Each service's tool definitions, for `/v1/catalog`.
     pub catalog: Arc<crate::catalog::Catalog>,
+    /// Sessions opened with servers on clients' behalf (`/v1/upstream-sessions`).
+    pub upstream: Arc<crate::upstream::UpstreamSessions>,
 }
 
 pub fn router(state: AdminState) -> Router {
@@ -72,6 +75,7 @@ pub fn router(state: AdminState) -> Router {
             put(put_tool_policy).delete(delete_tool_policy),
         )
         .merge(console::routes())
+        .merge(upstream::routes())
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             guard_reads,
