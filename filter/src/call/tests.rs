@@ -58,6 +58,7 @@ struct Stream {
     replies: RefCell<Vec<(u32, Reply)>>,
     properties: RefCell<HashMap<String, Vec<u8>>>,
     logs: RefCell<Vec<String>>,
+    route_cleared: Cell<u32>,
 }
 
 impl CallHost for Stream {
@@ -77,6 +78,14 @@ impl CallHost for Stream {
     fn request_body(&self, len: usize) -> Option<Vec<u8>> {
         let body = self.request_body.borrow();
         Some(body[..len.min(body.len())].to_vec())
+    }
+    fn set_request_body(&self, len: usize, body: &[u8]) {
+        let mut held = self.request_body.borrow_mut();
+        assert_eq!(len, held.len(), "the whole held body is replaced");
+        *held = body.to_vec();
+    }
+    fn clear_route_cache(&self) {
+        self.route_cleared.set(self.route_cleared.get() + 1);
     }
     fn response_header(&self, name: &str) -> Option<String> {
         self.response_headers.borrow().get(name).cloned()
