@@ -307,7 +307,7 @@ impl Refused {
 
     /// The refusal as the agent on virtual server `server` must read it: tools by the names
     /// it sees there (`visible` for the one called), a fallback only if offered there.
-    fn as_seen_on(self, server: &str, visible: &str, service: &str, names: &VisibleNames) -> Self {
+    fn seen_on(self, server: &str, visible: &str, service: &str, names: &VisibleNames) -> Self {
         let seen = |fallback: Option<String>| {
             fallback.and_then(|f| names.get(server, service, &f).map(str::to_string))
         };
@@ -745,7 +745,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         match self.verdict_on(host, &service, &tool) {
             Judgement::Refuse(refused) => {
                 let refused =
-                    refused.as_seen_on(&server, visible, &service, &self.shared.borrow().visible);
+                    refused.seen_on(&server, visible, &service, &self.shared.borrow().visible);
                 let reply = refused.reply(self.version, &request.id, self.framing);
                 self.answer(host, 200, &reply)
             }
