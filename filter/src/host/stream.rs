@@ -12,9 +12,6 @@ use super::{log, now_ms, HostMetrics, HostShared, HostStore};
 use crate::call::{Action, Call, CallHost, Level};
 use crate::mcp::reply::Reply;
 
-/// Envoy's foreign function that drops the route chosen for the stream (`foreign.cc`).
-const CLEAR_ROUTE_CACHE: &str = "clear_route_cache";
-
 /// The host calls of the stream being served (proxy-wasm addresses the current one).
 struct Envoy;
 
@@ -41,13 +38,6 @@ impl CallHost for Envoy {
 
     fn set_request_body(&self, len: usize, body: &[u8]) {
         let _ = hostcalls::set_buffer(BufferType::HttpRequestBody, 0, len, body);
-    }
-
-    fn clear_route_cache(&self) {
-        // Envoy (since 1.33) no longer re-picks the route when a plugin changes request
-        // headers; it offers this foreign function instead. An Envoy without it answers
-        // NotFound, and the route stays the one picked for the original path.
-        let _ = hostcalls::call_foreign_function(CLEAR_ROUTE_CACHE, None);
     }
 
     fn response_header(&self, name: &str) -> Option<String> {
