@@ -6,8 +6,10 @@
 //! decided and renders this gateway's breaker events.
 //! `catalog` says which services and tools get breakers, `session` seals the upstream address
 //! out of `Mcp-Session-Id`, `call` is the life of one request through the filter behind a host
-//! trait. `host/` is the only code that calls proxy-wasm.
+//! trait. `aggregate` recognises the aggregate endpoint's paths and restores a tool's own
+//! name in a call made there. `host/` is the only code that calls proxy-wasm.
 
+pub mod aggregate;
 pub mod breaker;
 pub mod call;
 pub mod catalog;

@@ -11,6 +11,12 @@
 //! - **Answer in MCP.** An upstream failure, an open breaker or a refused request reaches the
 //!   agent as a JSON-RPC message carrying its request's id, in its framing, never as a bare
 //!   HTTP error or an empty body.
+//!
+//! On the aggregate endpoint (`POST /mcp`, `POST /virtual/<name>`, see [`crate::aggregate`])
+//! bodies are held and judged by the same rules. A `tools/call` there is looked up in the
+//! virtual server's names, sent to its service's own route with the tool's own name, and from
+//! then on is a call of that (service, tool) like any other; its semantic replies name tools
+//! as the agent sees them there. Everything else there goes on to toolgate-xds as it is.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -19,6 +25,7 @@ use toolgate_model::fleet::BreakerEvent;
 use toolgate_model::policy::FilterConfig;
 use toolgate_model::BreakerPolicy;
 
+use crate::aggregate::{self, Target, VisibleNames};
 use crate::breaker::{
     breaker_key, Admission, Breakers, Cause, Outcome, SharedStore, State, Transition,
 };
@@ -71,6 +78,8 @@ pub trait CallHost {
     fn set_request_header(&self, name: &str, value: Option<&str>);
     /// The buffered request body, `len` bytes from the start.
     fn request_body(&self, len: usize) -> Option<Vec<u8>>;
+    /// Replaces the buffered request body (`len` bytes) with `body`.
+    fn set_request_body(&self, len: usize, body: &[u8]);
     fn response_header(&self, name: &str) -> Option<String>;
     fn set_response_header(&self, name: &str, value: Option<&str>);
     /// The response body chunk (or buffered body) at hand, `len` bytes.
@@ -108,6 +117,8 @@ pub struct Shared<S, M> {
     pub unlisted: Unlisted,
     /// Seals `Mcp-Session-Id` when the configuration carries a key.
     pub sealer: Option<Sealer>,
+    /// The names the virtual servers of `config` show, by (service, tool).
+    pub visible: VisibleNames,
     seed: u64,
 }
 
@@ -120,6 +131,7 @@ impl<S: SharedStore, M: MetricHost> Shared<S, M> {
             feedback: Feedback::new(),
             unlisted: Unlisted::new(),
             sealer: None,
+            visible: VisibleNames::default(),
             seed,
         }
     }
@@ -128,6 +140,7 @@ impl<S: SharedStore, M: MetricHost> Shared<S, M> {
     /// then passes session ids as they are, and says so).
     pub fn configure(&mut self, config: FilterConfig) -> bool {
         let key = config.session_key.0.clone();
+        self.visible = VisibleNames::new(&config.virtual_servers);
         self.config = config;
         if key.is_empty() {
             self.sealer = None;
@@ -213,6 +226,13 @@ enum Refused {
         service: String,
         tool: String,
     },
+    /// A name the aggregate endpoint `endpoint` does not offer.
+    NotOffered {
+        endpoint: String,
+        tool: String,
+    },
+    /// `/virtual/<name>` of a virtual server the configuration does not have.
+    NoVirtualServer(String),
     ForcedOpen {
         tool: String,
         reason: String,
@@ -257,7 +277,10 @@ impl Refused {
                 retry_after_secs: Some(*retry_after_secs),
                 fallback_tool: fallback.as_deref(),
             }),
-            Refused::Plain(_) | Refused::UnknownTool { .. } => None,
+            Refused::Plain(_)
+            | Refused::UnknownTool { .. }
+            | Refused::NotOffered { .. }
+            | Refused::NoVirtualServer(_) => None,
         }
     }
 
@@ -269,8 +292,51 @@ impl Refused {
             Refused::UnknownTool { service, tool } => {
                 reply::unknown_tool(version, id, service, tool, framing)
             }
+            Refused::NotOffered { endpoint, tool } => {
+                reply::tool_not_offered(version, id, endpoint, tool, framing)
+            }
+            Refused::NoVirtualServer(name) => {
+                reply::unknown_virtual_server(version, id, name, framing)
+            }
             Refused::Plain(refusal) => reply::refused(version, Some(id), *refusal, framing),
             _ => reply::refused(version, Some(id), Refusal::NotAMessage, framing),
+        }
+    }
+
+    /// The refusal as the agent on virtual server `server` must read it: tools by the names
+    /// it sees there (`visible` for the one called), a fallback only if offered there.
+    fn seen_on(self, server: &str, visible: &str, service: &str, names: &VisibleNames) -> Self {
+        let seen = |fallback: Option<String>| {
+            fallback.and_then(|f| names.get(server, service, &f).map(str::to_string))
+        };
+        match self {
+            Refused::ForcedOpen {
+                reason, fallback, ..
+            } => Refused::ForcedOpen {
+                tool: visible.to_string(),
+                reason,
+                fallback: seen(fallback),
+            },
+            Refused::Breaker {
+                state,
+                cause,
+                retry_after_secs,
+                fallback,
+                ..
+            } => Refused::Breaker {
+                tool: visible.to_string(),
+                state,
+                cause,
+                retry_after_secs,
+                fallback: seen(fallback),
+            },
+            // The registrations no longer list it (a configuration in flight): to this agent
+            // it is a name the endpoint does not offer.
+            Refused::UnknownTool { .. } => Refused::NotOffered {
+                endpoint: aggregate::endpoint_path(server),
+                tool: visible.to_string(),
+            },
+            other => other,
         }
     }
 
@@ -280,6 +346,10 @@ impl Refused {
             Refused::UnknownTool { service, tool } => (
                 crate::mcp::request::INVALID_PARAMS,
                 reply::unknown_tool_message(service, tool),
+            ),
+            Refused::NotOffered { endpoint, tool } => (
+                crate::mcp::request::INVALID_PARAMS,
+                reply::tool_not_offered_message(endpoint, tool),
             ),
             Refused::Plain(refusal) => (refusal.code(), refusal.to_string()),
             _ => (reply::INTERNAL_ERROR, String::new()),
@@ -345,6 +415,13 @@ enum Stage {
     Judged,
 }
 
+/// Methods are case-sensitive, but a server's framework may not be: "post" is judged like
+/// "POST" rather than passed on unread.
+fn is_post(host: &impl CallHost) -> bool {
+    host.request_header(":method")
+        .is_some_and(|m| m.eq_ignore_ascii_case("POST"))
+}
+
 /// One HTTP request (a proxy-wasm HTTP context) through the filter.
 pub struct Call<S, M> {
     shared: Rc<RefCell<Shared<S, M>>>,
@@ -362,6 +439,20 @@ pub struct Call<S, M> {
     events: Vec<BreakerEvent>,
     /// Session ids of this stream are sealed (an MCP path, with a key configured).
     sealing: bool,
+    /// A POST to the aggregate endpoint.
+    on_virtual: Option<OnVirtual>,
+    /// The request declared its body's length (`content-length`), which a rewrite must keep
+    /// true.
+    declared_length: bool,
+}
+
+/// A POST to a virtual server's path.
+struct OnVirtual {
+    server: String,
+    /// The query of the agent's path (`?` included), kept on the service's path.
+    query: String,
+    /// A `tools/call` sent to its service's route.
+    routed: bool,
 }
 
 impl<S: SharedStore, M: MetricHost> Call<S, M> {
@@ -380,6 +471,8 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             watch: Watch::None,
             events: Vec::new(),
             sealing: false,
+            on_virtual: None,
+            declared_length: false,
         }
     }
 
@@ -399,17 +492,24 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         let Some(path) = host.request_header(":path") else {
             return Action::Continue;
         };
-        let Some(rest) = path.strip_prefix("/mcp/") else {
-            return Action::Continue;
+        let service = match aggregate::target_of(&path) {
+            None => return Action::Continue,
+            Some(Target::Service(service)) => service,
+            Some(Target::Virtual { server, query }) => {
+                // GET streams and DELETE are toolgate-xds's, with its own session ids: passed
+                // untouched, never unsealed.
+                if !is_post(host) {
+                    return Action::Continue;
+                }
+                self.on_virtual = Some(OnVirtual {
+                    server: server.to_string(),
+                    query: query.to_string(),
+                    routed: false,
+                });
+                return self.hold_body(host, end_of_stream);
+            }
         };
-        // Envoy routes `/mcp/<service>` by path-separated prefix: the service ends at `/` or `?`.
-        let service = rest.split(['/', '?']).next().unwrap_or_default();
-        if service.is_empty() {
-            return Action::Continue;
-        }
         self.open_session(host);
-        // Methods are case-sensitive, but a server's framework may not be: "post" is judged
-        // like "POST" rather than passed on unread.
         let method = host.request_header(":method").unwrap_or_default();
         match method.to_ascii_uppercase().as_str() {
             "POST" => {}
@@ -424,6 +524,11 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             _ => return Action::Continue,
         }
         self.service = Some(service.to_string());
+        self.hold_body(host, end_of_stream)
+    }
+
+    /// A POST to judge: reads what the headers say, and holds them until the body is complete.
+    fn hold_body(&mut self, host: &impl CallHost, end_of_stream: bool) -> Action {
         self.version =
             ProtocolVersion::from_header(host.request_header("mcp-protocol-version").as_deref());
         self.framing = Framing::from_accept(host.request_header("accept").as_deref());
@@ -440,6 +545,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         let declared = host
             .request_header("content-length")
             .and_then(|v| v.trim().parse::<u64>().ok());
+        self.declared_length = declared.is_some();
         if declared.is_some_and(|n| n > limit) {
             let reply = reply::body_too_large(self.version, None, limit, self.framing);
             return self.answer(host, 413, &reply);
@@ -533,9 +639,11 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
     /// The body is complete: judge it.
     fn judge(&mut self, host: &impl CallHost) -> Action {
         self.stage = Stage::Judged;
-        let Some(service) = self.service.clone() else {
+        // A service's route, or (no service yet) the aggregate endpoint.
+        let service = self.service.clone();
+        if service.is_none() && self.on_virtual.is_none() {
             return Action::Continue;
-        };
+        }
         let bytes = host.request_body(self.body_len).unwrap_or_default();
         let depth = self.shared.borrow().config.max_json_depth;
         if nests_deeper_than(&bytes, depth) {
@@ -559,15 +667,169 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             let reply = reply::header_mismatch(self.version, id, mismatch, self.framing);
             return self.answer(host, 400, &reply);
         }
-        match body {
-            Body::Request(request) => self.judge_request(host, &service, request),
-            Body::Batch(elements) => self.judge_batch(host, &service, elements),
-            Body::Notification { method } => {
+        match (body, service) {
+            (Body::Request(request), Some(service)) => self.judge_request(host, &service, request),
+            (Body::Request(request), None) => self.judge_virtual(host, request, &bytes),
+            (Body::Batch(elements), Some(service)) => self.judge_batch(host, &service, elements),
+            (Body::Batch(elements), None) => self.judge_virtual_batch(host, &elements),
+            (Body::Notification { method }, _) => {
                 self.log_field(host, log_field::METHOD, &method);
                 Action::Continue
             }
-            Body::Response => Action::Continue,
+            (Body::Response, _) => Action::Continue,
         }
+    }
+
+    /// A request on the aggregate endpoint. Only `tools/call` is the filter's: the name is
+    /// looked up in the virtual server's names, the call judged as one of its (service, tool)
+    /// and sent to that service's route with the tool's own name. Anything else goes on to
+    /// toolgate-xds as it is.
+    fn judge_virtual(
+        &mut self,
+        host: &impl CallHost,
+        request: Request<'_>,
+        bytes: &[u8],
+    ) -> Action {
+        self.log_field(host, log_field::METHOD, &request.method);
+        self.request = Some(Judged {
+            id: request.id.clone(),
+            discover: request.method == SERVER_DISCOVER,
+            tool: None,
+        });
+        if request.method != TOOLS_CALL {
+            return Action::Continue;
+        }
+        let visible = match request.tool() {
+            Some(ToolName::Valid(tool)) => tool,
+            Some(ToolName::Invalid(_)) => {
+                return self.refuse(host, 200, Some(&request.id), Refusal::ToolNameInvalid)
+            }
+            _ => return self.refuse(host, 200, Some(&request.id), Refusal::ToolNameAbsent),
+        };
+        let Some(server) = self.on_virtual.as_ref().map(|v| v.server.clone()) else {
+            return Action::Continue;
+        };
+        let found = {
+            let shared = self.shared.borrow();
+            match shared.config.virtual_servers.get(&server) {
+                None => Err(Refused::NoVirtualServer(server.clone())),
+                Some(routes) => match routes.tools.get(visible) {
+                    Some(t) => Ok((t.service.clone(), t.tool.clone())),
+                    None => Err(Refused::NotOffered {
+                        endpoint: aggregate::endpoint_path(&server),
+                        tool: visible.to_string(),
+                    }),
+                },
+            }
+        };
+        let (service, tool) = match found {
+            Ok(found) => found,
+            Err(refused) => {
+                let reply = refused.reply(self.version, &request.id, self.framing);
+                return self.answer(host, 200, &reply);
+            }
+        };
+        // The body the service gets, made before anything is decided: a name that cannot be
+        // replaced exactly never reaches a server (nor takes a breaker's trial slot).
+        let routed = request
+            .params_name_raw
+            .and_then(|raw| aggregate::span_in(bytes, raw))
+            .and_then(|span| aggregate::with_name(bytes, span, &tool));
+        let Some(routed) = routed else {
+            return self.refuse(host, 200, Some(&request.id), Refusal::ToolNameAbsent);
+        };
+        self.log_field(host, log_field::TOOL, &tool);
+        self.service = Some(service.clone());
+        match self.verdict_on(host, &service, &tool) {
+            Judgement::Refuse(refused) => {
+                let refused =
+                    refused.seen_on(&server, visible, &service, &self.shared.borrow().visible);
+                let reply = refused.reply(self.version, &request.id, self.framing);
+                self.answer(host, 200, &reply)
+            }
+            Judgement::Pass => self.route_call(host, &routed, &service, &tool),
+            Judgement::Admit(admitted) => {
+                let fallback = admitted.policy.fallback_tool.as_deref().and_then(|f| {
+                    let shared = self.shared.borrow();
+                    shared.visible.get(&server, &service, f).map(str::to_string)
+                });
+                if let Some(judged) = &mut self.request {
+                    judged.tool = Some((visible.to_string(), fallback));
+                }
+                self.admitted = Some(admitted);
+                self.route_call(host, &routed, &service, &tool)
+            }
+        }
+    }
+
+    /// Sends a call made on the aggregate endpoint to its service's own route, `/mcp/<service>`,
+    /// so that Envoy applies that route (cluster, path rewrite, timeouts, retries, bulkhead),
+    /// with `body` (the agent's, with the tool's own name).
+    fn route_call(
+        &mut self,
+        host: &impl CallHost,
+        body: &[u8],
+        service: &str,
+        tool: &str,
+    ) -> Action {
+        let Some(on) = &mut self.on_virtual else {
+            return Action::Continue;
+        };
+        on.routed = true;
+        host.set_request_body(self.body_len, body);
+        if self.declared_length {
+            host.set_request_header("content-length", Some(&body.len().to_string()));
+        }
+        if self.header_name.is_some() {
+            host.set_request_header("mcp-name", Some(tool));
+        }
+        // The agent's `Mcp-Session-Id` is a gateway session of toolgate-xds, which no server
+        // knows. Hook for upstream sessions (issue 19, point 5, a later change): this is where
+        // it will be exchanged for the session the gateway holds with this service (and the
+        // instance it is pinned to). Until then the call goes without one: stateless servers
+        // (2026-07-28, or run stateless) answer it, a stateful legacy server refuses it.
+        host.set_request_header(SESSION_HEADER, None);
+        // Envoy picked a route for the agent's path before this filter ran. Its wasm host drops
+        // that choice whenever a plugin sets a request header, so the router picks again, by
+        // this path: verified with Envoy 1.40.0 (tests/tests/aggregate_calls.rs passes with a
+        // filter build that does nothing more, where `/mcp` has no route of its own). Should
+        // a later Envoy stop doing so (envoyproxy/envoy#36671 meant to), that test fails with
+        // a 404, and the remedy is its foreign function `clear_route_cache`
+        // (`hostcalls::call_foreign_function("clear_route_cache", None)`), one host call.
+        host.set_request_header(":path", Some(&aggregate::service_path(service, &on.query)));
+        Action::Continue
+    }
+
+    /// A 2025-03-26 batch on the aggregate endpoint: one request goes to one place, so a batch
+    /// with a `tools/call` is refused whole (each call told to come alone); one without goes
+    /// on to toolgate-xds.
+    fn judge_virtual_batch(&mut self, host: &impl CallHost, elements: &[Body<'_>]) -> Action {
+        if self.version > ProtocolVersion::V2025_03_26 {
+            return self.refuse(host, 400, None, Refusal::BatchNotAllowed);
+        }
+        self.log_field(host, log_field::METHOD, "batch");
+        let requests = elements.iter().filter_map(|e| match e {
+            Body::Request(r) => Some(r),
+            _ => None,
+        });
+        if !requests.clone().any(|r| r.method == TOOLS_CALL) {
+            return Action::Continue;
+        }
+        let batch: Vec<BatchAnswer<'_>> = requests
+            .map(|r| {
+                if r.method == TOOLS_CALL {
+                    BatchAnswer::Error(
+                        &r.id,
+                        crate::mcp::request::INVALID_REQUEST,
+                        reply::BATCHED_VIRTUAL_CALL,
+                    )
+                } else {
+                    BatchAnswer::NotRun(&r.id)
+                }
+            })
+            .collect();
+        let reply = reply::batch_refused(self.version, &batch, self.framing);
+        self.answer(host, 200, &reply)
     }
 
     fn judge_request(
@@ -819,6 +1081,11 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
     pub fn on_response_headers(&mut self, host: &impl CallHost, end_of_stream: bool) -> Action {
         if self.sealing {
             self.seal_session(host);
+        }
+        if self.on_virtual.as_ref().is_some_and(|v| v.routed) {
+            // The agent's session is the gateway's: a server's session id (with the instance's
+            // address wrapped around it by the session affinity) must not replace it.
+            host.set_response_header(SESSION_HEADER, None);
         }
         if self.stage == Stage::Stream {
             return self.stream_response(host, end_of_stream);

@@ -78,6 +78,11 @@ impl CallHost for Stream {
         let body = self.request_body.borrow();
         Some(body[..len.min(body.len())].to_vec())
     }
+    fn set_request_body(&self, len: usize, body: &[u8]) {
+        let mut held = self.request_body.borrow_mut();
+        assert_eq!(len, held.len(), "the whole held body is replaced");
+        *held = body.to_vec();
+    }
     fn response_header(&self, name: &str) -> Option<String> {
         self.response_headers.borrow().get(name).cloned()
     }
@@ -816,4 +821,347 @@ fn session_ids_are_sealed_on_the_way_out_and_opened_on_the_way_in() {
         format!("!{envelope}"),
         "an address written by the client picks no instance"
     );
+}
+
+/// The aggregate endpoint: `default` offers every tool of `orders` prefixed; `ops` offers
+/// `read_order` bare and `slow_order` prefixed, and not `write_order`.
+fn aggregate_worker() -> Worker {
+    use toolgate_model::policy::{PolicyOverrides, ServicePolicy};
+    use toolgate_model::virtual_server::{VirtualRoutes, VirtualTool};
+    let w = Worker::new();
+    let mut config = w.shared.borrow().config.clone();
+    let tool = |t: &str| VirtualTool {
+        service: "orders".into(),
+        tool: t.into(),
+    };
+    config.virtual_servers = BTreeMap::from([
+        (
+            "default".to_string(),
+            VirtualRoutes {
+                tools: ["read_order", "write_order", "slow_order"]
+                    .iter()
+                    .map(|t| (format!("orders__{t}"), tool(t)))
+                    .collect(),
+            },
+        ),
+        (
+            "ops".to_string(),
+            VirtualRoutes {
+                tools: BTreeMap::from([
+                    ("read_order".to_string(), tool("read_order")),
+                    ("orders__slow_order".to_string(), tool("slow_order")),
+                ]),
+            },
+        ),
+    ]);
+    // Both tools fall back on `read_order`.
+    let fallback = PolicyOverrides {
+        fallback_tool: Some("read_order".into()),
+        ..PolicyOverrides::default()
+    };
+    config.services.insert(
+        "orders".into(),
+        ServicePolicy {
+            policy: None,
+            tools: BTreeMap::from([
+                ("write_order".to_string(), fallback.clone()),
+                ("slow_order".to_string(), fallback),
+            ]),
+        },
+    );
+    assert!(w.shared.borrow_mut().configure(config));
+    w
+}
+
+impl Worker {
+    /// A request to `path` (an aggregate endpoint), with a declared length.
+    fn request_to(&mut self, path: &str, headers: &[(&str, &str)], body: &str) -> Flight {
+        self.now += 10;
+        let stream = Stream::default();
+        stream.now.set(self.now);
+        {
+            let mut h = stream.request_headers.borrow_mut();
+            h.insert(":path".into(), path.into());
+            h.insert(":method".into(), "POST".into());
+            h.insert(
+                "accept".into(),
+                "application/json, text/event-stream".into(),
+            );
+            h.insert("content-length".into(), body.len().to_string());
+            for (k, v) in headers {
+                h.insert(k.to_string(), v.to_string());
+            }
+        }
+        *stream.request_body.borrow_mut() = body.as_bytes().to_vec();
+        let mut call = Call::new(self.shared.clone());
+        let headers_action = call.on_request_headers(&stream, false);
+        let body_action = if stream.replies.borrow().is_empty() {
+            Some(call.on_request_body(&stream, body.len(), true))
+        } else {
+            None
+        };
+        Flight {
+            call,
+            stream,
+            headers_action,
+            body_action,
+        }
+    }
+
+    fn virtual_call(&mut self, path: &str, name: &str) -> Flight {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{{"name":"{name}","arguments":{{"name":"{name}"}}}}}}"#
+        );
+        self.request_to(path, &[], &body)
+    }
+}
+
+fn sent_body(f: &Flight) -> String {
+    String::from_utf8(f.stream.request_body.borrow().clone()).expect("utf-8")
+}
+
+#[test]
+fn a_call_on_mcp_goes_to_its_service_route_with_its_own_name() {
+    let mut w = aggregate_worker();
+    w.shared.borrow_mut().config.access_log = true;
+    let body = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"orders__write_order","arguments":{"name":"orders__write_order"}}}"#;
+    let mut f = w.request_to(
+        "/mcp?trace=1",
+        &[
+            ("mcp-protocol-version", "2026-07-28"),
+            ("mcp-method", "tools/call"),
+            ("mcp-name", "orders__write_order"),
+            (SESSION_HEADER, "gateway-session"),
+        ],
+        body,
+    );
+    assert!(f.went_upstream());
+    let sent = sent_body(&f);
+    assert_eq!(
+        sent,
+        body.replacen(
+            r#""name":"orders__write_order""#,
+            r#""name":"write_order""#,
+            1
+        ),
+        "only params.name changed"
+    );
+    {
+        let h = f.stream.request_headers.borrow();
+        assert_eq!(h[":path"], "/mcp/orders?trace=1");
+        assert_eq!(h["mcp-name"], "write_order");
+        assert_eq!(h["content-length"], sent.len().to_string());
+        assert!(
+            !h.contains_key(SESSION_HEADER),
+            "gateway sessions stay here"
+        );
+    }
+    assert_eq!(
+        f.stream.properties.borrow()["wasm.mcp_tool"],
+        b"write_order",
+        "logs name the real tool"
+    );
+    f.stream
+        .response_headers
+        .borrow_mut()
+        .insert(SESSION_HEADER.into(), "upstream-session".into());
+    f.json(RESULT);
+    assert!(!f
+        .stream
+        .response_headers
+        .borrow()
+        .contains_key(SESSION_HEADER));
+    assert_eq!(w.stat("write_order", "calls"), 1, "stats of the real tool");
+}
+
+#[test]
+fn an_escaped_name_is_replaced_exactly() {
+    let mut w = aggregate_worker();
+    let body = "{\"jsonrpc\":\"2.0\",\"id\":\"\\u00e9\",\"method\":\"tools/call\",\"params\":{\"name\" : \"orders\\u005f_read\\u005Forder\",\"arguments\":{\"q\":\"\\\"orders__read_order\\\"\"}}}";
+    let f = w.request_to("/virtual/default", &[], body);
+    assert!(f.went_upstream());
+    assert_eq!(
+        sent_body(&f),
+        "{\"jsonrpc\":\"2.0\",\"id\":\"\\u00e9\",\"method\":\"tools/call\",\"params\":{\"name\" : \"read_order\",\"arguments\":{\"q\":\"\\\"orders__read_order\\\"\"}}}"
+    );
+}
+
+#[test]
+fn names_an_endpoint_does_not_offer_are_refused_and_reach_nothing() {
+    let mut w = aggregate_worker();
+    for (path, name, endpoint) in [
+        ("/mcp", "orders__nope", "/mcp"),
+        ("/mcp", "write_order", "/mcp"),
+        // Excluded from `ops`, though `default` offers it.
+        ("/virtual/ops", "orders__write_order", "/virtual/ops"),
+        ("/virtual/ops", "write_order", "/virtual/ops"),
+    ] {
+        let f = w.virtual_call(path, name);
+        assert!(!f.went_upstream(), "{path} {name}");
+        let (status, reply) = f.reply();
+        assert_eq!(status, 200);
+        assert_eq!(reply["error"]["code"], -32602, "{reply}");
+        let message = reply["error"]["message"].as_str().expect("message");
+        assert!(
+            message.contains(&format!("`{name}`")) && message.contains(&format!("`{endpoint}`")),
+            "{message}"
+        );
+        assert_eq!(f.stream.request_headers.borrow()[":path"], path);
+    }
+    let f = w.virtual_call("/virtual/nowhere", "orders__read_order");
+    let (_, reply) = f.reply();
+    assert_eq!(reply["error"]["code"], -32602);
+    assert!(reply["error"]["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("`nowhere`")));
+    assert_eq!(w.stat("write_order", "calls"), 0);
+    assert_eq!(w.store.stats().sets, 0, "no state for refused names");
+}
+
+#[test]
+fn a_breaker_opened_through_mcp_is_the_services_breaker() {
+    let mut w = aggregate_worker();
+    for _ in 0..10 {
+        let mut f = w.virtual_call("/mcp", "orders__write_order");
+        assert!(f.went_upstream());
+        f.json(r#"{"jsonrpc":"2.0","id":7,"error":{"code":-32603,"message":"db down"}}"#);
+    }
+    // Open on the service's own route too.
+    let (_, reply) = w.tools_call("write_order").reply();
+    let meta = &reply["result"]["_meta"]["io.toolgate/breaker"];
+    assert_eq!(meta["state"], "open");
+    assert_eq!(meta["tool"], "write_order");
+    assert_eq!(meta["fallbackTool"], "read_order");
+    // And through `/mcp`, named as the agent sees it there.
+    let (_, reply) = w.virtual_call("/mcp", "orders__write_order").reply();
+    let meta = &reply["result"]["_meta"]["io.toolgate/breaker"];
+    assert_eq!(meta["state"], "open");
+    assert_eq!(meta["tool"], "orders__write_order");
+    assert_eq!(meta["fallbackTool"], "orders__read_order");
+    let text = reply["result"]["content"][0]["text"]
+        .as_str()
+        .expect("text");
+    assert!(text.contains("`orders__read_order`"), "{text}");
+    assert_eq!(w.window("write_order").failures, 10);
+}
+
+#[test]
+fn semantic_replies_name_tools_as_each_endpoint_shows_them() {
+    let mut w = aggregate_worker();
+    w.force_open("slow_order", "maintenance");
+    let (_, reply) = w.virtual_call("/virtual/ops", "orders__slow_order").reply();
+    let meta = &reply["result"]["_meta"]["io.toolgate/breaker"];
+    assert_eq!(meta["state"], "forced_open");
+    assert_eq!(meta["tool"], "orders__slow_order");
+    assert_eq!(meta["fallbackTool"], "read_order", "bare on `ops`");
+    // An upstream failure of an admitted call: its reply too.
+    let mut f = w.virtual_call("/mcp", "orders__read_order");
+    assert!(f.went_upstream());
+    f.respond(502, &[("content-type", "text/html")], Some("<html/>"));
+    let v = f.body_json();
+    let meta = &v["result"]["_meta"]["io.toolgate/breaker"];
+    assert_eq!(meta["tool"], "orders__read_order");
+    assert_eq!(w.window("read_order").failures, 1);
+}
+
+#[test]
+fn a_fallback_the_endpoint_does_not_offer_is_not_named() {
+    let mut w = aggregate_worker();
+    {
+        let mut s = w.shared.borrow_mut();
+        let mut config = s.config.clone();
+        // `ops` without read_order: the fallback of slow_order has no name there.
+        if let Some(ops) = config.virtual_servers.get_mut("ops") {
+            ops.tools.remove("read_order");
+        }
+        s.configure(config);
+    }
+    w.force_open("slow_order", "");
+    let (_, reply) = w.virtual_call("/virtual/ops", "orders__slow_order").reply();
+    let meta = &reply["result"]["_meta"]["io.toolgate/breaker"];
+    assert_eq!(meta["fallbackTool"], Value::Null);
+    let text = reply["result"]["content"][0]["text"]
+        .as_str()
+        .expect("text");
+    assert!(!text.contains("read_order"), "{text}");
+}
+
+#[test]
+fn other_requests_on_mcp_go_on_unchanged_and_streams_untouched() {
+    let mut w = aggregate_worker();
+    let mut config = w.shared.borrow().config.clone();
+    config.session_key.0 = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=".into();
+    assert!(w.shared.borrow_mut().configure(config));
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#;
+    let mut f = w.request_to("/mcp", &[(SESSION_HEADER, "gw-1")], body);
+    assert!(f.went_upstream());
+    assert_eq!(sent_body(&f), body);
+    {
+        let h = f.stream.request_headers.borrow();
+        assert_eq!(h[":path"], "/mcp");
+        assert_eq!(h[SESSION_HEADER], "gw-1", "never unsealed here");
+    }
+    f.stream
+        .response_headers
+        .borrow_mut()
+        .insert(SESSION_HEADER.into(), "gw-2".into());
+    f.json(r#"{"jsonrpc":"2.0","id":1,"result":{"tools":[]}}"#);
+    assert_eq!(
+        f.stream.response_headers.borrow()[SESSION_HEADER],
+        "gw-2",
+        "never sealed here"
+    );
+    // Still judged: a duplicate key is refused.
+    let f = w.request_to(
+        "/mcp",
+        &[],
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","method":"tools/call"}"#,
+    );
+    assert_eq!(f.reply().0, 400);
+    for method in ["GET", "DELETE"] {
+        let stream = Stream::default();
+        {
+            let mut h = stream.request_headers.borrow_mut();
+            h.insert(":path".into(), "/mcp".into());
+            h.insert(":method".into(), method.into());
+            h.insert(SESSION_HEADER.into(), "gw-1".into());
+        }
+        let mut call = Call::new(w.shared.clone());
+        assert_eq!(call.on_request_headers(&stream, true), Action::Continue);
+        assert_eq!(stream.request_headers.borrow()[SESSION_HEADER], "gw-1");
+        stream
+            .response_headers
+            .borrow_mut()
+            .insert(":status".into(), "503".into());
+        assert_eq!(call.on_response_headers(&stream, false), Action::Continue);
+        assert_eq!(stream.response_headers.borrow()[":status"], "503");
+    }
+}
+
+#[test]
+fn header_checks_and_batches_on_mcp() {
+    let mut w = aggregate_worker();
+    let body =
+        r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"orders__read_order"}}"#;
+    // Mcp-Name must mirror the body as sent (the visible name), not the tool's own.
+    let f = w.request_to(
+        "/mcp",
+        &[("mcp-method", "tools/call"), ("mcp-name", "read_order")],
+        body,
+    );
+    assert_eq!(f.reply().1["error"]["code"], -32020);
+    let batch = r#"[{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"orders__read_order"}},{"jsonrpc":"2.0","id":2,"method":"ping"}]"#;
+    let f = w.request_to("/mcp", &[("mcp-protocol-version", "2025-03-26")], batch);
+    let (status, reply) = f.reply();
+    assert_eq!(status, 200);
+    let answers = reply.as_array().expect("an array");
+    assert_eq!(answers[0]["error"]["code"], -32600);
+    assert!(answers[0]["error"]["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("alone")));
+    assert_eq!(answers[1]["error"]["code"], -32600, "not run");
+    let pings = r#"[{"jsonrpc":"2.0","id":1,"method":"ping"}]"#;
+    assert!(w
+        .request_to("/mcp", &[("mcp-protocol-version", "2025-03-26")], pings)
+        .went_upstream());
 }

@@ -36,6 +36,10 @@ impl CallHost for Envoy {
             .flatten()
     }
 
+    fn set_request_body(&self, len: usize, body: &[u8]) {
+        let _ = hostcalls::set_buffer(BufferType::HttpRequestBody, 0, len, body);
+    }
+
     fn response_header(&self, name: &str) -> Option<String> {
         hostcalls::get_map_value(MapType::HttpResponseHeaders, name)
             .ok()

@@ -780,6 +780,62 @@ pub fn unknown_tool_message(service: &str, tool: &str) -> String {
     )
 }
 
+/// The answer to a `tools/call` on the aggregate endpoint `endpoint` (`/mcp`,
+/// `/virtual/<name>`) of a name it does not offer (unknown, or excluded by its selection).
+/// `tool` is a valid tool name.
+pub fn tool_not_offered(
+    version: ProtocolVersion,
+    id: &RawId,
+    endpoint: &str,
+    tool: &str,
+    framing: Framing,
+) -> Reply {
+    let message = tool_not_offered_message(endpoint, tool);
+    error(
+        version,
+        Some(id),
+        INVALID_PARAMS,
+        &message,
+        None::<()>,
+        framing,
+    )
+}
+
+/// The message of [`tool_not_offered`].
+pub fn tool_not_offered_message(endpoint: &str, tool: &str) -> String {
+    format!(
+        "Unknown tool: this endpoint (`{endpoint}`) offers no tool `{tool}`. Call tools/list \
+         for the tools it has."
+    )
+}
+
+/// The answer to a `tools/call` on `/virtual/<name>` when no virtual server of that name is
+/// configured. `name` follows the naming rule (checked on the path).
+pub fn unknown_virtual_server(
+    version: ProtocolVersion,
+    id: &RawId,
+    name: &str,
+    framing: Framing,
+) -> Reply {
+    let message = format!(
+        "Unknown endpoint: this gateway has no virtual server `{name}`, so it offers no tools \
+         here. Use `/mcp` for every tool, or the name of a configured virtual server."
+    );
+    error(
+        version,
+        Some(id),
+        INVALID_PARAMS,
+        &message,
+        None::<()>,
+        framing,
+    )
+}
+
+/// The message for a `tools/call` inside a batch on the aggregate endpoint: one request goes
+/// to one service, so a call is routed only when it is sent alone.
+pub const BATCHED_VIRTUAL_CALL: &str = "On this endpoint each tools/call must be sent alone, \
+     not in a batch: the gateway routes every call to the service that owns its tool.";
+
 /// `HeaderMismatch` (-32020) for a request whose headers disagree with its body.
 pub fn header_mismatch(
     version: ProtocolVersion,

@@ -53,6 +53,9 @@ pub struct Request<'a> {
     pub id: RawId,
     /// `params.name` when it is a string (tools/call, prompts/get).
     pub params_name: Option<Cow<'a, str>>,
+    /// That string as it is written in the body, quotes and escapes included: a slice of the
+    /// body, so the aggregate endpoint can replace exactly it.
+    pub params_name_raw: Option<&'a str>,
     /// `params.uri` when it is a string (resources/read, resources/subscribe, …).
     pub params_uri: Option<Cow<'a, str>>,
 }
@@ -278,6 +281,7 @@ fn read_message(body: &[u8]) -> Result<Body<'_>, Refusal> {
                 method,
                 id,
                 params_name: params.name,
+                params_name_raw: params.name_raw,
                 params_uri: params.uri,
             }))
         }
@@ -411,6 +415,7 @@ impl<'de, 'c> Visitor<'de> for EnvelopeVisitor<'c> {
 #[derive(Default)]
 struct Params<'a> {
     name: Option<Cow<'a, str>>,
+    name_raw: Option<&'a str>,
     uri: Option<Cow<'a, str>>,
 }
 
@@ -458,7 +463,15 @@ impl<'de, 'c> Visitor<'de> for ParamsVisitor<'c> {
                         return Err(self.refuse(Refusal::DuplicateKey("params.name")));
                     }
                     seen_name = true;
-                    params.name = map.next_value::<MaybeStr<'de>>()?.into_str();
+                    // Taken raw (its place in the body), then read as every other string is.
+                    // A value that is no string is skipped without being read again.
+                    let raw = map.next_value::<&'de RawValue>()?.get();
+                    if raw.starts_with('"') {
+                        let value = serde_json::from_str::<MaybeStr<'de>>(raw)
+                            .map_err(|e| de::Error::custom(format_args!("params.name: {e}")))?;
+                        params.name = value.into_str();
+                        params.name_raw = Some(raw);
+                    }
                 }
                 "uri" => {
                     if seen_uri {
@@ -541,6 +554,25 @@ mod tests {
             refusal(br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a","n\u0061me":"b"}}"#),
             Refusal::DuplicateKey("params.name")
         );
+    }
+
+    #[test]
+    fn the_raw_name_is_the_slice_of_the_body_it_was_read_from() {
+        let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"arguments":{"name":"no"},"name" : "get_\u0077eather"}}"#;
+        let r = request(body);
+        assert_eq!(r.tool(), Some(ToolName::Valid("get_weather")));
+        let raw = r.params_name_raw.expect("a string name");
+        assert_eq!(raw, r#""get_\u0077eather""#);
+        let at = raw.as_ptr() as usize - body.as_ptr() as usize;
+        assert_eq!(&body[at..at + raw.len()], raw);
+        let r = request(r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":7}}"#);
+        assert_eq!((r.params_name, r.params_name_raw), (None, None));
+        assert!(matches!(
+            read_body(
+                br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a\ud800"}}"#
+            ),
+            Err(Refusal::NotJson { .. })
+        ));
     }
 
     #[test]

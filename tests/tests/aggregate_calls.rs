@@ -1,0 +1,264 @@
+//! `tools/call` on the aggregate endpoint (`POST /mcp`, issue 19): a real Envoy with the
+//! filter routes each call to the owning service's own route with the tool's own name, and
+//! judges it as a call of that (service, tool). Raw JSON-RPC POSTs: `initialize` and
+//! `tools/list` on `/mcp` are toolgate-xds's and not part of this.
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use toolgate_tests::stack::ADMIN_TOKEN;
+use toolgate_tests::{wait_until, Member, Stack, TestEnv};
+
+const TTL: u32 = 10;
+
+struct Gateway {
+    stack: Stack,
+    http: reqwest::Client,
+}
+
+impl Gateway {
+    /// `http://127.0.0.1:<port>` of the gateway listener.
+    fn base(&self) -> String {
+        self.stack
+            .envoy
+            .url("")
+            .trim_end_matches("/mcp/")
+            .to_string()
+    }
+
+    /// POSTs a `tools/call` of `name` to `path`, with extra headers; status and JSON.
+    async fn call(
+        &self,
+        path: &str,
+        name: &str,
+        arguments: Value,
+        headers: &[(&str, &str)],
+    ) -> (StatusCode, Value) {
+        let mut req = self
+            .http
+            .post(format!("{}{path}", self.base()))
+            .header("accept", "application/json, text/event-stream")
+            .json(&json!({
+                "jsonrpc": "2.0",
+                "id": 41,
+                "method": "tools/call",
+                "params": {"name": name, "arguments": arguments},
+            }));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let resp = req.send().await.expect("the gateway answers");
+        let status = resp.status();
+        let text = resp.text().await.unwrap_or_default();
+        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        (status, body)
+    }
+}
+
+fn text_of(body: &Value) -> &str {
+    body["result"]["content"][0]["text"].as_str().unwrap_or("")
+}
+
+fn breaker(body: &Value) -> &Value {
+    &body["result"]["_meta"]["io.toolgate/breaker"]
+}
+
+#[tokio::test]
+async fn calls_on_mcp_reach_the_owning_service_with_the_tools_own_name() {
+    let env = TestEnv::new("aggregate_calls");
+    let stack = Stack::start(&env).await;
+    let ep = stack.etcd.endpoint();
+    // The official Python SDK server and the lab server, both stateless.
+    let inventory = Member::python(
+        &env,
+        &ep,
+        "inventory",
+        "inventory-1",
+        &["--stateless", "--json-response"],
+        TTL,
+    )
+    .await;
+    let billing = Member::start(
+        &env,
+        &ep,
+        "billing",
+        "billing-1",
+        &["--stateless", "--json-response"],
+        TTL,
+    )
+    .await;
+    stack.routes("inventory", &[&inventory]).await;
+    stack.routes("billing", &[&billing]).await;
+    stack
+        .wait_filter_config("the default virtual server's names", |c| {
+            let tools = &c["virtual_servers"]["default"]["tools"];
+            tools["inventory__read_order"]["tool"] == "read_order"
+                && tools["billing__echo"]["service"] == "billing"
+        })
+        .await;
+    let gw = Gateway {
+        stack,
+        http: reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .expect("client"),
+    };
+
+    // Each name reaches its own server, which executes the tool by its own name (a server
+    // asked for `inventory__read_order` would answer "unknown tool").
+    let (status, body) = gw
+        .call(
+            "/mcp",
+            "inventory__read_order",
+            json!({"order_id": "o-7"}),
+            &[],
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(text_of(&body), "order o-7: 1 item", "{body}");
+    assert_eq!(body["id"], 41);
+    assert_eq!(inventory.server.calls("read_order").await, 1);
+    assert_eq!(billing.server.calls("read_order").await, 0);
+
+    // The same tool name of the other service, with the 2026-07-28 request headers: the
+    // filter checks them against the body as sent, then restores the real name in both.
+    let (status, body) = gw
+        .call(
+            "/mcp?client=test",
+            "billing__read_order",
+            json!({}),
+            &[
+                ("mcp-method", "tools/call"),
+                ("mcp-name", "billing__read_order"),
+            ],
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_ne!(body["result"]["isError"], true, "{body}");
+    // The lab server says what it executed, and where.
+    let done = &body["result"]["structuredContent"];
+    assert_eq!(done["tool"], "read_order", "{body}");
+    assert_eq!(done["instance_id"], "billing-1", "{body}");
+    assert_eq!(billing.server.calls("read_order").await, 1);
+    assert_eq!(inventory.server.calls("read_order").await, 1);
+    // A gateway session id the agent sends is not the server's: the stateless server never
+    // sees it, so the call cannot be refused for an unknown session.
+    let (status, body) = gw
+        .call(
+            "/virtual/default",
+            "billing__echo",
+            json!({"text": "hi"}),
+            &[("mcp-session-id", "gateway-session-1")],
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_ne!(body["result"]["isError"], true, "{body}");
+    assert_eq!(billing.server.calls("echo").await, 1);
+
+    // Stats count the real (service, tool).
+    wait_until(
+        "the /mcp call is counted as inventory/read_order",
+        Duration::from_secs(10),
+        || async {
+            gw.stack
+                .envoy
+                .tool_stat("toolgate_calls", "inventory", "read_order")
+                .await
+                .is_some_and(|v| v >= 1.0)
+        },
+    )
+    .await;
+
+    // Names the endpoint does not offer are refused by the gateway; no server is asked.
+    for (path, name, named) in [
+        ("/mcp", "inventory__nope", "/mcp"),
+        ("/mcp", "read_order", "/mcp"),
+        ("/mcp", "nowhere__read_order", "/mcp"),
+        ("/virtual/nothing", "inventory__read_order", "nothing"),
+    ] {
+        let (status, body) = gw.call(path, name, json!({}), &[]).await;
+        assert_eq!(status, StatusCode::OK, "{path} {name}: {body}");
+        assert_eq!(body["error"]["code"], -32602, "{path} {name}: {body}");
+        let message = body["error"]["message"].as_str().unwrap_or("");
+        assert!(message.contains(&format!("`{named}`")), "{message}");
+    }
+    assert_eq!(inventory.server.calls("read_order").await, 1);
+    assert_eq!(billing.server.calls("read_order").await, 1);
+
+    // An operator forces inventory's write_order open (admin API); its policy names
+    // read_order as the fallback. On /mcp the reply names both as the agent sees them there.
+    gw.stack
+        .policy(
+            "inventory/write_order",
+            json!({"fallback_tool": "read_order"}),
+        )
+        .await;
+    let resp = gw
+        .http
+        .put(format!(
+            "{}/v1/overrides/inventory/write_order",
+            gw.stack.xds.admin_url()
+        ))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({"mode": "force_open", "reason": "stock count", "author": "test"}))
+        .send()
+        .await
+        .expect("admin API");
+    assert_eq!(resp.status(), StatusCode::OK);
+    wait_until(
+        "write_order is forced open on /mcp",
+        Duration::from_secs(10),
+        || async {
+            let (_, body) = gw
+                .call("/mcp", "inventory__write_order", json!({}), &[])
+                .await;
+            breaker(&body)["state"] == "forced_open"
+        },
+    )
+    .await;
+    // (Calls while the override was on its way ran.)
+    let ran = inventory.server.calls("write_order").await;
+    let (status, body) = gw
+        .call("/mcp", "inventory__write_order", json!({}), &[])
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(breaker(&body)["tool"], "inventory__write_order", "{body}");
+    assert_eq!(
+        breaker(&body)["fallbackTool"],
+        "inventory__read_order",
+        "{body}"
+    );
+    let text = text_of(&body);
+    assert!(
+        text.contains("stock count") && text.contains("`inventory__read_order`"),
+        "{text}"
+    );
+    assert_eq!(inventory.server.calls("write_order").await, ran);
+
+    // The per-service routes are as they were: the same override, named by the tool's own
+    // names there, and calls of other tools answered by their servers.
+    let (_, body) = gw
+        .call("/mcp/inventory", "write_order", json!({}), &[])
+        .await;
+    assert_eq!(breaker(&body)["state"], "forced_open", "{body}");
+    assert_eq!(breaker(&body)["tool"], "write_order");
+    assert_eq!(breaker(&body)["fallbackTool"], "read_order");
+    let (status, body) = gw
+        .call(
+            "/mcp/inventory",
+            "read_order",
+            json!({"order_id": "o-8"}),
+            &[],
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(text_of(&body), "order o-8: 1 item", "{body}");
+    let (status, body) = gw
+        .call("/mcp/billing", "echo", json!({"text": "again"}), &[])
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_ne!(body["result"]["isError"], true, "{body}");
+    assert_eq!(billing.server.calls("echo").await, 2);
+    assert_eq!(inventory.server.calls("read_order").await, 2);
+}
