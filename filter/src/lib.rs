@@ -15,6 +15,7 @@ pub mod call;
 pub mod catalog;
 pub mod feedback;
 pub mod fleet;
+pub mod held_session;
 pub mod mcp;
 pub mod session;
 pub mod stats;

@@ -51,13 +51,7 @@ fn count(control: &Value, field: &str) -> u64 {
 async fn sessions_are_opened_for_a_client_moved_when_lost_and_deleted_with_their_owner() {
     let env = TestEnv::new("upstream_sessions_opened_moved_deleted");
     let etcd = Etcd::start(&env).await;
-    let xds = Xds::start(
-        &env,
-        "xds",
-        &etcd.endpoint(),
-        &[],
-    )
-    .await;
+    let xds = Xds::start(&env, "xds", &etcd.endpoint(), &[]).await;
     let a = Member::start(&env, &etcd.endpoint(), "orders", "a", &[], 10).await;
     let b = Member::start(&env, &etcd.endpoint(), "orders", "b", &[], 10).await;
     wait_until("both instances UP", Duration::from_secs(15), || async {

@@ -32,6 +32,7 @@ use crate::breaker::{
 use crate::catalog::{self, Known, Unlisted};
 use crate::feedback::{Feedback, Kind};
 use crate::fleet;
+use crate::held_session;
 use crate::mcp::headers::{check_headers, HeaderCheck};
 use crate::mcp::jsonrpc::RawId;
 use crate::mcp::reply::{
@@ -94,6 +95,15 @@ pub trait CallHost {
     /// the access log's format and by the bootstrap's local-reply mapping).
     fn set_property(&self, name: &str, value: &[u8]);
     fn log(&self, level: Level, message: &str);
+    /// Asks toolgate-xds (the control cluster) at `path`; its answer comes to
+    /// [`Call::on_dispatch_response`]. `false`: the question could not be sent.
+    fn dispatch(&self, path: &str, body: &[u8], authorization: &str) -> bool;
+    /// Lets a request paused for a question go on.
+    fn resume_request(&self);
+    /// Lets a response paused for a question go on.
+    fn resume_response(&self);
+    /// A local reply of a server's own answer (status, content type, body as it sent them).
+    fn send_raw(&self, status: u32, content_type: &str, body: &[u8]);
 }
 
 pub use toolgate_model::envoy::{CUT_REPLY_PROPERTY, HELD_HEADER};
@@ -441,9 +451,61 @@ pub struct Call<S, M> {
     sealing: bool,
     /// A POST to the aggregate endpoint.
     on_virtual: Option<OnVirtual>,
+    /// The session the gateway holds for the client with the called service.
+    held: Option<HeldCall>,
     /// The request declared its body's length (`content-length`), which a rewrite must keep
     /// true.
     declared_length: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HeldPhase {
+    /// Asking toolgate-xds for the session; the request waits.
+    Opening,
+    /// The call went with the session.
+    Sent,
+    /// The server had lost it: toolgate-xds replays the call on a new one.
+    Replaying,
+}
+
+/// A call on the aggregate endpoint from a client with a gateway session.
+struct HeldCall {
+    owner: String,
+    service: String,
+    gateway_session: String,
+    slot: String,
+    /// The session envelope the call went with.
+    envelope: Option<String>,
+    /// The call as the service got it, for a replay.
+    body: Vec<u8>,
+    phase: HeldPhase,
+}
+
+impl HeldCall {
+    /// Puts the held session on the request.
+    fn use_answer(&mut self, host: &impl CallHost, answer: &held_session::Held) {
+        if let Some(envelope) = &answer.envelope {
+            host.set_request_header(SESSION_HEADER, Some(envelope));
+        }
+        if !answer.protocol_version.is_empty() {
+            host.set_request_header("mcp-protocol-version", Some(&answer.protocol_version));
+        }
+        self.envelope = answer.envelope.clone();
+    }
+
+    /// Keeps the answer for every worker of this Envoy.
+    fn store<S: SharedStore, M>(
+        &self,
+        shared: &Rc<RefCell<Shared<S, M>>>,
+        answer: &held_session::Held,
+    ) {
+        let value = held_session::encode_slot(&self.owner, &self.service, answer);
+        let shared = shared.borrow();
+        let store = shared.breakers.store();
+        // Last writer wins: a lost race leaves the other worker's answer, as good as this one.
+        let cas = store.get(&self.slot).ok().flatten().map(|(_, cas)| cas);
+        let _ = store.set(&self.slot, &value, cas);
+    }
 }
 
 /// A POST to a virtual server's path.
@@ -472,6 +534,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             events: Vec::new(),
             sealing: false,
             on_virtual: None,
+            held: None,
             declared_length: false,
         }
     }
@@ -784,11 +847,13 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             host.set_request_header("mcp-name", Some(tool));
         }
         // The agent's `Mcp-Session-Id` is a gateway session of toolgate-xds, which no server
-        // knows. Hook for upstream sessions (issue 19, point 5, a later change): this is where
-        // it will be exchanged for the session the gateway holds with this service (and the
-        // instance it is pinned to). Until then the call goes without one: stateless servers
-        // (2026-07-28, or run stateless) answer it, a stateful legacy server refuses it.
+        // knows: it is exchanged for the session the gateway holds with this service for it
+        // (see `crate::held_session`), or dropped (a 2026-07-28 client has none).
+        let gateway_session = host
+            .request_header(SESSION_HEADER)
+            .filter(|id| id.starts_with(held_session::GATEWAY_PREFIX));
         host.set_request_header(SESSION_HEADER, None);
+        let query = on.query.clone();
         // Envoy picked a route for the agent's path before this filter ran. Its wasm host drops
         // that choice whenever a plugin sets a request header, so the router picks again, by
         // this path: verified with Envoy 1.40.0 (tests/tests/aggregate_calls.rs passes with a
@@ -796,8 +861,168 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         // a later Envoy stop doing so (envoyproxy/envoy#36671 meant to), that test fails with
         // a 404, and the remedy is its foreign function `clear_route_cache`
         // (`hostcalls::call_foreign_function("clear_route_cache", None)`), one host call.
-        host.set_request_header(":path", Some(&aggregate::service_path(service, &on.query)));
-        Action::Continue
+        host.set_request_header(":path", Some(&aggregate::service_path(service, &query)));
+        let Some(gateway_session) = gateway_session else {
+            return Action::Continue;
+        };
+        let Some(owner) = held_session::owner_of('g', &gateway_session) else {
+            return Action::Continue;
+        };
+        let slot = held_session::slot_key(&owner, service);
+        let cached = {
+            let shared = self.shared.borrow();
+            shared
+                .breakers
+                .store()
+                .get(&slot)
+                .ok()
+                .flatten()
+                .and_then(|(bytes, _)| held_session::decode_slot(&bytes, &owner, service))
+        };
+        let mut held = HeldCall {
+            owner,
+            service: service.to_string(),
+            gateway_session,
+            slot,
+            envelope: None,
+            body: body.to_vec(),
+            phase: HeldPhase::Sent,
+        };
+        if let Some(answer) = cached {
+            held.use_answer(host, &answer);
+            self.held = Some(held);
+            return Action::Continue;
+        }
+        let request =
+            held_session::open_request(&held.owner, &held.service, &held.gateway_session, None);
+        held.phase = HeldPhase::Opening;
+        self.held = Some(held);
+        if host.dispatch(
+            held_session::OPEN_PATH,
+            &request,
+            &self.report_authorization(),
+        ) {
+            return Action::Pause;
+        }
+        self.session_unopened(host, held_session::Unopened::Failed)
+    }
+
+    /// `Bearer <token>` when toolgate-xds requires one of the filters, else empty.
+    fn report_authorization(&self) -> String {
+        let shared = self.shared.borrow();
+        let token = &shared.config.report_token;
+        if token.is_empty() {
+            String::new()
+        } else {
+            format!("Bearer {}", token.0)
+        }
+    }
+
+    /// No session could be had for the call: it is answered here, and counts for nothing
+    /// against the tool (the service's instances are judged by their probes).
+    fn session_unopened(&mut self, host: &impl CallHost, why: held_session::Unopened) -> Action {
+        self.record(host, Outcome::Ignored, None);
+        let (Some(judged), Some(service)) = (&self.request, &self.service) else {
+            return Action::Continue;
+        };
+        let failure = match why {
+            held_session::Unopened::NoInstance => UpstreamFailure::NoHealthyUpstream,
+            held_session::Unopened::Failed => UpstreamFailure::ConnectFailure,
+        };
+        let reply =
+            reply::service_unavailable(self.version, &judged.id, service, failure, self.framing);
+        self.answer(host, 200, &reply)
+    }
+
+    /// toolgate-xds answered a question this call asked (a session opened, a call replayed).
+    pub fn on_dispatch_response(
+        &mut self,
+        host: &impl CallHost,
+        status: Option<u16>,
+        body: &[u8],
+    ) -> Action {
+        let Some(held) = self.held.as_mut() else {
+            return Action::Continue;
+        };
+        match held.phase {
+            HeldPhase::Opening => {
+                let answer = match status {
+                    Some(200) => serde_json::from_slice::<held_session::Held>(body).ok(),
+                    _ => None,
+                };
+                let Some(answer) = answer else {
+                    host.log(
+                        Level::Warn,
+                        &format!(
+                            "toolgate: no session with service {} for a client of the aggregate endpoint: toolgate-xds answered {status:?}: {}",
+                            held.service,
+                            String::from_utf8_lossy(&body[..body.len().min(300)])
+                        ),
+                    );
+                    // Answered locally: the paused request is not resumed.
+                    let why = held_session::unopened(status);
+                    return self.session_unopened(host, why);
+                };
+                held.store(&self.shared, &answer);
+                held.use_answer(host, &answer);
+                held.phase = HeldPhase::Sent;
+                host.resume_request();
+                Action::Continue
+            }
+            HeldPhase::Replaying => {
+                let replayed = match status {
+                    Some(200) => serde_json::from_slice::<held_session::Replayed>(body).ok(),
+                    _ => None,
+                };
+                held.phase = HeldPhase::Sent;
+                match replayed {
+                    Some(r) => {
+                        held.store(&self.shared, &r.held);
+                        host.send_raw(u32::from(r.status), &r.content_type, r.body.as_bytes());
+                    }
+                    // The server's 404 goes on: the client initializes again, as the
+                    // specification says it must.
+                    None => host.resume_response(),
+                }
+                Action::Continue
+            }
+            HeldPhase::Sent => Action::Continue,
+        }
+    }
+
+    /// A routed call whose held session the server no longer knows (404): asked again on a
+    /// new session, and answered with that answer.
+    fn replay_lost_session(&mut self, host: &impl CallHost) -> Option<Action> {
+        let held = self.held.as_mut()?;
+        if held.phase != HeldPhase::Sent || held.envelope.is_none() {
+            return None;
+        }
+        let status = host.response_header(":status")?;
+        if status != "404" {
+            return None;
+        }
+        let request = held_session::replay_request(
+            &held.owner,
+            &held.service,
+            &held.gateway_session,
+            held.envelope.as_deref(),
+            &held.body,
+        );
+        held.phase = HeldPhase::Replaying;
+        // The request was not the tool's to fail.
+        self.record(host, Outcome::Ignored, None);
+        if host.dispatch(
+            held_session::REPLAY_PATH,
+            &request,
+            &self.report_authorization(),
+        ) {
+            Some(Action::Pause)
+        } else {
+            if let Some(h) = self.held.as_mut() {
+                h.phase = HeldPhase::Sent;
+            }
+            None
+        }
     }
 
     /// A 2025-03-26 batch on the aggregate endpoint: one request goes to one place, so a batch
@@ -1086,6 +1311,9 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             // The agent's session is the gateway's: a server's session id (with the instance's
             // address wrapped around it by the session affinity) must not replace it.
             host.set_response_header(SESSION_HEADER, None);
+            if let Some(action) = self.replay_lost_session(host) {
+                return action;
+            }
         }
         if self.stage == Stage::Stream {
             return self.stream_response(host, end_of_stream);

@@ -58,6 +58,10 @@ struct Stream {
     replies: RefCell<Vec<(u32, Reply)>>,
     properties: RefCell<HashMap<String, Vec<u8>>>,
     logs: RefCell<Vec<String>>,
+    /// Questions to toolgate-xds: path and body.
+    dispatched: RefCell<Vec<(String, Vec<u8>)>>,
+    resumed: Cell<u32>,
+    raw_replies: RefCell<Vec<(u32, String, Vec<u8>)>>,
 }
 
 impl CallHost for Stream {
@@ -113,6 +117,23 @@ impl CallHost for Stream {
     }
     fn log(&self, _level: Level, message: &str) {
         self.logs.borrow_mut().push(message.to_string());
+    }
+    fn dispatch(&self, path: &str, body: &[u8], _authorization: &str) -> bool {
+        self.dispatched
+            .borrow_mut()
+            .push((path.to_string(), body.to_vec()));
+        true
+    }
+    fn resume_request(&self) {
+        self.resumed.set(self.resumed.get() + 1);
+    }
+    fn resume_response(&self) {
+        self.resumed.set(self.resumed.get() + 1);
+    }
+    fn send_raw(&self, status: u32, content_type: &str, body: &[u8]) {
+        self.raw_replies
+            .borrow_mut()
+            .push((status, content_type.to_string(), body.to_vec()));
     }
 }
 
@@ -1164,4 +1185,109 @@ fn header_checks_and_batches_on_mcp() {
     assert!(w
         .request_to("/mcp", &[("mcp-protocol-version", "2025-03-26")], pings)
         .went_upstream());
+}
+
+/// A gateway session id as toolgate-xds makes them (long enough to have an owner).
+const GATEWAY_SESSION: &str =
+    "tgv1.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA";
+
+fn gateway_call(w: &mut Worker) -> Flight {
+    let body = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"orders__read_order","arguments":{}}}"#;
+    w.request_to("/mcp", &[(SESSION_HEADER, GATEWAY_SESSION)], body)
+}
+
+#[test]
+fn a_gateway_session_gets_the_session_held_for_it_asked_once_per_envoy() {
+    let mut w = aggregate_worker();
+    let f = gateway_call(&mut w);
+    // The first call waits while toolgate-xds opens the session.
+    assert_eq!(f.body_action, Some(Action::Pause));
+    let (path, question) = f.stream.dispatched.borrow()[0].clone();
+    assert_eq!(path, crate::held_session::OPEN_PATH);
+    let question = json_of(&question);
+    assert_eq!(question["service"], "orders");
+    assert_eq!(question["gateway_session"], GATEWAY_SESSION);
+    let mut f = f;
+    let answer =
+        r#"{"envelope":"MTI3LjAuMC4xOjE=;UV:YQ==","protocol_version":"2025-06-18","instance":"a"}"#;
+    f.call
+        .on_dispatch_response(&f.stream, Some(200), answer.as_bytes());
+    assert_eq!(f.stream.resumed.get(), 1);
+    {
+        let h = f.stream.request_headers.borrow();
+        assert_eq!(h[SESSION_HEADER], "MTI3LjAuMC4xOjE=;UV:YQ==");
+        assert_eq!(h["mcp-protocol-version"], "2025-06-18");
+        assert_eq!(h[":path"], "/mcp/orders");
+    }
+    f.json(RESULT);
+
+    // The next call, on any worker of this Envoy, asks nobody.
+    let second = gateway_call(&mut w);
+    assert!(second.stream.dispatched.borrow().is_empty());
+    assert_eq!(
+        second.stream.request_headers.borrow()[SESSION_HEADER],
+        "MTI3LjAuMC4xOjE=;UV:YQ=="
+    );
+}
+
+#[test]
+fn a_held_session_the_server_lost_is_replayed_and_the_client_sees_the_answer() {
+    let mut w = aggregate_worker();
+    let mut f = gateway_call(&mut w);
+    let answer =
+        r#"{"envelope":"ZW52LTE=;UV:YQ==","protocol_version":"2025-06-18","instance":"a"}"#;
+    f.call
+        .on_dispatch_response(&f.stream, Some(200), answer.as_bytes());
+    // The server restarted: 404 for the session.
+    f.stream
+        .response_headers
+        .borrow_mut()
+        .insert(":status".into(), "404".into());
+    let action = f.call.on_response_headers(&f.stream, false);
+    assert_eq!(action, Action::Pause, "held for the replay");
+    let (path, question) = f.stream.dispatched.borrow()[1].clone();
+    assert_eq!(path, crate::held_session::REPLAY_PATH);
+    let question = json_of(&question);
+    assert_eq!(question["stale"], "ZW52LTE=;UV:YQ==");
+    let replayed = serde_json::json!({
+        "envelope": "ZW52LTI=;UV:Yg==", "protocol_version": "2025-06-18", "instance": "b",
+        "status": 200, "content_type": "application/json", "body": RESULT,
+    });
+    f.call
+        .on_dispatch_response(&f.stream, Some(200), replayed.to_string().as_bytes());
+    let raw = f.stream.raw_replies.borrow();
+    assert_eq!(raw.len(), 1);
+    assert_eq!(raw[0].0, 200);
+    assert_eq!(raw[0].2, RESULT.as_bytes());
+    assert_eq!(
+        w.window("read_order").failures,
+        0,
+        "a lost session is not the tool's fault"
+    );
+    drop(raw);
+    // Later calls go with the new session.
+    let next = gateway_call(&mut w);
+    assert_eq!(
+        next.stream.request_headers.borrow()[SESSION_HEADER],
+        "ZW52LTI=;UV:Yg=="
+    );
+}
+
+#[test]
+fn no_healthy_instance_for_a_session_is_a_semantic_reply() {
+    let mut w = aggregate_worker();
+    let mut f = gateway_call(&mut w);
+    f.call.on_dispatch_response(
+        &f.stream,
+        Some(503),
+        br#"{"error":"service \"orders\" has no healthy instance"}"#,
+    );
+    let (status, reply) = f.reply();
+    assert_eq!(status, 200);
+    assert_eq!(reply["id"], 7);
+    assert!(
+        reply["result"]["isError"] == true || reply["error"].is_object(),
+        "{reply}"
+    );
+    assert_eq!(f.stream.resumed.get(), 0, "answered here, not resumed");
 }

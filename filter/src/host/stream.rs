@@ -12,6 +12,10 @@ use super::{log, now_ms, HostMetrics, HostShared, HostStore};
 use crate::call::{Action, Call, CallHost, Level};
 use crate::mcp::reply::Reply;
 
+/// How long a call waits for toolgate-xds to open (or re-open) a session with a server for its
+/// client: toolgate-xds gives each request to the server 10 s.
+const SESSION_QUESTION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(12);
+
 /// The host calls of the stream being served (proxy-wasm addresses the current one).
 struct Envoy;
 
@@ -78,6 +82,36 @@ impl CallHost for Envoy {
         let _ = hostcalls::set_property(vec![name], Some(value));
     }
 
+    fn dispatch(&self, path: &str, body: &[u8], authorization: &str) -> bool {
+        hostcalls::dispatch_http_call(
+            crate::feedback::CLUSTER,
+            super::root::report_headers(path, authorization),
+            Some(body),
+            vec![],
+            SESSION_QUESTION_TIMEOUT,
+        )
+        .is_ok()
+    }
+
+    fn resume_request(&self) {
+        let _ = hostcalls::resume_http_request();
+    }
+
+    fn resume_response(&self) {
+        let _ = hostcalls::resume_http_response();
+    }
+
+    fn send_raw(&self, status: u32, content_type: &str, body: &[u8]) {
+        let _ = hostcalls::send_http_response(
+            status,
+            vec![
+                ("content-type", content_type),
+                ("cache-control", "no-store"),
+            ],
+            Some(body),
+        );
+    }
+
     fn log(&self, level: Level, message: &str) {
         log(
             match level {
@@ -117,7 +151,31 @@ impl Stream {
     }
 }
 
-impl Context for Stream {}
+impl Context for Stream {
+    fn on_http_call_response(
+        &mut self,
+        _token_id: u32,
+        num_headers: usize,
+        body_size: usize,
+        _num_trailers: usize,
+    ) {
+        // Envoy calls back with no headers when the call timed out or the connection failed.
+        let status = if num_headers == 0 {
+            None
+        } else {
+            hostcalls::get_map_value(MapType::HttpCallResponseHeaders, ":status")
+                .ok()
+                .flatten()
+                .and_then(|s| s.parse::<u16>().ok())
+        };
+        let body = hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size)
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        self.call.on_dispatch_response(&Envoy, status, &body);
+        self.report();
+    }
+}
 
 impl HttpContext for Stream {
     fn on_http_request_headers(&mut self, _n: usize, end_of_stream: bool) -> WasmAction {

@@ -1,0 +1,184 @@
+//! Sessions the gateway holds with servers for its clients: the filter's side.
+//!
+//! toolgate-xds opens them (`/v1/upstream-sessions`, see `xds-server/src/upstream.rs`); the
+//! filter asks once per (client session, service), keeps the answer in shared data so that
+//! every worker of this Envoy uses it, and puts it on the client's calls: the `envelope`, the
+//! `Mcp-Session-Id` value that Envoy's session affinity routes to the instance holding it.
+//!
+//! Shared data is never freed, so the answers live in a fixed number of slots (a client
+//! session and service hash to one; a collision overwrites). A lost answer costs one more
+//! question to toolgate-xds, which still holds the session: no new session on the server.
+//!
+//! Owners are the last characters of the client's session id: the tail of an id sealed by the
+//! gateway (its own `tgv1.` ids, and the `tgs1.` ids the filter seals on per-service routes)
+//! is the authentication tag, which only the key holder can make, so no client can name
+//! another client's owner.
+
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
+use serde::Deserialize;
+use serde_json::json;
+
+/// toolgate-xds's endpoints (on the control cluster the reports use).
+pub const OPEN_PATH: &str = "/v1/upstream-sessions";
+pub const REPLAY_PATH: &str = "/v1/upstream-sessions/replay";
+/// Prefix of the gateway's own session ids on the aggregate endpoint.
+pub const GATEWAY_PREFIX: &str = "tgv1.";
+/// Slots of answers in shared data.
+pub const SLOTS: u64 = 4096;
+/// Characters of the id's tail that make its owner.
+const OWNER_CHARS: usize = 43;
+
+/// The owner of a session id the gateway sealed; `None` for an id too short to be one.
+pub fn owner_of(kind: char, session_id: &str) -> Option<String> {
+    if session_id.len() < OWNER_CHARS + 8 || !session_id.is_ascii() {
+        return None;
+    }
+    Some(format!(
+        "{kind}{}",
+        &session_id[session_id.len() - OWNER_CHARS..]
+    ))
+}
+
+/// The shared-data key of the slot for (owner, service).
+pub fn slot_key(owner: &str, service: &str) -> String {
+    // FNV-1a: spreads owners over the slots; the slot's value names its owner and service,
+    // so a collision is a miss, never a wrong answer.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in owner.bytes().chain([0]).chain(service.bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("tg/hs/{}", h % SLOTS)
+}
+
+/// What toolgate-xds answered: where this client's calls to the service go.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Held {
+    /// `None`: the server keeps no session, calls go without one.
+    pub envelope: Option<String>,
+    pub protocol_version: String,
+}
+
+/// A slot's value: owner, service, revision and envelope, one per line.
+pub fn encode_slot(owner: &str, service: &str, held: &Held) -> Vec<u8> {
+    format!(
+        "{owner}\n{service}\n{}\n{}",
+        held.protocol_version,
+        held.envelope.as_deref().unwrap_or_default()
+    )
+    .into_bytes()
+}
+
+/// The answer a slot holds for (owner, service), if it holds theirs.
+pub fn decode_slot(bytes: &[u8], owner: &str, service: &str) -> Option<Held> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    let mut lines = text.splitn(4, '\n');
+    if lines.next()? != owner || lines.next()? != service {
+        return None;
+    }
+    let protocol_version = lines.next()?.to_string();
+    let envelope = lines.next().filter(|e| !e.is_empty()).map(str::to_string);
+    Some(Held {
+        envelope,
+        protocol_version,
+    })
+}
+
+/// The body asking toolgate-xds for the session of `owner` with `service`, on behalf of the
+/// gateway session `gateway_session` (toolgate-xds reads the client's parameters from it);
+/// `stale`: the envelope that just failed.
+pub fn open_request(
+    owner: &str,
+    service: &str,
+    gateway_session: &str,
+    stale: Option<&str>,
+) -> Vec<u8> {
+    json!({
+        "owner": owner,
+        "service": service,
+        "gateway_session": gateway_session,
+        "stale": stale,
+    })
+    .to_string()
+    .into_bytes()
+}
+
+/// The body asking toolgate-xds to replay `message` on a new session.
+pub fn replay_request(
+    owner: &str,
+    service: &str,
+    gateway_session: &str,
+    stale: Option<&str>,
+    message: &[u8],
+) -> Vec<u8> {
+    json!({
+        "owner": owner,
+        "service": service,
+        "gateway_session": gateway_session,
+        "stale": stale,
+        "body": STANDARD.encode(message),
+    })
+    .to_string()
+    .into_bytes()
+}
+
+/// toolgate-xds's answer to a replay: the new session and the server's answer.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Replayed {
+    #[serde(flatten)]
+    pub held: Held,
+    pub status: u16,
+    pub content_type: String,
+    pub body: String,
+}
+
+/// Why toolgate-xds opened nothing, from its answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unopened {
+    /// 503: the service has no healthy instance.
+    NoInstance,
+    /// Anything else: no answer, a refusal, a failure.
+    Failed,
+}
+
+pub fn unopened(status: Option<u16>) -> Unopened {
+    match status {
+        Some(503) => Unopened::NoInstance,
+        _ => Unopened::Failed,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slot_answers_only_its_owner_and_service() {
+        let held = Held {
+            envelope: Some("MTI3LjAuMC4xOjE=;UV:YQ==".into()),
+            protocol_version: "2025-06-18".into(),
+        };
+        let bytes = encode_slot("gabc", "orders", &held);
+        assert_eq!(decode_slot(&bytes, "gabc", "orders"), Some(held));
+        assert_eq!(decode_slot(&bytes, "gabd", "orders"), None);
+        assert_eq!(decode_slot(&bytes, "gabc", "billing"), None);
+        let none = Held {
+            envelope: None,
+            protocol_version: "2026-07-28".into(),
+        };
+        let bytes = encode_slot("gabc", "orders", &none);
+        assert_eq!(decode_slot(&bytes, "gabc", "orders"), Some(none));
+    }
+
+    #[test]
+    fn owners_are_the_tail_of_a_sealed_id_and_slots_are_bounded() {
+        assert_eq!(owner_of('g', "tgv1.short"), None);
+        let id = format!("tgv1.{}", "A".repeat(80));
+        let owner = owner_of('g', &id).expect("owner");
+        assert_eq!(owner.len(), 1 + OWNER_CHARS);
+        let key = slot_key(&owner, "orders");
+        let n: u64 = key.trim_start_matches("tg/hs/").parse().expect("slot");
+        assert!(n < SLOTS);
+    }
+}
