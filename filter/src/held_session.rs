@@ -85,42 +85,90 @@ pub fn decode_slot(bytes: &[u8], owner: &str, service: &str) -> Option<Held> {
     })
 }
 
-/// The body asking toolgate-xds for the session of `owner` with `service`, on behalf of the
-/// gateway session `gateway_session` (toolgate-xds reads the client's parameters from it);
-/// `stale`: the envelope that just failed.
+/// Whose session it is, as toolgate-xds needs to open one like the client would.
+#[derive(Debug, Clone, Copy)]
+pub enum Client<'a> {
+    /// A gateway session of the aggregate endpoint (toolgate-xds reads the client's
+    /// `initialize` parameters out of it).
+    Gateway(&'a str),
+    /// The client's own `initialize` parameters (JSON), kept in the id the filter sealed.
+    Params(&'a str),
+}
+
+fn question(
+    owner: &str,
+    service: &str,
+    client: Client<'_>,
+    stale: Option<&str>,
+) -> serde_json::Value {
+    let mut q = json!({"owner": owner, "service": service, "stale": stale});
+    match client {
+        Client::Gateway(id) => q["gateway_session"] = json!(id),
+        Client::Params(p) => {
+            q["params"] = serde_json::from_str(p).unwrap_or(serde_json::Value::Null);
+        }
+    }
+    q
+}
+
+/// The body asking toolgate-xds for the session of `owner` with `service`; `stale`: the
+/// envelope that just failed.
 pub fn open_request(
     owner: &str,
     service: &str,
-    gateway_session: &str,
+    client: Client<'_>,
     stale: Option<&str>,
 ) -> Vec<u8> {
-    json!({
-        "owner": owner,
-        "service": service,
-        "gateway_session": gateway_session,
-        "stale": stale,
-    })
-    .to_string()
-    .into_bytes()
+    question(owner, service, client, stale)
+        .to_string()
+        .into_bytes()
 }
 
 /// The body asking toolgate-xds to replay `message` on a new session.
 pub fn replay_request(
     owner: &str,
     service: &str,
-    gateway_session: &str,
+    client: Client<'_>,
     stale: Option<&str>,
     message: &[u8],
 ) -> Vec<u8> {
-    json!({
-        "owner": owner,
-        "service": service,
-        "gateway_session": gateway_session,
-        "stale": stale,
-        "body": STANDARD.encode(message),
-    })
-    .to_string()
-    .into_bytes()
+    let mut q = question(owner, service, client, stale);
+    q["body"] = json!(STANDARD.encode(message));
+    q.to_string().into_bytes()
+}
+
+/// The most `initialize` parameters kept in a sealed session id (JSON bytes); a client that
+/// sends more keeps working, but its session is not re-opened when its instance is gone.
+pub const MAX_PARAMS_BYTES: usize = 2048;
+
+/// The parameters of an `initialize` body that matter to re-open its session, as compact JSON;
+/// `None` when the body is not one or they weigh more than [`MAX_PARAMS_BYTES`].
+pub fn initialize_params(body: &[u8]) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let p = v.get("params")?;
+    let kept = json!({
+        "protocolVersion": p.get("protocolVersion")?.as_str()?,
+        "capabilities": p.get("capabilities").cloned().unwrap_or(json!({})),
+        "clientInfo": p.get("clientInfo").cloned().unwrap_or(json!({})),
+    });
+    let text = kept.to_string();
+    (text.len() <= MAX_PARAMS_BYTES).then_some(text)
+}
+
+/// A sealed session value: the envelope, and the client's parameters after a newline.
+pub fn join(envelope: &str, params: Option<&str>) -> String {
+    match params {
+        Some(p) => format!("{envelope}\n{p}"),
+        None => envelope.to_string(),
+    }
+}
+
+/// The envelope and the parameters of an opened value.
+pub fn split(value: &str) -> (&str, Option<&str>) {
+    match value.split_once('\n') {
+        Some((e, p)) => (e, Some(p)),
+        None => (value, None),
+    }
 }
 
 /// toolgate-xds's answer to a replay: the new session and the server's answer.

@@ -21,8 +21,10 @@ use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 /// Prefix of a sealed value (and of its format).
 pub const PREFIX: &str = "tgs1.";
 const NONCE_BYTES: usize = 24;
-/// Session ids longer than this are not sealed, nor accepted sealed: an id is a few dozen bytes.
-pub const MAX_VALUE_BYTES: usize = 1024;
+/// Session values longer than this are not sealed, nor accepted sealed: an id is a few dozen
+/// bytes, and the client's `initialize` parameters sealed with it at most
+/// [`crate::held_session::MAX_PARAMS_BYTES`].
+pub const MAX_VALUE_BYTES: usize = 3072;
 
 /// The sealing key and this VM's nonce sequence.
 pub struct Sealer {

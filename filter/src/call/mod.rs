@@ -102,8 +102,9 @@ pub trait CallHost {
     fn resume_request(&self);
     /// Lets a response paused for a question go on.
     fn resume_response(&self);
-    /// A local reply of a server's own answer (status, content type, body as it sent them).
-    fn send_raw(&self, status: u32, content_type: &str, body: &[u8]);
+    /// A local reply of a server's own answer (status, content type, body as it sent them),
+    /// with `headers` besides.
+    fn send_raw(&self, status: u32, content_type: &str, body: &[u8], headers: &[(&str, &str)]);
 }
 
 pub use toolgate_model::envoy::{CUT_REPLY_PROPERTY, HELD_HEADER};
@@ -453,6 +454,8 @@ pub struct Call<S, M> {
     on_virtual: Option<OnVirtual>,
     /// The session the gateway holds for the client with the called service.
     held: Option<HeldCall>,
+    /// The parameters of the `initialize` this request sends (sealed into its session id).
+    init_params: Option<String>,
     /// The request declared its body's length (`content-length`), which a rewrite must keep
     /// true.
     declared_length: bool,
@@ -468,11 +471,30 @@ enum HeldPhase {
     Replaying,
 }
 
-/// A call on the aggregate endpoint from a client with a gateway session.
+/// Whose session a held one is.
+enum HeldFor {
+    /// A client of the aggregate endpoint, by its gateway session id.
+    Gateway(String),
+    /// A client of a service's route, by the `initialize` parameters sealed in its id: a
+    /// replayed answer carries its new id, sealed likewise.
+    Route(String),
+}
+
+impl HeldFor {
+    fn question(&self) -> held_session::Client<'_> {
+        match self {
+            HeldFor::Gateway(id) => held_session::Client::Gateway(id),
+            HeldFor::Route(params) => held_session::Client::Params(params),
+        }
+    }
+}
+
+/// A call whose client's session the gateway holds or may re-open: on the aggregate endpoint
+/// (a gateway session), or on a service's route (an id sealed with the client's parameters).
 struct HeldCall {
     owner: String,
     service: String,
-    gateway_session: String,
+    client: HeldFor,
     slot: String,
     /// The session envelope the call went with.
     envelope: Option<String>,
@@ -535,6 +557,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             sealing: false,
             on_virtual: None,
             held: None,
+            init_params: None,
             declared_length: false,
         }
     }
@@ -572,7 +595,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 return self.hold_body(host, end_of_stream);
             }
         };
-        self.open_session(host);
+        self.open_session(host, service);
         let method = host.request_header(":method").unwrap_or_default();
         match method.to_ascii_uppercase().as_str() {
             "POST" => {}
@@ -651,28 +674,84 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
     }
 
     /// Restores the session id the agent sent from its sealed form (see [`crate::session`]),
-    /// before Envoy's session affinity reads it.
-    fn open_session(&mut self, host: &impl CallHost) {
-        let shared = self.shared.borrow();
-        let Some(sealer) = &shared.sealer else {
+    /// before Envoy's session affinity reads it. An id sealed with the client's `initialize`
+    /// parameters may have been re-opened on another instance (its own was gone): the
+    /// session it goes with now is in shared data (see [`crate::held_session`]).
+    fn open_session(&mut self, host: &impl CallHost, service: &str) {
+        let opened = {
+            let shared = self.shared.borrow();
+            let Some(sealer) = &shared.sealer else {
+                return;
+            };
+            self.sealing = true;
+            let Some(sent) = host.request_header(SESSION_HEADER) else {
+                return;
+            };
+            match sealer.open(&sent) {
+                Some(value) => Some((sent, value)),
+                None => {
+                    host.set_request_header(SESSION_HEADER, Some(&session::unusable(&sent)));
+                    None
+                }
+            }
+        };
+        let Some((sent, value)) = opened else {
             return;
         };
-        self.sealing = true;
-        let Some(sent) = host.request_header(SESSION_HEADER) else {
+        let (envelope, params) = held_session::split(&value);
+        let held = params.and_then(|p| {
+            let owner = held_session::owner_of('s', &sent)?;
+            let slot = held_session::slot_key(&owner, service);
+            Some(HeldCall {
+                owner,
+                service: service.to_string(),
+                client: HeldFor::Route(p.to_string()),
+                slot,
+                envelope: Some(envelope.to_string()),
+                body: Vec::new(),
+                phase: HeldPhase::Sent,
+            })
+        });
+        let Some(mut held) = held else {
+            host.set_request_header(SESSION_HEADER, Some(envelope));
             return;
         };
-        match sealer.open(&sent) {
-            Some(value) => host.set_request_header(SESSION_HEADER, Some(&value)),
-            None => host.set_request_header(SESSION_HEADER, Some(&session::unusable(&sent))),
+        let moved = {
+            let shared = self.shared.borrow();
+            shared
+                .breakers
+                .store()
+                .get(&held.slot)
+                .ok()
+                .flatten()
+                .and_then(|(bytes, _)| held_session::decode_slot(&bytes, &held.owner, service))
+        };
+        match moved {
+            Some(answer) if answer.envelope.is_some() => held.use_answer(host, &answer),
+            _ => host.set_request_header(SESSION_HEADER, Some(envelope)),
         }
+        self.held = Some(held);
+    }
+
+    /// The `initialize` parameters of this client: those of the `initialize` it is sending,
+    /// or those sealed in its id.
+    fn client_params(&self) -> Option<&str> {
+        self.init_params.as_deref().or(match &self.held {
+            Some(HeldCall {
+                client: HeldFor::Route(p),
+                ..
+            }) => Some(p.as_str()),
+            _ => None,
+        })
     }
 
     /// Seals the session id of a response, which Envoy's session affinity has just wrapped
-    /// around the upstream's address.
+    /// around the upstream's address, with the client's parameters when known.
     fn seal_session(&mut self, host: &impl CallHost) {
         let Some(value) = host.response_header(SESSION_HEADER) else {
             return;
         };
+        let value = held_session::join(&value, self.client_params());
         let sealed = match self.shared.borrow_mut().sealer.as_mut() {
             Some(sealer) => sealer.seal(&value),
             None => return,
@@ -729,6 +808,17 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             };
             let reply = reply::header_mismatch(self.version, id, mismatch, self.framing);
             return self.answer(host, 400, &reply);
+        }
+        if self.sealing && self.on_virtual.is_none() {
+            if let Body::Request(r) = &body {
+                if r.method == "initialize" {
+                    self.init_params = held_session::initialize_params(&bytes);
+                }
+            }
+            // Kept for a replay, should the server no longer know the session.
+            if let Some(h) = self.held.as_mut() {
+                h.body = bytes.to_vec();
+            }
         }
         match (body, service) {
             (Body::Request(request), Some(service)) => self.judge_request(host, &service, request),
@@ -882,7 +972,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         let mut held = HeldCall {
             owner,
             service: service.to_string(),
-            gateway_session,
+            client: HeldFor::Gateway(gateway_session),
             slot,
             envelope: None,
             body: body.to_vec(),
@@ -894,7 +984,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             return Action::Continue;
         }
         let request =
-            held_session::open_request(&held.owner, &held.service, &held.gateway_session, None);
+            held_session::open_request(&held.owner, &held.service, held.client.question(), None);
         held.phase = HeldPhase::Opening;
         self.held = Some(held);
         if host.dispatch(
@@ -978,7 +1068,30 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 match replayed {
                     Some(r) => {
                         held.store(&self.shared, &r.held);
-                        host.send_raw(u32::from(r.status), &r.content_type, r.body.as_bytes());
+                        // A client of a service's route gets its new id (those SDKs that take
+                        // a new id from any response do; the others keep the old one, which
+                        // now leads here too).
+                        let resealed = match (&held.client, &r.held.envelope) {
+                            (HeldFor::Route(params), Some(envelope)) => {
+                                let value = held_session::join(envelope, Some(params));
+                                self.shared
+                                    .borrow_mut()
+                                    .sealer
+                                    .as_mut()
+                                    .and_then(|s| s.seal(&value))
+                            }
+                            _ => None,
+                        };
+                        let headers: Vec<(&str, &str)> = resealed
+                            .as_deref()
+                            .map(|id| vec![(SESSION_HEADER, id)])
+                            .unwrap_or_default();
+                        host.send_raw(
+                            u32::from(r.status),
+                            &r.content_type,
+                            r.body.as_bytes(),
+                            &headers,
+                        );
                     }
                     // The server's 404 goes on: the client initializes again, as the
                     // specification says it must.
@@ -994,7 +1107,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
     /// new session, and answered with that answer.
     fn replay_lost_session(&mut self, host: &impl CallHost) -> Option<Action> {
         let held = self.held.as_mut()?;
-        if held.phase != HeldPhase::Sent || held.envelope.is_none() {
+        if held.phase != HeldPhase::Sent || held.envelope.is_none() || held.body.is_empty() {
             return None;
         }
         let status = host.response_header(":status")?;
@@ -1004,7 +1117,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         let request = held_session::replay_request(
             &held.owner,
             &held.service,
-            &held.gateway_session,
+            held.client.question(),
             held.envelope.as_deref(),
             &held.body,
         );
@@ -1311,9 +1424,9 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             // The agent's session is the gateway's: a server's session id (with the instance's
             // address wrapped around it by the session affinity) must not replace it.
             host.set_response_header(SESSION_HEADER, None);
-            if let Some(action) = self.replay_lost_session(host) {
-                return action;
-            }
+        }
+        if let Some(action) = self.replay_lost_session(host) {
+            return action;
         }
         if self.stage == Stage::Stream {
             return self.stream_response(host, end_of_stream);

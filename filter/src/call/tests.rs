@@ -130,7 +130,7 @@ impl CallHost for Stream {
     fn resume_response(&self) {
         self.resumed.set(self.resumed.get() + 1);
     }
-    fn send_raw(&self, status: u32, content_type: &str, body: &[u8]) {
+    fn send_raw(&self, status: u32, content_type: &str, body: &[u8], _headers: &[(&str, &str)]) {
         self.raw_replies
             .borrow_mut()
             .push((status, content_type.to_string(), body.to_vec()));
@@ -1290,4 +1290,55 @@ fn no_healthy_instance_for_a_session_is_a_semantic_reply() {
         "{reply}"
     );
     assert_eq!(f.stream.resumed.get(), 0, "answered here, not resumed");
+}
+
+#[test]
+fn a_route_session_whose_instance_is_gone_is_reopened_with_the_clients_parameters() {
+    let mut w = Worker::new();
+    let mut config = w.shared.borrow().config.clone();
+    config.session_key.0 = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=".into();
+    assert!(w.shared.borrow_mut().configure(config));
+    // initialize: the id the client gets carries its parameters, sealed.
+    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{"roots":{}},"clientInfo":{"name":"agent","version":"1"}}}"#;
+    let mut f = w.request("orders", &[], init);
+    f.stream
+        .response_headers
+        .borrow_mut()
+        .insert(SESSION_HEADER.into(), "ZW52LTE=;UV:YQ==".into());
+    f.json(r#"{"jsonrpc":"2.0","id":1,"result":{}}"#);
+    let sealed = f.stream.response_headers.borrow()[SESSION_HEADER].clone();
+
+    // A call on it; the pinned instance is gone and the survivor answers 404.
+    let call = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"read_order","arguments":{}}}"#;
+    let mut f = w.request("orders", &[(SESSION_HEADER, &sealed)], call);
+    assert!(f.went_upstream());
+    assert_eq!(
+        f.stream.request_headers.borrow()[SESSION_HEADER],
+        "ZW52LTE=;UV:YQ=="
+    );
+    f.stream
+        .response_headers
+        .borrow_mut()
+        .insert(":status".into(), "404".into());
+    assert_eq!(f.call.on_response_headers(&f.stream, false), Action::Pause);
+    let (path, question) = f.stream.dispatched.borrow()[0].clone();
+    assert_eq!(path, crate::held_session::REPLAY_PATH);
+    let question = json_of(&question);
+    assert_eq!(question["params"]["clientInfo"]["name"], "agent");
+    assert_eq!(question["params"]["protocolVersion"], "2025-06-18");
+    assert_eq!(question["stale"], "ZW52LTE=;UV:YQ==");
+    let replayed = serde_json::json!({
+        "envelope": "ZW52LTI=;UV:Yg==", "protocol_version": "2025-06-18", "instance": "b",
+        "status": 200, "content_type": "application/json", "body": RESULT,
+    });
+    f.call
+        .on_dispatch_response(&f.stream, Some(200), replayed.to_string().as_bytes());
+    assert_eq!(f.stream.raw_replies.borrow()[0].2, RESULT.as_bytes());
+
+    // The client keeps sending its old id: it now goes to the new session.
+    let f = w.request("orders", &[(SESSION_HEADER, &sealed)], call);
+    assert_eq!(
+        f.stream.request_headers.borrow()[SESSION_HEADER],
+        "ZW52LTI=;UV:Yg=="
+    );
 }
