@@ -101,15 +101,13 @@ impl CallHost for Envoy {
         let _ = hostcalls::resume_http_response();
     }
 
-    fn send_raw(&self, status: u32, content_type: &str, body: &[u8]) {
-        let _ = hostcalls::send_http_response(
-            status,
-            vec![
-                ("content-type", content_type),
-                ("cache-control", "no-store"),
-            ],
-            Some(body),
-        );
+    fn send_raw(&self, status: u32, content_type: &str, body: &[u8], headers: &[(&str, &str)]) {
+        let mut all = vec![
+            ("content-type", content_type),
+            ("cache-control", "no-store"),
+        ];
+        all.extend_from_slice(headers);
+        let _ = hostcalls::send_http_response(status, all, Some(body));
     }
 
     fn log(&self, level: Level, message: &str) {
