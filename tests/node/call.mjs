@@ -12,6 +12,8 @@
 //   `initialize` and pins 2026-era ones through `server/discover`; 1.x always offers its
 //   latest in Client.connect, so for another version this script runs the same handshake
 //   itself. Without it each SDK does what it does by default.
+//   The pseudo-step toolgate/wait-file '{"path": P}' sends nothing: it waits until the file P
+//   exists, so a test can act (kill an instance) between two calls of one session.
 //
 // stdout: {"sdk", "sdkVersion", "protocolVersion", "sessionId", "steps": [{"method", "ok",
 // "result"} | {"method", "ok": false, "error": {"name", "message", "code", "status", "data"}}]}
@@ -189,6 +191,12 @@ function describeError(e) {
     return out;
 }
 
+async function waitFile(path) {
+    const { existsSync } = await import('node:fs');
+    if (!path) throw new Error('toolgate/wait-file needs {"path": ...}');
+    while (!existsSync(path)) await new Promise(r => setTimeout(r, 50));
+}
+
 async function main() {
     const opts = parseArgs(process.argv.slice(2));
     const client = opts.sdk === '1' ? await sdk1(opts) : await sdk2(opts);
@@ -212,6 +220,11 @@ async function main() {
         report.steps.push({ method: 'connect', ok: true, result: await client.connect() });
         for (const step of opts.steps) {
             try {
+                if (step.method === 'toolgate/wait-file') {
+                    await waitFile(step.params?.path);
+                    report.steps.push({ method: step.method, ok: true, result: null });
+                    continue;
+                }
                 report.steps.push({ method: step.method, ok: true, result: (await client.run(step)) ?? null });
             } catch (e) {
                 failed = true;

@@ -128,6 +128,13 @@ pub fn envelope(addr: SocketAddr, session: &str) -> String {
     )
 }
 
+/// The address an envelope routes to.
+pub fn address_of(envelope: &str) -> Option<SocketAddr> {
+    let (addr, _) = envelope.split_once(';')?;
+    let bytes = STANDARD.decode(addr).ok()?;
+    std::str::from_utf8(&bytes).ok()?.parse().ok()
+}
+
 struct Held {
     addr: SocketAddr,
     instance: String,
@@ -210,7 +217,10 @@ impl UpstreamSessions {
                 None => None,
             }
         };
-        let avoid = lost.as_ref().map(|h| h.addr);
+        let avoid = lost
+            .as_ref()
+            .map(|h| h.addr)
+            .or_else(|| stale.and_then(address_of));
         if let Some(old) = lost {
             self.delete(old).await;
         }

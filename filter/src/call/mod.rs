@@ -1579,6 +1579,15 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         body_size: usize,
         end_of_stream: bool,
     ) -> Action {
+        // A body callback that continued would release the held headers (the server's 404)
+        // before the replayed answer is there.
+        if self
+            .held
+            .as_ref()
+            .is_some_and(|h| h.phase == HeldPhase::Replaying)
+        {
+            return Action::Pause;
+        }
         match &mut self.watch {
             Watch::None => Action::Continue,
             Watch::Replace(_) => {

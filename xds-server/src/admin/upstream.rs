@@ -137,7 +137,11 @@ async fn replay(
         .await
     {
         Ok(replayed) => Json(replayed).into_response(),
-        Err(e) => failed(e),
+        Err(e) => {
+            tracing::warn!(service = %r.open.service, error = %e,
+                "replaying a request on a new session for a client failed");
+            failed(e)
+        }
     }
 }
 
