@@ -108,7 +108,7 @@ pub struct Listing {
     /// The virtual server's `description`, shown as `instructions`.
     pub instructions: Option<String>,
     /// Tools as shown, by visible name.
-    pub tools: Vec<(String, Value)>,
+    pub tools: Vec<ShownTool>,
     /// Names and availability (and which definitions were read) of what is shown: when it
     /// changes, clients are told `notifications/tools/list_changed`.
     pub fingerprint: u64,
@@ -116,6 +116,9 @@ pub struct Listing {
     /// listing is due again then, even if nothing else changes.
     pub next_expiry_ms: Option<u64>,
 }
+
+/// A tool as shown: its visible name and its definition.
+pub type ShownTool = (String, Value);
 
 /// The error of a cursor this server did not make.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -125,10 +128,7 @@ impl Listing {
     /// The page after `cursor`, and the cursor of the next page if there is one. A cursor is
     /// the last name of its page, so a listing that changes between pages neither repeats nor
     /// skips a tool that stays.
-    pub fn page(
-        &self,
-        cursor: Option<&str>,
-    ) -> Result<(&[(String, Value)], Option<String>), BadCursor> {
+    pub fn page(&self, cursor: Option<&str>) -> Result<(&[ShownTool], Option<String>), BadCursor> {
         let start = match cursor {
             None => 0,
             Some(c) => {
