@@ -69,7 +69,14 @@ fn names(tools: &[Value]) -> Vec<String> {
 async fn one_endpoint_lists_every_service_and_tells_its_clients_what_changed() {
     let env = TestEnv::new("aggregate");
     let etcd = Etcd::start(&env).await;
-    let mut args: Vec<&str> = vec!["--admin-token-env", "TOOLGATE_TEST_ADMIN_TOKEN"];
+    // A loaded test machine's disk can take over a second per etcd write; the override must
+    // not time out on it.
+    let mut args: Vec<&str> = vec![
+        "--admin-token-env",
+        "TOOLGATE_TEST_ADMIN_TOKEN",
+        "--etcd-timeout",
+        "5s",
+    ];
     args.extend(FAST_PROBES);
     let xds = Xds::start_with_env(
         &env,
@@ -216,6 +223,73 @@ async fn one_endpoint_lists_every_service_and_tells_its_clients_what_changed() {
     })
     .await;
 
+    // A 2026-07-28 client, stateless: discover, then a listen stream that is acknowledged and
+    // hears the override below.
+    let modern = |method: &str, params: Value| {
+        let mut params = params;
+        params["_meta"] = json!({
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientInfo": {"name": "aggregate-test", "version": "1"},
+            "io.modelcontextprotocol/clientCapabilities": {}
+        });
+        http.post(&url)
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2026-07-28")
+            .header("mcp-method", method)
+            .json(&json!({"jsonrpc": "2.0", "id": 40, "method": method, "params": params}))
+            .send()
+    };
+    let discovered: Value = modern("server/discover", json!({}))
+        .await
+        .expect("discover")
+        .json()
+        .await
+        .expect("discover JSON");
+    assert_eq!(
+        discovered["result"]["supportedVersions"][0], "2026-07-28",
+        "{discovered}"
+    );
+    assert_eq!(discovered["result"]["resultType"], "complete");
+    let refused = modern("resources/list", json!({}))
+        .await
+        .expect("resources/list");
+    assert_eq!(
+        refused.status(),
+        404,
+        "2026-07-28: a method not served is a 404"
+    );
+    let refused: Value = refused.json().await.expect("error JSON");
+    assert_eq!(refused["error"]["code"], -32601);
+    let listen = modern(
+        "subscriptions/listen",
+        json!({"notifications": {"toolsListChanged": true}}),
+    )
+    .await
+    .expect("listen");
+    assert_eq!(listen.status(), 200);
+    let (ack_tx, ack_rx) = tokio::sync::oneshot::channel();
+    let modern_heard = tokio::spawn(async move {
+        let mut body = listen.bytes_stream();
+        let mut text = String::new();
+        let mut ack = Some(ack_tx);
+        while let Some(Ok(chunk)) = body.next().await {
+            text.push_str(&String::from_utf8_lossy(&chunk));
+            if text.contains("notifications/subscriptions/acknowledged") {
+                if let Some(tx) = ack.take() {
+                    let _ = tx.send(());
+                }
+            }
+            if text.contains("notifications/tools/list_changed") {
+                return Some(text);
+            }
+        }
+        None
+    });
+    tokio::time::timeout(Duration::from_secs(5), ack_rx)
+        .await
+        .expect("acknowledged within 5 s")
+        .expect("the listen task");
+
     // An operator forces a tool open: the next listing says so.
     let forced = http
         .put(format!("{}/v1/overrides/inventory/echo", xds.admin_url()))
@@ -243,6 +317,15 @@ async fn one_endpoint_lists_every_service_and_tells_its_clients_what_changed() {
     assert!(
         description.contains("Unavailable now") && description.contains("maintenance window"),
         "{description}"
+    );
+    let text = tokio::time::timeout(Duration::from_secs(1), modern_heard)
+        .await
+        .expect("the listen stream hears the override within a second")
+        .expect("the listen task")
+        .expect("list_changed on the listen stream");
+    assert!(
+        text.contains(r#""io.modelcontextprotocol/subscriptionId":40"#),
+        "{text}"
     );
     let others = list(&http, &url, &session).await;
     let finance_echo = others

@@ -34,6 +34,10 @@ use stream::Streams;
 /// How often time alone may change a listing (a fleet breaker's `until` passing) is checked;
 /// each check compares one number per virtual server.
 const EXPIRY_CHECK: Duration = Duration::from_millis(200);
+/// The least time between two refreshes: changes arriving meanwhile (a burst of registrations,
+/// churn over thousands of instances) share the next one, which stays well within the second
+/// clients are promised.
+const COALESCE: Duration = Duration::from_millis(50);
 /// How often idle sessions are swept.
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
 
@@ -193,5 +197,6 @@ pub async fn run(aggregate: Arc<Aggregate>, mut snapshots: watch::Receiver<Arc<R
             }
         }
         aggregate.refresh();
+        tokio::time::sleep(COALESCE).await;
     }
 }
