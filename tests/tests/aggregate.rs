@@ -179,16 +179,20 @@ async fn one_endpoint_lists_every_service_and_tells_its_clients_what_changed() {
         .await
         .expect("GET stream");
     assert_eq!(stream.status(), 200);
-    let heard = tokio::spawn(async move {
+    let (heard_tx, heard) = tokio::sync::oneshot::channel();
+    // Reads the stream to its end: it hears list_changed, and ends with the session.
+    let get_stream = tokio::spawn(async move {
         let mut body = stream.bytes_stream();
         let mut text = String::new();
+        let mut heard_tx = Some(heard_tx);
         while let Some(Ok(chunk)) = body.next().await {
             text.push_str(&String::from_utf8_lossy(&chunk));
             if text.contains("notifications/tools/list_changed") {
-                return Some(Instant::now());
+                if let Some(tx) = heard_tx.take() {
+                    let _ = tx.send(Instant::now());
+                }
             }
         }
-        None
     });
 
     // A third service registers: the stream hears it within a second of etcd having it.
@@ -211,7 +215,6 @@ async fn one_endpoint_lists_every_service_and_tells_its_clients_what_changed() {
     let heard_at = tokio::time::timeout(Duration::from_secs(5), heard)
         .await
         .expect("list_changed within 5 s")
-        .expect("the stream task")
         .expect("list_changed on the stream");
     let lag = heard_at.saturating_duration_since(registered_at);
     assert!(
@@ -352,6 +355,10 @@ async fn one_endpoint_lists_every_service_and_tells_its_clients_what_changed() {
     )
     .await;
     assert_eq!(after.status(), 404);
+    tokio::time::timeout(Duration::from_secs(2), get_stream)
+        .await
+        .expect("the session's GET stream ends with it")
+        .expect("the stream task");
 
     // No admin token needed, even for reads guarded otherwise; and the counters moved.
     let metrics = xds.metrics_text().await;

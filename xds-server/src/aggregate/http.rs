@@ -264,16 +264,23 @@ pub async fn get(
         return error_response(&no_such_server(&name), None);
     }
     count(a, &name, "GET");
-    if let Err(e) = session_of(a, &name, &headers) {
-        return error_response(&e, None);
-    }
+    let session = match session_of(a, &name, &headers) {
+        Ok(id) => id,
+        Err(e) => return error_response(&e, None),
+    };
     let open = OpenStream::new(
         a.metrics()
             .aggregate_streams
             .get_or_create(&StreamLabel { kind: "get" })
             .clone(),
     );
-    stream::legacy(a.streams().subscribe(&name), open)
+    let owner = Arc::clone(a);
+    stream::legacy(
+        a.streams().subscribe(&name),
+        a.sessions().endings(),
+        move || owner.sessions().has_ended(&session),
+        open,
+    )
 }
 
 /// Ends a gateway session: 204, and the next request with it gets 404.

@@ -142,6 +142,8 @@ pub struct Sessions {
     cipher: Option<SessionCipher>,
     table: Mutex<Table>,
     idle: Duration,
+    /// Bumped whenever sessions end, so that their streams close.
+    endings: tokio::sync::watch::Sender<u64>,
 }
 
 impl Sessions {
@@ -157,6 +159,7 @@ impl Sessions {
             cipher,
             table: Mutex::new(Table::default()),
             idle: IDLE_EXPIRY,
+            endings: tokio::sync::watch::Sender::new(0),
         }
     }
 
@@ -202,6 +205,8 @@ impl Sessions {
             t.live.remove(id);
             let forget_at = now + MAX_LIFETIME.saturating_sub(age);
             t.ended.insert(id.to_string(), forget_at);
+            drop(t);
+            self.ended_some();
             return Err(Refused::Ended);
         }
         // Unknown here but sealed by our key: issued by another gateway or before a restart.
@@ -220,7 +225,23 @@ impl Sessions {
             id.to_string(),
             Instant::now() + MAX_LIFETIME.saturating_sub(age),
         );
+        drop(t);
+        self.ended_some();
         Ok(claims)
+    }
+
+    fn ended_some(&self) {
+        self.endings.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Changes whenever sessions end.
+    pub fn endings(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.endings.subscribe()
+    }
+
+    /// Whether `id` has ended here (DELETE, idle, lifetime).
+    pub fn has_ended(&self, id: &str) -> bool {
+        self.table().ended.contains_key(id)
     }
 
     /// Forgets idle sessions and ended ids past their lifetime; returns the sessions ended by
@@ -249,6 +270,9 @@ impl Sessions {
             for (_, id) in by_use.into_iter().take(excess) {
                 t.live.remove(&id);
             }
+        }
+        if !expired.is_empty() {
+            self.endings.send_modify(|n| *n = n.wrapping_add(1));
         }
         if t.ended.len() > MAX_REMEMBERED {
             let mut by_forget: Vec<(Instant, String)> =
@@ -339,7 +363,11 @@ mod tests {
         assert_eq!(s.touch(&id2, "default"), Err(Refused::Ended));
 
         let id3 = s.issue(&claims("default")).expect("issued");
+        let endings = s.endings();
+        assert!(!s.has_ended(&id3));
         assert!(s.end(&id3, "default").is_ok());
+        assert!(endings.has_changed().unwrap_or(false), "streams are told");
+        assert!(s.has_ended(&id3));
         assert_eq!(s.touch(&id3, "default"), Err(Refused::Ended));
         assert_eq!(s.end(&id3, "default"), Err(Refused::Ended));
     }

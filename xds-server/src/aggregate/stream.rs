@@ -116,9 +116,36 @@ fn respond(events: BoxStream<'static, Result<Event, Infallible>>) -> Response {
     response
 }
 
-/// A legacy client's GET stream.
-pub fn legacy(rx: watch::Receiver<u64>, open: OpenStream) -> Response {
-    respond(changes(rx, notification(LIST_CHANGED, None), open))
+/// A legacy client's GET stream, open until the client goes or its session ends (`endings`
+/// changes and `ended` says so).
+pub fn legacy(
+    changes: watch::Receiver<u64>,
+    endings: watch::Receiver<u64>,
+    ended: impl Fn() -> bool + Send + 'static,
+    open: OpenStream,
+) -> Response {
+    let message = notification(LIST_CHANGED, None);
+    let events = stream::unfold(
+        (changes, endings, ended, message, open),
+        |(mut changes, mut endings, ended, message, open)| async move {
+            loop {
+                tokio::select! {
+                    changed = changes.changed() => {
+                        changed.ok()?;
+                        let e = event(&message);
+                        return Some((e, (changes, endings, ended, message, open)));
+                    }
+                    changed = endings.changed() => {
+                        changed.ok()?;
+                        if ended() {
+                            return None;
+                        }
+                    }
+                }
+            }
+        },
+    );
+    respond(events.boxed())
 }
 
 /// A 2026-07-28 `subscriptions/listen` response: the acknowledgement first, then the
