@@ -60,29 +60,37 @@ pub struct Held {
     pub protocol_version: String,
 }
 
-/// A slot's value: owner, service, revision and envelope, one per line.
-pub fn encode_slot(owner: &str, service: &str, held: &Held) -> Vec<u8> {
+/// A gateway session's answer is asked for again after this long, which tells toolgate-xds
+/// the session is in use (it ends gateway sessions idle for 30 minutes).
+pub const REFRESH_MS: u64 = 5 * 60 * 1000;
+
+/// A slot's value: owner, service, when it was asked, revision and envelope, one per line.
+pub fn encode_slot(owner: &str, service: &str, held: &Held, now_ms: u64) -> Vec<u8> {
     format!(
-        "{owner}\n{service}\n{}\n{}",
+        "{owner}\n{service}\n{now_ms}\n{}\n{}",
         held.protocol_version,
         held.envelope.as_deref().unwrap_or_default()
     )
     .into_bytes()
 }
 
-/// The answer a slot holds for (owner, service), if it holds theirs.
-pub fn decode_slot(bytes: &[u8], owner: &str, service: &str) -> Option<Held> {
+/// The answer a slot holds for (owner, service), if it holds theirs, and when it was asked.
+pub fn decode_slot(bytes: &[u8], owner: &str, service: &str) -> Option<(Held, u64)> {
     let text = std::str::from_utf8(bytes).ok()?;
-    let mut lines = text.splitn(4, '\n');
+    let mut lines = text.splitn(5, '\n');
     if lines.next()? != owner || lines.next()? != service {
         return None;
     }
+    let asked_ms = lines.next()?.parse().ok()?;
     let protocol_version = lines.next()?.to_string();
     let envelope = lines.next().filter(|e| !e.is_empty()).map(str::to_string);
-    Some(Held {
-        envelope,
-        protocol_version,
-    })
+    Some((
+        Held {
+            envelope,
+            protocol_version,
+        },
+        asked_ms,
+    ))
 }
 
 /// Whose session it is, as toolgate-xds needs to open one like the client would.
@@ -207,16 +215,16 @@ mod tests {
             envelope: Some("MTI3LjAuMC4xOjE=;UV:YQ==".into()),
             protocol_version: "2025-06-18".into(),
         };
-        let bytes = encode_slot("gabc", "orders", &held);
-        assert_eq!(decode_slot(&bytes, "gabc", "orders"), Some(held));
+        let bytes = encode_slot("gabc", "orders", &held, 42);
+        assert_eq!(decode_slot(&bytes, "gabc", "orders"), Some((held, 42)));
         assert_eq!(decode_slot(&bytes, "gabd", "orders"), None);
         assert_eq!(decode_slot(&bytes, "gabc", "billing"), None);
         let none = Held {
             envelope: None,
             protocol_version: "2026-07-28".into(),
         };
-        let bytes = encode_slot("gabc", "orders", &none);
-        assert_eq!(decode_slot(&bytes, "gabc", "orders"), Some(none));
+        let bytes = encode_slot("gabc", "orders", &none, 7);
+        assert_eq!(decode_slot(&bytes, "gabc", "orders"), Some((none, 7)));
     }
 
     #[test]

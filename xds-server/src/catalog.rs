@@ -4,21 +4,25 @@
 //!
 //! The registrar re-registers on the server's `notifications/tools/list_changed`, so a
 //! changed list arrives here as a changed registration. The builder reconciles against the
-//! in-memory registry once a second (etcd is not read); it talks to instances only when
-//! probes are on, as `--no-probes` promises that toolgate-xds contacts no instance.
+//! in-memory registry each time the registry publishes a new state (a registration, a health
+//! transition: a new service's definitions are read as soon as it has an UP instance), and
+//! once a second for the retries (etcd is not read); it talks to instances only when probes
+//! are on, as `--no-probes` promises that toolgate-xds contacts no instance.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant, SystemTime};
 
 use serde::Serialize;
 use serde_json::Value;
+use tokio::sync::watch;
 use toolgate_probe::mcp::tools::ListLimits;
 use toolgate_probe::mcp::McpClient;
 use tracing::{info, warn};
 
 use crate::health::machine::State;
 use crate::registry::Registry;
+use crate::routing::RoutingSnapshot;
 
 /// The name the catalog builder gives itself in `clientInfo`.
 const CLIENT_NAME: &str = "toolgate-catalog";
@@ -60,18 +64,39 @@ impl ServiceCatalog {
     }
 }
 
-/// Every service's catalog entry, shared with the admin API.
-#[derive(Default)]
+/// Every service's catalog entry, shared with the admin API and the aggregate endpoint.
 pub struct Catalog {
     services: RwLock<BTreeMap<String, ServiceCatalog>>,
+    /// Bumped after every change of an entry, for whoever builds on the definitions.
+    changes: watch::Sender<u64>,
+}
+
+impl Default for Catalog {
+    fn default() -> Self {
+        Catalog {
+            services: RwLock::default(),
+            changes: watch::Sender::new(0),
+        }
+    }
 }
 
 impl Catalog {
     pub fn view(&self) -> BTreeMap<String, ServiceCatalog> {
-        self.services
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.read().clone()
+    }
+
+    /// The entries, without copying them (hold it briefly: the builder waits for it).
+    pub fn read(&self) -> RwLockReadGuard<'_, BTreeMap<String, ServiceCatalog>> {
+        self.services.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Changes whenever an entry changed.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    fn changed(&self) {
+        self.changes.send_modify(|n| *n = n.wrapping_add(1));
     }
 }
 
@@ -84,24 +109,37 @@ struct Wanted {
     warnings: Vec<String>,
 }
 
-/// Keeps the catalog in step with the registry until the process ends.
+/// Keeps the catalog in step with the registry until the process ends: a pass on every state
+/// the registry publishes (`snapshots`), and one a second for the retries.
 pub async fn run(
     registry: Arc<RwLock<Registry>>,
     catalog: Arc<Catalog>,
+    mut snapshots: watch::Receiver<Arc<RoutingSnapshot>>,
     http: reqwest::Client,
     timeout: Duration,
 ) {
     let mut every = tokio::time::interval(Duration::from_secs(1));
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut publishing = true;
     loop {
-        every.tick().await;
+        tokio::select! {
+            changed = snapshots.changed(), if publishing => {
+                // The publisher is gone only at shutdown; the timer carries on meanwhile.
+                publishing = changed.is_ok();
+            }
+            _ = every.tick() => {}
+        }
         let wanted = {
             let reg = registry.read().unwrap_or_else(|p| p.into_inner());
             wanted(&reg)
         };
         let due: Vec<Wanted> = {
             let mut services = catalog.services.write().unwrap_or_else(|p| p.into_inner());
+            let before = services.len();
             services.retain(|s, _| wanted.contains_key(s));
+            if services.len() != before {
+                catalog.changed();
+            }
             wanted
                 .into_values()
                 .flatten()
@@ -161,6 +199,8 @@ pub async fn run(
                     entry.warnings = w.warnings.clone();
                 }
             }
+            drop(services);
+            catalog.changed();
         }
     }
 }

@@ -5,6 +5,7 @@
 //! exposes health, metrics and the registry over HTTP.
 
 pub mod admin;
+pub mod aggregate;
 pub mod bootstrap;
 pub mod catalog;
 pub mod etcd;

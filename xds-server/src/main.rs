@@ -483,7 +483,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 max_body_bytes: args.max_body_bytes,
                 max_json_depth: args.max_json_depth,
             })
-            .with_session_key(session_key),
+            .with_session_key(session_key.clone()),
     ));
     let status = Arc::new(EtcdStatus::default());
     let (publisher, snapshots) =
@@ -596,10 +596,25 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tokio::spawn(toolgate_xds::catalog::run(
             registry.clone(),
             catalog.clone(),
+            snapshots.clone(),
             toolgate_probe::http::client(health_config.probe_timeout),
             health_config.probe_timeout,
         ));
     }
+    let aggregate = toolgate_xds::aggregate::Aggregate::new(
+        registry.clone(),
+        catalog.clone(),
+        metrics.clone(),
+        &session_key,
+    );
+    let upstream = Arc::new(toolgate_xds::upstream::UpstreamSessions::new(
+        registry.clone(),
+    ));
+    aggregate.hold_upstream_in(upstream.clone());
+    tokio::spawn(toolgate_xds::aggregate::run(
+        aggregate.clone(),
+        snapshots.clone(),
+    ));
     tokio::spawn(watcher.run(persisted, args.startup_wait));
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -644,6 +659,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             reports,
             catalog,
             upstream: upstream.clone(),
+            aggregate,
         },
         stopped(stop_rx),
     ));

@@ -56,6 +56,20 @@ pub struct FleetLabel {
     pub result: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AggregateLabel {
+    /// A virtual server that exists (requests to others are not counted).
+    pub virtual_server: String,
+    /// The MCP method, or `other` (the label set stays bounded).
+    pub method: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StreamLabel {
+    /// `get` (legacy GET SSE stream) or `listen` (2026-07-28 subscriptions/listen).
+    pub kind: &'static str,
+}
+
 pub type Ratio = Gauge<f64, AtomicU64>;
 
 pub struct Metrics {
@@ -86,6 +100,9 @@ pub struct Metrics {
     pub reconcile_mismatches: Counter,
     pub inspections: Counter,
     pub fleet_writes: Family<FleetLabel, Counter>,
+    pub aggregate_requests: Family<AggregateLabel, Counter>,
+    pub aggregate_sessions: Gauge,
+    pub aggregate_streams: Family<StreamLabel, Gauge>,
 }
 
 impl Default for Metrics {
@@ -256,7 +273,28 @@ impl Metrics {
             "Breaker transitions reported by this gateway's filters, by what became of them in etcd",
             fleet_writes.clone(),
         );
+        let aggregate_requests = Family::<AggregateLabel, Counter>::default();
+        registry.register(
+            "toolgate_aggregate_requests",
+            "JSON-RPC messages to the aggregate MCP endpoint, by virtual server and method",
+            aggregate_requests.clone(),
+        );
+        let aggregate_sessions = Gauge::default();
+        registry.register(
+            "toolgate_aggregate_sessions",
+            "Gateway sessions of legacy clients this toolgate-xds remembers as live",
+            aggregate_sessions.clone(),
+        );
+        let aggregate_streams = Family::<StreamLabel, Gauge>::default();
+        registry.register(
+            "toolgate_aggregate_streams",
+            "Open notification streams of the aggregate endpoint, by kind (get, listen)",
+            aggregate_streams.clone(),
+        );
         Metrics {
+            aggregate_requests,
+            aggregate_sessions,
+            aggregate_streams,
             fleet_writes,
             registry,
             instances_by_state,

@@ -40,8 +40,12 @@ use crate::registry::Registry;
 
 /// Each request to a server on a client's behalf.
 const TIMEOUT: Duration = Duration::from_secs(10);
-/// A held session nobody used for this long is deleted.
+/// A held session nobody asked for this long is deleted. Filters ask again for a gateway
+/// session's every 5 minutes while it is in use (`filter/src/held_session.rs`); a session
+/// re-opened for a client of a service's route is asked for only when it is lost, so it is
+/// kept a day (and deleted first when [`MAX_HELD`] are held).
 pub const IDLE_EXPIRY: Duration = Duration::from_secs(30 * 60);
+pub const ROUTE_EXPIRY: Duration = Duration::from_secs(24 * 3600);
 /// The most sessions held at once; past it the least recently used is deleted first.
 pub const MAX_HELD: usize = 100_000;
 /// The most a client's `initialize` parameters may weigh (JSON).
@@ -302,7 +306,14 @@ impl UpstreamSessions {
             let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
             let keys: Vec<_> = held
                 .iter()
-                .filter(|(_, h)| h.last_used.elapsed() > idle)
+                .filter(|((owner, _), h)| {
+                    let limit = if owner.starts_with('g') {
+                        idle
+                    } else {
+                        idle.max(ROUTE_EXPIRY)
+                    };
+                    h.last_used.elapsed() > limit
+                })
                 .map(|(k, _)| k.clone())
                 .collect();
             keys.into_iter().filter_map(|k| held.remove(&k)).collect()

@@ -501,6 +501,8 @@ struct HeldCall {
     /// The call as the service got it, for a replay.
     body: Vec<u8>,
     phase: HeldPhase,
+    /// An answer asked for long ago, used should asking again fail.
+    fallback: Option<held_session::Held>,
 }
 
 impl HeldCall {
@@ -520,8 +522,9 @@ impl HeldCall {
         &self,
         shared: &Rc<RefCell<Shared<S, M>>>,
         answer: &held_session::Held,
+        now_ms: u64,
     ) {
-        let value = held_session::encode_slot(&self.owner, &self.service, answer);
+        let value = held_session::encode_slot(&self.owner, &self.service, answer, now_ms);
         let shared = shared.borrow();
         let store = shared.breakers.store();
         // Last writer wins: a lost race leaves the other worker's answer, as good as this one.
@@ -710,6 +713,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 envelope: Some(envelope.to_string()),
                 body: Vec::new(),
                 phase: HeldPhase::Sent,
+                fallback: None,
             })
         });
         let Some(mut held) = held else {
@@ -725,6 +729,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 .ok()
                 .flatten()
                 .and_then(|(bytes, _)| held_session::decode_slot(&bytes, &held.owner, service))
+                .map(|(answer, _)| answer)
         };
         match moved {
             Some(answer) if answer.envelope.is_some() => held.use_answer(host, &answer),
@@ -969,6 +974,17 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 .flatten()
                 .and_then(|(bytes, _)| held_session::decode_slot(&bytes, &owner, service))
         };
+        // An answer asked for long ago is asked for again (toolgate-xds learns the session is
+        // in use), and used still should toolgate-xds not answer.
+        let (cached, fallback) = match cached {
+            Some((answer, asked))
+                if host.now_ms().saturating_sub(asked) < held_session::REFRESH_MS =>
+            {
+                (Some(answer), None)
+            }
+            Some((answer, _)) => (None, Some(answer)),
+            None => (None, None),
+        };
         let mut held = HeldCall {
             owner,
             service: service.to_string(),
@@ -977,6 +993,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             envelope: None,
             body: body.to_vec(),
             phase: HeldPhase::Sent,
+            fallback,
         };
         if let Some(answer) = cached {
             held.use_answer(host, &answer);
@@ -1040,6 +1057,17 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                     Some(200) => serde_json::from_slice::<held_session::Held>(body).ok(),
                     _ => None,
                 };
+                let answer = match (answer, held.fallback.take()) {
+                    (Some(a), _) => Some(a),
+                    // A session the gateway ended is not used again.
+                    (None, Some(old)) if status != Some(404) => {
+                        held.use_answer(host, &old);
+                        held.phase = HeldPhase::Sent;
+                        host.resume_request();
+                        return Action::Continue;
+                    }
+                    (None, _) => None,
+                };
                 let Some(answer) = answer else {
                     host.log(
                         Level::Warn,
@@ -1053,7 +1081,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                     let why = held_session::unopened(status);
                     return self.session_unopened(host, why);
                 };
-                held.store(&self.shared, &answer);
+                held.store(&self.shared, &answer, host.now_ms());
                 held.use_answer(host, &answer);
                 held.phase = HeldPhase::Sent;
                 host.resume_request();
@@ -1067,7 +1095,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 held.phase = HeldPhase::Sent;
                 match replayed {
                     Some(r) => {
-                        held.store(&self.shared, &r.held);
+                        held.store(&self.shared, &r.held, host.now_ms());
                         // A client of a service's route gets its new id (those SDKs that take
                         // a new id from any response do; the others keep the old one, which
                         // now leads here too).

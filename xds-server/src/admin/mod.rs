@@ -1,7 +1,8 @@
 //! The admin HTTP API: `/healthz`, `/metrics` (Prometheus text), `/v1/registry` (JSON), and
 //! `/v1/feedback`, where the filters report call outcomes per instance, `/v1/breaker-events`,
 //! where they report their breaker transitions, and the operator's `/v1/breakers`,
-//! `/v1/overrides` and `/v1/policies` (changes need the bearer token).
+//! `/v1/overrides` and `/v1/policies` (changes need the bearer token), and the aggregate MCP
+//! endpoint `/v1/aggregate/{name}` (agent traffic, see `crate::aggregate`).
 
 pub mod auth;
 mod console;
@@ -48,6 +49,8 @@ pub struct AdminState {
     pub catalog: Arc<crate::catalog::Catalog>,
     /// Sessions opened with servers on clients' behalf (`/v1/upstream-sessions`).
     pub upstream: Arc<crate::upstream::UpstreamSessions>,
+    /// The aggregate MCP endpoint, `/v1/aggregate/{name}`.
+    pub aggregate: Arc<crate::aggregate::Aggregate>,
 }
 
 pub fn router(state: AdminState) -> Router {
@@ -64,6 +67,12 @@ pub fn router(state: AdminState) -> Router {
         .route(
             "/v1/overrides/{service}/{tool}",
             put(put_override).delete(delete_override),
+        )
+        .route(
+            "/v1/aggregate/{name}",
+            post(crate::aggregate::http::post)
+                .get(crate::aggregate::http::get)
+                .delete(crate::aggregate::http::delete),
         )
         .route("/v1/policies", get(policies))
         .route(
@@ -96,7 +105,9 @@ pub async fn serve(
 /// With `--protect-reads`, what the admin API tells (registry, breakers, overrides, policies,
 /// Envoys, metrics) needs the admin token like a change does. `/healthz` stays open for
 /// liveness probes and `/ui/` for the page itself, which then asks for the token. The
-/// filters' reports (`POST /v1/feedback`, `/v1/breaker-events`) are not reads.
+/// filters' reports (`POST /v1/feedback`, `/v1/breaker-events`) are not reads. Nor is the
+/// aggregate MCP endpoint (`/v1/aggregate/`): it is agent traffic, which reaches it through
+/// Envoy and never holds the admin token.
 async fn guard_reads(
     State(s): State<AdminState>,
     request: axum::extract::Request,
@@ -107,7 +118,8 @@ async fn guard_reads(
         axum::http::Method::GET | axum::http::Method::HEAD
     );
     let path = request.uri().path();
-    if s.protect_reads && read && (path == "/metrics" || path.starts_with("/v1/")) {
+    let agent = path.starts_with("/v1/aggregate/");
+    if s.protect_reads && read && !agent && (path == "/metrics" || path.starts_with("/v1/")) {
         if let Err(e) = s.token.check_read(request.headers()) {
             return e.into_response();
         }

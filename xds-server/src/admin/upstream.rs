@@ -33,7 +33,12 @@ pub fn routes() -> Router<AdminState> {
 struct OpenRequest {
     owner: String,
     service: String,
-    params: InitParams,
+    /// The client's `initialize` parameters (a client of a service's route)...
+    #[serde(default)]
+    params: Option<InitParams>,
+    /// ...or the gateway session of a client of the aggregate endpoint, which carries them.
+    #[serde(default)]
+    gateway_session: Option<String>,
     /// The envelope the filter saw fail (404), if any: a new session is opened elsewhere.
     #[serde(default)]
     stale: Option<String>,
@@ -65,6 +70,21 @@ fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, String> {
         .map_err(|e| format!("not an upstream-session request: {e}"))
 }
 
+/// The client's parameters, given or read out of its gateway session.
+fn params_of(s: &AdminState, r: &OpenRequest) -> Result<InitParams, (StatusCode, String)> {
+    match (&r.params, &r.gateway_session) {
+        (Some(p), None) => Ok(p.clone()),
+        (None, Some(id)) => s.aggregate.client_params(id).ok_or((
+            StatusCode::NOT_FOUND,
+            "gateway_session: not a live gateway session (forged, ended or expired)".to_string(),
+        )),
+        _ => Err((
+            StatusCode::BAD_REQUEST,
+            "give exactly one of params and gateway_session".to_string(),
+        )),
+    }
+}
+
 fn check(r: &OpenRequest) -> Result<(), String> {
     if r.owner.is_empty() || r.owner.len() > MAX_OWNER_LEN {
         return Err(format!(
@@ -90,9 +110,13 @@ async fn open(
     if let Err(e) = check(&r) {
         return bad(e);
     }
+    let params = match params_of(&s, &r) {
+        Ok(p) => p,
+        Err((status, e)) => return (status, Json(json!({"error": e}))).into_response(),
+    };
     match s
         .upstream
-        .open(&r.owner, &r.service, &r.params, r.stale.as_deref())
+        .open(&r.owner, &r.service, &params, r.stale.as_deref())
         .await
     {
         Ok(opened) => Json(opened).into_response(),
@@ -120,6 +144,10 @@ async fn replay(
     if let Err(e) = check(&r.open) {
         return bad(e);
     }
+    let params = match params_of(&s, &r.open) {
+        Ok(p) => p,
+        Err((status, e)) => return (status, Json(json!({"error": e}))).into_response(),
+    };
     let message = match STANDARD.decode(r.body.as_bytes()) {
         Ok(m) if m.len() <= MAX_REPLAY_BYTES => m,
         Ok(_) => return bad(format!("body: larger than {MAX_REPLAY_BYTES} bytes")),
@@ -130,7 +158,7 @@ async fn replay(
         .replay(
             &r.open.owner,
             &r.open.service,
-            &r.open.params,
+            &params,
             r.open.stale.as_deref(),
             message,
         )

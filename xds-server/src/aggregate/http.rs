@@ -1,0 +1,325 @@
+//! `/v1/aggregate/{name}`: POST one JSON-RPC message, GET the legacy notification stream,
+//! DELETE a gateway session. Agent traffic: no admin token (see `admin::guard_reads`).
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::Value;
+
+use super::jsonrpc::{self, Message, Revision, RpcError, INVALID_REQUEST};
+use super::listing::Listing;
+use super::session::Refused;
+use super::stream::{self, OpenStream};
+use super::{methods, Aggregate};
+use crate::admin::AdminState;
+use crate::metrics::{AggregateLabel, StreamLabel};
+
+/// The largest POST body read; a JSON-RPC message to this endpoint is a few hundred bytes.
+pub const MAX_BODY_BYTES: usize = 1024 * 1024;
+pub const SESSION_HEADER: &str = "mcp-session-id";
+
+/// The methods counted by name; anything else is `other`, so a client cannot grow the label
+/// set.
+fn method_label(method: &str) -> &'static str {
+    const KNOWN: [&str; 15] = [
+        "initialize",
+        "notifications/initialized",
+        "ping",
+        "tools/list",
+        "tools/call",
+        "server/discover",
+        "subscriptions/listen",
+        "resources/list",
+        "resources/templates/list",
+        "resources/read",
+        "prompts/list",
+        "prompts/get",
+        "completion/complete",
+        "notifications/cancelled",
+        "GET",
+    ];
+    KNOWN
+        .iter()
+        .find(|m| **m == method)
+        .copied()
+        .unwrap_or("other")
+}
+
+fn count(a: &Aggregate, name: &str, method: &str) {
+    a.metrics()
+        .aggregate_requests
+        .get_or_create(&AggregateLabel {
+            virtual_server: name.to_string(),
+            method: method_label(method),
+        })
+        .inc();
+}
+
+fn json_response(status: StatusCode, body: &Value) -> Response {
+    (
+        status,
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+fn error_response(e: &RpcError, id: Option<&Value>) -> Response {
+    let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST);
+    json_response(status, &e.to_response(id))
+}
+
+fn no_such_server(name: &str) -> RpcError {
+    RpcError::new(
+        INVALID_REQUEST,
+        format!("no virtual server named {name:?} (the default one is \"default\", at /mcp)"),
+    )
+    .status(404)
+}
+
+/// The session a legacy request carries: 400 without one, 404 for one that is not (or no
+/// longer) a session of this virtual server, so that the client initializes again.
+fn session_of(a: &Aggregate, name: &str, headers: &HeaderMap) -> Result<String, RpcError> {
+    let Some(id) = headers.get(SESSION_HEADER) else {
+        return Err(RpcError::new(
+            INVALID_REQUEST,
+            "Bad Request: Mcp-Session-Id header is required (send initialize first)",
+        )
+        .status(400));
+    };
+    let id = id.to_str().unwrap_or("").trim().to_string();
+    match a.sessions().touch(&id, name) {
+        Ok(_) => Ok(id),
+        Err(why) => {
+            let message = match why {
+                Refused::Unknown => "Session not found: initialize a new session",
+                Refused::OtherServer => {
+                    "Session not found: this session belongs to another virtual server; initialize a new session"
+                }
+                Refused::Ended => "Session not found: it ended or expired; initialize a new session",
+            };
+            Err(RpcError::new(INVALID_REQUEST, message).status(404))
+        }
+    }
+}
+
+pub async fn post(
+    State(s): State<AdminState>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let a = &s.aggregate;
+    let Ok(bytes) = axum::body::to_bytes(body, MAX_BODY_BYTES).await else {
+        return error_response(
+            &RpcError::new(
+                INVALID_REQUEST,
+                format!("the request body is larger than {MAX_BODY_BYTES} bytes (1 MiB)"),
+            )
+            .status(413),
+            None,
+        );
+    };
+    let message = match jsonrpc::parse(&bytes) {
+        Ok(m) => m,
+        Err(e) => return error_response(&e, None),
+    };
+    let Some(listing) = a.listing(&name) else {
+        let id = match &message {
+            Message::Request { id, .. } => Some(id),
+            _ => None,
+        };
+        return error_response(&no_such_server(&name), id);
+    };
+    match message {
+        Message::Response => StatusCode::ACCEPTED.into_response(),
+        Message::Notification { method } => {
+            count(a, &name, &method);
+            let revision = jsonrpc::revision(&headers, &Value::Null);
+            if revision == Ok(Revision::Legacy) {
+                if let Err(e) = session_of(a, &name, &headers) {
+                    return error_response(&e, None);
+                }
+            }
+            StatusCode::ACCEPTED.into_response()
+        }
+        Message::Request { id, method, params } => {
+            count(a, &name, &method);
+            let revision = match jsonrpc::revision(&headers, &params) {
+                Ok(r) => r,
+                Err(e) => return error_response(&e, Some(&id)),
+            };
+            match revision {
+                Revision::Legacy => legacy(a, &name, &listing, &headers, &id, &method, &params),
+                Revision::Modern => modern(a, &name, &listing, &id, &method, &params),
+            }
+        }
+    }
+}
+
+fn legacy(
+    a: &Aggregate,
+    name: &str,
+    listing: &Listing,
+    headers: &HeaderMap,
+    id: &Value,
+    method: &str,
+    params: &Value,
+) -> Response {
+    if method == "initialize" {
+        let (result, claims) = match methods::initialize(name, listing, params) {
+            Ok(r) => r,
+            Err(e) => return error_response(&e, Some(id)),
+        };
+        let Some(session) = a.sessions().issue(&claims) else {
+            let e = RpcError::new(jsonrpc::INTERNAL_ERROR, "could not issue a session id");
+            return error_response(&e, Some(id));
+        };
+        a.count_sessions();
+        let mut response = json_response(StatusCode::OK, &jsonrpc::result(id, result));
+        if let Ok(v) = HeaderValue::from_str(&session) {
+            response.headers_mut().insert(SESSION_HEADER, v);
+        }
+        return response;
+    }
+    if let Err(e) = session_of(a, name, headers) {
+        return error_response(&e, Some(id));
+    }
+    let answer = match method {
+        "ping" => Ok(methods::ping(Revision::Legacy, name)),
+        "tools/list" => methods::tools_list(Revision::Legacy, name, listing, params),
+        m => Err(methods::refused(m).unwrap_or_else(|| methods::unknown(m))),
+    };
+    match answer {
+        Ok(result) => json_response(StatusCode::OK, &jsonrpc::result(id, result)),
+        Err(e) => error_response(&e, Some(id)),
+    }
+}
+
+fn modern(
+    a: &Aggregate,
+    name: &str,
+    listing: &Listing,
+    id: &Value,
+    method: &str,
+    params: &Value,
+) -> Response {
+    let answer = match method {
+        "server/discover" => Ok(methods::discover(name, listing)),
+        "ping" => Ok(methods::ping(Revision::Modern, name)),
+        "tools/list" => methods::tools_list(Revision::Modern, name, listing, params),
+        "subscriptions/listen" => {
+            return match methods::listen_filter(params) {
+                Ok(honoured) => {
+                    let open = OpenStream::new(
+                        a.metrics()
+                            .aggregate_streams
+                            .get_or_create(&StreamLabel { kind: "listen" })
+                            .clone(),
+                    );
+                    stream::listen(a.streams().subscribe(name), id, honoured, open)
+                }
+                Err(e) => error_response(&e, Some(id)),
+            }
+        }
+        m => Err(methods::refused(m).unwrap_or_else(|| methods::unknown(m))),
+    };
+    match answer {
+        Ok(result) => json_response(StatusCode::OK, &jsonrpc::result(id, result)),
+        // 2026-07-28: a method the server does not implement is a 404.
+        Err(e) if e.code == jsonrpc::METHOD_NOT_FOUND => error_response(&e.status(404), Some(id)),
+        Err(e) => error_response(&e, Some(id)),
+    }
+}
+
+/// The legacy notification stream of a session.
+pub async fn get(
+    State(s): State<AdminState>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let a: &Arc<Aggregate> = &s.aggregate;
+    if headers
+        .get("mcp-protocol-version")
+        .is_some_and(|v| v.as_bytes() == jsonrpc::MODERN.as_bytes())
+    {
+        // 2026-07-28 has no GET stream: subscriptions/listen replaces it.
+        return (StatusCode::METHOD_NOT_ALLOWED, [("allow", "POST")]).into_response();
+    }
+    let accepts_sse = headers
+        .get_all(axum::http::header::ACCEPT)
+        .iter()
+        .any(|v| v.to_str().is_ok_and(|v| v.contains("text/event-stream")));
+    if !accepts_sse {
+        return (
+            StatusCode::NOT_ACCEPTABLE,
+            "GET opens an SSE stream: send Accept: text/event-stream",
+        )
+            .into_response();
+    }
+    if a.listing(&name).is_none() {
+        return error_response(&no_such_server(&name), None);
+    }
+    count(a, &name, "GET");
+    let session = match session_of(a, &name, &headers) {
+        Ok(id) => id,
+        Err(e) => return error_response(&e, None),
+    };
+    let open = OpenStream::new(
+        a.metrics()
+            .aggregate_streams
+            .get_or_create(&StreamLabel { kind: "get" })
+            .clone(),
+    );
+    let owner = Arc::clone(a);
+    stream::legacy(
+        a.streams().subscribe(&name),
+        a.sessions().endings(),
+        move || owner.sessions().has_ended(&session),
+        open,
+    )
+}
+
+/// Ends a gateway session: 204, and the next request with it gets 404.
+pub async fn delete(
+    State(s): State<AdminState>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let a = &s.aggregate;
+    let Some(id) = headers.get(SESSION_HEADER) else {
+        return error_response(
+            &RpcError::new(
+                INVALID_REQUEST,
+                "Bad Request: Mcp-Session-Id header is required",
+            )
+            .status(400),
+            None,
+        );
+    };
+    let id = id.to_str().unwrap_or("").trim().to_string();
+    match a.sessions().end(&id, &name) {
+        Ok(claims) => {
+            a.session_ended(&id, Some(&claims));
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Err(_) => error_response(
+            &RpcError::new(INVALID_REQUEST, "Session not found").status(404),
+            None,
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn method_labels_stay_bounded() {
+        assert_eq!(method_label("tools/list"), "tools/list");
+        assert_eq!(method_label("x/y/z"), "other");
+    }
+}

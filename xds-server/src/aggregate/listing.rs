@@ -1,0 +1,544 @@
+//! What `tools/list` shows on one virtual server, built from the registry and the catalog when
+//! either changes (never per request), with each tool's availability: a tool whose service has
+//! no serving instance, whose breaker is open fleet-wide, or that an operator forced open is
+//! annotated or hidden, as the virtual server says.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::time::{Duration, UNIX_EPOCH};
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use serde_json::{json, Map, Value};
+use toolgate_model::fleet::OverrideMode;
+use toolgate_model::policy::FilterConfig;
+use toolgate_model::virtual_server::{VirtualRoutes, VirtualServer, WhenUnavailable};
+
+use crate::catalog::ServiceCatalog;
+use crate::health::machine::State;
+use crate::registry::Registry;
+
+/// Tools per `tools/list` page.
+pub const PAGE_SIZE: usize = 100;
+/// The `_meta` key of a tool's availability.
+pub const AVAILABILITY_KEY: &str = "io.toolgate/availability";
+/// Prefix of a pagination cursor.
+const CURSOR_PREFIX: &str = "tgc1.";
+
+/// Why a tool cannot work right now.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Unavailable {
+    /// Its service has no instance that takes calls.
+    NoInstance,
+    /// Its breaker is open fleet-wide until then (ms since the epoch).
+    Open { until_ms: u64 },
+    /// An operator forced it open, saying why.
+    ForcedOpen { reason: String },
+}
+
+impl Unavailable {
+    fn state(&self) -> &'static str {
+        match self {
+            Unavailable::NoInstance => "no_instance",
+            Unavailable::Open { .. } => "open",
+            Unavailable::ForcedOpen { .. } => "forced_open",
+        }
+    }
+}
+
+/// A tool's availability as shown: the reason and, when the policy names one offered on this
+/// endpoint, the fallback's visible name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Availability {
+    pub why: Unavailable,
+    pub fallback: Option<String>,
+}
+
+impl Availability {
+    /// `_meta["io.toolgate/availability"]`.
+    pub fn meta(&self) -> Value {
+        let mut m = Map::new();
+        m.insert("state".into(), json!(self.why.state()));
+        if let Unavailable::Open { until_ms } = self.why {
+            m.insert("until".into(), json!(rfc3339(until_ms)));
+        }
+        if let Some(f) = &self.fallback {
+            m.insert("fallback".into(), json!(f));
+        }
+        m.insert("reason".into(), json!(self.reason()));
+        Value::Object(m)
+    }
+
+    fn reason(&self) -> String {
+        match &self.why {
+            Unavailable::NoInstance => "its service has no healthy instance".into(),
+            Unavailable::Open { until_ms } => {
+                format!("its breaker is open until {}", clock(*until_ms))
+            }
+            Unavailable::ForcedOpen { reason } => {
+                format!("an operator took it out of service: {reason}")
+            }
+        }
+    }
+
+    /// The sentence appended to the tool's description.
+    pub fn sentence(&self) -> String {
+        match &self.fallback {
+            Some(f) => format!("Unavailable now: {}; use {f} instead.", self.reason()),
+            None => format!("Unavailable now: {}.", self.reason()),
+        }
+    }
+}
+
+fn rfc3339(ms: u64) -> String {
+    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+}
+
+/// `12:00:05Z`: the time of day is what a model can act on.
+fn clock(ms: u64) -> String {
+    let full = rfc3339(ms);
+    full.split_once('T')
+        .map(|(_, t)| t.to_string())
+        .unwrap_or(full)
+}
+
+/// One virtual server's `tools/list`, ready to page through.
+#[derive(Debug, Clone, Default)]
+pub struct Listing {
+    /// The virtual server's `description`, shown as `instructions`.
+    pub instructions: Option<String>,
+    /// Tools as shown, by visible name.
+    pub tools: Vec<ShownTool>,
+    /// Names and availability (and which definitions were read) of what is shown: when it
+    /// changes, clients are told `notifications/tools/list_changed`.
+    pub fingerprint: u64,
+    /// When the earliest fleet breaker this listing shows open closes (ms since the epoch): the
+    /// listing is due again then, even if nothing else changes.
+    pub next_expiry_ms: Option<u64>,
+}
+
+/// A tool as shown: its visible name and its definition.
+pub type ShownTool = (String, Value);
+
+/// The error of a cursor this server did not make.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadCursor(pub String);
+
+impl Listing {
+    /// The page after `cursor`, and the cursor of the next page if there is one. A cursor is
+    /// the last name of its page, so a listing that changes between pages neither repeats nor
+    /// skips a tool that stays.
+    pub fn page(&self, cursor: Option<&str>) -> Result<(&[ShownTool], Option<String>), BadCursor> {
+        let start = match cursor {
+            None => 0,
+            Some(c) => {
+                let after = decode_cursor(c).ok_or_else(|| BadCursor(c.to_string()))?;
+                self.tools
+                    .partition_point(|(name, _)| name.as_str() <= after.as_str())
+            }
+        };
+        let end = (start + PAGE_SIZE).min(self.tools.len());
+        let page = &self.tools[start..end];
+        let next = match page.last() {
+            Some((last, _)) if end < self.tools.len() => Some(encode_cursor(last)),
+            _ => None,
+        };
+        Ok((page, next))
+    }
+}
+
+fn encode_cursor(after: &str) -> String {
+    format!("{CURSOR_PREFIX}{}", URL_SAFE_NO_PAD.encode(after))
+}
+
+fn decode_cursor(cursor: &str) -> Option<String> {
+    if cursor.len() > 1024 {
+        return None;
+    }
+    let raw = URL_SAFE_NO_PAD
+        .decode(cursor.strip_prefix(CURSOR_PREFIX)?)
+        .ok()?;
+    String::from_utf8(raw).ok()
+}
+
+/// What every listing of one refresh reads: taken once, shared by the virtual servers.
+pub struct Inputs<'a> {
+    pub servers: BTreeMap<String, VirtualServer>,
+    pub config: FilterConfig,
+    /// Services with at least one instance that takes calls (UP, or UNHEALTHY at a reduced
+    /// weight: Envoy still routes to it).
+    pub serving: BTreeSet<String>,
+    /// service → tool → definition, and the service's read time.
+    pub definitions: HashMap<&'a str, (HashMap<&'a str, &'a Value>, &'a str)>,
+    pub now_ms: u64,
+}
+
+impl<'a> Inputs<'a> {
+    pub fn read(
+        reg: &Registry,
+        catalog: &'a BTreeMap<String, ServiceCatalog>,
+        now_ms: u64,
+    ) -> Self {
+        let serving = reg
+            .instances()
+            .filter(|(_, i)| matches!(i.health.state(), State::Up | State::Unhealthy))
+            .map(|(k, _)| k.service.clone())
+            .collect();
+        let definitions = catalog
+            .iter()
+            .map(|(service, entry)| {
+                let tools = entry
+                    .tools
+                    .iter()
+                    .filter_map(|d| Some((d.get("name")?.as_str()?, d)))
+                    .collect();
+                (service.as_str(), (tools, entry.read_at.as_str()))
+            })
+            .collect();
+        Inputs {
+            servers: reg.virtual_servers(),
+            config: reg.filter_config(),
+            serving,
+            definitions,
+            now_ms,
+        }
+    }
+
+    fn availability(
+        &self,
+        routes: &VirtualRoutes,
+        service: &str,
+        tool: &str,
+    ) -> Option<Availability> {
+        let forced = self
+            .config
+            .overrides
+            .get(service)
+            .and_then(|t| t.get(tool))
+            .filter(|o| o.mode == OverrideMode::ForceOpen);
+        let why = if let Some(o) = forced {
+            Unavailable::ForcedOpen {
+                reason: o.reason.clone(),
+            }
+        } else if !self.serving.contains(service) {
+            Unavailable::NoInstance
+        } else {
+            let open = self
+                .config
+                .fleet_open
+                .get(service)
+                .and_then(|t| t.get(tool))
+                .filter(|o| o.until_ms > self.now_ms)?;
+            Unavailable::Open {
+                until_ms: open.until_ms,
+            }
+        };
+        let fallback = self
+            .config
+            .policy_for(service, tool)
+            .fallback_tool
+            .and_then(|f| routes.visible_name(service, &f).map(str::to_string));
+        Some(Availability { why, fallback })
+    }
+
+    /// The listing of one virtual server.
+    pub fn listing(&self, name: &str) -> Option<Listing> {
+        let vs = self.servers.get(name)?;
+        let empty = VirtualRoutes::default();
+        let routes = self.config.virtual_servers.get(name).unwrap_or(&empty);
+        let mut hasher = DefaultHasher::new();
+        let mut listing = Listing {
+            instructions: vs.description.clone(),
+            ..Listing::default()
+        };
+        // BTreeMap order: by visible name.
+        for (visible, target) in &routes.tools {
+            let avail = self.availability(routes, &target.service, &target.tool);
+            if let Some(Availability {
+                why: Unavailable::Open { until_ms },
+                ..
+            }) = &avail
+            {
+                listing.next_expiry_ms = Some(
+                    listing
+                        .next_expiry_ms
+                        .map_or(*until_ms, |m| m.min(*until_ms)),
+                );
+            }
+            if avail.is_some() && vs.unavailable == WhenUnavailable::Hide {
+                continue;
+            }
+            let (def, read_at) = match self.definitions.get(target.service.as_str()) {
+                Some((tools, read_at)) => (tools.get(target.tool.as_str()).copied(), *read_at),
+                None => (None, ""),
+            };
+            (
+                visible,
+                &target.service,
+                &target.tool,
+                &avail,
+                def.is_some(),
+                read_at,
+            )
+                .hash(&mut hasher);
+            listing
+                .tools
+                .push((visible.clone(), render(visible, def, avail.as_ref())));
+        }
+        listing.fingerprint = hasher.finish();
+        Some(listing)
+    }
+}
+
+/// A tool as shown: its definition from the catalog under its visible name (a minimal valid
+/// one while the definition has not been read), with its availability.
+pub fn render(visible: &str, def: Option<&Value>, avail: Option<&Availability>) -> Value {
+    let mut tool = match def {
+        Some(Value::Object(m)) => m.clone(),
+        _ => {
+            let mut m = Map::new();
+            m.insert(
+                "description".into(),
+                json!("The definition of this tool is not available yet; toolgate reads it from its server shortly."),
+            );
+            m
+        }
+    };
+    tool.insert("name".into(), json!(visible));
+    if !tool.get("inputSchema").is_some_and(Value::is_object) {
+        tool.insert("inputSchema".into(), json!({"type": "object"}));
+    }
+    if let Some(a) = avail {
+        let sentence = a.sentence();
+        let description = match tool.get("description").and_then(Value::as_str) {
+            Some(d) if !d.trim().is_empty() => format!("{} {sentence}", d.trim_end()),
+            _ => sentence,
+        };
+        tool.insert("description".into(), json!(description));
+        let meta = tool
+            .entry("_meta")
+            .or_insert_with(|| Value::Object(Map::new()));
+        if !meta.is_object() {
+            *meta = Value::Object(Map::new());
+        }
+        if let Some(m) = meta.as_object_mut() {
+            m.insert(AVAILABILITY_KEY.into(), a.meta());
+        }
+    }
+    Value::Object(tool)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use toolgate_model::KeyLayout;
+
+    fn registry() -> Registry {
+        let mut r = Registry::new(KeyLayout::default());
+        r.put(
+            "/mcp/services/inv/i-1",
+            br#"{"instance_id":"i-1","endpoint":"127.0.0.1:9001","tools":["get_stock","get_stock_cached","reserve"]}"#,
+            7,
+            2,
+        )
+        .expect("inv");
+        r.put(
+            "/mcp/services/fin/i-1",
+            br#"{"instance_id":"i-1","endpoint":"127.0.0.1:9002","tools":["pay"]}"#,
+            7,
+            3,
+        )
+        .expect("fin");
+        r.routing(1, std::time::Instant::now());
+        r
+    }
+
+    fn catalog() -> BTreeMap<String, ServiceCatalog> {
+        BTreeMap::new()
+    }
+
+    fn names(l: &Listing) -> Vec<&str> {
+        l.tools.iter().map(|(n, _)| n.as_str()).collect()
+    }
+
+    #[test]
+    fn every_tool_is_listed_by_visible_name_with_a_minimal_definition_until_read() {
+        let r = registry();
+        let cat = catalog();
+        let inputs = Inputs::read(&r, &cat, crate::fleet::now_ms());
+        let l = inputs.listing("default").expect("default");
+        assert_eq!(
+            names(&l),
+            [
+                "fin__pay",
+                "inv__get_stock",
+                "inv__get_stock_cached",
+                "inv__reserve"
+            ]
+        );
+        let t = &l.tools[0].1;
+        assert_eq!(t["inputSchema"], json!({"type": "object"}));
+        assert!(t["description"]
+            .as_str()
+            .unwrap_or("")
+            .contains("not available yet"));
+        assert!(t.get("_meta").is_none(), "available: no annotation");
+        assert!(inputs.listing("nope").is_none());
+    }
+
+    #[test]
+    fn a_forced_open_tool_is_annotated_with_its_fallback() {
+        let mut r = registry();
+        r.put(
+            "/mcp/overrides/inv/get_stock",
+            br#"{"mode":"force_open","reason":"maintenance"}"#,
+            0,
+            5,
+        )
+        .expect("override");
+        r.put(
+            "/mcp/policies/inv/get_stock",
+            br#"{"fallback_tool":"get_stock_cached"}"#,
+            0,
+            6,
+        )
+        .expect("policy");
+        let cat = catalog();
+        let before = Inputs::read(&registry(), &cat, 0)
+            .listing("default")
+            .expect("l");
+        let l = Inputs::read(&r, &cat, crate::fleet::now_ms())
+            .listing("default")
+            .expect("l");
+        assert_ne!(before.fingerprint, l.fingerprint);
+        let t = &l.tools[1].1;
+        assert_eq!(t["name"], "inv__get_stock");
+        let a = &t["_meta"][AVAILABILITY_KEY];
+        assert_eq!(a["state"], "forced_open");
+        assert_eq!(a["fallback"], "inv__get_stock_cached");
+        assert!(a["reason"].as_str().unwrap_or("").contains("maintenance"));
+        let d = t["description"].as_str().unwrap_or("");
+        assert!(d.ends_with("use inv__get_stock_cached instead."), "{d}");
+    }
+
+    #[test]
+    fn an_open_breaker_says_until_when_and_expires_on_its_own() {
+        let mut r = registry();
+        let until = crate::fleet::now_ms() + 60_000;
+        r.put(
+            "/mcp/breakers/fin/pay",
+            format!(r#"{{"until_ms":{until},"opened_by":"gw-a","opened_at_ms":1}}"#).as_bytes(),
+            0,
+            5,
+        )
+        .expect("fleet");
+        let cat = catalog();
+        let l = Inputs::read(&r, &cat, until - 1000)
+            .listing("default")
+            .expect("l");
+        let a = &l.tools[0].1["_meta"][AVAILABILITY_KEY];
+        assert_eq!(a["state"], "open");
+        assert_eq!(a["until"], json!(rfc3339(until)));
+        assert!(a.get("fallback").is_none());
+        assert_eq!(l.next_expiry_ms, Some(until));
+        let later = Inputs::read(&r, &cat, until + 1)
+            .listing("default")
+            .expect("l");
+        assert!(
+            later.tools[0].1.get("_meta").is_none(),
+            "closed once past until"
+        );
+    }
+
+    #[test]
+    fn a_service_without_instances_is_annotated_or_hidden() {
+        let mut r = registry();
+        assert!(r.delete("/mcp/services/fin/i-1"));
+        r.routing(2, std::time::Instant::now());
+        let cat = catalog();
+        let inputs = Inputs::read(&r, &cat, 0);
+        let l = inputs.listing("default").expect("l");
+        assert_eq!(l.tools[0].0, "fin__pay");
+        assert_eq!(
+            l.tools[0].1["_meta"][AVAILABILITY_KEY]["state"],
+            "no_instance"
+        );
+
+        let mut hiding = Inputs::read(&r, &cat, 0);
+        hiding.servers.insert(
+            "default".into(),
+            VirtualServer {
+                unavailable: WhenUnavailable::Hide,
+                ..VirtualServer::default()
+            },
+        );
+        let l = hiding.listing("default").expect("l");
+        assert_eq!(
+            names(&l),
+            ["inv__get_stock", "inv__get_stock_cached", "inv__reserve"]
+        );
+    }
+
+    #[test]
+    fn a_read_definition_keeps_everything_but_the_name() {
+        let def = json!({
+            "name": "get_stock", "title": "Stock", "description": "Stock of an item.",
+            "inputSchema": {"type": "object", "properties": {"sku": {"type": "string"}}},
+            "outputSchema": {"type": "object"}, "annotations": {"readOnlyHint": true},
+            "icons": [{"src": "https://example.com/i.png"}], "_meta": {"x": 1}
+        });
+        let avail = Availability {
+            why: Unavailable::NoInstance,
+            fallback: None,
+        };
+        let t = render("inv__get_stock", Some(&def), Some(&avail));
+        assert_eq!(t["name"], "inv__get_stock");
+        for k in [
+            "title",
+            "inputSchema",
+            "outputSchema",
+            "annotations",
+            "icons",
+        ] {
+            assert_eq!(t[k], def[k], "{k}");
+        }
+        assert_eq!(t["_meta"]["x"], 1);
+        assert_eq!(
+            t["description"],
+            "Stock of an item. Unavailable now: its service has no healthy instance."
+        );
+    }
+
+    #[test]
+    fn pages_cover_every_tool_once_and_refuse_foreign_cursors() {
+        let tools: Vec<(String, Value)> = (0..250)
+            .map(|i| (format!("svc__tool{i:04}"), json!({})))
+            .collect();
+        let l = Listing {
+            tools,
+            ..Listing::default()
+        };
+        let mut seen = Vec::new();
+        let mut cursor: Option<String> = None;
+        let mut pages = 0;
+        loop {
+            let (page, next) = l.page(cursor.as_deref()).expect("page");
+            assert!(page.len() <= PAGE_SIZE);
+            seen.extend(page.iter().map(|(n, _)| n.clone()));
+            pages += 1;
+            match next {
+                Some(c) => cursor = Some(c),
+                None => break,
+            }
+        }
+        assert_eq!(pages, 3);
+        let want: Vec<String> = l.tools.iter().map(|(n, _)| n.clone()).collect();
+        assert_eq!(seen, want);
+        for bad in ["", "abc", "tgc1.!!", "tgc1./w"] {
+            assert_eq!(l.page(Some(bad)), Err(BadCursor(bad.to_string())), "{bad}");
+        }
+        let none = Listing::default();
+        let (empty, next) = none.page(None).expect("empty");
+        assert!(empty.is_empty() && next.is_none());
+    }
+}

@@ -1,0 +1,237 @@
+//! The aggregate MCP endpoint (issue 19): one MCP server per virtual server, over the tools of
+//! many services, served at `/v1/aggregate/<name>` (Envoy routes `/mcp` and `/virtual/<name>`
+//! here). `initialize`, `server/discover` and `tools/list` are answered from listings built
+//! when the registry or the catalog changes (`listing`), never by asking the servers per
+//! request; `tools/call` never comes here (the filter routes it to the tool's service).
+//!
+//! `jsonrpc` reads one message and the revision it speaks, `methods` answers each method,
+//! `session` holds the legacy clients' gateway sessions (state in the id; see there what a
+//! restart costs), `stream` carries `notifications/tools/list_changed`, `http` is the axum
+//! side.
+
+pub mod http;
+pub mod jsonrpc;
+pub mod listing;
+pub mod methods;
+pub mod session;
+pub mod stream;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tracing::debug;
+
+use crate::catalog::Catalog;
+use crate::metrics::Metrics;
+use crate::registry::Registry;
+use crate::routing::RoutingSnapshot;
+use listing::{Inputs, Listing};
+use session::{SessionClaims, Sessions};
+use stream::Streams;
+
+/// How often time alone may change a listing (a fleet breaker's `until` passing) is checked;
+/// each check compares one number per virtual server.
+const EXPIRY_CHECK: Duration = Duration::from_millis(200);
+/// The least time between two refreshes: changes arriving meanwhile (a burst of registrations,
+/// churn over thousands of instances) share the next one, which stays well within the second
+/// clients are promised.
+const COALESCE: Duration = Duration::from_millis(50);
+/// How often idle sessions are swept.
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
+
+/// The endpoint's state, shared by the handlers and the refresh task.
+pub struct Aggregate {
+    registry: Arc<RwLock<Registry>>,
+    catalog: Arc<Catalog>,
+    metrics: Arc<Metrics>,
+    listings: RwLock<Arc<BTreeMap<String, Arc<Listing>>>>,
+    sessions: Sessions,
+    streams: Streams,
+    /// The sessions held with servers for gateway sessions: deleted when theirs ends.
+    upstream: std::sync::OnceLock<Arc<crate::upstream::UpstreamSessions>>,
+}
+
+impl Aggregate {
+    /// `session_key`: the registry's session key (base64 of 32 bytes), the one the filters
+    /// seal with, so that every gateway of a fleet opens every gateway session.
+    pub fn new(
+        registry: Arc<RwLock<Registry>>,
+        catalog: Arc<Catalog>,
+        metrics: Arc<Metrics>,
+        session_key: &str,
+    ) -> Arc<Aggregate> {
+        let a = Arc::new(Aggregate {
+            registry,
+            catalog,
+            metrics,
+            listings: RwLock::default(),
+            sessions: Sessions::new(session_key),
+            streams: Streams::default(),
+            upstream: std::sync::OnceLock::new(),
+        });
+        a.refresh();
+        a
+    }
+
+    /// Rebuilds every virtual server's listing and tells the streams of those that changed.
+    pub fn refresh(&self) {
+        let listings: BTreeMap<String, Arc<Listing>> = {
+            let reg = self.registry.read().unwrap_or_else(|p| p.into_inner());
+            let catalog = self.catalog.read();
+            let inputs = Inputs::read(&reg, &catalog, crate::fleet::now_ms());
+            inputs
+                .servers
+                .keys()
+                .filter_map(|name| Some((name.clone(), Arc::new(inputs.listing(name)?))))
+                .collect()
+        };
+        for (name, l) in &listings {
+            if self.streams.announce(name, l.fingerprint) {
+                debug!(virtual_server = %name, tools = l.tools.len(), "tool list changed");
+            }
+        }
+        self.streams.retain(|name| listings.contains_key(name));
+        *self.listings.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(listings);
+    }
+
+    /// The current listing of a virtual server; `None` when there is no such server.
+    pub fn listing(&self, name: &str) -> Option<Arc<Listing>> {
+        let found = self
+            .listings
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .cloned();
+        if found.is_some() {
+            return found;
+        }
+        // Defined a moment ago, before the refresh task got to it?
+        let defined = self
+            .registry
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .virtual_servers()
+            .contains_key(name);
+        if !defined {
+            return None;
+        }
+        self.refresh();
+        self.listings
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .cloned()
+    }
+
+    /// Whether a fleet breaker some listing shows open has closed since it was built.
+    fn expiry_due(&self, now_ms: u64) -> bool {
+        self.listings
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .any(|l| l.next_expiry_ms.is_some_and(|at| at <= now_ms))
+    }
+
+    pub fn sessions(&self) -> &Sessions {
+        &self.sessions
+    }
+
+    pub fn streams(&self) -> &Streams {
+        &self.streams
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// A gateway session ended (DELETE or idle expiry). The hook for the upstream sessions a
+    /// later change opens per gateway session (issue 19, point 5): they get their HTTP DELETE
+    /// here. Today there are none.
+    pub fn session_ended(&self, id: &str, claims: Option<&SessionClaims>) {
+        debug!(session = %short(id), virtual_server = ?claims.map(|c| &c.virtual_server),
+            "gateway session ended");
+        self.count_sessions();
+        if let (Some(upstream), Some(owner)) = (self.upstream.get(), gateway_owner(id)) {
+            let upstream = upstream.clone();
+            tokio::spawn(async move {
+                upstream.close_owner(&owner).await;
+            });
+        }
+    }
+
+    /// Where the sessions held for gateway sessions live (set once, by `main`).
+    pub fn hold_upstream_in(&self, upstream: Arc<crate::upstream::UpstreamSessions>) {
+        let _ = self.upstream.set(upstream);
+    }
+
+    /// The `initialize` parameters of a live gateway session, to open a session with a server
+    /// on its client's behalf; `None` for an id that is not one (or has ended).
+    pub fn client_params(&self, id: &str) -> Option<crate::upstream::InitParams> {
+        let claims = self.sessions.touch_any(id).ok()?;
+        Some(crate::upstream::InitParams {
+            protocol_version: claims.protocol_version,
+            capabilities: claims.capabilities,
+            client_info: claims.client_info,
+        })
+    }
+
+    fn count_sessions(&self) {
+        self.metrics
+            .aggregate_sessions
+            .set(self.sessions.live() as i64);
+    }
+}
+
+/// Enough of an id to tell sessions apart in a log, not enough to use one.
+fn short(id: &str) -> &str {
+    let end = id.char_indices().nth(16).map_or(id.len(), |(i, _)| i);
+    &id[..end]
+}
+
+/// Keeps the listings current until the process ends: on every state the registry publishes
+/// (registrations, health, fleet breakers, overrides, virtual servers), on every catalog
+/// change, and when a breaker shown open reaches its `until`; sweeps idle sessions.
+/// The owner the filters name a gateway session's held sessions by (`filter/src/held_session.rs`:
+/// `g` and the last 43 characters of the id, its authentication tag).
+pub fn gateway_owner(id: &str) -> Option<String> {
+    const OWNER_CHARS: usize = 43;
+    if id.len() < OWNER_CHARS + 8 || !id.is_ascii() {
+        return None;
+    }
+    Some(format!("g{}", &id[id.len() - OWNER_CHARS..]))
+}
+
+pub async fn run(aggregate: Arc<Aggregate>, mut snapshots: watch::Receiver<Arc<RoutingSnapshot>>) {
+    let mut catalog = aggregate.catalog.subscribe();
+    let mut expiry = tokio::time::interval(EXPIRY_CHECK);
+    expiry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut sweep = tokio::time::interval(SWEEP_EVERY);
+    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let (mut publishing, mut reading) = (true, true);
+    loop {
+        tokio::select! {
+            changed = snapshots.changed(), if publishing => {
+                publishing = changed.is_ok();
+            }
+            changed = catalog.changed(), if reading => {
+                reading = changed.is_ok();
+            }
+            _ = expiry.tick() => {
+                if !aggregate.expiry_due(crate::fleet::now_ms()) {
+                    continue;
+                }
+            }
+            _ = sweep.tick() => {
+                for id in aggregate.sessions.sweep() {
+                    aggregate.session_ended(&id, None);
+                }
+                aggregate.count_sessions();
+                continue;
+            }
+        }
+        aggregate.refresh();
+        tokio::time::sleep(COALESCE).await;
+    }
+}
