@@ -244,6 +244,7 @@ fn snapshot(
             })
             .collect::<BTreeMap<_, _>>(),
         filter_config: String::from("{}"),
+        virtual_servers: Vec::new(),
         max_body_bytes: 1024 * 1024,
     })
 }
@@ -811,6 +812,7 @@ async fn envoy_follows_snapshots_over_ads_and_nothing_is_sent_when_nothing_chang
         trace: Default::default(),
         services: bigger.services.clone(),
         filter_config: String::from("{}"),
+        virtual_servers: Vec::new(),
         max_body_bytes: 1024 * 1024,
     }));
     tokio::time::sleep(Duration::from_millis(500)).await;
