@@ -1,10 +1,11 @@
 //! The admin HTTP API: `/healthz`, `/metrics` (Prometheus text), `/v1/registry` (JSON), and
 //! `/v1/feedback`, where the filters report call outcomes per instance, `/v1/breaker-events`,
 //! where they report their breaker transitions, and the operator's `/v1/breakers`,
-//! `/v1/overrides` and `/v1/policies` (changes need the bearer token).
+//! `/v1/overrides`, `/v1/policies` and `/v1/virtual` (changes need the bearer token).
 
 pub mod auth;
 mod console;
+mod virtual_servers;
 
 use std::future::Future;
 use std::sync::{Arc, RwLock};
@@ -61,6 +62,11 @@ pub fn router(state: AdminState) -> Router {
         .route(
             "/v1/overrides/{service}/{tool}",
             put(put_override).delete(delete_override),
+        )
+        .route("/v1/virtual", get(virtual_servers::list))
+        .route(
+            "/v1/virtual/{name}",
+            put(virtual_servers::put).delete(virtual_servers::delete),
         )
         .route("/v1/policies", get(policies))
         .route(
