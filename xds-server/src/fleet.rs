@@ -294,7 +294,23 @@ impl FleetWriter {
         self.delete(&key, "policy").await
     }
 
-    async fn delete(&self, key: &str, what: &str) -> Result<bool, AdminError> {
+    /// Writes a value the caller has checked exactly as the watch will (a virtual server).
+    pub async fn put_raw(&self, key: &str, raw: &[u8], what: &str) -> Result<(), AdminError> {
+        let mut client = self
+            .client
+            .get()
+            .await
+            .map_err(|e| AdminError::etcd(what, e))?;
+        tokio::time::timeout(self.timeout, client.put(key, raw.to_vec(), None))
+            .await
+            .map_err(|_| AdminError::etcd(what, "timed out"))?
+            .map_err(|e| AdminError::etcd(what, e))?;
+        info!(key, "{what} set");
+        Ok(())
+    }
+
+    /// `Ok(false)` when there was no such key.
+    pub async fn delete(&self, key: &str, what: &str) -> Result<bool, AdminError> {
         let mut client = self
             .client
             .get()

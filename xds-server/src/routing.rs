@@ -22,6 +22,9 @@ pub struct RoutingSnapshot {
     pub services: BTreeMap<String, Arc<ServiceRoute>>,
     /// The wasm filter's plugin configuration (JSON), delivered over ECDS.
     pub filter_config: String,
+    /// The virtual servers offered (issue 19), sorted: each gets its route,
+    /// `/virtual/<name>`, and `default` also `/mcp`. Empty means `default` alone.
+    pub virtual_servers: Vec<String>,
     /// The filter's request body limit: the routes let Envoy buffer more than this, so the
     /// filter, not Envoy's bare 413, answers a larger body.
     pub max_body_bytes: u64,
@@ -88,6 +91,7 @@ impl RoutingSnapshot {
             trace: Default::default(),
             services: BTreeMap::new(),
             filter_config: String::from("{}"),
+            virtual_servers: Vec::new(),
             max_body_bytes: toolgate_model::RequestLimits::default().max_body_bytes,
         }
     }

@@ -14,6 +14,7 @@ const view = {
   breakers: [],
   overrides: [],
   envoys: [],
+  virtuals: [],
   lastOk: null,
   failure: null,
   sort: { instances: { key: "service", dir: 1 }, tools: { key: "service", dir: 1 } },
@@ -95,12 +96,14 @@ function clock(iso) {
 // One read of everything; the page keeps the last state when it fails.
 async function refresh() {
   try {
-    const [registry, breakers, overrides, envoys] = await Promise.all([
+    const [registry, breakers, overrides, envoys, virtuals] = await Promise.all([
       getJson("/v1/registry"),
       getJson("/v1/breakers"),
       getJson("/v1/overrides"),
       getJson("/v1/envoys"),
+      getJson("/v1/virtual"),
     ]);
+    view.virtuals = virtuals.virtual_servers || [];
     view.registry = registry;
     view.breakers = breakers.breakers || [];
     view.overrides = overrides.overrides || [];
@@ -131,6 +134,7 @@ function render() {
   renderSummary();
   renderTools();
   renderInstances();
+  renderVirtual();
   renderEnvoys();
 }
 
@@ -327,6 +331,36 @@ function renderTools() {
   patchRows(body, (out.length ? out : [emptyRow(5, "No tool" +
     (view.filter ? " matches the filter." : " registered yet."))]));
   markSort("tools");
+}
+
+// One row per virtual server: where it is served, what it selects, and every name it offers
+// with what that name calls; the tools it could not name, with why.
+function renderVirtual() {
+  const body = $("virtual").tBodies[0];
+  const out = (view.virtuals || [])
+    .filter((v) => matches(v.name, ...Object.keys(v.tools || {}), ...Object.values(v.tools || {})))
+    .map((v) => {
+      const d = v.definition || {};
+      const selection = [
+        (d.naming || "prefixed") + (v.stored ? "" : " (built-in)"),
+        "services: " + ((d.services || []).join(", ") || "all"),
+      ];
+      if ((d.include || []).length) selection.push("include: " + d.include.join(", "));
+      if ((d.exclude || []).length) selection.push("exclude: " + d.exclude.join(", "));
+      if (d.unavailable === "hide") selection.push("hides unavailable tools");
+      const tools = Object.entries(v.tools || {}).map(([name, target]) =>
+        el("div", {}, name + " → " + target));
+      const unnamed = (v.unnamed || []).map((u) =>
+        el("div", { class: "error" }, u.service + "/" + u.tool + ": " + u.reason));
+      return el("tr", { "data-key": v.name },
+        el("td", {}, v.name),
+        el("td", {}, (v.paths || []).join(" ")),
+        el("td", {}, selection.map((s) => el("div", {}, s))),
+        el("td", { class: "wide" }, tools.length ? tools : "–"),
+        el("td", {}, unnamed.length ? unnamed : "–"),
+      );
+    });
+  patchRows(body, out.length ? out : [emptyRow(5, "No virtual server matches.")]);
 }
 
 function renderEnvoys() {

@@ -1,12 +1,14 @@
 //! The admin HTTP API: `/healthz`, `/metrics` (Prometheus text), `/v1/registry` (JSON), and
 //! `/v1/feedback`, where the filters report call outcomes per instance, `/v1/breaker-events`,
 //! where they report their breaker transitions, and the operator's `/v1/breakers`,
-//! `/v1/overrides` and `/v1/policies` (changes need the bearer token), and the aggregate MCP
-//! endpoint `/v1/aggregate/{name}` (agent traffic, see `crate::aggregate`).
+//! `/v1/overrides`, `/v1/policies` and `/v1/virtual` (changes need the bearer token), the
+//! aggregate MCP endpoint `/v1/aggregate/{name}` (agent traffic, see `crate::aggregate`), and
+//! `/v1/upstream-sessions`, where the filters ask for sessions held for their clients.
 
 pub mod auth;
 mod console;
 mod upstream;
+mod virtual_servers;
 
 use std::future::Future;
 use std::sync::{Arc, RwLock};
@@ -73,6 +75,11 @@ pub fn router(state: AdminState) -> Router {
             post(crate::aggregate::http::post)
                 .get(crate::aggregate::http::get)
                 .delete(crate::aggregate::http::delete),
+        )
+        .route("/v1/virtual", get(virtual_servers::list))
+        .route(
+            "/v1/virtual/{name}",
+            put(virtual_servers::put).delete(virtual_servers::delete),
         )
         .route("/v1/policies", get(policies))
         .route(

@@ -103,13 +103,14 @@ impl LazyClient {
 
 /// A Get's key-values as [`crate::registry::Registry::reset`] takes them; keys that are not
 /// UTF-8 cannot be registry keys and are left out.
-pub fn kv_tuples(kvs: &[etcd_client::KeyValue]) -> Vec<(&str, &[u8], i64, i64)> {
+pub fn kv_tuples(kvs: &[etcd_client::KeyValue]) -> Vec<crate::registry::KvEntry<'_>> {
     kvs.iter()
         .filter_map(|kv| {
             Some((
                 kv.key_str().ok()?,
                 kv.value(),
                 kv.lease(),
+                kv.create_revision(),
                 kv.mod_revision(),
             ))
         })

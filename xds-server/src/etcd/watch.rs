@@ -51,10 +51,10 @@ impl Watcher {
         let read = {
             let mut reg = self.registry.write().unwrap_or_else(|p| p.into_inner());
             reg.reset(
-                state
-                    .values
-                    .iter()
-                    .map(|(k, v)| (k.as_str(), v.as_bytes(), 0, 0)),
+                state.values.iter().map(|(k, v)| {
+                    let created = state.created.get(k).copied().unwrap_or(0);
+                    (k.as_str(), v.as_bytes(), 0, created, 0)
+                }),
                 state.revision,
             )
         };
@@ -469,7 +469,13 @@ fn apply(
         let key = String::from_utf8_lossy(kv.key());
         metrics.watch_events.inc();
         match event.event_type() {
-            EventType::Put => match reg.put(&key, kv.value(), kv.lease(), kv.mod_revision()) {
+            EventType::Put => match reg.put(
+                &key,
+                kv.value(),
+                kv.lease(),
+                kv.create_revision(),
+                kv.mod_revision(),
+            ) {
                 Ok(c) => changed |= c,
                 Err(r) => rejected.push(r),
             },

@@ -39,6 +39,8 @@ pub struct Instance {
     pub json: Arc<str>,
     pub ip: IpAddr,
     pub lease: i64,
+    /// When etcd created the key (kept across overwrites): the service's age for naming.
+    pub create_revision: i64,
     pub mod_revision: i64,
     pub health: Health,
     /// Wakes this instance's probe task early (a reported connect failure, a lagging lease,
@@ -99,6 +101,10 @@ pub struct FleetEntry {
     pub lease: i64,
 }
 
+/// One key of a read as [`Registry::reset`] takes it: key, value, lease, create revision,
+/// mod revision.
+pub type KvEntry<'a> = (&'a str, &'a [u8], i64, i64, i64);
+
 /// What a [`Registry::reset`] did not take from the read.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Reset {
@@ -155,11 +161,18 @@ pub struct Registry {
     catalog: BTreeMap<String, BTreeSet<String>>,
     /// The key the filters seal `Mcp-Session-Id` with (base64), if any.
     session_key: String,
-    /// Virtual servers from `<prefix>virtual/<name>`, as last admitted (issue 19).
-    virtuals: BTreeMap<String, VirtualServer>,
+    /// Virtual servers from `<prefix>virtual/<name>`, as last admitted (issue 19), with the
+    /// raw JSON for the state-dir snapshot.
+    virtuals: BTreeMap<String, (VirtualServer, String)>,
     /// Each service's age for naming: the smallest etcd create revision among its live
-    /// instance keys (the older service keeps a contested name).
+    /// instance keys (the older service keeps a contested name). A service whose last
+    /// instance left keeps its last age while it stays known, as it keeps its route and its
+    /// catalog, so a briefly empty service keeps its names; once instances are back, its age
+    /// is theirs again (what any toolgate-xds reading etcd then computes).
     since_revision: BTreeMap<String, i64>,
+    /// The tools the last publish could not name, so that each is logged once, when it
+    /// appears, not at every push.
+    unnamed: Vec<(String, Unnamed)>,
 }
 
 impl Registry {
@@ -196,6 +209,7 @@ impl Registry {
             session_key: String::new(),
             virtuals: BTreeMap::new(),
             since_revision: BTreeMap::new(),
+            unnamed: Vec::new(),
         }
     }
 
@@ -324,9 +338,10 @@ impl Registry {
     /// Replaces everything with a full read of the prefix (cold start, resync after compaction).
     /// A key whose value in the read is invalid keeps the last good value it had, as it does
     /// when the watch brings the same value: a resync never loses what a put would not.
+    /// Each entry is (key, value, lease, create revision, mod revision).
     pub fn reset<'a>(
         &mut self,
-        kvs: impl IntoIterator<Item = (&'a str, &'a [u8], i64, i64)>,
+        kvs: impl IntoIterator<Item = KvEntry<'a>>,
         revision: i64,
     ) -> Reset {
         // Health is kept for instances that are still there at the same address: a resync
@@ -335,11 +350,12 @@ impl Registry {
         let mut old_policies = std::mem::take(&mut self.policies);
         let mut old_fleet = std::mem::take(&mut self.fleet);
         let mut old_overrides = std::mem::take(&mut self.overrides);
+        let mut old_virtuals = std::mem::take(&mut self.virtuals);
         self.by_addr.clear();
         self.all_stale = true;
         let mut rejected = Vec::new();
-        for (key, value, lease, mod_revision) in kvs {
-            if let Err(r) = self.put(key, value, lease, mod_revision) {
+        for (key, value, lease, create_revision, mod_revision) in kvs {
+            if let Err(r) = self.put(key, value, lease, create_revision, mod_revision) {
                 rejected.push(r);
             }
         }
@@ -351,6 +367,7 @@ impl Registry {
                 &mut old_policies,
                 &mut old_fleet,
                 &mut old_overrides,
+                &mut old_virtuals,
             );
             if restored {
                 kept.push(r.key.clone());
@@ -380,6 +397,7 @@ impl Registry {
         policies: &mut BTreeMap<(String, Option<String>), (PolicyOverrides, String)>,
         fleet: &mut BTreeMap<(String, String), FleetEntry>,
         overrides: &mut BTreeMap<(String, String), Override>,
+        virtuals: &mut BTreeMap<String, (VirtualServer, String)>,
     ) -> bool {
         if let Ok(sk) = self.layout.parse_instance_key(key) {
             // The same key may be in the read twice only if etcd misbehaves; the first
@@ -394,8 +412,16 @@ impl Registry {
                 .insert(sk.service.clone(), inst.meta.mcp_path.clone());
             self.by_addr
                 .insert((sk.service.clone(), inst.addr()), sk.clone());
+            let service = sk.service.clone();
             self.instances.insert(sk, inst);
+            self.refresh_since(&service);
             return true;
+        }
+        if let Ok(name) = self.layout.parse_virtual_key(key) {
+            return match virtuals.remove(&name) {
+                Some(v) => self.virtuals.insert(name, v).is_none(),
+                None => false,
+            };
         }
         if let Ok(names) = self
             .layout
@@ -433,17 +459,21 @@ impl Registry {
         false
     }
 
-    /// Applies a PUT anywhere under the prefix. `Ok(true)` when what Envoy gets changed.
-    /// Keys of kinds toolgate-xds does not follow here are ignored.
+    /// Applies a PUT anywhere under the prefix, with the key's etcd lease and revisions.
+    /// `Ok(true)` when what Envoy gets changed. Keys of kinds toolgate-xds does not follow
+    /// here are ignored.
     pub fn put(
         &mut self,
         key: &str,
         value: &[u8],
         lease: i64,
+        create_revision: i64,
         mod_revision: i64,
     ) -> Result<bool, Rejected> {
         if key.starts_with(&self.layout.services_prefix()) {
-            self.put_instance(key, value, lease, mod_revision)
+            self.put_instance(key, value, lease, create_revision, mod_revision)
+        } else if key.starts_with(&self.layout.virtual_prefix()) {
+            self.put_virtual(key, value)
         } else if key.starts_with(&self.layout.policies_prefix()) {
             self.put_policy(key, value)
         } else if key.starts_with(&self.layout.breakers_prefix()) {
@@ -509,12 +539,81 @@ impl Registry {
         &self.overrides
     }
 
-    /// Whether `value` would be admitted at `key` (a policy, an override), without changing
-    /// anything: the admin API refuses with the same reason the watch would log.
+    /// Whether `value` would be admitted at `key` (a policy, an override, a virtual server),
+    /// without changing anything: the admin API refuses with the same reason the watch would
+    /// log.
     pub fn check(&self, key: &str, value: &[u8]) -> Result<(), Rejected> {
+        if key.starts_with(&self.layout.virtual_prefix()) {
+            return self.admit_virtual(key, value).map(|_| ());
+        }
         let mut scratch = Registry::new(self.layout.clone());
         scratch.policies = self.policies.clone();
-        scratch.put(key, value, 0, 0).map(|_| ())
+        scratch.put(key, value, 0, 0, 0).map(|_| ())
+    }
+
+    /// A virtual server definition, parsed and validated, or why not (the field it is about
+    /// leads the detail).
+    fn admit_virtual(&self, key: &str, value: &[u8]) -> Result<(String, VirtualServer), Rejected> {
+        let reject = |reason: &'static str, detail: String| Rejected {
+            key: key.to_string(),
+            reason,
+            detail,
+        };
+        let name = self
+            .layout
+            .parse_virtual_key(key)
+            .map_err(|e| reject("bad_key", e.to_string()))?;
+        let vs = VirtualServer::parse(value).map_err(|e| reject("bad_virtual", e.to_string()))?;
+        Ok((name, vs))
+    }
+
+    /// A virtual server: admitted whole or not at all (the last good definition stays). One
+    /// naming services that are not registered is admitted: a service may be between
+    /// instances, and its tools appear when it registers.
+    fn put_virtual(&mut self, key: &str, value: &[u8]) -> Result<bool, Rejected> {
+        let (name, vs) = self.admit_virtual(key, value)?;
+        let unknown: Vec<&str> = vs
+            .services
+            .iter()
+            .filter(|s| !self.services.contains_key(s.as_str()))
+            .map(String::as_str)
+            .collect();
+        if !unknown.is_empty() {
+            tracing::warn!(key, ?unknown,
+                "virtual server names services that are not registered; their tools appear when they register");
+        }
+        let changed = self.virtuals.get(&name).is_none_or(|(old, _)| *old != vs);
+        let raw = String::from_utf8_lossy(value).into_owned();
+        self.virtuals.insert(name, (vs, raw));
+        Ok(changed)
+    }
+
+    /// The virtual servers stored in etcd (without the built-in default), as admitted.
+    pub fn stored_virtual_servers(&self) -> impl Iterator<Item = (&String, &VirtualServer)> {
+        self.virtuals.iter().map(|(name, (vs, _))| (name, vs))
+    }
+
+    /// Whether a service is known (registered now, or before and emptied since).
+    pub fn has_service(&self, service: &str) -> bool {
+        self.services.contains_key(service)
+    }
+
+    /// Each service's age for naming: the smallest etcd create revision among its instance
+    /// keys (the last one it had, for a service with none left).
+    pub fn service_ages(&self) -> &BTreeMap<String, i64> {
+        &self.since_revision
+    }
+
+    /// Sets a service's age to the smallest create revision among its instances; a service
+    /// with none keeps the age it had.
+    fn refresh_since(&mut self, service: &str) {
+        if let Some(rev) = self
+            .service_instances(service)
+            .map(|(_, inst)| inst.create_revision)
+            .min()
+        {
+            self.since_revision.insert(service.to_string(), rev);
+        }
     }
 
     /// A policy override: parsed, merged over the defaults and validated before it is admitted,
@@ -557,7 +656,11 @@ impl Registry {
     /// The virtual servers offered: every admitted `<prefix>virtual/<name>`, and `default`
     /// (every tool of every service, prefixed) unless one is stored under that name.
     pub fn virtual_servers(&self) -> BTreeMap<String, VirtualServer> {
-        let mut all = self.virtuals.clone();
+        let mut all: BTreeMap<String, VirtualServer> = self
+            .virtuals
+            .iter()
+            .map(|(name, (vs, _))| (name.clone(), vs.clone()))
+            .collect();
         all.entry(DEFAULT_VIRTUAL.to_string())
             .or_insert_with(VirtualServer::everything);
         all
@@ -590,14 +693,21 @@ impl Registry {
     }
 
     /// The filter's configuration: the defaults, every admitted policy override, the fleet's
-    /// breaker openings and the operator overrides.
+    /// breaker openings, the operator overrides and each virtual server's names.
     pub fn filter_config(&self) -> FilterConfig {
+        self.filter_config_and_unnamed().0
+    }
+
+    /// [`filter_config`](Self::filter_config), and the tools the virtual servers could not
+    /// name.
+    fn filter_config_and_unnamed(&self) -> (FilterConfig, Vec<(String, Unnamed)>) {
+        let (virtual_servers, unnamed) = self.virtual_routes();
         let mut config = FilterConfig {
             max_body_bytes: self.request_limits.max_body_bytes,
             max_json_depth: self.request_limits.max_json_depth,
             catalog: self.catalog.clone(),
             session_key: toolgate_model::policy::ReportToken(self.session_key.clone()),
-            virtual_servers: self.virtual_routes().0,
+            virtual_servers,
             ..FilterConfig::default()
         };
         for ((service, tool), e) in &self.fleet {
@@ -623,7 +733,20 @@ impl Registry {
                 None => entry.policy = Some(overrides.clone()),
             }
         }
-        config
+        (config, unnamed)
+    }
+
+    /// Logs the tools no virtual server could name that the last publish could: once per
+    /// change, not at every push.
+    fn log_unnamed(&mut self, unnamed: Vec<(String, Unnamed)>) {
+        if unnamed == self.unnamed {
+            return;
+        }
+        for (vs, u) in unnamed.iter().filter(|u| !self.unnamed.contains(u)) {
+            tracing::warn!(virtual_server = %vs, service = %u.service, tool = %u.tool,
+                reason = %u.reason, "a tool cannot be offered on a virtual server");
+        }
+        self.unnamed = unnamed;
     }
 
     fn put_instance(
@@ -631,6 +754,7 @@ impl Registry {
         key: &str,
         value: &[u8],
         lease: i64,
+        create_revision: i64,
         mod_revision: i64,
     ) -> Result<bool, Rejected> {
         let reject = |reason: &'static str, detail: String| Rejected {
@@ -674,6 +798,7 @@ impl Registry {
             meta,
             ip,
             lease,
+            create_revision,
             mod_revision,
             health: Health::new(self.health.probes),
             wake: Arc::new(Notify::new()),
@@ -699,14 +824,18 @@ impl Registry {
         self.by_addr
             .insert((sk.service.clone(), instance.addr()), sk.clone());
         self.mark_stale(&sk.service);
+        let service = sk.service.clone();
+        let old_since = self.since_revision.get(&service).copied();
         self.instances.insert(sk.clone(), instance);
+        self.refresh_since(&service);
         if target_changed {
             self.mark_dirty(sk);
         }
-        Ok(routing_changed)
+        // A new age can rename tools on a virtual server: the filter must hear of it.
+        Ok(routing_changed || self.since_revision.get(&service).copied() != old_since)
     }
 
-    /// Applies a DELETE. `true` when an instance or a policy left.
+    /// Applies a DELETE. `true` when an instance, a policy or a virtual server left.
     pub fn delete(&mut self, key: &str) -> bool {
         if let Ok(sk) = self.layout.parse_instance_key(key) {
             let Some(old) = self.instances.remove(&sk) else {
@@ -717,8 +846,12 @@ impl Registry {
                 self.by_addr.remove(&addr_key);
             }
             self.mark_stale(&sk.service);
+            self.refresh_since(&sk.service);
             self.mark_dirty(sk);
             return true;
+        }
+        if let Ok(name) = self.layout.parse_virtual_key(key) {
+            return self.virtuals.remove(&name).is_some();
         }
         if let Ok(k) = self
             .layout
@@ -773,7 +906,8 @@ impl Registry {
                 self.catalog.entry(service.clone()).or_default();
             }
         }
-        let filter = self.filter_config();
+        let (filter, unnamed) = self.filter_config_and_unnamed();
+        self.log_unnamed(unnamed);
         for service in stale {
             if self.services.contains_key(&service) {
                 let route = self.build_route(&service, &filter);
@@ -794,6 +928,7 @@ impl Registry {
             services: self.routes.clone(),
             // Serializing plain structs with string keys cannot fail.
             filter_config: serde_json::to_string(&filter).unwrap_or_default(),
+            virtual_servers: filter.virtual_servers.keys().cloned().collect(),
             max_body_bytes: self.request_limits.max_body_bytes,
         }
     }
@@ -861,8 +996,8 @@ impl Registry {
         route
     }
 
-    /// The raw (key, value) pairs of every admitted instance and policy, for the state-dir
-    /// snapshot.
+    /// The raw (key, value) pairs of every admitted instance, policy, fleet opening, override
+    /// and virtual server, for the state-dir snapshot.
     pub fn raw_values(&self) -> Vec<(String, String)> {
         let instances = self.instances.iter().map(|(sk, inst)| {
             (
@@ -889,10 +1024,31 @@ impl Registry {
                 serde_json::to_string(o).unwrap_or_default(),
             )
         });
+        let virtuals = self.virtuals.iter().map(|(name, (_, raw))| {
+            (
+                format!("{}{name}", self.layout.virtual_prefix()),
+                raw.clone(),
+            )
+        });
         instances
             .chain(policies)
             .chain(fleet)
             .chain(overrides)
+            .chain(virtuals)
+            .collect()
+    }
+
+    /// The create revision of every instance key, for the state-dir snapshot: a restart
+    /// during an etcd outage must give services the ages (and so the tool names) they had.
+    pub fn create_revisions(&self) -> BTreeMap<String, i64> {
+        self.instances
+            .iter()
+            .map(|(sk, inst)| {
+                (
+                    self.layout.instance_key(&sk.service, &sk.instance),
+                    inst.create_revision,
+                )
+            })
             .collect()
     }
 
@@ -1070,9 +1226,9 @@ mod tests {
     #[test]
     fn put_and_delete_drive_the_routing() {
         let mut r = reg();
-        assert_eq!(r.put("/mcp/services/inv/i-1", V1, 7, 2), Ok(true));
+        assert_eq!(r.put("/mcp/services/inv/i-1", V1, 7, 2, 2), Ok(true));
         assert_eq!(
-            r.put("/mcp/services/inv/i-1", V1, 8, 3),
+            r.put("/mcp/services/inv/i-1", V1, 8, 2, 3),
             Ok(false),
             "same routing"
         );
@@ -1094,7 +1250,7 @@ mod tests {
     #[test]
     fn garbage_is_rejected_with_its_key_and_keeps_the_last_good_value() {
         let mut r = reg();
-        r.put("/mcp/services/inv/i-1", V1, 7, 2).unwrap();
+        r.put("/mcp/services/inv/i-1", V1, 7, 2, 2).unwrap();
         for (key, value, reason) in [
             ("/mcp/services/inv/i-1", &b"{not json"[..], "bad_value"),
             ("/mcp/services/in v/i-1", V1, "bad_key"),
@@ -1116,7 +1272,7 @@ mod tests {
                 "refused_endpoint",
             ),
         ] {
-            let err = r.put(key, value, 1, 3).unwrap_err();
+            let err = r.put(key, value, 1, 3, 3).unwrap_err();
             assert_eq!(err.reason, reason, "{key}");
             assert_eq!(err.key, key);
         }
@@ -1132,9 +1288,9 @@ mod tests {
     #[test]
     fn policies_shape_the_filter_config_and_the_bulkhead() {
         let mut r = reg();
-        r.put("/mcp/services/inv/i-1", V1, 7, 2).unwrap();
+        r.put("/mcp/services/inv/i-1", V1, 7, 2, 2).unwrap();
         assert_eq!(
-            r.put("/mcp/policies/inv", br#"{"max_requests":7}"#, 0, 3),
+            r.put("/mcp/policies/inv", br#"{"max_requests":7}"#, 0, 3, 3),
             Ok(true)
         );
         assert_eq!(
@@ -1142,6 +1298,7 @@ mod tests {
                 "/mcp/policies/inv/a",
                 br#"{"failure_rate_percent":20}"#,
                 0,
+                4,
                 4
             ),
             Ok(true)
@@ -1156,7 +1313,7 @@ mod tests {
             ("/mcp/policies/inv/a", b"nope"),
             ("/mcp/policies/in v", b"{}"),
         ] {
-            let err = r.put(key, value, 0, 5).unwrap_err();
+            let err = r.put(key, value, 0, 5, 5).unwrap_err();
             assert_eq!(err.key, key);
         }
         let config: FilterConfig =
@@ -1170,7 +1327,7 @@ mod tests {
         let config: FilterConfig =
             serde_json::from_str(&r.routing(3, Instant::now()).filter_config).unwrap();
         assert_eq!(config.policy_for("inv", "a").failure_rate_percent, 50);
-        assert_eq!(r.put("/mcp/elsewhere/x", b"whatever", 0, 6), Ok(false));
+        assert_eq!(r.put("/mcp/elsewhere/x", b"whatever", 0, 6, 6), Ok(false));
     }
 
     #[test]
@@ -1181,11 +1338,12 @@ mod tests {
                 serde_json::from_str(&r.routing(generation, Instant::now()).filter_config).unwrap();
             config.catalog
         };
-        r.put("/mcp/services/inv/i-1", V1, 7, 2).unwrap();
+        r.put("/mcp/services/inv/i-1", V1, 7, 2, 2).unwrap();
         r.put(
             "/mcp/services/inv/i-2",
             br#"{"instance_id":"i-2","endpoint":"127.0.0.1:9002","tools":["a","b"]}"#,
             8,
+            3,
             3,
         )
         .unwrap();
@@ -1193,6 +1351,7 @@ mod tests {
             "/mcp/services/bare/i-1",
             br#"{"instance_id":"i-1","endpoint":"127.0.0.1:9003"}"#,
             9,
+            4,
             4,
         )
         .unwrap();
@@ -1214,12 +1373,12 @@ mod tests {
     #[test]
     fn reset_replaces_everything() {
         let mut r = reg();
-        r.put("/mcp/services/inv/i-1", V1, 7, 2).unwrap();
+        r.put("/mcp/services/inv/i-1", V1, 7, 2, 2).unwrap();
         let v2: &[u8] = br#"{"instance_id":"i-2","endpoint":"127.0.0.1:9002"}"#;
         let read = r.reset(
             [
-                ("/mcp/services/fin/i-2", v2, 1, 5),
-                ("/mcp/services/fin/bad", &b"x"[..], 1, 5),
+                ("/mcp/services/fin/i-2", v2, 1, 5, 5),
+                ("/mcp/services/fin/bad", &b"x"[..], 1, 5, 5),
             ],
             9,
         );
@@ -1235,24 +1394,25 @@ mod tests {
     fn a_reset_keeps_the_last_good_value_of_every_key_invalid_in_the_read() {
         let mut r = reg();
         let v2: &[u8] = br#"{"instance_id":"i-2","endpoint":"127.0.0.1:9002"}"#;
-        r.put("/mcp/services/inv/i-1", V1, 7, 2).unwrap();
-        r.put("/mcp/services/inv/i-2", v2, 7, 3).unwrap();
-        r.put("/mcp/policies/inv", br#"{"max_requests":7}"#, 0, 4)
+        r.put("/mcp/services/inv/i-1", V1, 7, 2, 2).unwrap();
+        r.put("/mcp/services/inv/i-2", v2, 7, 3, 3).unwrap();
+        r.put("/mcp/policies/inv", br#"{"max_requests":7}"#, 0, 4, 4)
             .unwrap();
         r.put(
             "/mcp/overrides/inv/a",
             br#"{"mode":"force_open","reason":"maintenance"}"#,
             0,
             5,
+            5,
         )
         .unwrap();
         let read = r.reset(
             [
-                ("/mcp/overrides/inv/a", &b"{"[..], 0, 9),
-                ("/mcp/policies/inv", br#"{"max_requests":0}"#, 0, 9),
-                ("/mcp/services/inv/i-1", b"garbage", 7, 9),
+                ("/mcp/overrides/inv/a", &b"{"[..], 0, 9, 9),
+                ("/mcp/policies/inv", br#"{"max_requests":0}"#, 0, 9, 9),
+                ("/mcp/services/inv/i-1", b"garbage", 7, 9, 9),
                 // i-2 is gone from etcd: deleted, not invalid.
-                ("/mcp/services/inv/i-3", b"garbage", 7, 9),
+                ("/mcp/services/inv/i-3", b"garbage", 7, 9, 9),
             ],
             9,
         );
@@ -1288,8 +1448,8 @@ mod tests {
         let probed = Arc::new(HealthConfig::default());
         let mut r = Registry::with_health(KeyLayout::default(), probed.clone());
         let v2: &[u8] = br#"{"instance_id":"i-2","endpoint":"127.0.0.1:9002","weight":3}"#;
-        r.put("/mcp/services/inv/i-1", V1, 7, 2).unwrap();
-        r.put("/mcp/services/inv/i-2", v2, 7, 3).unwrap();
+        r.put("/mcp/services/inv/i-1", V1, 7, 2, 2).unwrap();
+        r.put("/mcp/services/inv/i-2", v2, 7, 3, 3).unwrap();
         let dirty = r.take_dirty();
         assert_eq!(dirty.len(), 2, "both need a probe task");
         let routed = |r: &mut Registry| {
@@ -1329,8 +1489,8 @@ mod tests {
         // A resync with the same registrations keeps their states and asks for no new task.
         r.reset(
             [
-                ("/mcp/services/inv/i-1", V1, 8, 4),
-                ("/mcp/services/inv/i-2", v2, 8, 4),
+                ("/mcp/services/inv/i-1", V1, 8, 4, 4),
+                ("/mcp/services/inv/i-2", v2, 8, 4, 4),
             ],
             4,
         );
@@ -1341,6 +1501,7 @@ mod tests {
             "/mcp/services/inv/i-1",
             br#"{"instance_id":"i-1","endpoint":"127.0.0.1:9009"}"#,
             8,
+            5,
             5,
         )
         .unwrap();
@@ -1356,6 +1517,235 @@ mod tests {
         assert_eq!(
             r.find_by_addr("inv", "127.0.0.1:9001".parse().unwrap()),
             None
+        );
+    }
+
+    fn instance(id: &str, port: u16, tools: &[&str]) -> Vec<u8> {
+        serde_json::json!({"instance_id": id, "endpoint": format!("127.0.0.1:{port}"), "tools": tools})
+            .to_string()
+            .into_bytes()
+    }
+
+    fn published(r: &mut Registry) -> FilterConfig {
+        serde_json::from_str(&r.routing(1, Instant::now()).filter_config).unwrap()
+    }
+
+    const BARE: &[u8] = br#"{"naming":"bare"}"#;
+
+    #[test]
+    fn virtual_servers_are_admitted_whole_or_not_at_all() {
+        let mut r = reg();
+        r.put("/mcp/services/inv/i-1", V1, 7, 2, 2).unwrap();
+        let config = published(&mut r);
+        assert_eq!(
+            config.virtual_servers["default"].tools["inv__a"].tool, "a",
+            "the built-in default: every tool, prefixed"
+        );
+        assert_eq!(r.put("/mcp/virtual/ops", BARE, 0, 3, 3), Ok(true));
+        assert_eq!(
+            r.put("/mcp/virtual/ops", BARE, 0, 3, 4),
+            Ok(false),
+            "same definition"
+        );
+        // Naming a service that is not registered (yet) is admitted.
+        let later = br#"{"services":["inv","billing"]}"#;
+        assert_eq!(r.put("/mcp/virtual/later", later, 0, 5, 5), Ok(true));
+        for (key, value, reason, field) in [
+            (
+                "/mcp/virtual/ops",
+                &br#"{"include":["a/b/c"]}"#[..],
+                "bad_virtual",
+                "include[0]",
+            ),
+            (
+                "/mcp/virtual/ops",
+                br#"{"exlude":["x"]}"#,
+                "bad_virtual",
+                "exlude",
+            ),
+            ("/mcp/virtual/ops", b"{not json", "bad_virtual", "value"),
+            (
+                "/mcp/virtual/ops",
+                br#"{"services":["ok","bad name"]}"#,
+                "bad_virtual",
+                "services[1]",
+            ),
+            ("/mcp/virtual/b d", BARE, "bad_key", "b d"),
+        ] {
+            let err = r.put(key, value, 0, 6, 6).unwrap_err();
+            assert_eq!((err.reason, err.key.as_str()), (reason, key));
+            assert!(err.detail.contains(field), "{field}: {}", err.detail);
+            assert_eq!(
+                r.check(key, value),
+                Err(err),
+                "check refuses what the watch refuses"
+            );
+        }
+        assert_eq!(r.check("/mcp/virtual/ops", BARE), Ok(()));
+        let config = published(&mut r);
+        assert_eq!(
+            config.virtual_servers["ops"].tools["a"].service, "inv",
+            "the last good definition stays"
+        );
+        assert!(config.virtual_servers["later"].tools.contains_key("inv__a"));
+        assert!(r.delete("/mcp/virtual/ops"));
+        assert!(!r.delete("/mcp/virtual/ops"));
+        assert!(!published(&mut r).virtual_servers.contains_key("ops"));
+    }
+
+    #[test]
+    fn the_older_service_keeps_a_contested_bare_name() {
+        let mut r = reg();
+        r.put("/mcp/virtual/default", BARE, 0, 1, 1).unwrap();
+        // zeta registered first although alpha sorts first.
+        r.put(
+            "/mcp/services/zeta/z-1",
+            &instance("z-1", 9001, &["search"]),
+            1,
+            10,
+            10,
+        )
+        .unwrap();
+        r.put(
+            "/mcp/services/alpha/a-1",
+            &instance("a-1", 9002, &["search"]),
+            1,
+            20,
+            20,
+        )
+        .unwrap();
+        let names = |r: &mut Registry| -> Vec<(String, String)> {
+            published(r).virtual_servers["default"]
+                .tools
+                .iter()
+                .map(|(name, t)| (name.clone(), t.service.clone()))
+                .collect()
+        };
+        let before = names(&mut r);
+        assert_eq!(
+            before,
+            [
+                ("alpha__search".to_string(), "alpha".to_string()),
+                ("search".to_string(), "zeta".to_string())
+            ]
+        );
+        // A third service with the same tool changes nothing of the others' names.
+        r.put(
+            "/mcp/services/beta/b-1",
+            &instance("b-1", 9003, &["search"]),
+            1,
+            30,
+            30,
+        )
+        .unwrap();
+        let after = names(&mut r);
+        assert!(before.iter().all(|n| after.contains(n)), "{after:?}");
+        assert!(after.contains(&("beta__search".to_string(), "beta".to_string())));
+
+        // An overwrite keeps the key's create revision; a second, younger instance does not
+        // make its service younger.
+        r.put(
+            "/mcp/services/zeta/z-1",
+            &instance("z-1", 9001, &["search"]),
+            2,
+            10,
+            40,
+        )
+        .unwrap();
+        r.put(
+            "/mcp/services/zeta/z-2",
+            &instance("z-2", 9004, &["search"]),
+            2,
+            41,
+            41,
+        )
+        .unwrap();
+        assert_eq!(r.service_ages()["zeta"], 10);
+        // The oldest instance leaves: the service is as old as its oldest live key.
+        assert!(r.delete("/mcp/services/zeta/z-1"));
+        assert_eq!(r.service_ages()["zeta"], 41);
+        // zeta is now the younger: alpha takes the bare name.
+        let n = names(&mut r);
+        assert!(
+            n.contains(&("search".to_string(), "alpha".to_string())),
+            "{n:?}"
+        );
+        assert!(
+            n.contains(&("zeta__search".to_string(), "zeta".to_string())),
+            "{n:?}"
+        );
+        // An emptied service keeps its last age, and with it its names, while it is known.
+        assert!(r.delete("/mcp/services/alpha/a-1"));
+        assert_eq!(r.service_ages()["alpha"], 20);
+        assert!(names(&mut r).contains(&("search".to_string(), "alpha".to_string())));
+    }
+
+    #[test]
+    fn the_state_snapshot_keeps_virtual_servers_and_service_ages() {
+        let mut r = reg();
+        r.put(
+            "/mcp/services/zeta/z-1",
+            &instance("z-1", 9001, &["search"]),
+            1,
+            10,
+            12,
+        )
+        .unwrap();
+        r.put(
+            "/mcp/services/alpha/a-1",
+            &instance("a-1", 9002, &["search"]),
+            1,
+            20,
+            20,
+        )
+        .unwrap();
+        r.put("/mcp/virtual/default", BARE, 0, 21, 21).unwrap();
+        let values = r.raw_values();
+        let created = r.create_revisions();
+        assert!(values
+            .iter()
+            .any(|(k, v)| k == "/mcp/virtual/default" && v.as_bytes() == BARE));
+        assert_eq!(created["/mcp/services/zeta/z-1"], 10);
+
+        // A restart serving the snapshot (leases and mod revisions unknown).
+        let mut restarted = reg();
+        restarted.reset(
+            values.iter().map(|(k, v)| {
+                (
+                    k.as_str(),
+                    v.as_bytes(),
+                    0,
+                    created.get(k).copied().unwrap_or(0),
+                    0,
+                )
+            }),
+            21,
+        );
+        assert_eq!(
+            published(&mut restarted).virtual_servers,
+            published(&mut r).virtual_servers
+        );
+        assert_eq!(
+            published(&mut restarted).virtual_servers["default"].tools["search"].service,
+            "zeta"
+        );
+        // A resync whose read holds a bad definition keeps the last good one.
+        let read = restarted.reset(
+            values.iter().map(|(k, v)| {
+                let v = if k.contains("/virtual/") {
+                    &b"{\"naming\":1}"[..]
+                } else {
+                    v.as_bytes()
+                };
+                (k.as_str(), v, 0, created.get(k).copied().unwrap_or(0), 0)
+            }),
+            22,
+        );
+        assert_eq!(read.kept, ["/mcp/virtual/default".to_string()]);
+        assert_eq!(read.rejected[0].reason, "bad_virtual");
+        assert_eq!(
+            published(&mut restarted).virtual_servers["default"].tools["search"].service,
+            "zeta"
         );
     }
 }

@@ -1,6 +1,7 @@
 //! The last good registry on disk (`--state-dir`), so that a toolgate-xds restarted while etcd
 //! is down still serves the endpoints it knew instead of an empty table.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -12,6 +13,10 @@ pub struct PersistedRegistry {
     pub revision: i64,
     /// (key, value) exactly as stored in etcd, so loading goes through the same validation.
     pub values: Vec<(String, String)>,
+    /// Each instance key's etcd create revision: its service's age, which decides who keeps
+    /// a contested tool name on a virtual server. Absent in snapshots written before.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub created: BTreeMap<String, i64>,
 }
 
 pub fn path(dir: &Path) -> PathBuf {
@@ -53,6 +58,7 @@ mod tests {
         let state = PersistedRegistry {
             revision: 42,
             values: vec![("/mcp/services/a/b".into(), "{}".into())],
+            created: BTreeMap::from([("/mcp/services/a/b".to_string(), 7)]),
         };
         save(&dir, &state).unwrap();
         assert_eq!(load(&dir).unwrap(), state);

@@ -128,6 +128,7 @@ fn save_state(dir: &Path, registry: &RwLock<Registry>) -> std::io::Result<()> {
         PersistedRegistry {
             revision: reg.revision(),
             values: reg.raw_values(),
+            created: reg.create_revisions(),
         }
     };
     persist::save(dir, &state)

@@ -769,6 +769,7 @@ mod tests {
                 })
                 .collect(),
             filter_config: String::from("{}"),
+            virtual_servers: Vec::new(),
             max_body_bytes: 1024 * 1024,
         }
     }

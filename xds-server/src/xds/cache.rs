@@ -127,6 +127,8 @@ impl CacheSnapshot {
 pub struct SnapshotCache {
     /// The services and filter configuration of the last applied snapshot.
     services: Option<(BTreeMap<String, Arc<ServiceRoute>>, String)>,
+    /// The virtual servers of the last applied snapshot (each has its route).
+    virtual_servers: Vec<String>,
     current: Option<Arc<CacheSnapshot>>,
     /// How clusters are built; fixed for the life of the cache.
     options: ResourceOptions,
@@ -174,6 +176,7 @@ impl SnapshotCache {
             types.insert(ty, next);
         }
         self.services = Some((snapshot.services.clone(), snapshot.filter_config.clone()));
+        self.virtual_servers.clone_from(&snapshot.virtual_servers);
         self.current = Some(Arc::new(CacheSnapshot {
             generation: snapshot.generation,
             types,
@@ -193,7 +196,8 @@ impl SnapshotCache {
         let previous = |ty| self.current.as_ref().and_then(|c| c.types.get(&ty));
         let mut clusters = Patch::new(previous(ResourceType::Cluster));
         let mut assignments = Patch::new(previous(ResourceType::Endpoint));
-        let mut route_table_changed = previous(ResourceType::Route).is_none();
+        let mut route_table_changed = previous(ResourceType::Route).is_none()
+            || self.virtual_servers != snapshot.virtual_servers;
         for change in diff(previous_routes, &snapshot.services) {
             match change {
                 Change::Gone(service) => {
@@ -496,6 +500,7 @@ mod tests {
                 })
                 .collect(),
             filter_config: String::from("{}"),
+            virtual_servers: Vec::new(),
             max_body_bytes: 1024 * 1024,
         }
     }
@@ -536,6 +541,22 @@ mod tests {
         snap.generation = 2;
         snap.filter_config = r#"{"max_body_bytes":10}"#.to_string();
         assert_eq!(cache.update(&snap), [ResourceType::ExtensionConfig]);
+    }
+
+    #[test]
+    fn a_new_virtual_server_changes_the_routes_and_the_filter_configuration() {
+        let mut cache = SnapshotCache::new();
+        let mut snap = snapshot(1, &[("inventory", &[("a", 1)])]);
+        cache.update(&snap);
+        snap.generation = 2;
+        snap.virtual_servers = vec!["default".into(), "ops".into()];
+        snap.filter_config = r#"{"virtual_servers":{"ops":{}}}"#.to_string();
+        assert_eq!(
+            cache.update(&snap),
+            [ResourceType::Route, ResourceType::ExtensionConfig]
+        );
+        snap.generation = 3;
+        assert!(cache.update(&snap).is_empty());
     }
 
     #[test]

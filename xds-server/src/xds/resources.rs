@@ -16,8 +16,9 @@ use envoy_types::pb::envoy::config::cluster::v3::{
     CircuitBreakers, Cluster, OutlierDetection,
 };
 use envoy_types::pb::envoy::config::core::v3::{
-    address, config_source::ConfigSourceSpecifier, socket_address::PortSpecifier, Address,
-    AggregatedConfigSource, ApiVersion, ConfigSource, HealthStatus, Http1ProtocolOptions, Metadata,
+    address, config_source::ConfigSourceSpecifier, header_value_option::HeaderAppendAction,
+    socket_address::PortSpecifier, Address, AggregatedConfigSource, ApiVersion, ConfigSource,
+    DataSource, HeaderValue, HeaderValueOption, HealthStatus, Http1ProtocolOptions, Metadata,
     RoutingPriority, SocketAddress,
 };
 use envoy_types::pb::envoy::config::endpoint::v3::{
@@ -28,7 +29,11 @@ use envoy_types::pb::envoy::config::route::v3::{
     retry_policy, route,
     route_action::{ClusterSpecifier, MaxStreamDuration},
     route_match::PathSpecifier,
-    HeaderMatcher, RetryPolicy, Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost,
+    DirectResponseAction, HeaderMatcher, RetryPolicy, Route, RouteAction, RouteConfiguration,
+    RouteMatch, VirtualHost,
+};
+use envoy_types::pb::envoy::extensions::filters::http::stateful_session::v3::{
+    stateful_session_per_route, StatefulSessionPerRoute,
 };
 use envoy_types::pb::envoy::extensions::upstreams::http::v3::{
     http_protocol_options::{
@@ -53,6 +58,21 @@ pub const CLUSTER_PREFIX: &str = "mcp.";
 pub const SERVICE_PATH_PREFIX: &str = "/mcp/";
 /// `filter_metadata` namespace on each endpoint, read by the wasm filter to name the instance.
 pub const ENDPOINT_METADATA_NAMESPACE: &str = "toolgate";
+/// The aggregate endpoint (issue 19): one MCP server over every service, virtual server
+/// `default`. An exact path, so it never overlaps `/mcp/<service>`.
+pub const AGGREGATE_PATH: &str = "/mcp";
+/// Named virtual servers are served at `/virtual/<name>`, outside `/mcp/`: no service name
+/// can reach them, whatever it is.
+pub const VIRTUAL_PATH_PREFIX: &str = "/virtual/";
+/// Where toolgate-xds's admin listener serves a virtual server: `/v1/aggregate/<name>`.
+pub const AGGREGATE_UPSTREAM_PREFIX: &str = "/v1/aggregate/";
+/// The virtual server behind [`AGGREGATE_PATH`].
+pub const DEFAULT_VIRTUAL: &str = toolgate_model::virtual_server::DEFAULT_VIRTUAL;
+/// A call on a virtual server waits at least this long, and as long as the slowest service's
+/// timeout: it is one of that service's calls.
+const AGGREGATE_MIN_TIMEOUT_MS: u64 = 60_000;
+/// The stateful-session filter's name in the bootstrap, for its per-route configuration.
+pub const STATEFUL_SESSION_FILTER: &str = "envoy.filters.http.stateful_session";
 /// Name of the only virtual host of [`ROUTE_CONFIG_NAME`].
 const VIRTUAL_HOST_NAME: &str = "toolgate";
 /// An MCP GET stream (server-to-client SSE) that carries nothing for this long is closed;
@@ -391,14 +411,18 @@ fn socket_address(ip: IpAddr, port: u16) -> Address {
 /// - everything else with the service's response timeout (policy `timeout_ms`), which is
 ///   also its idle limit: a call silent until then is what the timeout is for.
 ///
-/// Unknown paths match no route and get Envoy's own 404.
+/// Then the virtual servers' routes (see [`virtual_routes`]). Unknown paths match no route
+/// and get Envoy's own 404, except under `/virtual/`, which get a JSON-RPC error saying no
+/// such virtual server exists.
 pub fn route_configuration(snapshot: &RoutingSnapshot) -> RouteConfiguration {
-    let mut routes = Vec::with_capacity(snapshot.services.len() * 2);
+    let mut routes = Vec::with_capacity(snapshot.services.len() * 2 + 8);
+    routes.extend(virtual_routes(snapshot));
     for (service, route) in &snapshot.services {
         // Envoy takes the first matching route: the GET route must come before the general one.
         routes.push(service_route(service, route, true));
         routes.push(service_route(service, route, false));
     }
+    routes.push(unknown_virtual_route());
     RouteConfiguration {
         name: ROUTE_CONFIG_NAME.to_string(),
         virtual_hosts: vec![VirtualHost {
@@ -423,30 +447,184 @@ pub fn request_body_buffer_limit(max_body_bytes: u64) -> u64 {
     max_body_bytes + 2 * crate::bootstrap::LISTENER_BUFFER_BYTES
 }
 
+/// The routes of the virtual servers, to toolgate-xds's admin listener
+/// ([`crate::bootstrap::CONTROL_CLUSTER`]) at `/v1/aggregate/<name>` (the query kept):
+/// `/mcp` for `default`, `/virtual/<name>` for each (`default` included). Exact paths, two
+/// routes each like a service's: the GET stream without a response timeout, everything else
+/// with the largest service timeout (a `tools/call` there is one service's call).
+///
+/// Envoy's session affinity is off on them: the session ids there are toolgate-xds's own,
+/// and the envelope would write toolgate-xds's address into them, unsealed (the toolgate
+/// filter seals only `/mcp/<service>` ids).
+pub fn virtual_routes(snapshot: &RoutingSnapshot) -> Vec<Route> {
+    let timeout_ms = snapshot
+        .services
+        .values()
+        .map(|r| r.timeout_ms)
+        .fold(AGGREGATE_MIN_TIMEOUT_MS, u64::max);
+    let mut names: Vec<&str> = snapshot
+        .virtual_servers
+        .iter()
+        .map(String::as_str)
+        .collect();
+    if !names.contains(&DEFAULT_VIRTUAL) {
+        names.push(DEFAULT_VIRTUAL);
+        names.sort_unstable();
+    }
+    let mut paths = vec![(AGGREGATE_PATH.to_string(), DEFAULT_VIRTUAL)];
+    paths.extend(
+        names
+            .into_iter()
+            .map(|name| (format!("{VIRTUAL_PATH_PREFIX}{name}"), name)),
+    );
+    let mut routes = Vec::with_capacity(paths.len() * 2);
+    for (path, name) in paths {
+        for get_stream in [true, false] {
+            routes.push(virtual_route(&path, name, timeout_ms, get_stream));
+        }
+    }
+    routes
+}
+
+fn virtual_route(path: &str, name: &str, timeout_ms: u64, get_stream: bool) -> Route {
+    let (timeout, idle_timeout, priority, max_stream_duration) = if get_stream {
+        get_stream_limits()
+    } else {
+        (
+            duration_ms(timeout_ms),
+            duration_ms(timeout_ms),
+            RoutingPriority::Default,
+            None,
+        )
+    };
+    Route {
+        name: format!("{path}{}", if get_stream { "/get-stream" } else { "" }),
+        r#match: Some(RouteMatch {
+            // The path without its query; `/mcp/…` and `/virtual/x/…` are not this route.
+            path_specifier: Some(PathSpecifier::Path(path.to_string())),
+            headers: if get_stream {
+                vec![get_method()]
+            } else {
+                Vec::new()
+            },
+            ..Default::default()
+        }),
+        action: Some(route::Action::Route(RouteAction {
+            cluster_specifier: Some(ClusterSpecifier::Cluster(
+                crate::bootstrap::CONTROL_CLUSTER.to_string(),
+            )),
+            prefix_rewrite: format!("{AGGREGATE_UPSTREAM_PREFIX}{name}"),
+            timeout: Some(timeout),
+            idle_timeout: Some(idle_timeout),
+            max_stream_duration,
+            priority: priority as i32,
+            retry_policy: Some(connect_failure_retry()),
+            ..Default::default()
+        })),
+        typed_per_filter_config: no_session_affinity(),
+        ..Default::default()
+    }
+}
+
+/// `/virtual/<anything else>`: a JSON-RPC error naming the problem rather than an empty 404.
+fn unknown_virtual_route() -> Route {
+    let body = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": null,
+        "error": {
+            "code": -32600,
+            "message": "No virtual server of that name: the path is /virtual/<name> of a virtual server defined at <prefix>virtual/<name> in etcd (GET /v1/virtual on toolgate-xds's admin API lists them), or /mcp for every tool."
+        }
+    });
+    Route {
+        name: "virtual/unknown".to_string(),
+        r#match: Some(RouteMatch {
+            path_specifier: Some(PathSpecifier::Prefix(VIRTUAL_PATH_PREFIX.to_string())),
+            ..Default::default()
+        }),
+        action: Some(route::Action::DirectResponse(DirectResponseAction {
+            status: 404,
+            body: Some(DataSource {
+                specifier: Some(
+                    envoy_types::pb::envoy::config::core::v3::data_source::Specifier::InlineString(
+                        body.to_string(),
+                    ),
+                ),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })),
+        response_headers_to_add: vec![HeaderValueOption {
+            header: Some(HeaderValue {
+                key: "content-type".to_string(),
+                value: "application/json".to_string(),
+                ..Default::default()
+            }),
+            // Envoy's direct response says text/plain by itself.
+            append_action: HeaderAppendAction::OverwriteIfExistsOrAdd as i32,
+            ..Default::default()
+        }],
+        typed_per_filter_config: no_session_affinity(),
+        ..Default::default()
+    }
+}
+
+/// Turns the stateful-session filter off on one route. A single entry: a prost map with one
+/// entry encodes deterministically.
+fn no_session_affinity() -> HashMap<String, Any> {
+    HashMap::from([(
+        STATEFUL_SESSION_FILTER.to_string(),
+        to_any(&StatefulSessionPerRoute {
+            r#override: Some(stateful_session_per_route::Override::Disabled(true)),
+        }),
+    )])
+}
+
+fn get_method() -> HeaderMatcher {
+    HeaderMatcher {
+        name: ":method".to_string(),
+        header_match_specifier: Some(HeaderMatchSpecifier::StringMatch(StringMatcher {
+            match_pattern: Some(MatchPattern::Exact("GET".to_string())),
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+/// MCP's GET stream: no response timeout, an idle limit, a maximum duration, and its own
+/// connection priority.
+fn get_stream_limits() -> (
+    Duration,
+    Duration,
+    RoutingPriority,
+    Option<MaxStreamDuration>,
+) {
+    (
+        // 0s disables Envoy's route timeout (default 15 s).
+        duration_secs(0),
+        duration_secs(GET_STREAM_IDLE_TIMEOUT_SECS),
+        GET_STREAM_PRIORITY,
+        Some(MaxStreamDuration {
+            max_stream_duration: Some(duration_secs(GET_STREAM_MAX_DURATION_SECS)),
+            ..Default::default()
+        }),
+    )
+}
+
 fn service_route(service: &str, route: &ServiceRoute, get_stream: bool) -> Route {
     let headers = if get_stream {
-        vec![HeaderMatcher {
-            name: ":method".to_string(),
-            header_match_specifier: Some(HeaderMatchSpecifier::StringMatch(StringMatcher {
-                match_pattern: Some(MatchPattern::Exact("GET".to_string())),
-                ..Default::default()
-            })),
-            ..Default::default()
-        }]
+        vec![get_method()]
     } else {
         Vec::new()
     };
     let (name, timeout, idle_timeout, priority, max_stream_duration) = if get_stream {
+        let (timeout, idle, priority, max) = get_stream_limits();
         (
             format!("{service}/get-stream"),
-            // 0s disables Envoy's route timeout (default 15 s).
-            duration_secs(0),
-            duration_secs(GET_STREAM_IDLE_TIMEOUT_SECS),
-            GET_STREAM_PRIORITY,
-            Some(MaxStreamDuration {
-                max_stream_duration: Some(duration_secs(GET_STREAM_MAX_DURATION_SECS)),
-                ..Default::default()
-            }),
+            timeout,
+            idle,
+            priority,
+            max,
         )
     } else {
         (
@@ -558,6 +736,7 @@ mod tests {
                 ),
             ]),
             filter_config: String::from("{}"),
+            virtual_servers: Vec::new(),
             max_body_bytes: 1024 * 1024,
         }
     }
@@ -751,6 +930,7 @@ mod tests {
         let summary: Vec<(String, bool, String, String, i64)> = vh
             .routes
             .iter()
+            .filter(|r| !is_virtual(r))
             .map(|r| {
                 let m = r.r#match.as_ref().expect("match");
                 let Some(PathSpecifier::PathSeparatedPrefix(prefix)) = &m.path_specifier else {
@@ -889,6 +1069,118 @@ mod tests {
         assert!(built[&ResourceType::Cluster].is_empty());
         assert!(built[&ResourceType::Endpoint].is_empty());
         let rc: RouteConfiguration = decode(&built[&ResourceType::Route][ROUTE_CONFIG_NAME]);
-        assert!(rc.virtual_hosts[0].routes.is_empty());
+        assert!(
+            rc.virtual_hosts[0].routes.iter().all(is_virtual),
+            "only the aggregate endpoint's routes"
+        );
+    }
+
+    /// A route to the control cluster, or the answer to an unknown virtual server.
+    fn is_virtual(r: &Route) -> bool {
+        match &r.action {
+            Some(route::Action::Route(a)) => {
+                a.cluster_specifier
+                    == Some(ClusterSpecifier::Cluster(
+                        crate::bootstrap::CONTROL_CLUSTER.to_string(),
+                    ))
+            }
+            Some(route::Action::DirectResponse(_)) => true,
+            _ => false,
+        }
+    }
+
+    #[test]
+    fn virtual_servers_are_routed_to_toolgate_xds_on_paths_no_service_can_take() {
+        let mut snap = two_services();
+        snap.virtual_servers = vec!["default".into(), "ops".into()];
+        let rc = route_configuration(&snap);
+        let routes = &rc.virtual_hosts[0].routes;
+        let summary: Vec<(String, bool, String, i64)> = routes
+            .iter()
+            .filter_map(|r| {
+                let m = r.r#match.as_ref()?;
+                let Some(PathSpecifier::Path(path)) = &m.path_specifier else {
+                    return None;
+                };
+                let Some(route::Action::Route(a)) = &r.action else {
+                    panic!("not a route action")
+                };
+                assert_eq!(
+                    a.cluster_specifier,
+                    Some(ClusterSpecifier::Cluster(
+                        crate::bootstrap::CONTROL_CLUSTER.into()
+                    ))
+                );
+                let disabled: StatefulSessionPerRoute =
+                    decode(&r.typed_per_filter_config[STATEFUL_SESSION_FILTER]);
+                assert_eq!(
+                    disabled.r#override,
+                    Some(stateful_session_per_route::Override::Disabled(true)),
+                    "no session affinity on {path}"
+                );
+                if m.headers.is_empty() {
+                    assert_eq!(a.timeout, Some(duration_ms(60_000)), "{path}");
+                } else {
+                    assert_eq!(a.timeout, Some(duration_secs(0)), "{path}");
+                    assert_eq!(
+                        a.idle_timeout,
+                        Some(duration_secs(GET_STREAM_IDLE_TIMEOUT_SECS))
+                    );
+                    assert_eq!(
+                        a.max_stream_duration.and_then(|m| m.max_stream_duration),
+                        Some(duration_secs(GET_STREAM_MAX_DURATION_SECS))
+                    );
+                    assert_eq!(a.priority, GET_STREAM_PRIORITY as i32);
+                }
+                Some((
+                    path.clone(),
+                    !m.headers.is_empty(),
+                    a.prefix_rewrite.clone(),
+                    a.timeout.map_or(-1, |t| t.seconds),
+                ))
+            })
+            .collect();
+        let expect = |path: &str, get: bool, name: &str| {
+            (
+                path.to_string(),
+                get,
+                format!("/v1/aggregate/{name}"),
+                if get { 0 } else { 60 },
+            )
+        };
+        assert_eq!(
+            summary,
+            [
+                expect("/mcp", true, "default"),
+                expect("/mcp", false, "default"),
+                expect("/virtual/default", true, "default"),
+                expect("/virtual/default", false, "default"),
+                expect("/virtual/ops", true, "ops"),
+                expect("/virtual/ops", false, "ops"),
+            ]
+        );
+        // Any other name under /virtual/ gets a JSON-RPC error, after the named routes.
+        let last = routes.last().expect("routes");
+        assert_eq!(
+            last.r#match.as_ref().and_then(|m| m.path_specifier.clone()),
+            Some(PathSpecifier::Prefix("/virtual/".into()))
+        );
+        let Some(route::Action::DirectResponse(d)) = &last.action else {
+            panic!("not a direct response")
+        };
+        assert_eq!(d.status, 404);
+
+        // A call through a virtual server may last as long as the slowest service allows.
+        Arc::make_mut(snap.services.get_mut("billing").expect("billing")).timeout_ms = 120_000;
+        let rc = route_configuration(&snap);
+        let mcp = rc.virtual_hosts[0]
+            .routes
+            .iter()
+            .find(|r| r.name == "/mcp")
+            .expect("the /mcp route");
+        let Some(route::Action::Route(a)) = &mcp.action else {
+            panic!("not a route action")
+        };
+        assert_eq!(a.timeout, Some(duration_ms(120_000)));
     }
 }
