@@ -340,12 +340,14 @@ mod tests {
             br#"{"instance_id":"i-1","endpoint":"127.0.0.1:9001","tools":["get_stock","get_stock_cached","reserve"]}"#,
             7,
             2,
+            2,
         )
         .expect("inv");
         r.put(
             "/mcp/services/fin/i-1",
             br#"{"instance_id":"i-1","endpoint":"127.0.0.1:9002","tools":["pay"]}"#,
             7,
+            3,
             3,
         )
         .expect("fin");
@@ -394,12 +396,14 @@ mod tests {
             br#"{"mode":"force_open","reason":"maintenance"}"#,
             0,
             5,
+            5,
         )
         .expect("override");
         r.put(
             "/mcp/policies/inv/get_stock",
             br#"{"fallback_tool":"get_stock_cached"}"#,
             0,
+            6,
             6,
         )
         .expect("policy");
@@ -429,6 +433,7 @@ mod tests {
             "/mcp/breakers/fin/pay",
             format!(r#"{{"until_ms":{until},"opened_by":"gw-a","opened_at_ms":1}}"#).as_bytes(),
             0,
+            5,
             5,
         )
         .expect("fleet");
