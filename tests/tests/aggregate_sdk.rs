@@ -1,0 +1,253 @@
+//! One URL for every tool, through the whole gateway (issue 19): three services behind `/mcp`
+//! (the lab, stateful rmcp; the official Python SDK server, stateless; the official
+//! everything-server, stateful and speaking only up to 2025-11-25), and the official clients
+//! (Python SDK, TypeScript SDK 1.x and 2.x) each list and call tools of all three through
+//! Envoy's `/mcp`. The gateway initializes the stateful servers' sessions on each client's
+//! behalf; a server restarted under a client costs it nothing. Real etcd, toolgate-xds, Envoy
+//! with the filter.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use toolgate_tests::{
+    free_port, sdk, wait_until, Member, NodeClient, Proc, Registrant, Sdk, ServerCommand, Stack,
+    TestEnv,
+};
+
+/// The names `/mcp` shows, one tool of each service.
+const LAB: &str = "orders__echo";
+const PY: &str = "py__read_order";
+const EV: &str = "ev__echo";
+
+async fn everything(env: &TestEnv, stack: &Stack) -> (Proc, Proc) {
+    let cmd = ServerCommand::everything(free_port());
+    let server = cmd.spawn(env, "ev");
+    let registrar = Registrant::new(&stack.etcd.endpoint(), "ev", &cmd.endpoint())
+        .arg("--instance-id", "ev-1")
+        .arg("--probe", "mcp")
+        .arg("--tools", "echo")
+        .spawn(env, "ev.registrar");
+    (server, registrar)
+}
+
+/// The names `/mcp`'s `tools/list` shows, through Envoy.
+async fn listed(url: &str) -> Vec<String> {
+    let lines = sdk::python(url, &["initialize", "list"]).await;
+    lines
+        .iter()
+        .find(|l| l["step"] == "list")
+        .and_then(|l| l["ok"]["tools"].as_array())
+        .map(|tools| {
+            tools
+                .iter()
+                .filter_map(|t| t["name"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn mcp_url(stack: &Stack) -> String {
+    let service_url = stack.url("x");
+    format!("{}/mcp", service_url.trim_end_matches("/mcp/x"))
+}
+
+fn text_of(result: &Value) -> String {
+    result["content"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["text"].as_str())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[tokio::test]
+async fn the_official_clients_list_and_call_three_servers_through_one_url() {
+    let env = TestEnv::new("aggregate_sdk_three_servers");
+    let stack = Stack::start(&env).await;
+    let etcd = stack.etcd.endpoint();
+    let lab = Member::start(&env, &etcd, "orders", "lab-1", &[], 10).await;
+    let py = Member::python(&env, &etcd, "py", "py-1", &["--stateless"], 10).await;
+    let (_ev, _ev_registrar) = everything(&env, &stack).await;
+    stack
+        .wait_state("ev", "ev-1", "UP", Duration::from_secs(30))
+        .await;
+    stack
+        .wait_healthy("orders", &[&lab], Duration::from_secs(20))
+        .await;
+    stack
+        .wait_healthy("py", &[&py], Duration::from_secs(20))
+        .await;
+    let url = mcp_url(&stack);
+    wait_until(
+        "/mcp lists the tools of all three",
+        Duration::from_secs(20),
+        || async {
+            let names = listed(&url).await;
+            [LAB, PY, EV].iter().all(|n| names.iter().any(|m| m == n))
+        },
+    )
+    .await;
+
+    // The official Python SDK (2025-era, with a gateway session).
+    let lines = sdk::python(
+        &url,
+        &[
+            "initialize",
+            "list",
+            &format!("call:{LAB}:{}", json!({"text": "from python"})),
+            &format!("call:{PY}:{}", json!({"order_id": "o-9"})),
+            &format!("call:{EV}:{}", json!({"message": "hello ev"})),
+        ],
+    )
+    .await;
+    let calls: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["step"].as_str().is_some_and(|s| s.starts_with("call:")))
+        .collect();
+    if calls.len() != 3 || calls.iter().any(|c| c["ok"]["isError"] != false) {
+        env.print_failure_logs();
+    }
+    assert_eq!(calls.len(), 3, "python: {lines:?}");
+    for c in &calls {
+        assert_eq!(c["ok"]["isError"], false, "python: {c}");
+    }
+    assert!(
+        text_of(&calls[0]["ok"]).contains("from python"),
+        "{}",
+        calls[0]
+    );
+    assert!(
+        text_of(&calls[1]["ok"]).contains("order o-9"),
+        "{}",
+        calls[1]
+    );
+    assert!(
+        text_of(&calls[2]["ok"]).contains("hello ev"),
+        "{}",
+        calls[2]
+    );
+
+    // The TypeScript SDKs: 1.x as it connects by default, 2.x pinned to 2025-11-25 (sessions).
+    for sdk in Sdk::ALL {
+        let mut client = NodeClient::new(sdk).timeout(Duration::from_secs(30));
+        if sdk == Sdk::V2 {
+            client = client.protocol_version("2025-11-25");
+        }
+        let run = client
+            .method("tools/list")
+            .step(
+                "tools/call",
+                json!({"name": LAB, "arguments": {"text": "from ts"}}),
+            )
+            .step(
+                "tools/call",
+                json!({"name": PY, "arguments": {"order_id": "o-7"}}),
+            )
+            .step(
+                "tools/call",
+                json!({"name": EV, "arguments": {"message": "ts ev"}}),
+            )
+            .run(&url)
+            .await;
+        if run.exit_code != Some(0) {
+            env.print_failure_logs();
+        }
+        assert_eq!(
+            run.exit_code,
+            Some(0),
+            "{}: {}\n{}",
+            run.sdk(),
+            run.report,
+            run.stderr
+        );
+        let names: Vec<&str> = run.result("tools/list")["tools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t["name"].as_str())
+            .collect();
+        for n in [LAB, PY, EV] {
+            assert!(
+                names.contains(&n),
+                "{}: {n} not listed: {names:?}",
+                run.sdk()
+            );
+        }
+        let results: Vec<&Value> = run.report["steps"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|s| s["method"] == "tools/call")
+            .map(|s| &s["result"])
+            .collect();
+        assert_eq!(results.len(), 3, "{}", run.report);
+        assert!(text_of(results[0]).contains("from ts"), "{}", run.report);
+        assert!(text_of(results[1]).contains("order o-7"), "{}", run.report);
+        assert!(text_of(results[2]).contains("ts ev"), "{}", run.report);
+    }
+}
+
+#[tokio::test]
+async fn a_restarted_stateful_server_costs_a_client_of_mcp_nothing() {
+    let env = TestEnv::new("aggregate_sdk_restart");
+    let stack = Stack::start(&env).await;
+    let etcd = stack.etcd.endpoint();
+    let mut lab = Member::start(&env, &etcd, "orders", "lab-1", &[], 10).await;
+    stack
+        .wait_healthy("orders", &[&lab], Duration::from_secs(20))
+        .await;
+    let url = mcp_url(&stack);
+    wait_until("/mcp lists the lab", Duration::from_secs(20), || async {
+        listed(&url).await.iter().any(|n| n == LAB)
+    })
+    .await;
+
+    let go = env.path("go");
+    let client = NodeClient::new(Sdk::V1)
+        .timeout(Duration::from_secs(40))
+        .step(
+            "tools/call",
+            json!({"name": LAB, "arguments": {"text": "one"}}),
+        )
+        .step("toolgate/wait-file", json!({"path": go}))
+        .step(
+            "tools/call",
+            json!({"name": LAB, "arguments": {"text": "two"}}),
+        );
+    let node_url = url.clone();
+    let run = tokio::spawn(async move { client.run(&node_url).await });
+    wait_until("the first call lands", Duration::from_secs(20), || async {
+        lab.server.calls("echo").await == 1
+    })
+    .await;
+    // The server restarts on the same address: every session it held is gone.
+    let port = lab.server.port;
+    lab.server.proc.kill();
+    let restarted = toolgate_tests::McpServer::lab_on(
+        &env,
+        "lab-1",
+        port,
+        &["--tools", "read_order,write_order,echo"],
+    )
+    .await;
+    std::fs::write(&go, b"go").expect("write the go file");
+    let run = run.await.expect("the node task");
+    if run.exit_code != Some(0) {
+        env.print_failure_logs();
+    }
+    assert_eq!(run.exit_code, Some(0), "{}\n{}", run.report, run.stderr);
+    let second = run.report["steps"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|s| s["method"] == "tools/call")
+        .nth(1)
+        .cloned()
+        .unwrap_or_default();
+    assert!(text_of(&second["result"]).contains("two"), "{}", run.report);
+    assert!(
+        restarted.calls("echo").await >= 1,
+        "the second call ran on the restarted server"
+    );
+}
