@@ -184,15 +184,15 @@ pub struct Run {
 
 /// What the generated Lua `done()` prints.
 #[derive(Debug, Deserialize)]
-struct WrkOut {
-    requests: f64,
-    duration_us: f64,
+pub(crate) struct WrkOut {
+    pub(crate) requests: f64,
+    pub(crate) duration_us: f64,
     bytes: f64,
-    connect: f64,
-    read: f64,
-    write: f64,
-    status: f64,
-    timeout: f64,
+    pub(crate) connect: f64,
+    pub(crate) read: f64,
+    pub(crate) write: f64,
+    pub(crate) status: f64,
+    pub(crate) timeout: f64,
     p50_us: f64,
     p99_us: f64,
     p999_us: f64,
@@ -739,7 +739,7 @@ fn request_body(size: usize) -> String {
 }
 
 /// wrk script: the POST, and a `done()` that prints the figures as one JSON line.
-fn lua_script(body: &str, header: Option<(&str, &str)>) -> String {
+pub(crate) fn lua_script(body: &str, header: Option<(&str, &str)>) -> String {
     let extra = header
         .map(|(k, v)| format!("wrk.headers[\"{k}\"] = \"{v}\"\n"))
         .unwrap_or_default();
@@ -761,7 +761,12 @@ end
     )
 }
 
-async fn wrk(script: &Path, url: &str, secs: u64, connections: u32) -> anyhow::Result<WrkOut> {
+pub(crate) async fn wrk(
+    script: &Path,
+    url: &str,
+    secs: u64,
+    connections: u32,
+) -> anyhow::Result<WrkOut> {
     let out = tokio::process::Command::new("taskset")
         .args(["-c", CLIENT_CORE, "wrk"])
         .arg(format!("-t{WRK_THREADS}"))

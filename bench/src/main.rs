@@ -1,6 +1,7 @@
 //! `toolgate-bench`: runs the benchmark suites on real processes on loopback, prints one
 //! markdown table per suite and writes every figure (and the machine) to a JSON file.
 
+mod aggregate;
 mod dataplane;
 mod failfast;
 mod fleet;
@@ -42,6 +43,9 @@ enum Suite {
     Scale,
     /// toolgate-xds's CPU and memory probing 1,000 instances, `http` against `mcp`.
     ProbeCost,
+    /// One endpoint for every tool: `tools/list` on `/mcp` at 100 services, a call through
+    /// `/mcp` against its service's route, and how fast the listing follows the fleet.
+    Aggregate,
 }
 
 #[derive(Parser, Debug)]
@@ -55,7 +59,7 @@ struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "propagation,removal,failfast,fleet,scale,probe-cost,dataplane"
+        default_value = "propagation,removal,failfast,fleet,scale,probe-cost,aggregate,dataplane"
     )]
     suites: Vec<Suite>,
     /// Short run (about 2 minutes, a smoke test of every suite): smaller sizes, fewer trials,
@@ -239,6 +243,25 @@ async fn main() -> anyhow::Result<()> {
         report["probe_cost"] = serde_json::to_value(&r)?;
     }
 
+    if args.suites.contains(&Suite::Aggregate) {
+        let opts = aggregate::Options {
+            services: if args.quick { 20 } else { 100 },
+            tools_per_service: 10,
+            list_requests: if args.quick { 300 } else { 3000 },
+            reps: args.reps.unwrap_or(if args.quick { 2 } else { 5 }),
+            secs: args.secs.unwrap_or(if args.quick { 2 } else { 5 }),
+            trials: if args.quick { 5 } else { 20 },
+        };
+        eprintln!(
+            "aggregate endpoint: {} services x {} tools ...",
+            opts.services, opts.tools_per_service
+        );
+        let env = TestEnv::new("bench_aggregate");
+        let r = aggregate::run(&env, &opts).await?;
+        println!("{}", aggregate_table(&r));
+        report["aggregate"] = serde_json::to_value(&r)?;
+    }
+
     if args.suites.contains(&Suite::Fleet) {
         let trials = args
             .fleet_trials
@@ -316,6 +339,39 @@ fn draw(name: &str, title: &str, series: &[(String, Vec<f64>)]) {
         Ok(()) => eprintln!("  plot: {}", path.display()),
         Err(e) => eprintln!("  no plot for {name}: {e:#}"),
     }
+}
+
+/// The aggregate endpoint's figures against issue 19's goals.
+fn aggregate_table(r: &aggregate::AggregateBench) -> String {
+    let verdict = |met: bool| if met { "met" } else { "MISSED" };
+    format!(
+        "| aggregate endpoint ({} services, {} tools) | measured | goal | |\n| --- | ---: | ---: | --- |\n\
+         | tools/list page on /mcp p50 / p99 ({}) | {:.2} / {:.2} ms | p99 <= 2 ms | {} |\n\
+         | requests reaching a server during the lists | {} | 0 | {} |\n\
+         | tools/call through /mcp / on its route (median rps {:.0} / {:.0}) | {:.2} | >= 0.95 | {} |\n\
+         | new service -> listed with definitions p50 / p99 ({}) | {:.0} / {:.0} ms | p99 <= 1000 ms | {} |\n\
+         | breaker opened -> annotated p50 / p99 ({}) | {:.0} / {:.0} ms | p99 <= 1000 ms | {} |\n",
+        r.services,
+        r.tools,
+        r.list_page.n,
+        r.list_page.p50_ms,
+        r.list_page.p99_ms,
+        verdict(r.list_page.p99_ms <= 2.0),
+        r.upstream_requests_during_lists,
+        verdict(r.upstream_requests_during_lists == 0),
+        r.call_median_mcp,
+        r.call_median_route,
+        r.call_ratio,
+        verdict(r.call_ratio >= 0.95),
+        r.new_service_listed.n,
+        r.new_service_listed.p50_ms,
+        r.new_service_listed.p99_ms,
+        verdict(r.new_service_listed.p99_ms <= 1000.0),
+        r.breaker_annotated.n,
+        r.breaker_annotated.p50_ms,
+        r.breaker_annotated.p99_ms,
+        verdict(r.breaker_annotated.p99_ms <= 1000.0),
+    )
 }
 
 /// Crash and a wedged MCP handler -> out of rotation, by probe kind, with issue 18's goal.
