@@ -18,6 +18,16 @@ use crate::upstream::Verdict;
 
 /// The Envoy cluster of toolgate-xds's feedback API; the bootstrap defines it.
 pub const CLUSTER: &str = "toolgate_control";
+
+/// `Bearer <token>` when toolgate-xds requires a token of the filters, else empty: what every
+/// request to it carries (reports, and questions about sessions held for clients).
+pub fn authorization(token: &toolgate_model::policy::ReportToken) -> String {
+    if token.is_empty() {
+        String::new()
+    } else {
+        format!("Bearer {}", token.0)
+    }
+}
 pub const PATH: &str = "/v1/feedback";
 pub const AUTHORITY: &str = "toolgate-xds";
 /// A report is worth less than the request path it must never slow down: short, never retried.

@@ -848,21 +848,10 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         request: Request<'_>,
         bytes: &[u8],
     ) -> Action {
-        self.log_field(host, log_field::METHOD, &request.method);
-        self.request = Some(Judged {
-            id: request.id.clone(),
-            discover: request.method == SERVER_DISCOVER,
-            tool: None,
-        });
-        if request.method != TOOLS_CALL {
-            return Action::Continue;
-        }
-        let visible = match request.tool() {
-            Some(ToolName::Valid(tool)) => tool,
-            Some(ToolName::Invalid(_)) => {
-                return self.refuse(host, 200, Some(&request.id), Refusal::ToolNameInvalid)
-            }
-            _ => return self.refuse(host, 200, Some(&request.id), Refusal::ToolNameAbsent),
+        let visible = match self.called_tool(host, &request) {
+            Ok(Some(tool)) => tool,
+            Ok(None) => return Action::Continue,
+            Err(answered) => return answered,
         };
         let Some(server) = self.on_virtual.as_ref().map(|v| v.server.clone()) else {
             return Action::Continue;
@@ -1016,13 +1005,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
 
     /// `Bearer <token>` when toolgate-xds requires one of the filters, else empty.
     fn report_authorization(&self) -> String {
-        let shared = self.shared.borrow();
-        let token = &shared.config.report_token;
-        if token.is_empty() {
-            String::new()
-        } else {
-            format!("Bearer {}", token.0)
-        }
+        crate::feedback::authorization(&self.shared.borrow().config.report_token)
     }
 
     /// No session could be had for the call: it is answered here, and counts for nothing
@@ -1198,12 +1181,13 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         self.answer(host, 200, &reply)
     }
 
-    fn judge_request(
+    /// Records the request; for a `tools/call`, the tool it names (`Ok(None)`: another
+    /// method). A name that is missing or breaks the rule is answered here (`Err`).
+    fn called_tool<'r>(
         &mut self,
         host: &impl CallHost,
-        service: &str,
-        request: Request<'_>,
-    ) -> Action {
+        request: &'r Request<'_>,
+    ) -> Result<Option<&'r str>, Action> {
         self.log_field(host, log_field::METHOD, &request.method);
         self.request = Some(Judged {
             id: request.id.clone(),
@@ -1211,14 +1195,27 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             tool: None,
         });
         if request.method != TOOLS_CALL {
-            return Action::Continue;
+            return Ok(None);
         }
-        let tool = match request.tool() {
-            Some(ToolName::Valid(tool)) => tool,
+        match request.tool() {
+            Some(ToolName::Valid(tool)) => Ok(Some(tool)),
             Some(ToolName::Invalid(_)) => {
-                return self.refuse(host, 200, Some(&request.id), Refusal::ToolNameInvalid)
+                Err(self.refuse(host, 200, Some(&request.id), Refusal::ToolNameInvalid))
             }
-            _ => return self.refuse(host, 200, Some(&request.id), Refusal::ToolNameAbsent),
+            _ => Err(self.refuse(host, 200, Some(&request.id), Refusal::ToolNameAbsent)),
+        }
+    }
+
+    fn judge_request(
+        &mut self,
+        host: &impl CallHost,
+        service: &str,
+        request: Request<'_>,
+    ) -> Action {
+        let tool = match self.called_tool(host, &request) {
+            Ok(Some(tool)) => tool,
+            Ok(None) => return Action::Continue,
+            Err(answered) => return answered,
         };
         self.log_field(host, log_field::TOOL, tool);
         match self.verdict_on(host, service, tool) {

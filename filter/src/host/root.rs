@@ -140,13 +140,7 @@ impl Root {
 
     /// `Bearer <token>` when toolgate-xds requires a token on reports, else empty.
     pub(super) fn report_authorization(&self) -> String {
-        let shared = self.shared.borrow();
-        let token = &shared.config.report_token;
-        if token.is_empty() {
-            String::new()
-        } else {
-            format!("Bearer {}", token.0)
-        }
+        crate::feedback::authorization(&self.shared.borrow().config.report_token)
     }
 
     /// Posts a batch of call feedback; a report that cannot go is dropped, never queued: the
