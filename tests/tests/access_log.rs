@@ -6,6 +6,11 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use toolgate_tests::{wait_for, McpSession, Member, Options, Stack, TestEnv};
 
+/// Envoy writes its file access logs out every 10 s (`--file-flush-interval-msec`'s default)
+/// or when its buffer fills: a line shows up to 10 s after its request, so a wait of exactly
+/// 10 s races the flush (it lost once, on a loaded CI run). Two and a half flushes.
+const FLUSHED_WITHIN: Duration = Duration::from_secs(25);
+
 /// The access log's JSON lines whose `mcp.tool` is `tool`.
 fn lines_for(log: &std::path::Path, tool: &str) -> Vec<Value> {
     std::fs::read_to_string(log)
@@ -51,14 +56,10 @@ async fn the_access_log_carries_method_tool_breaker_upstream_and_trace_context()
         "{}",
         reply.body
     );
-    let (lines, _) = wait_for(
-        "the access log has the call",
-        Duration::from_secs(10),
-        || async {
-            let l = lines_for(&log, "read_order");
-            (!l.is_empty()).then_some(l)
-        },
-    )
+    let (lines, _) = wait_for("the access log has the call", FLUSHED_WITHIN, || async {
+        let l = lines_for(&log, "read_order");
+        (!l.is_empty()).then_some(l)
+    })
     .await;
     let line = &lines[0];
     assert_eq!(line["mcp.method"], "tools/call", "{line}");
@@ -71,19 +72,15 @@ async fn the_access_log_carries_method_tool_breaker_upstream_and_trace_context()
 
     // A request the filter does not judge has its method only.
     agent.list_tools().await;
-    let (listed, _) = wait_for(
-        "the access log has tools/list",
-        Duration::from_secs(10),
-        || async {
-            let all: Vec<Value> = std::fs::read_to_string(&log)
-                .unwrap_or_default()
-                .lines()
-                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-                .filter(|v| v["mcp.method"] == "tools/list")
-                .collect();
-            (!all.is_empty()).then_some(all)
-        },
-    )
+    let (listed, _) = wait_for("the access log has tools/list", FLUSHED_WITHIN, || async {
+        let all: Vec<Value> = std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| v["mcp.method"] == "tools/list")
+            .collect();
+        (!all.is_empty()).then_some(all)
+    })
     .await;
     assert!(
         listed[0]["mcp.tool"]
