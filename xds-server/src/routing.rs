@@ -17,6 +17,10 @@ pub struct RoutingSnapshot {
     pub changed_at: Instant,
     /// That event's trace: the pushes of this snapshot are its children.
     pub trace: crate::trace::TraceParent,
+    /// The causes of the last few snapshots, this one's last. A reader that skipped some
+    /// (a `watch` keeps only the latest) still measures from, and traces to, the earliest
+    /// change it had not applied yet.
+    pub recent: Arc<[Cause]>,
     /// A service whose route did not change shares its `Arc` with the previous snapshot, so
     /// the xDS side finds what changed without comparing contents.
     pub services: BTreeMap<String, Arc<ServiceRoute>>,
@@ -83,12 +87,46 @@ impl Default for Bulkhead {
     }
 }
 
+/// What made one snapshot: its generation, when its oldest change arrived, and that change's
+/// trace.
+#[derive(Debug, Clone)]
+pub struct Cause {
+    pub generation: u64,
+    pub changed_at: Instant,
+    pub trace: crate::trace::TraceParent,
+}
+
 impl RoutingSnapshot {
+    /// How many snapshots' causes [`recent`](Self::recent) keeps: a reader further behind
+    /// falls back to the oldest kept.
+    pub const RECENT_KEPT: usize = 16;
+
+    /// The causes of what a reader that last applied generation `applied` now applies: every
+    /// kept snapshot after it, oldest first (this one's alone when none is kept).
+    pub fn causes_since(&self, applied: u64) -> Vec<Cause> {
+        let after: Vec<Cause> = self
+            .recent
+            .iter()
+            .filter(|c| c.generation > applied)
+            .cloned()
+            .collect();
+        if after.is_empty() {
+            vec![Cause {
+                generation: self.generation,
+                changed_at: self.changed_at,
+                trace: self.trace.clone(),
+            }]
+        } else {
+            after
+        }
+    }
+
     pub fn empty() -> Self {
         RoutingSnapshot {
             generation: 0,
             changed_at: Instant::now(),
             trace: Default::default(),
+            recent: Arc::from([]),
             services: BTreeMap::new(),
             filter_config: String::from("{}"),
             virtual_servers: Vec::new(),

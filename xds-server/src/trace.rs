@@ -9,7 +9,9 @@
 //!   type, version, resources).
 //!
 //! So one trace shows an etcd change, or a health verdict, reaching every Envoy. Events that arrive while a snapshot
-//! is being built share the next one: its spans hang off the earliest of them. Spans are
+//! is being built share the next one: its spans hang off the earliest of them. Snapshots that
+//! follow each other faster than the xDS side reads them share one version: each of their
+//! traces gets its own `xds.push` span for it. Spans are
 //! created only when an exporter is configured (their target is off for the log output), so
 //! without one they cost nothing on the push path.
 
@@ -51,6 +53,11 @@ impl TraceParent {
         } else {
             TraceParent(Some(span.context()))
         }
+    }
+
+    /// Whether there is a span to hang work off (an exporter is configured).
+    pub fn is_some(&self) -> bool {
+        self.0.is_some()
     }
 
     /// Makes `span` a child of this parent.

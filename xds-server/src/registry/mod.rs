@@ -925,6 +925,7 @@ impl Registry {
             generation,
             changed_at,
             trace: Default::default(),
+            recent: std::sync::Arc::from([]),
             services: self.routes.clone(),
             // Serializing plain structs with string keys cannot fail.
             filter_config: serde_json::to_string(&filter).unwrap_or_default(),

@@ -7,6 +7,7 @@
 //! second over 10,000 instances) the changes that arrive during one build share the next one,
 //! so latency stays at about two builds instead of growing with a backlog.
 
+use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -18,7 +19,7 @@ use tracing::{debug, warn};
 use super::persist::{self, PersistedRegistry};
 use super::Registry;
 use crate::metrics::Metrics;
-use crate::routing::RoutingSnapshot;
+use crate::routing::{Cause, RoutingSnapshot};
 use crate::trace::TraceParent;
 
 /// A handle that asks for a publish; cheap to clone and to call under any lock.
@@ -141,6 +142,7 @@ async fn run(
     routing: watch::Sender<Arc<RoutingSnapshot>>,
     persist: Option<Arc<Notify>>,
 ) {
+    let mut recent = VecDeque::with_capacity(RoutingSnapshot::RECENT_KEPT);
     loop {
         inner.wake.notified().await;
         let Some((changed_at, trace)) = inner
@@ -165,6 +167,15 @@ async fn run(
             )
         };
         metrics.registered_instances.set(instances as i64);
+        if recent.len() == RoutingSnapshot::RECENT_KEPT {
+            recent.pop_front();
+        }
+        recent.push_back(Cause {
+            generation,
+            changed_at: snapshot.changed_at,
+            trace: trace.clone(),
+        });
+        snapshot.recent = recent.iter().cloned().collect();
         snapshot.trace = trace;
         routing.send_replace(Arc::new(snapshot));
         inner.generation.store(generation, Ordering::Release);

@@ -705,11 +705,20 @@ impl AdsStream {
         };
         // Recorded once sent: the span says that this Envoy got this version, as a child of
         // the etcd event that caused it.
-        let span = tracing::info_span!(target: crate::trace::TARGET, "xds.push",
-            node = %self.node, r#type = ty.short_name(), version = %current.version,
-            resources = count);
-        current.trace.adopt(&span);
-        drop(span);
+        // A version whose changes carried no trace (the first read) is still recorded, as a
+        // root span.
+        let untraced = [crate::trace::TraceParent::default()];
+        let traces = if current.traces.is_empty() {
+            &untraced[..]
+        } else {
+            &current.traces[..]
+        };
+        for trace in traces {
+            let span = tracing::info_span!(target: crate::trace::TARGET, "xds.push",
+                node = %self.node, r#type = ty.short_name(), version = %current.version,
+                resources = count);
+            trace.adopt(&span);
+        }
         self.metrics.pushes.get_or_create(&label).inc();
         self.connections.sent(self.id, ty, &current.version);
         // Latency of propagating a change, not of catching up: only a version that became
@@ -744,6 +753,7 @@ mod tests {
             generation,
             changed_at: Instant::now(),
             trace: Default::default(),
+            recent: std::sync::Arc::from([]),
             services: services
                 .iter()
                 .map(|(name, octets)| {

@@ -26,8 +26,9 @@ pub struct TypeSnapshot {
     /// `changed_at` of the routing snapshot that produced this version: when the oldest etcd
     /// event folded into it reached toolgate-xds. Push latency is measured from here.
     pub changed_at: Instant,
-    /// The trace of that event: this version's pushes are its children.
-    pub trace: crate::trace::TraceParent,
+    /// The traces of the changes folded into this version (none without an exporter): each
+    /// push of it is a child of every one.
+    pub traces: Arc<[crate::trace::TraceParent]>,
     /// When this version became current in the cache. A stream that started later is catching
     /// up, not propagating a change, and does not measure push latency.
     pub current_since: Instant,
@@ -54,13 +55,13 @@ impl TypeSnapshot {
     fn new(
         entries: BTreeMap<String, Entry>,
         changed_at: Instant,
-        trace: crate::trace::TraceParent,
+        traces: Arc<[crate::trace::TraceParent]>,
     ) -> TypeSnapshot {
         TypeSnapshot {
             version: content_version(&entries),
             entries,
             changed_at,
-            trace,
+            traces,
             current_since: Instant::now(),
         }
     }
@@ -157,6 +158,16 @@ impl SnapshotCache {
     /// `changed_at`.
     pub fn update(&mut self, snapshot: &RoutingSnapshot) -> Vec<ResourceType> {
         let built = self.build(snapshot);
+        // A burst coalesces (the `watch` keeps the latest): what changes now was caused by the
+        // earliest snapshot this cache skipped, not by the latest alone.
+        let applied = self.current.as_ref().map_or(0, |c| c.generation);
+        let causes = snapshot.causes_since(applied);
+        let changed_at = causes.first().map_or(snapshot.changed_at, |c| c.changed_at);
+        let traces: Arc<[_]> = causes
+            .into_iter()
+            .map(|c| c.trace)
+            .filter(|t| t.is_some())
+            .collect();
         let mut changed = Vec::new();
         let mut types = BTreeMap::new();
         for (ty, entries) in built {
@@ -165,11 +176,7 @@ impl SnapshotCache {
                 (Some(prev), None) => Arc::clone(prev),
                 (_, Some(entries)) => {
                     changed.push(ty);
-                    Arc::new(TypeSnapshot::new(
-                        entries,
-                        snapshot.changed_at,
-                        snapshot.trace.clone(),
-                    ))
+                    Arc::new(TypeSnapshot::new(entries, changed_at, traces.clone()))
                 }
                 (None, None) => continue,
             };
@@ -405,6 +412,39 @@ mod tests {
     }
 
     #[test]
+    fn a_skipped_snapshot_still_dates_and_traces_the_change() {
+        // Generation 2 arrives before the cache read generation 1 (the watch kept only the
+        // latest): the new cluster came with generation 1's change, so its version is dated
+        // from that change, not from the later one.
+        let mut cache = SnapshotCache::new();
+        cache.update(&snapshot(1, &[("a", &[("a-1", 1)])]));
+        let earlier = Instant::now();
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let mut second = snapshot(3, &[("a", &[("a-1", 1)]), ("b", &[("b-1", 2)])]);
+        let cause = |generation, changed_at| crate::routing::Cause {
+            generation,
+            changed_at,
+            trace: Default::default(),
+        };
+        second.recent = std::sync::Arc::from([
+            cause(1, earlier - std::time::Duration::from_secs(1)),
+            cause(2, earlier),
+            cause(3, second.changed_at),
+        ]);
+        assert_eq!(
+            cache.update(&second),
+            vec![
+                ResourceType::Cluster,
+                ResourceType::Endpoint,
+                ResourceType::Route
+            ]
+        );
+        let view = cache.current().expect("updated");
+        let clusters = view.get(ResourceType::Cluster).expect("CDS served");
+        assert_eq!(clusters.changed_at, earlier);
+    }
+
+    #[test]
     fn the_incremental_build_equals_a_full_build() {
         let mut cache = SnapshotCache::new();
         let first = snapshot(1, &[("a", &[("a-1", 1), ("a-2", 2)]), ("b", &[("b-1", 3)])]);
@@ -475,6 +515,7 @@ mod tests {
             generation,
             changed_at: Instant::now(),
             trace: Default::default(),
+            recent: std::sync::Arc::from([]),
             services: services
                 .iter()
                 .map(|(name, endpoints)| {

@@ -709,6 +709,7 @@ mod tests {
             generation: 1,
             changed_at: Instant::now(),
             trace: Default::default(),
+            recent: std::sync::Arc::from([]),
             services: BTreeMap::from([
                 (
                     "inventory".to_string(),
