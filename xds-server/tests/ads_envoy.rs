@@ -228,6 +228,7 @@ fn snapshot(
         generation,
         changed_at: Instant::now(),
         trace: Default::default(),
+        recent: Arc::from([]),
         services: services
             .iter()
             .map(|(name, mcp_path, endpoints)| {
@@ -817,6 +818,7 @@ async fn envoy_follows_snapshots_over_ads_and_nothing_is_sent_when_nothing_chang
         generation: 6,
         changed_at: Instant::now(),
         trace: Default::default(),
+        recent: Arc::from([]),
         services: bigger.services.clone(),
         filter_config: String::from("{}"),
         virtual_servers: Vec::new(),
