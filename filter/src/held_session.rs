@@ -26,19 +26,7 @@ pub const REPLAY_PATH: &str = "/v1/upstream-sessions/replay";
 pub const GATEWAY_PREFIX: &str = "tgv1.";
 /// Slots of answers in shared data.
 pub const SLOTS: u64 = 4096;
-/// Characters of the id's tail that make its owner.
-const OWNER_CHARS: usize = 43;
-
-/// The owner of a session id the gateway sealed; `None` for an id too short to be one.
-pub fn owner_of(kind: char, session_id: &str) -> Option<String> {
-    if session_id.len() < OWNER_CHARS + 8 || !session_id.is_ascii() {
-        return None;
-    }
-    Some(format!(
-        "{kind}{}",
-        &session_id[session_id.len() - OWNER_CHARS..]
-    ))
-}
+pub use toolgate_model::session_owner::{owner_of, OwnerKind};
 
 /// The shared-data key of the slot for (owner, service).
 pub fn slot_key(owner: &str, service: &str) -> String {
@@ -228,11 +216,9 @@ mod tests {
     }
 
     #[test]
-    fn owners_are_the_tail_of_a_sealed_id_and_slots_are_bounded() {
-        assert_eq!(owner_of('g', "tgv1.short"), None);
+    fn slots_are_bounded() {
         let id = format!("tgv1.{}", "A".repeat(80));
-        let owner = owner_of('g', &id).expect("owner");
-        assert_eq!(owner.len(), 1 + OWNER_CHARS);
+        let owner = owner_of(OwnerKind::Gateway, &id).expect("owner");
         let key = slot_key(&owner, "orders");
         let n: u64 = key.trim_start_matches("tg/hs/").parse().expect("slot");
         assert!(n < SLOTS);

@@ -703,7 +703,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         };
         let (envelope, params) = held_session::split(&value);
         let held = params.and_then(|p| {
-            let owner = held_session::owner_of('s', &sent)?;
+            let owner = held_session::owner_of(held_session::OwnerKind::Route, &sent)?;
             let slot = held_session::slot_key(&owner, service);
             Some(HeldCall {
                 owner,
@@ -949,7 +949,9 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         let Some(gateway_session) = gateway_session else {
             return Action::Continue;
         };
-        let Some(owner) = held_session::owner_of('g', &gateway_session) else {
+        let Some(owner) =
+            held_session::owner_of(held_session::OwnerKind::Gateway, &gateway_session)
+        else {
             return Action::Continue;
         };
         let slot = held_session::slot_key(&owner, service);

@@ -21,6 +21,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use tokio::sync::watch;
+use toolgate_model::session_owner::{owner_of, OwnerKind};
 use tracing::debug;
 
 use crate::catalog::Catalog;
@@ -146,14 +147,15 @@ impl Aggregate {
         &self.metrics
     }
 
-    /// A gateway session ended (DELETE or idle expiry). The hook for the upstream sessions a
-    /// later change opens per gateway session (issue 19, point 5): they get their HTTP DELETE
-    /// here. Today there are none.
+    /// A gateway session ended (DELETE or idle expiry): the sessions held with servers for it
+    /// get their HTTP DELETE.
     pub fn session_ended(&self, id: &str, claims: Option<&SessionClaims>) {
         debug!(session = %short(id), virtual_server = ?claims.map(|c| &c.virtual_server),
             "gateway session ended");
         self.count_sessions();
-        if let (Some(upstream), Some(owner)) = (self.upstream.get(), gateway_owner(id)) {
+        if let (Some(upstream), Some(owner)) =
+            (self.upstream.get(), owner_of(OwnerKind::Gateway, id))
+        {
             let upstream = upstream.clone();
             tokio::spawn(async move {
                 upstream.close_owner(&owner).await;
@@ -193,16 +195,6 @@ fn short(id: &str) -> &str {
 /// Keeps the listings current until the process ends: on every state the registry publishes
 /// (registrations, health, fleet breakers, overrides, virtual servers), on every catalog
 /// change, and when a breaker shown open reaches its `until`; sweeps idle sessions.
-/// The owner the filters name a gateway session's held sessions by (`filter/src/held_session.rs`:
-/// `g` and the last 43 characters of the id, its authentication tag).
-pub fn gateway_owner(id: &str) -> Option<String> {
-    const OWNER_CHARS: usize = 43;
-    if id.len() < OWNER_CHARS + 8 || !id.is_ascii() {
-        return None;
-    }
-    Some(format!("g{}", &id[id.len() - OWNER_CHARS..]))
-}
-
 pub async fn run(aggregate: Arc<Aggregate>, mut snapshots: watch::Receiver<Arc<RoutingSnapshot>>) {
     let mut catalog = aggregate.catalog.subscribe();
     let mut expiry = tokio::time::interval(EXPIRY_CHECK);
