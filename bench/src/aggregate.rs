@@ -43,6 +43,10 @@ pub struct AggregateBench {
     pub call_median_mcp: f64,
     /// Median through `/mcp` over median on the service's route.
     pub call_ratio: f64,
+    /// Envoy's CPU time per call (all its threads), median of the runs: what the aggregate
+    /// path costs, unlike throughput hardly moved by other load on the machine.
+    pub envoy_cpu_us_route: f64,
+    pub envoy_cpu_us_mcp: f64,
     /// etcd put of a new service -> its tools listed with their read definitions.
     pub new_service_listed: Summary,
     /// A fleet breaker opening in etcd -> the tool annotated `open` in the listing.
@@ -268,12 +272,30 @@ pub async fn run(env: &TestEnv, opts: &Options) -> anyhow::Result<AggregateBench
     let route_url = fleet.envoy.url("s0");
     let mcp_url = fleet.mcp_url("/mcp");
     let (mut route_rps, mut mcp_rps) = (Vec::new(), Vec::new());
+    let (mut route_cpu, mut mcp_cpu) = (Vec::new(), Vec::new());
+    let envoy_pid = fleet
+        .envoy
+        .proc
+        .as_ref()
+        .map(|p| p.pid())
+        .context("Envoy is not running")?;
+    if let Ok(secs) = std::env::var("HOLD_SECS") {
+        eprintln!(
+            "HOLD envoy={envoy_pid} route={route_url} mcp={mcp_url} route_script={} mcp_script={}",
+            route_script.display(),
+            mcp_script.display()
+        );
+        tokio::time::sleep(Duration::from_secs(secs.parse().unwrap_or(600))).await;
+    }
     for _ in 0..opts.reps {
-        for (script, url, out) in [
-            (&route_script, &route_url, &mut route_rps),
-            (&mcp_script, &mcp_url, &mut mcp_rps),
+        for (script, url, out, cpu) in [
+            (&route_script, &route_url, &mut route_rps, &mut route_cpu),
+            (&mcp_script, &mcp_url, &mut mcp_rps, &mut mcp_cpu),
         ] {
+            let cpu0 = crate::machine::cpu_ns(envoy_pid);
             let r = wrk(script, url, opts.secs, 16).await?;
+            let used_ns = crate::machine::cpu_ns(envoy_pid).saturating_sub(cpu0);
+            cpu.push(used_ns as f64 / 1e3 / r.requests.max(1.0));
             if r.status + r.connect + r.read + r.write + r.timeout > 0.0 {
                 bail!(
                     "wrk on {url}: errors (status {}, timeout {})",
@@ -358,6 +380,8 @@ pub async fn run(env: &TestEnv, opts: &Options) -> anyhow::Result<AggregateBench
         call_rps_route: route_rps,
         call_rps_mcp: mcp_rps,
         call_ratio,
+        envoy_cpu_us_route: median(&route_cpu),
+        envoy_cpu_us_mcp: median(&mcp_cpu),
         new_service_listed: summarize(&listed),
         breaker_annotated: summarize(&annotated),
     })

@@ -349,6 +349,7 @@ fn aggregate_table(r: &aggregate::AggregateBench) -> String {
          | tools/list page on /mcp p50 / p99 ({}) | {:.2} / {:.2} ms | p99 <= 2 ms | {} |\n\
          | requests reaching a server during the lists | {} | 0 | {} |\n\
          | tools/call through /mcp / on its route (median rps {:.0} / {:.0}) | {:.2} | >= 0.95 | {} |\n\
+         | Envoy CPU per call, /mcp / its route | {:.1} / {:.1} µs | | |\n\
          | new service -> listed with definitions p50 / p99 ({}) | {:.0} / {:.0} ms | p99 <= 1000 ms | {} |\n\
          | breaker opened -> annotated p50 / p99 ({}) | {:.0} / {:.0} ms | p99 <= 1000 ms | {} |\n",
         r.services,
@@ -363,6 +364,8 @@ fn aggregate_table(r: &aggregate::AggregateBench) -> String {
         r.call_median_route,
         r.call_ratio,
         verdict(r.call_ratio >= 0.95),
+        r.envoy_cpu_us_mcp,
+        r.envoy_cpu_us_route,
         r.new_service_listed.n,
         r.new_service_listed.p50_ms,
         r.new_service_listed.p99_ms,

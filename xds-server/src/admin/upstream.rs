@@ -95,24 +95,32 @@ fn check(r: &OpenRequest) -> Result<(), String> {
     toolgate_model::validate_name("service", &r.service).map_err(|e| format!("service: {e}"))
 }
 
+/// What `open` and `replay` both do first: the report token, the request read and checked,
+/// and the client's parameters found. `Err` is the answer to give.
+fn admit<T: serde::de::DeserializeOwned>(
+    s: &AdminState,
+    headers: &HeaderMap,
+    body: &[u8],
+    open_of: impl Fn(&T) -> &OpenRequest,
+) -> Result<(T, InitParams), axum::response::Response> {
+    s.reports
+        .check(headers)
+        .map_err(IntoResponse::into_response)?;
+    let r: T = parse(body).map_err(bad)?;
+    check(open_of(&r)).map_err(bad)?;
+    let params = params_of(s, open_of(&r))
+        .map_err(|(status, e)| (status, Json(json!({"error": e}))).into_response())?;
+    Ok((r, params))
+}
+
 async fn open(
     State(s): State<AdminState>,
     headers: HeaderMap,
     body: Bytes,
 ) -> axum::response::Response {
-    if let Err(e) = s.reports.check(&headers) {
-        return e.into_response();
-    }
-    let r: OpenRequest = match parse(&body) {
-        Ok(r) => r,
-        Err(e) => return bad(e),
-    };
-    if let Err(e) = check(&r) {
-        return bad(e);
-    }
-    let params = match params_of(&s, &r) {
-        Ok(p) => p,
-        Err((status, e)) => return (status, Json(json!({"error": e}))).into_response(),
+    let (r, params) = match admit::<OpenRequest>(&s, &headers, &body, |r| r) {
+        Ok(admitted) => admitted,
+        Err(answer) => return answer,
     };
     match s
         .upstream
@@ -129,24 +137,17 @@ async fn replay(
     headers: HeaderMap,
     body: Bytes,
 ) -> axum::response::Response {
-    if let Err(e) = s.reports.check(&headers) {
-        return e.into_response();
-    }
     if body.len() > MAX_REPLAY_BYTES * 2 {
+        if let Err(e) = s.reports.check(&headers) {
+            return e.into_response();
+        }
         return bad(format!(
             "the request is larger than {MAX_REPLAY_BYTES} bytes"
         ));
     }
-    let r: ReplayRequest = match parse(&body) {
-        Ok(r) => r,
-        Err(e) => return bad(e),
-    };
-    if let Err(e) = check(&r.open) {
-        return bad(e);
-    }
-    let params = match params_of(&s, &r.open) {
-        Ok(p) => p,
-        Err((status, e)) => return (status, Json(json!({"error": e}))).into_response(),
+    let (r, params) = match admit::<ReplayRequest>(&s, &headers, &body, |r| &r.open) {
+        Ok(admitted) => admitted,
+        Err(answer) => return answer,
     };
     let message = match STANDARD.decode(r.body.as_bytes()) {
         Ok(m) if m.len() <= MAX_REPLAY_BYTES => m,
