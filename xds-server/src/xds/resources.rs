@@ -487,16 +487,6 @@ pub fn virtual_routes(snapshot: &RoutingSnapshot) -> Vec<Route> {
 }
 
 fn virtual_route(path: &str, name: &str, timeout_ms: u64, get_stream: bool) -> Route {
-    let (timeout, idle_timeout, priority, max_stream_duration) = if get_stream {
-        get_stream_limits()
-    } else {
-        (
-            duration_ms(timeout_ms),
-            duration_ms(timeout_ms),
-            RoutingPriority::Default,
-            None,
-        )
-    };
     Route {
         name: format!("{path}{}", if get_stream { "/get-stream" } else { "" }),
         r#match: Some(RouteMatch {
@@ -509,18 +499,12 @@ fn virtual_route(path: &str, name: &str, timeout_ms: u64, get_stream: bool) -> R
             },
             ..Default::default()
         }),
-        action: Some(route::Action::Route(RouteAction {
-            cluster_specifier: Some(ClusterSpecifier::Cluster(
-                crate::bootstrap::CONTROL_CLUSTER.to_string(),
-            )),
-            prefix_rewrite: format!("{AGGREGATE_UPSTREAM_PREFIX}{name}"),
-            timeout: Some(timeout),
-            idle_timeout: Some(idle_timeout),
-            max_stream_duration,
-            priority: priority as i32,
-            retry_policy: Some(connect_failure_retry()),
-            ..Default::default()
-        })),
+        action: Some(route::Action::Route(mcp_route_action(
+            crate::bootstrap::CONTROL_CLUSTER.to_string(),
+            format!("{AGGREGATE_UPSTREAM_PREFIX}{name}"),
+            timeout_ms,
+            get_stream,
+        ))),
         typed_per_filter_config: no_session_affinity(),
         ..Default::default()
     }
@@ -591,69 +575,71 @@ fn get_method() -> HeaderMatcher {
     }
 }
 
-/// MCP's GET stream: no response timeout, an idle limit, a maximum duration, and its own
-/// connection priority.
-fn get_stream_limits() -> (
-    Duration,
-    Duration,
-    RoutingPriority,
-    Option<MaxStreamDuration>,
-) {
-    (
-        // 0s disables Envoy's route timeout (default 15 s).
-        duration_secs(0),
-        duration_secs(GET_STREAM_IDLE_TIMEOUT_SECS),
-        GET_STREAM_PRIORITY,
-        Some(MaxStreamDuration {
-            max_stream_duration: Some(duration_secs(GET_STREAM_MAX_DURATION_SECS)),
-            ..Default::default()
-        }),
-    )
-}
-
-fn service_route(service: &str, route: &ServiceRoute, get_stream: bool) -> Route {
-    let headers = if get_stream {
-        vec![get_method()]
-    } else {
-        Vec::new()
-    };
-    let (name, timeout, idle_timeout, priority, max_stream_duration) = if get_stream {
-        let (timeout, idle, priority, max) = get_stream_limits();
+/// Where a route of MCP traffic sends it, and for how long: the same for a service's route and
+/// a virtual server's. MCP's GET stream (a long-lived server-to-client channel) has no response
+/// timeout, an idle limit, a maximum duration, and its own connection priority, so it never
+/// holds the connections calls need; everything else has the route's timeout.
+fn mcp_route_action(
+    cluster: String,
+    prefix_rewrite: String,
+    timeout_ms: u64,
+    get_stream: bool,
+) -> RouteAction {
+    let (timeout, idle_timeout, priority, max_stream_duration) = if get_stream {
         (
-            format!("{service}/get-stream"),
-            timeout,
-            idle,
-            priority,
-            max,
+            // 0s disables Envoy's route timeout (default 15 s).
+            duration_secs(0),
+            duration_secs(GET_STREAM_IDLE_TIMEOUT_SECS),
+            GET_STREAM_PRIORITY,
+            Some(MaxStreamDuration {
+                max_stream_duration: Some(duration_secs(GET_STREAM_MAX_DURATION_SECS)),
+                ..Default::default()
+            }),
         )
     } else {
         (
-            service.to_string(),
-            duration_ms(route.timeout_ms),
-            duration_ms(route.timeout_ms),
+            duration_ms(timeout_ms),
+            duration_ms(timeout_ms),
             RoutingPriority::Default,
             None,
         )
     };
+    RouteAction {
+        cluster_specifier: Some(ClusterSpecifier::Cluster(cluster)),
+        prefix_rewrite,
+        timeout: Some(timeout),
+        idle_timeout: Some(idle_timeout),
+        max_stream_duration,
+        priority: priority as i32,
+        retry_policy: Some(connect_failure_retry()),
+        ..Default::default()
+    }
+}
+
+fn service_route(service: &str, route: &ServiceRoute, get_stream: bool) -> Route {
     Route {
-        name,
+        name: if get_stream {
+            format!("{service}/get-stream")
+        } else {
+            service.to_string()
+        },
         r#match: Some(RouteMatch {
             // Matches `/mcp/inventory`, `/mcp/inventory/…` and `/mcp/inventory?…` but not
             // `/mcp/inventoryX`, which a plain prefix would.
             path_specifier: Some(PathSpecifier::PathSeparatedPrefix(service_path(service))),
-            headers,
+            headers: if get_stream {
+                vec![get_method()]
+            } else {
+                Vec::new()
+            },
             ..Default::default()
         }),
-        action: Some(route::Action::Route(RouteAction {
-            cluster_specifier: Some(ClusterSpecifier::Cluster(cluster_name(service))),
-            prefix_rewrite: route.mcp_path.clone(),
-            timeout: Some(timeout),
-            idle_timeout: Some(idle_timeout),
-            max_stream_duration,
-            priority: priority as i32,
-            retry_policy: Some(connect_failure_retry()),
-            ..Default::default()
-        })),
+        action: Some(route::Action::Route(mcp_route_action(
+            cluster_name(service),
+            route.mcp_path.clone(),
+            route.timeout_ms,
+            get_stream,
+        ))),
         ..Default::default()
     }
 }
