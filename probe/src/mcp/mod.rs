@@ -367,6 +367,13 @@ impl McpClient {
             "capabilities": {},
             "clientInfo": {"name": self.client_name, "version": env!("CARGO_PKG_VERSION")},
         });
+        self.initialize_with(params).await
+    }
+
+    /// `initialize` with `params`, then `notifications/initialized`. A session id the client
+    /// could not send back (empty, too long, not visible ASCII) fails the negotiation: every
+    /// later request on that session would be refused.
+    async fn initialize_with(&mut self, params: Value) -> Result<Negotiated, Failure> {
         let (result, headers) = self.exchange(None, "initialize", Some(params)).await?;
         let version = match result.get("protocolVersion").and_then(Value::as_str) {
             Some(v) if !v.is_empty() && v.len() <= 32 => v.to_string(),
@@ -408,30 +415,8 @@ impl McpClient {
     /// client's behalf. Replaces any earlier negotiation (the caller closes that first).
     pub async fn initialize_as(&mut self, params: Value) -> Result<&Negotiated, Failure> {
         self.negotiated = None;
-        let (result, headers) = self.exchange(None, "initialize", Some(params)).await?;
-        let version = match result.get("protocolVersion").and_then(Value::as_str) {
-            Some(v) if !v.is_empty() && v.len() <= 32 => v.to_string(),
-            other => {
-                return Err(Failure::Malformed {
-                    request: "initialize".into(),
-                    why: format!("the result carries no usable protocolVersion ({other:?})"),
-                })
-            }
-        };
-        let session = headers
-            .get(SESSION_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .filter(|id| !id.is_empty() && id.len() <= 512)
-            .map(str::to_string);
-        self.capabilities = result.get("capabilities").cloned().unwrap_or(Value::Null);
-        let negotiated = Negotiated::Session { version, session };
-        self.notify(&negotiated, "notifications/initialized")
-            .await?;
-        self.negotiated = Some(negotiated);
-        match &self.negotiated {
-            Some(n) => Ok(n),
-            None => Err(Failure::Transport("no revision agreed".into())),
-        }
+        let negotiated = self.initialize_with(params).await?;
+        Ok(self.negotiated.insert(negotiated))
     }
 
     /// Sends a client's JSON-RPC message as it is, on the session this client holds, and
