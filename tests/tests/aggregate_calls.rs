@@ -27,6 +27,41 @@ impl Gateway {
             .to_string()
     }
 
+    /// A legacy (2025-06-18) session on `url`: `initialize` and `notifications/initialized`.
+    async fn initialize(&self, url: &str) -> String {
+        let resp = self
+            .http
+            .post(url)
+            .header("accept", "application/json, text/event-stream")
+            .json(
+                &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-06-18", "capabilities": {},
+                "clientInfo": {"name": "toolgate-tests", "version": "1"}}}),
+            )
+            .send()
+            .await
+            .expect("initialize");
+        assert_eq!(resp.status(), StatusCode::OK);
+        let session = resp
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+            .expect("a session id")
+            .to_string();
+        let resp = self
+            .http
+            .post(url)
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-session-id", &session)
+            .header("mcp-protocol-version", "2025-06-18")
+            .json(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            .send()
+            .await
+            .expect("initialized");
+        assert_eq!(resp.status(), StatusCode::ACCEPTED);
+        session
+    }
+
     /// POSTs a `tools/call` of `name` to `path`, with extra headers; status and JSON.
     async fn call(
         &self,
@@ -261,4 +296,192 @@ async fn calls_on_mcp_reach_the_owning_service_with_the_tools_own_name() {
     assert_ne!(body["result"]["isError"], true, "{body}");
     assert_eq!(billing.server.calls("echo").await, 2);
     assert_eq!(inventory.server.calls("read_order").await, 2);
+}
+
+/// Reads a GET stream to its end, sending the time of each `notifications/tools/list_changed`.
+fn hear_list_changed(
+    stream: reqwest::Response,
+) -> tokio::sync::mpsc::UnboundedReceiver<std::time::Instant> {
+    use futures::StreamExt;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut body = stream.bytes_stream();
+        let mut text = String::new();
+        let mut heard = 0;
+        while let Some(Ok(chunk)) = body.next().await {
+            text.push_str(&String::from_utf8_lossy(&chunk));
+            let now = text.matches("notifications/tools/list_changed").count();
+            for _ in heard..now {
+                let _ = tx.send(std::time::Instant::now());
+            }
+            heard = now;
+        }
+    });
+    rx
+}
+
+#[tokio::test]
+async fn a_service_that_leaves_is_annotated_and_its_calls_name_the_fallback() {
+    const WRITE: &str = "stock__write_order";
+    const FALLBACK: &str = "stock__read_order";
+    let env = TestEnv::new("aggregate_calls_leave");
+    let stack = Stack::start(&env).await;
+    let ep = stack.etcd.endpoint();
+    let mut stock = Member::start(
+        &env,
+        &ep,
+        "stock",
+        "stock-1",
+        &["--stateless", "--json-response"],
+        TTL,
+    )
+    .await;
+    stack.routes("stock", &[&stock]).await;
+    stack
+        .policy("stock/write_order", json!({"fallback_tool": "read_order"}))
+        .await;
+    // The catalog has read the service (a later read would change the listing by itself).
+    wait_until(
+        "the catalog has read stock",
+        Duration::from_secs(20),
+        || async {
+            stack.xds.catalog().await["services"]["stock"]["read_at"]
+                .as_str()
+                .is_some_and(|r| !r.is_empty())
+        },
+    )
+    .await;
+    let gw = Gateway {
+        stack,
+        http: reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .expect("client"),
+    };
+    let url = format!("{}/mcp", gw.base());
+
+    // A legacy session on /mcp, through Envoy, listening on its GET stream.
+    let session = gw.initialize(&url).await;
+    let with_session = [
+        ("mcp-session-id", session.as_str()),
+        ("mcp-protocol-version", "2025-06-18"),
+    ];
+    let listed = || async {
+        let resp = gw
+            .http
+            .post(&url)
+            .headers(header_map(&with_session))
+            .header("accept", "application/json, text/event-stream")
+            .json(&json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}}))
+            .send()
+            .await
+            .expect("tools/list");
+        let body: Value = resp.json().await.unwrap_or_default();
+        body["result"]["tools"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    };
+    let write_order = |tools: &[Value]| tools.iter().find(|t| t["name"] == WRITE).cloned();
+    let before = write_order(&listed().await).expect("write_order listed");
+    assert!(
+        before["_meta"]["io.toolgate/availability"].is_null(),
+        "{before}"
+    );
+    // (The session's first call to stock: the gateway holds a session with it from now on.)
+    let (status, body) = gw
+        .call(
+            "/mcp",
+            "stock__echo",
+            json!({"text": "before"}),
+            &with_session,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_ne!(body["result"]["isError"], true, "{body}");
+    let stream = gw
+        .http
+        .get(&url)
+        .headers(header_map(&with_session))
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .expect("GET stream");
+    assert_eq!(stream.status(), StatusCode::OK);
+    let mut heard = hear_list_changed(stream);
+
+    // The service's last (only) instance deregisters; its server keeps running, so a call
+    // that reached it would succeed.
+    let left = std::time::Instant::now();
+    stock.registrar.stop(Duration::from_secs(5)).await;
+    let heard_at = loop {
+        let at = tokio::time::timeout(Duration::from_secs(5), heard.recv())
+            .await
+            .expect("list_changed on the GET stream within 5 s")
+            .expect("the GET stream is open");
+        if at >= left {
+            break at;
+        }
+    };
+    let lag = heard_at.saturating_duration_since(left);
+    println!(
+        "deregistration started -> list_changed on the GET stream: {} ms",
+        lag.as_millis()
+    );
+    assert!(lag < Duration::from_secs(2), "list_changed {lag:?} after");
+
+    // The default virtual server annotates (does not hide) it, naming the fallback.
+    let after = write_order(&listed().await).expect("write_order still listed");
+    let availability = &after["_meta"]["io.toolgate/availability"];
+    assert_eq!(availability["state"], "no_instance", "{after}");
+    assert_eq!(availability["fallback"], FALLBACK, "{after}");
+    assert!(
+        after["description"]
+            .as_str()
+            .is_some_and(|d| d.contains("Unavailable now") && d.contains(FALLBACK)),
+        "{after}"
+    );
+
+    // A call of it, in the session and without one, is a semantic reply naming the fallback
+    // by its name on /mcp; the server is not reached.
+    // Another session, that never called stock: the gateway has no session with it to use.
+    let fresh = gw.initialize(&url).await;
+    let fresh_session = [
+        ("mcp-session-id", fresh.as_str()),
+        ("mcp-protocol-version", "2025-06-18"),
+    ];
+    let ran = stock.server.calls("write_order").await;
+    for headers in [&with_session[..], &fresh_session[..], &[]] {
+        let (status, body) = gw.call("/mcp", WRITE, json!({}), headers).await;
+        let headers = format!("{headers:?}");
+        if body["result"]["isError"] != true {
+            env.print_failure_logs();
+        }
+        assert_eq!(status, StatusCode::OK, "{headers}: {body}");
+        assert_eq!(body["result"]["isError"], true, "{headers}: {body}");
+        assert_eq!(
+            breaker(&body)["fallbackTool"],
+            FALLBACK,
+            "{headers}: {body}"
+        );
+        assert!(
+            text_of(&body).contains(&format!("`{FALLBACK}`")),
+            "{}",
+            text_of(&body)
+        );
+    }
+    assert_eq!(stock.server.calls("write_order").await, ran);
+}
+
+fn header_map(pairs: &[(&str, &str)]) -> reqwest::header::HeaderMap {
+    let mut map = reqwest::header::HeaderMap::new();
+    for (k, v) in pairs {
+        if let (Ok(k), Ok(v)) = (
+            reqwest::header::HeaderName::from_bytes(k.as_bytes()),
+            reqwest::header::HeaderValue::from_str(v),
+        ) {
+            map.insert(k, v);
+        }
+    }
+    map
 }

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use toolgate_tests::{
-    free_port, sdk, wait_until, Member, NodeClient, Proc, Registrant, Sdk, ServerCommand, Stack,
-    TestEnv,
+    free_port, rmcp_client, sdk, wait_until, Member, NodeClient, Proc, Registrant, Sdk,
+    ServerCommand, Stack, TestEnv,
 };
 
 /// The names `/mcp` shows, one tool of each service.
@@ -61,33 +61,57 @@ fn text_of(result: &Value) -> String {
         .join(" ")
 }
 
+/// The three services behind one gateway, each serving (UP in toolgate-xds, HEALTHY in Envoy),
+/// and `/mcp` listing a tool of each.
+struct ThreeServers {
+    _stack: Stack,
+    _lab: Member,
+    _py: Member,
+    _ev: (Proc, Proc),
+    url: String,
+}
+
+impl ThreeServers {
+    async fn start(env: &TestEnv) -> ThreeServers {
+        let stack = Stack::start(env).await;
+        let etcd = stack.etcd.endpoint();
+        let lab = Member::start(env, &etcd, "orders", "lab-1", &[], 10).await;
+        let py = Member::python(env, &etcd, "py", "py-1", &["--stateless"], 10).await;
+        let ev = everything(env, &stack).await;
+        stack
+            .wait_state("ev", "ev-1", "UP", Duration::from_secs(30))
+            .await;
+        stack
+            .wait_healthy("orders", &[&lab], Duration::from_secs(20))
+            .await;
+        stack
+            .wait_healthy("py", &[&py], Duration::from_secs(20))
+            .await;
+        let url = mcp_url(&stack);
+        wait_until(
+            "/mcp lists the tools of all three",
+            Duration::from_secs(20),
+            || async {
+                let names = listed(&url).await;
+                [LAB, PY, EV].iter().all(|n| names.iter().any(|m| m == n))
+            },
+        )
+        .await;
+        ThreeServers {
+            _stack: stack,
+            _lab: lab,
+            _py: py,
+            _ev: ev,
+            url,
+        }
+    }
+}
+
 #[tokio::test]
 async fn the_official_clients_list_and_call_three_servers_through_one_url() {
     let env = TestEnv::new("aggregate_sdk_three_servers");
-    let stack = Stack::start(&env).await;
-    let etcd = stack.etcd.endpoint();
-    let lab = Member::start(&env, &etcd, "orders", "lab-1", &[], 10).await;
-    let py = Member::python(&env, &etcd, "py", "py-1", &["--stateless"], 10).await;
-    let (_ev, _ev_registrar) = everything(&env, &stack).await;
-    stack
-        .wait_state("ev", "ev-1", "UP", Duration::from_secs(30))
-        .await;
-    stack
-        .wait_healthy("orders", &[&lab], Duration::from_secs(20))
-        .await;
-    stack
-        .wait_healthy("py", &[&py], Duration::from_secs(20))
-        .await;
-    let url = mcp_url(&stack);
-    wait_until(
-        "/mcp lists the tools of all three",
-        Duration::from_secs(20),
-        || async {
-            let names = listed(&url).await;
-            [LAB, PY, EV].iter().all(|n| names.iter().any(|m| m == n))
-        },
-    )
-    .await;
+    let three = ThreeServers::start(&env).await;
+    let url = three.url.clone();
 
     // The official Python SDK (2025-era, with a gateway session).
     let lines = sdk::python(
@@ -249,5 +273,114 @@ async fn a_restarted_stateful_server_costs_a_client_of_mcp_nothing() {
     assert!(
         restarted.calls("echo").await >= 1,
         "the second call ran on the restarted server"
+    );
+}
+
+#[tokio::test]
+async fn rmcps_client_lists_and_calls_three_servers_through_one_url() {
+    let env = TestEnv::new("aggregate_sdk_rmcp");
+    let three = ThreeServers::start(&env).await;
+    let client = rmcp_client::connect(&three.url).await;
+    let info = client.peer_info();
+    let names = rmcp_client::list_tools(&client).await;
+    if ![LAB, PY, EV].iter().all(|n| names.iter().any(|m| m == n)) {
+        env.print_failure_logs();
+    }
+    for n in [LAB, PY, EV] {
+        assert!(names.iter().any(|m| m == n), "{n} not listed: {names:?}");
+    }
+    assert_eq!(
+        info.and_then(|i| i.server_info.as_ref().map(|s| s.name.clone())),
+        Some("toolgate/default".to_string()),
+        "rmcp initialized with the gateway's own server"
+    );
+    // rmcp's client panics (in the harness) on a protocol error: each call is answered by
+    // its own server, in the text only that server writes.
+    let lab = rmcp_client::call_text(&client, LAB, json!({"text": "from rmcp"})).await;
+    let py = rmcp_client::call_text(&client, PY, json!({"order_id": "o-5"})).await;
+    let ev = rmcp_client::call_text(&client, EV, json!({"message": "rmcp ev"})).await;
+    assert!(lab.contains("from rmcp"), "{lab}");
+    assert!(py.contains("order o-5"), "{py}");
+    assert!(ev.contains("rmcp ev"), "{ev}");
+    let _ = client.cancel().await;
+}
+
+/// The official Python SDK's `Client` in mode "auto": it probes `server/discover` and adopts
+/// the newest version both speak, so the gateway must be found to speak 2026-07-28 (no
+/// `initialize`, no session). Runs `steps` after the handshake; every step must succeed.
+async fn python_2026(env: &TestEnv, url: &str, steps: &[String]) -> Vec<Value> {
+    let mut all = vec!["initialize", "list"];
+    all.extend(steps.iter().map(String::as_str));
+    let lines = sdk::python_in_mode(url, "auto", &all).await;
+    if lines.len() != all.len() || lines.iter().any(|l| l.get("ok").is_none()) {
+        env.print_failure_logs();
+    }
+    assert_eq!(lines.len(), all.len(), "{lines:?}");
+    for l in &lines {
+        assert!(l.get("ok").is_some(), "{l}");
+    }
+    assert_eq!(lines[0]["ok"]["protocolVersion"], "2026-07-28", "{lines:?}");
+    let names: Vec<&str> = lines[1]["ok"]["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    for n in [LAB, PY, EV] {
+        assert!(names.contains(&n), "{n} not listed: {names:?}");
+    }
+    lines[2..].to_vec()
+}
+
+#[tokio::test]
+async fn the_python_sdk_in_2026_07_28_mode_lists_and_calls_through_one_url() {
+    let env = TestEnv::new("aggregate_sdk_python_modern");
+    let three = ThreeServers::start(&env).await;
+    let calls = python_2026(
+        &env,
+        &three.url,
+        &[
+            format!("call:{LAB}:{}", json!({"text": "from modern python"})),
+            format!("call:{PY}:{}", json!({"order_id": "o-3"})),
+        ],
+    )
+    .await;
+    for c in &calls {
+        assert_eq!(c["ok"]["isError"], false, "{c}");
+    }
+    assert!(
+        text_of(&calls[0]["ok"]).contains("from modern python"),
+        "{}",
+        calls[0]
+    );
+    assert!(
+        text_of(&calls[1]["ok"]).contains("order o-3"),
+        "{}",
+        calls[1]
+    );
+}
+
+/// The everything-server speaks only up to 2025-11-25 and needs a session: the gateway would
+/// have to open one for a client that has none (2026-07-28 clients are stateless). Run with
+/// `--ignored` to see the gap.
+#[tokio::test]
+#[ignore = "known gap, stated in README (a 2026-07-28 client's calls go without a session, \
+            and a server that only speaks the legacy revisions refuses them), against issue \
+            19's test list: the everything-server answers \"Bad Request: Server not \
+            initialized\""]
+async fn the_python_sdk_in_2026_07_28_mode_calls_a_server_that_needs_a_session() {
+    let env = TestEnv::new("aggregate_sdk_python_modern_ev");
+    let three = ThreeServers::start(&env).await;
+    let calls = python_2026(
+        &env,
+        &three.url,
+        &[format!("call:{EV}:{}", json!({"message": "modern ev"}))],
+    )
+    .await;
+    assert_eq!(calls[0]["ok"]["isError"], false, "{}", calls[0]);
+    assert!(
+        text_of(&calls[0]["ok"]).contains("modern ev"),
+        "{}",
+        calls[0]
     );
 }

@@ -693,3 +693,109 @@ async fn every_override_mode_the_documents_show_is_accepted_by_the_admin_api() {
         );
     }
 }
+
+/// `tool` as `tools/list` shows it in the session (of a gateway's `/mcp`).
+async fn mcp_listed(session: &tokio::sync::Mutex<McpSession>, tool: &str) -> Option<Value> {
+    let reply = session.lock().await.list_tools().await;
+    reply
+        .result()?
+        .get("tools")?
+        .as_array()?
+        .iter()
+        .find(|t| t["name"] == tool)
+        .cloned()
+}
+
+#[tokio::test]
+async fn a_breaker_opened_on_one_gateway_is_annotated_on_the_others_mcp() {
+    const LISTED: &str = "flt__write_order";
+    let env = TestEnv::new("fleet_catalog");
+    let etcd = Etcd::start(&env).await;
+    let mut c = etcd.client().await;
+    c.put(
+        "/mcp/policies/flt",
+        json!({"min_calls": 5, "open_ms": 20000, "open_jitter_percent": 0}).to_string(),
+        None,
+    )
+    .await
+    .expect("policy");
+    let a = Gateway::start(&env, "a", &etcd).await;
+    let b = Gateway::start(&env, "b", &etcd).await;
+    let m = Member::start(
+        &env,
+        &etcd.endpoint(),
+        "flt",
+        "flt-1",
+        &["--fail", "write_order=http500"],
+        TTL,
+    )
+    .await;
+    a.routes("flt", &m).await;
+    b.routes("flt", &m).await;
+    let on_b = tokio::sync::Mutex::new(
+        McpSession::connect(&format!("http://127.0.0.1:{}/mcp", b.envoy.port)).await,
+    );
+    wait_until(
+        "B's /mcp lists the tool, unannotated",
+        Duration::from_secs(20),
+        || async {
+            mcp_listed(&on_b, LISTED)
+                .await
+                .is_some_and(|t| t["_meta"]["io.toolgate/availability"].is_null())
+        },
+    )
+    .await;
+
+    // Fail through A until A's own breaker opens.
+    let mut opened = None;
+    for _ in 0..20 {
+        let r = a.call("flt", "write_order").await;
+        if r.breaker_state().as_deref() == Some("open") {
+            opened = Some(Instant::now());
+            break;
+        }
+    }
+    let opened = opened.expect("A's breaker never opened");
+    wait_until("A's opening is in etcd", Duration::from_secs(5), || async {
+        !breaker_keys(&etcd).await.is_empty()
+    })
+    .await;
+    let annotated = wait_until(
+        "B's /mcp annotates the tool open",
+        Duration::from_secs(5),
+        || async {
+            mcp_listed(&on_b, LISTED)
+                .await
+                .is_some_and(|t| t["_meta"]["io.toolgate/availability"]["state"] == "open")
+        },
+    )
+    .await;
+    let since_opening = opened.elapsed();
+    println!(
+        "A's opening in etcd -> B's /mcp annotates it: {} ms; A's breaker open -> annotated: {} \
+         ms (upper bounds: they include polling)",
+        annotated.as_millis(),
+        since_opening.as_millis()
+    );
+    assert!(
+        since_opening < Duration::from_secs(5),
+        "took {since_opening:?}"
+    );
+    let listed = mcp_listed(&on_b, LISTED).await.expect("listed");
+    let availability = &listed["_meta"]["io.toolgate/availability"];
+    assert!(availability["until"].is_string(), "{listed}");
+    assert!(
+        listed["description"]
+            .as_str()
+            .is_some_and(|d| d.contains("Unavailable now")),
+        "{listed}"
+    );
+    // The other tools of the service are not annotated.
+    let echo = mcp_listed(&on_b, "flt__echo").await.expect("flt__echo");
+    assert!(
+        echo["_meta"]["io.toolgate/availability"].is_null(),
+        "{echo}"
+    );
+    // Nothing was called through B: B knows it from the fleet only.
+    assert_eq!(b.envoy.stat("toolgate_failures").await, 0);
+}

@@ -1,8 +1,10 @@
 //! Sessions that outlive their instance (issue 19, point 6): the official TypeScript SDK (1.x
 //! and 2.x) keeps sending a dead session id after the instance it is pinned to dies, and the
 //! survivor answers 404. Through the gateway, its next calls succeed on the survivor with no
-//! reconnect in client code. Real etcd, toolgate-xds, Envoy with the filter, two lab servers
-//! (rmcp, stateful) whose registrations outlive the SIGKILL (the lease is alive).
+//! reconnect in client code, on the service's own route and on `/mcp` (where the session the
+//! client holds is the gateway's, and the one pinned to the instance is held for it). Real
+//! etcd, toolgate-xds, Envoy with the filter, two lab servers (rmcp, stateful) whose
+//! registrations outlive the SIGKILL (the lease is alive).
 
 use std::time::Duration;
 
@@ -11,10 +13,44 @@ use toolgate_tests::{wait_until, Member, NodeClient, Sdk, Stack, TestEnv};
 
 const ECHO: &str = "echo";
 
+/// Where the client connects.
+#[derive(Debug, Clone, Copy)]
+enum Route {
+    /// `/mcp/orders`, where `echo` is `echo`.
+    Service,
+    /// `/mcp`, the default virtual server, where it is `orders__echo`.
+    Aggregate,
+}
+
+impl Route {
+    fn url(self, stack: &Stack) -> String {
+        match self {
+            Route::Service => stack.url("orders"),
+            Route::Aggregate => format!("http://127.0.0.1:{}/mcp", stack.envoy.port),
+        }
+    }
+
+    fn tool(self) -> &'static str {
+        match self {
+            Route::Service => ECHO,
+            Route::Aggregate => "orders__echo",
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_typescript_client_pinned_to_a_killed_instance_goes_on_on_the_survivor() {
+    rescued(Route::Service).await;
+}
+
+#[tokio::test]
+async fn a_typescript_client_of_mcp_pinned_to_a_killed_instance_goes_on_on_the_survivor() {
+    rescued(Route::Aggregate).await;
+}
+
+async fn rescued(route: Route) {
     for sdk in Sdk::ALL {
-        let env = TestEnv::new(&format!("session_rescue_{sdk:?}"));
+        let env = TestEnv::new(&format!("session_rescue_{route:?}_{sdk:?}"));
         let stack = Stack::start(&env).await;
         let etcd = stack.etcd.endpoint();
         let mut a = Member::start(&env, &etcd, "orders", "a", &[], 30).await;
@@ -22,6 +58,12 @@ async fn a_typescript_client_pinned_to_a_killed_instance_goes_on_on_the_survivor
         stack
             .wait_healthy("orders", &[&a, &b], Duration::from_secs(20))
             .await;
+        stack
+            .wait_filter_config("/mcp's name of orders' echo", |c| {
+                c["virtual_servers"]["default"]["tools"]["orders__echo"]["tool"] == ECHO
+            })
+            .await;
+        let tool = route.tool();
 
         let go = env.path("go");
         let client = NodeClient::new(sdk)
@@ -29,18 +71,18 @@ async fn a_typescript_client_pinned_to_a_killed_instance_goes_on_on_the_survivor
             .timeout(Duration::from_secs(40))
             .step(
                 "tools/call",
-                json!({"name": ECHO, "arguments": {"text": "one"}}),
+                json!({"name": tool, "arguments": {"text": "one"}}),
             )
             .step("toolgate/wait-file", json!({"path": go}))
             .step(
                 "tools/call",
-                json!({"name": ECHO, "arguments": {"text": "two"}}),
+                json!({"name": tool, "arguments": {"text": "two"}}),
             )
             .step(
                 "tools/call",
-                json!({"name": ECHO, "arguments": {"text": "three"}}),
+                json!({"name": tool, "arguments": {"text": "three"}}),
             );
-        let url = stack.url("orders");
+        let url = route.url(&stack);
         let run = tokio::spawn(async move { client.run(&url).await });
 
         // The session is pinned to whichever instance took the first call.
@@ -64,7 +106,7 @@ async fn a_typescript_client_pinned_to_a_killed_instance_goes_on_on_the_survivor
         assert_eq!(
             run.exit_code,
             Some(0),
-            "{}: a call failed after its instance died: {}\n{}",
+            "{} on {route:?}: a call failed after its instance died: {}\n{}",
             run.sdk(),
             run.report,
             run.stderr
@@ -97,7 +139,7 @@ async fn a_typescript_client_pinned_to_a_killed_instance_goes_on_on_the_survivor
                 survivor.server.instance_id.clone(),
                 survivor.server.instance_id.clone()
             ],
-            "{}",
+            "{} on {route:?}",
             run.sdk()
         );
     }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use toolgate_tests::stack::ADMIN_TOKEN;
-use toolgate_tests::{wait_until, Stack, TestEnv};
+use toolgate_tests::{wait_until, McpSession, Member, Stack, TestEnv};
 
 async fn register(stack: &Stack, service: &str, id: &str, port: u16, tools: &[&str]) {
     let value = json!({"instance_id": id, "endpoint": format!("127.0.0.1:{port}"), "tools": tools});
@@ -265,6 +265,134 @@ async fn virtual_servers_are_validated_named_by_age_and_routed_to_toolgate_xds()
         },
     )
     .await;
+}
+
+/// The names `tools/list` shows on `/virtual/<vs>` through Envoy (a fresh session).
+async fn shown(stack: &Stack, vs: &str) -> Vec<String> {
+    let mut s = McpSession::connect(&virtual_url(stack, vs)).await;
+    let reply = s.list_tools().await;
+    let mut names: Vec<String> = reply
+        .result()
+        .and_then(|r| r["tools"].as_array())
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["name"].as_str().map(str::to_string))
+        .collect();
+    names.sort();
+    names
+}
+
+fn virtual_url(stack: &Stack, vs: &str) -> String {
+    format!("http://127.0.0.1:{}/virtual/{vs}", stack.envoy.port)
+}
+
+#[tokio::test]
+async fn each_naming_mode_reaches_the_right_server_and_a_narrow_server_refuses_the_rest() {
+    let env = TestEnv::new("virtual_servers_calls");
+    let stack = Stack::start(&env).await;
+    let ep = stack.etcd.endpoint();
+    // Both offer `echo`; alpha registers first, so it is the older.
+    let lab = ["--stateless", "--json-response"];
+    let alpha =
+        Member::start_with_tools(&env, &ep, "alpha", "alpha-1", &lab, "echo,read_order", 10).await;
+    stack.routes("alpha", &[&alpha]).await;
+    let beta =
+        Member::start_with_tools(&env, &ep, "beta", "beta-1", &lab, "echo,write_order", 10).await;
+    stack.routes("beta", &[&beta]).await;
+    for (name, body) in [
+        ("pre", r#"{"naming":"prefixed"}"#),
+        ("bare", r#"{"naming":"bare"}"#),
+        ("narrow", r#"{"services":["alpha"],"include":["echo"]}"#),
+    ] {
+        let (status, body) = put_virtual(&stack, name, body, true).await;
+        assert_eq!(status, 200, "{name}: {body}");
+    }
+    stack
+        .wait_filter_config("the three virtual servers' names", |c| {
+            calls(c, "pre", "alpha__echo") == "alpha/echo"
+                && calls(c, "pre", "beta__echo") == "beta/echo"
+                && calls(c, "bare", "echo") == "alpha/echo"
+                && calls(c, "bare", "beta__echo") == "beta/echo"
+                && calls(c, "narrow", "alpha__echo") == "alpha/echo"
+        })
+        .await;
+    wait_for_routes(
+        &stack,
+        &["/virtual/pre", "/virtual/bare", "/virtual/narrow"],
+    )
+    .await;
+
+    // What each lists, through Envoy: prefixed always; bare with the older service keeping the
+    // contested name and the other's prefixed, uncontested names bare; narrow only what it
+    // includes.
+    let want: [(&str, &[&str]); 3] = [
+        (
+            "pre",
+            &[
+                "alpha__echo",
+                "alpha__read_order",
+                "beta__echo",
+                "beta__write_order",
+            ],
+        ),
+        ("bare", &["beta__echo", "echo", "read_order", "write_order"]),
+        ("narrow", &["alpha__echo"]),
+    ];
+    for (vs, names) in want {
+        wait_until(
+            &format!("/virtual/{vs} lists {names:?}"),
+            Duration::from_secs(10),
+            || async { shown(&stack, vs).await == names },
+        )
+        .await;
+    }
+
+    // Each name reaches its own server (the lab says which instance ran the call).
+    for (vs, name, instance) in [
+        ("pre", "alpha__echo", "alpha-1"),
+        ("pre", "beta__echo", "beta-1"),
+        ("bare", "echo", "alpha-1"),
+        ("bare", "beta__echo", "beta-1"),
+        ("bare", "write_order", "beta-1"),
+        ("narrow", "alpha__echo", "alpha-1"),
+    ] {
+        let mut s = McpSession::connect(&virtual_url(&stack, vs)).await;
+        let reply = s
+            .call_tool(name, json!({"text": format!("{vs} {name}")}))
+            .await;
+        let result = reply.result().cloned().unwrap_or_default();
+        if result["structuredContent"]["instance_id"] != instance {
+            env.print_failure_logs();
+        }
+        assert_ne!(result["isError"], true, "{vs} {name}: {}", reply.body);
+        assert_eq!(
+            result["structuredContent"]["instance_id"], instance,
+            "{vs} {name}: {}",
+            reply.body
+        );
+        let tool = name.rsplit("__").next().unwrap_or(name);
+        assert_eq!(
+            result["structuredContent"]["tool"], tool,
+            "{vs} {name} ran as the tool's own name: {}",
+            reply.body
+        );
+    }
+    assert_eq!(alpha.server.calls("echo").await, 3);
+    assert_eq!(beta.server.calls("echo").await, 2);
+
+    // The narrow server refuses what it does not include, by any spelling, with a JSON-RPC
+    // error naming it; no server is asked.
+    let mut s = McpSession::connect(&virtual_url(&stack, "narrow")).await;
+    for name in ["alpha__read_order", "read_order", "beta__echo", "echo"] {
+        let reply = s.call_tool(name, json!({"order_id": "o-1"})).await;
+        let message = reply.message.clone().unwrap_or_default();
+        assert_eq!(message["error"]["code"], -32602, "{name}: {}", reply.body);
+        let text = message["error"]["message"].as_str().unwrap_or("");
+        assert!(text.contains("`/virtual/narrow`"), "{name}: {text}");
+    }
+    assert_eq!(alpha.server.calls("read_order").await, 0);
+    assert_eq!(alpha.server.calls("echo").await, 3);
+    assert_eq!(beta.server.calls("echo").await, 2);
 }
 
 /// The routes of Envoy's dynamic route configuration (from `/config_dump`).

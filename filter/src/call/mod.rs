@@ -1021,6 +1021,14 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             held_session::Unopened::NoInstance => UpstreamFailure::NoHealthyUpstream,
             held_session::Unopened::Failed => UpstreamFailure::ConnectFailure,
         };
+        // An admitted `tools/call` gets the semantic reply, naming its fallback, as it does
+        // when Envoy finds no healthy upstream: a client of the aggregate endpoint with a
+        // gateway session got a JSON-RPC error instead once its tool's service had left
+        // (tests/tests/aggregate_calls.rs).
+        if judged.tool.is_some() {
+            let reply = self.failure_reply(failure, self.framing);
+            return self.answer(host, 200, &reply);
+        }
         let reply =
             reply::service_unavailable(self.version, &judged.id, service, failure, self.framing);
         self.answer(host, 200, &reply)

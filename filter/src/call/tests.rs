@@ -1285,10 +1285,12 @@ fn no_healthy_instance_for_a_session_is_a_semantic_reply() {
     let (status, reply) = f.reply();
     assert_eq!(status, 200);
     assert_eq!(reply["id"], 7);
-    assert!(
-        reply["result"]["isError"] == true || reply["error"].is_object(),
-        "{reply}"
-    );
+    // The tool's result, as when Envoy finds no healthy upstream, named as the agent sees it
+    // (a JSON-RPC error here was the bug: no fallback could be named).
+    assert_eq!(reply["result"]["isError"], true, "{reply}");
+    let meta = &reply["result"]["_meta"]["io.toolgate/breaker"];
+    assert_eq!(meta["failure"], "no_healthy_upstream", "{reply}");
+    assert_eq!(meta["tool"], "orders__read_order", "{reply}");
     assert_eq!(f.stream.resumed.get(), 0, "answered here, not resumed");
 }
 

@@ -19,6 +19,49 @@ const SESSION_QUESTION_TIMEOUT: std::time::Duration = std::time::Duration::from_
 /// The host calls of the stream being served (proxy-wasm addresses the current one).
 struct Envoy;
 
+// The ABI's own header calls: proxy-wasm's wrappers (`hostcalls::set_map_value`) panic on any
+// status but Ok, and Envoy answers BadArgument when the map is no longer there: the request
+// headers of a call that was paused for a session question and resumed, set while its
+// response is read (the held-response mark), killed the VM (tests/tests/virtual_servers.rs,
+// a stateless server answering JSON through `/virtual/<name>` with a gateway session).
+#[link(wasm_import_module = "env")]
+extern "C" {
+    fn proxy_replace_header_map_value(
+        map_type: MapType,
+        key_data: *const u8,
+        key_size: usize,
+        value_data: *const u8,
+        value_size: usize,
+    ) -> u32;
+    fn proxy_remove_header_map_value(
+        map_type: MapType,
+        key_data: *const u8,
+        key_size: usize,
+    ) -> u32;
+}
+
+/// Sets (or removes) a header if Envoy still has the map; a map that is gone leaves nothing to
+/// change.
+fn set_header(map: MapType, name: &str, value: Option<&str>) {
+    // SAFETY: the pointers and lengths are those of live `&str`s, which the host only reads
+    // during the call.
+    let status = unsafe {
+        match value {
+            Some(v) => {
+                proxy_replace_header_map_value(map, name.as_ptr(), name.len(), v.as_ptr(), v.len())
+            }
+            None => proxy_remove_header_map_value(map, name.as_ptr(), name.len()),
+        }
+    };
+    // 0 is the ABI's Ok; read as a number, since a status unknown to the enum would be UB.
+    if status != 0 {
+        log(
+            LogLevel::Debug,
+            &format!("toolgate: header {name} not set: the host answered status {status}"),
+        );
+    }
+}
+
 impl CallHost for Envoy {
     fn now_ms(&self) -> u64 {
         now_ms()
@@ -31,7 +74,7 @@ impl CallHost for Envoy {
     }
 
     fn set_request_header(&self, name: &str, value: Option<&str>) {
-        let _ = hostcalls::set_map_value(MapType::HttpRequestHeaders, name, value);
+        set_header(MapType::HttpRequestHeaders, name, value);
     }
 
     fn request_body(&self, len: usize) -> Option<Vec<u8>> {
@@ -51,7 +94,7 @@ impl CallHost for Envoy {
     }
 
     fn set_response_header(&self, name: &str, value: Option<&str>) {
-        let _ = hostcalls::set_map_value(MapType::HttpResponseHeaders, name, value);
+        set_header(MapType::HttpResponseHeaders, name, value);
     }
 
     fn response_body(&self, len: usize) -> Option<Vec<u8>> {
