@@ -209,7 +209,8 @@ pub fn annotate_sse(
     while let Some((line_end, next)) = line_at(stream, at) {
         let line = &stream[at..line_end];
         if line.is_empty() {
-            if event.is_message() && !event.data_lines.is_empty() {
+            // An event with empty data is not dispatched (rmcp primes its streams with one).
+            if event.is_message() && !event.data.is_empty() {
                 match annotate_message(&event.data, id, &mut availability) {
                     Listed::NotTheResponse => {}
                     Listed::Annotated { body, annotated } => {
@@ -450,7 +451,7 @@ mod tests {
     #[test]
     fn an_sse_listing_is_annotated_in_its_event_and_other_events_are_kept() {
         let stream = format!(
-            ": ping\r\nevent: message\r\ndata: {{\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{{}}}}\r\n\r\nid: e2\r\ndata: {}\r\n\r\nevent: other\r\ndata: x\r\n\r\n",
+            "id: 0\r\nretry: 3000\r\ndata:\r\n\r\n: ping\r\nevent: message\r\ndata: {{\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{{}}}}\r\n\r\nid: e2\r\ndata: {}\r\n\r\nevent: other\r\ndata: x\r\n\r\n",
             LISTING
         );
         let SseListed::Found(Listed::Annotated { body, annotated: 1 }) =
