@@ -117,6 +117,14 @@ async fn a_forced_open_tool_is_annotated_in_its_services_own_listing() {
             );
         }
 
+        assert!(
+            gw.envoy
+                .stat("wasmcustom.toolgate.tools_list.annotated")
+                .await
+                > 0,
+            "{service}: annotated listings are counted"
+        );
+
         override_tool(&gw, service, "write_order", "force_closed").await;
         wait_until(
             &format!("{service}: the annotation is gone"),
