@@ -17,6 +17,10 @@
 //! virtual server's names, sent to its service's own route with the tool's own name, and from
 //! then on is a call of that (service, tool) like any other; its semantic replies name tools
 //! as the agent sees them there. Everything else there goes on to toolgate-xds as it is.
+//!
+//! A server's answer to a `tools/list` on its route is held (within [`HOLD_LIMIT`]) and each
+//! tool the gateway would refuse now annotated (see [`crate::mcp::listing`]), as the
+//! aggregate endpoint's listing is; no other answer is.
 
 use std::cell::RefCell;
 use std::rc::Rc;
