@@ -39,6 +39,12 @@ pub const SLOW: &str = "slow";
 pub const REJECTED: &str = "rejected";
 pub const STATE: &str = "state";
 
+/// Counters of the gateway (not of a tool): `tools/list` answers on a service's route with
+/// tools annotated as unavailable, and answers passed on unannotated because they could not
+/// be read (too large to hold, not JSON, not a listing).
+pub const TOOLS_LIST_ANNOTATED: &str = "toolgate.tools_list.annotated";
+pub const TOOLS_LIST_UNREAD: &str = "toolgate.tools_list.unread";
+
 /// Values of the `state` gauge: what the gateway does with a call now.
 pub const STATE_CLOSED: u64 = 0;
 pub const STATE_OPEN: u64 = 1;
@@ -158,6 +164,8 @@ pub struct Stats<H> {
     host: H,
     tools: HashMap<String, Entry>,
     overflow: Option<Entry>,
+    /// Ids of the gateway's own counters, by name.
+    counters: HashMap<&'static str, u32>,
 }
 
 impl<H: MetricHost> Stats<H> {
@@ -166,6 +174,7 @@ impl<H: MetricHost> Stats<H> {
             host,
             tools: HashMap::new(),
             overflow: None,
+            counters: HashMap::new(),
         }
     }
 
@@ -187,6 +196,7 @@ impl<H: MetricHost> Stats<H> {
             host,
             tools,
             overflow,
+            ..
         } = self;
         if let Some(entry) = tools.get_mut(key) {
             return Some(entry.admitted(host, admission, now_ms));
@@ -232,6 +242,21 @@ impl<H: MetricHost> Stats<H> {
                 entry.write_state(&self.host, value, now_ms);
             }
         }
+    }
+
+    /// Counts one of the gateway's own counters (`name`, a constant of this module).
+    pub fn count(&mut self, name: &'static str) {
+        let id = match self.counters.get(name) {
+            Some(&id) => id,
+            None => {
+                let Some(id) = self.host.define(MetricKind::Counter, name) else {
+                    return;
+                };
+                self.counters.insert(name, id);
+                id
+            }
+        };
+        self.host.increment(id);
     }
 
     /// (service, tool) pairs with stats of their own.

@@ -17,17 +17,22 @@
 //! virtual server's names, sent to its service's own route with the tool's own name, and from
 //! then on is a call of that (service, tool) like any other; its semantic replies name tools
 //! as the agent sees them there. Everything else there goes on to toolgate-xds as it is.
+//!
+//! A server's answer to a `tools/list` on its route is held (within [`HOLD_LIMIT`]) and each
+//! tool the gateway would refuse now annotated (see [`crate::mcp::listing`]), as the
+//! aggregate endpoint's listing is; no other answer is.
 
 use std::cell::RefCell;
 use std::rc::Rc;
 
+use toolgate_model::availability::{Availability, Unavailable as NotNow};
 use toolgate_model::fleet::BreakerEvent;
 use toolgate_model::policy::FilterConfig;
 use toolgate_model::BreakerPolicy;
 
 use crate::aggregate::{self, Target, VisibleNames};
 use crate::breaker::{
-    breaker_key, Admission, Breakers, Cause, Outcome, SharedStore, State, Transition,
+    breaker_key, Admission, Breakers, Cause, Force, Outcome, SharedStore, State, Transition,
 };
 use crate::catalog::{self, Known, Unlisted};
 use crate::feedback::{Feedback, Kind};
@@ -35,17 +40,19 @@ use crate::fleet;
 use crate::held_session;
 use crate::mcp::headers::{check_headers, HeaderCheck};
 use crate::mcp::jsonrpc::RawId;
+use crate::mcp::listing::{annotate_message, annotate_sse, Listed, SseListed};
 use crate::mcp::reply::{
     self, BatchAnswer, Framing, OpenCause, ProtocolVersion, Reply, Unavailable, UnavailableKind,
     UpstreamFailure,
 };
 use crate::mcp::request::{
     nests_deeper_than, read_body, Body, Refusal, Request, ToolName, SERVER_DISCOVER, TOOLS_CALL,
+    TOOLS_LIST,
 };
 use crate::mcp::response::{classify_response, is_client_fault, ResponseClass};
 use crate::mcp::sse::SseScanner;
 use crate::session::{self, Sealer};
-use crate::stats::{MetricHost, Stats, ToolMetrics};
+use crate::stats::{MetricHost, Stats, ToolMetrics, TOOLS_LIST_ANNOTATED, TOOLS_LIST_UNREAD};
 use crate::upstream::{verdict, Verdict};
 
 #[cfg(test)]
@@ -164,6 +171,36 @@ impl<S: SharedStore, M: MetricHost> Shared<S, M> {
         self.sealer = Sealer::new(&key, vm_seed);
         self.sealer.is_some()
     }
+
+    /// Why a call of `tool` of `service` would be refused now, as a service's `tools/list`
+    /// shows it: forced open by an operator, or its breaker open, fleet-wide or in this
+    /// Envoy. A breaker still carrying a lifted override is not shown: the next configuration
+    /// clears it.
+    fn availability(&self, service: &str, tool: &str, now_ms: u64) -> Option<Availability> {
+        let config = &self.config;
+        let why = match fleet::forced_open(&config.overrides, service, tool) {
+            Some(reason) => NotNow::ForcedOpen {
+                reason: reason.to_string(),
+            },
+            None => {
+                let fleet = config
+                    .fleet_open
+                    .get(service)
+                    .and_then(|t| t.get(tool))
+                    .map(|o| o.until_ms);
+                let here = self
+                    .breakers
+                    .snapshot(&breaker_key(service, tool))
+                    .filter(|b| b.state() == State::Open && b.force() == Force::None)
+                    .map(|b| b.open_until_ms());
+                let until_ms = fleet.max(here).filter(|&until| until > now_ms)?;
+                NotNow::Open { until_ms }
+            }
+        };
+        // On a service's route the agent sees the tools' own names.
+        let fallback = config.policy_for(service, tool).fallback_tool;
+        Some(Availability { why, fallback })
+    }
 }
 
 /// The log line of a breaker transition.
@@ -217,6 +254,8 @@ struct Judged {
     discover: bool,
     /// For an admitted `tools/call`: the tool, and the fallback its policy names.
     tool: Option<(String, Option<String>)>,
+    /// A `tools/list` on a service's route: its answer is annotated.
+    list: bool,
 }
 
 /// What the judge decided about one `tools/call`.
@@ -407,6 +446,11 @@ enum Watch {
     Sse(SseScanner),
     /// The upstream failed: the body is replaced by this reply at the end of the stream.
     Replace(Reply),
+    /// A server's `tools/list` answer, held to be annotated: a JSON body until complete
+    /// (headers held too), an SSE stream until its response event.
+    Listing {
+        sse: bool,
+    },
 }
 
 /// Seconds a client is told to wait before it opens a GET stream again when no server is
@@ -1203,8 +1247,14 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             id: request.id.clone(),
             discover: request.method == SERVER_DISCOVER,
             tool: None,
+            list: false,
         });
         if request.method != TOOLS_CALL {
+            if request.method == TOOLS_LIST && self.on_virtual.is_none() {
+                if let Some(judged) = &mut self.request {
+                    judged.list = true;
+                }
+            }
             return Ok(None);
         }
         match request.tool() {
@@ -1489,6 +1539,10 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         match v {
             Verdict::Answered => {
                 if self.admitted.is_none() {
+                    let listing = self.request.as_ref().is_some_and(|j| j.list);
+                    if listing && status == 200 && !end_of_stream {
+                        return self.watch_listing(host);
+                    }
                     return Action::Continue;
                 }
                 if end_of_stream {
@@ -1562,6 +1616,84 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         }
     }
 
+    /// A server's answer to a `tools/list` on its route: held to be annotated, as long as it
+    /// is small enough to hold ([`HOLD_LIMIT`], like a call's JSON response).
+    fn watch_listing(&mut self, host: &impl CallHost) -> Action {
+        let content_type = host.response_header("content-type").unwrap_or_default();
+        if content_type.starts_with("text/event-stream") {
+            // An annotated event is longer than the server's: a declared length would cut it.
+            host.set_response_header("content-length", None);
+            self.watch = Watch::Listing { sse: true };
+            return Action::Continue;
+        }
+        let declared = host
+            .response_header("content-length")
+            .and_then(|v| v.trim().parse::<usize>().ok());
+        if !content_type.starts_with("application/json") || declared.is_some_and(|n| n > HOLD_LIMIT)
+        {
+            self.shared.borrow_mut().stats.count(TOOLS_LIST_UNREAD);
+            return Action::Continue;
+        }
+        self.watch = Watch::Listing { sse: false };
+        // The length is set once the body is read: it changes only if a tool is annotated.
+        Action::Pause
+    }
+
+    /// The held `tools/list` answer (`body_size` bytes so far): annotated when complete, or
+    /// passed on as it is when it is too large or not a listing.
+    fn listing_body(
+        &mut self,
+        host: &impl CallHost,
+        sse: bool,
+        body_size: usize,
+        end_of_stream: bool,
+    ) -> Action {
+        if body_size > HOLD_LIMIT {
+            self.watch = Watch::None;
+            self.shared.borrow_mut().stats.count(TOOLS_LIST_UNREAD);
+            return Action::Continue;
+        }
+        if !sse && !end_of_stream {
+            return Action::Pause;
+        }
+        let (Some(judged), Some(service)) = (&self.request, &self.service) else {
+            self.watch = Watch::None;
+            return Action::Continue;
+        };
+        let body = host.response_body(body_size).unwrap_or_default();
+        let now = host.now_ms();
+        let listed = {
+            let shared = self.shared.borrow();
+            let availability = |tool: &str| shared.availability(service, tool, now);
+            if sse {
+                match annotate_sse(&body, &judged.id, availability, end_of_stream) {
+                    SseListed::Incomplete => return Action::Pause,
+                    SseListed::Ended => Listed::NotTheResponse,
+                    SseListed::Found(listed) => listed,
+                }
+            } else {
+                annotate_message(&body, &judged.id, availability)
+            }
+        };
+        self.watch = Watch::None;
+        match listed {
+            Listed::Annotated {
+                body: annotated, ..
+            } => {
+                if !sse {
+                    host.set_response_header("content-length", Some(&annotated.len().to_string()));
+                }
+                host.set_response_body(body_size, &annotated);
+                self.shared.borrow_mut().stats.count(TOOLS_LIST_ANNOTATED);
+            }
+            Listed::Unchanged => {}
+            Listed::Unread | Listed::NotTheResponse => {
+                self.shared.borrow_mut().stats.count(TOOLS_LIST_UNREAD);
+            }
+        }
+        Action::Continue
+    }
+
     /// A GET stream Envoy could not open (no healthy instance, connect failure, full pool):
     /// 503 with `Retry-After` and a JSON-RPC error naming the service. A server's own answer
     /// passes as it is.
@@ -1625,6 +1757,10 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         }
         match &mut self.watch {
             Watch::None => Action::Continue,
+            Watch::Listing { sse } => {
+                let sse = *sse;
+                self.listing_body(host, sse, body_size, end_of_stream)
+            }
             Watch::Replace(_) => {
                 if !end_of_stream {
                     return Action::Pause;

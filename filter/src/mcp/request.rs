@@ -29,6 +29,7 @@ pub const INVALID_REQUEST: i64 = -32600;
 pub const INVALID_PARAMS: i64 = -32602;
 
 pub const TOOLS_CALL: &str = "tools/call";
+pub const TOOLS_LIST: &str = "tools/list";
 /// The 2026-07-28 revision's stateless discovery, which SDKs send first as their version probe.
 pub const SERVER_DISCOVER: &str = "server/discover";
 

@@ -5,11 +5,12 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::time::{Duration, UNIX_EPOCH};
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use serde_json::{json, Map, Value};
+use toolgate_model::availability::annotate;
+pub use toolgate_model::availability::{Availability, Unavailable, AVAILABILITY_KEY};
 use toolgate_model::fleet::OverrideMode;
 use toolgate_model::policy::FilterConfig;
 use toolgate_model::virtual_server::{VirtualRoutes, VirtualServer, WhenUnavailable};
@@ -20,87 +21,8 @@ use crate::registry::Registry;
 
 /// Tools per `tools/list` page.
 pub const PAGE_SIZE: usize = 100;
-/// The `_meta` key of a tool's availability.
-pub const AVAILABILITY_KEY: &str = "io.toolgate/availability";
 /// Prefix of a pagination cursor.
 const CURSOR_PREFIX: &str = "tgc1.";
-
-/// Why a tool cannot work right now.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Unavailable {
-    /// Its service has no instance that takes calls.
-    NoInstance,
-    /// Its breaker is open fleet-wide until then (ms since the epoch).
-    Open { until_ms: u64 },
-    /// An operator forced it open, saying why.
-    ForcedOpen { reason: String },
-}
-
-impl Unavailable {
-    fn state(&self) -> &'static str {
-        match self {
-            Unavailable::NoInstance => "no_instance",
-            Unavailable::Open { .. } => "open",
-            Unavailable::ForcedOpen { .. } => "forced_open",
-        }
-    }
-}
-
-/// A tool's availability as shown: the reason and, when the policy names one offered on this
-/// endpoint, the fallback's visible name.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Availability {
-    pub why: Unavailable,
-    pub fallback: Option<String>,
-}
-
-impl Availability {
-    /// `_meta["io.toolgate/availability"]`.
-    pub fn meta(&self) -> Value {
-        let mut m = Map::new();
-        m.insert("state".into(), json!(self.why.state()));
-        if let Unavailable::Open { until_ms } = self.why {
-            m.insert("until".into(), json!(rfc3339(until_ms)));
-        }
-        if let Some(f) = &self.fallback {
-            m.insert("fallback".into(), json!(f));
-        }
-        m.insert("reason".into(), json!(self.reason()));
-        Value::Object(m)
-    }
-
-    fn reason(&self) -> String {
-        match &self.why {
-            Unavailable::NoInstance => "its service has no healthy instance".into(),
-            Unavailable::Open { until_ms } => {
-                format!("its breaker is open until {}", clock(*until_ms))
-            }
-            Unavailable::ForcedOpen { reason } => {
-                format!("an operator took it out of service: {reason}")
-            }
-        }
-    }
-
-    /// The sentence appended to the tool's description.
-    pub fn sentence(&self) -> String {
-        match &self.fallback {
-            Some(f) => format!("Unavailable now: {}; use {f} instead.", self.reason()),
-            None => format!("Unavailable now: {}.", self.reason()),
-        }
-    }
-}
-
-fn rfc3339(ms: u64) -> String {
-    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
-}
-
-/// `12:00:05Z`: the time of day is what a model can act on.
-fn clock(ms: u64) -> String {
-    let full = rfc3339(ms);
-    full.split_once('T')
-        .map(|(_, t)| t.to_string())
-        .unwrap_or(full)
-}
 
 /// One virtual server's `tools/list`, ready to page through.
 #[derive(Debug, Clone, Default)]
@@ -309,21 +231,7 @@ pub fn render(visible: &str, def: Option<&Value>, avail: Option<&Availability>) 
         tool.insert("inputSchema".into(), json!({"type": "object"}));
     }
     if let Some(a) = avail {
-        let sentence = a.sentence();
-        let description = match tool.get("description").and_then(Value::as_str) {
-            Some(d) if !d.trim().is_empty() => format!("{} {sentence}", d.trim_end()),
-            _ => sentence,
-        };
-        tool.insert("description".into(), json!(description));
-        let meta = tool
-            .entry("_meta")
-            .or_insert_with(|| Value::Object(Map::new()));
-        if !meta.is_object() {
-            *meta = Value::Object(Map::new());
-        }
-        if let Some(m) = meta.as_object_mut() {
-            m.insert(AVAILABILITY_KEY.into(), a.meta());
-        }
+        annotate(&mut tool, a);
     }
     Value::Object(tool)
 }
@@ -331,6 +239,7 @@ pub fn render(visible: &str, def: Option<&Value>, avail: Option<&Availability>) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use toolgate_model::availability::rfc3339;
     use toolgate_model::KeyLayout;
 
     fn registry() -> Registry {
