@@ -41,7 +41,8 @@ pub struct AggregateBench {
     pub call_rps_mcp: Vec<f64>,
     pub call_median_route: f64,
     pub call_median_mcp: f64,
-    /// Median through `/mcp` over median on the service's route.
+    /// Median of the pairs' ratios (through `/mcp` over on the service's route, run back to
+    /// back).
     pub call_ratio: f64,
     /// Envoy's CPU time per call (all its threads), median of the runs: what the aggregate
     /// path costs, unlike throughput hardly moved by other load on the machine.
@@ -279,23 +280,20 @@ pub async fn run(env: &TestEnv, opts: &Options) -> anyhow::Result<AggregateBench
         .as_ref()
         .map(|p| p.pid())
         .context("Envoy is not running")?;
-    if let Ok(secs) = std::env::var("HOLD_SECS") {
-        eprintln!(
-            "HOLD envoy={envoy_pid} route={route_url} mcp={mcp_url} route_script={} mcp_script={}",
-            route_script.display(),
-            mcp_script.display()
-        );
-        tokio::time::sleep(Duration::from_secs(secs.parse().unwrap_or(600))).await;
-    }
-    for _ in 0..opts.reps {
-        for (script, url, out, cpu) in [
+    for rep in 0..opts.reps {
+        let mut runs = [
             (&route_script, &route_url, &mut route_rps, &mut route_cpu),
             (&mcp_script, &mcp_url, &mut mcp_rps, &mut mcp_cpu),
-        ] {
+        ];
+        // Every other pair the other way round (ABBA): a machine that slows down or speeds up
+        // during the run weighs on both sides alike.
+        if rep % 2 == 1 {
+            runs.reverse();
+        }
+        for (script, url, out, cpu) in runs {
             let cpu0 = crate::machine::cpu_ns(envoy_pid);
             let r = wrk(script, url, opts.secs, 16).await?;
             let used_ns = crate::machine::cpu_ns(envoy_pid).saturating_sub(cpu0);
-            cpu.push(used_ns as f64 / 1e3 / r.requests.max(1.0));
             if r.status + r.connect + r.read + r.write + r.timeout > 0.0 {
                 bail!(
                     "wrk on {url}: errors (status {}, timeout {})",
@@ -303,6 +301,7 @@ pub async fn run(env: &TestEnv, opts: &Options) -> anyhow::Result<AggregateBench
                     r.timeout
                 );
             }
+            cpu.push(used_ns as f64 / 1e3 / r.requests.max(1.0));
             out.push(r.requests / (r.duration_us / 1e6));
         }
     }
@@ -311,7 +310,14 @@ pub async fn run(env: &TestEnv, opts: &Options) -> anyhow::Result<AggregateBench
         v.sort_by(|a, b| a.total_cmp(b));
         v.get(v.len() / 2).copied().unwrap_or(0.0)
     };
-    let call_ratio = median(&mcp_rps) / median(&route_rps).max(1.0);
+    // The ratio of each pair, then their median: a pair shares the machine's state of the
+    // moment (this 2-core VM's steal time moves throughput by tens of percent between runs).
+    let pair_ratios: Vec<f64> = mcp_rps
+        .iter()
+        .zip(&route_rps)
+        .map(|(m, r)| m / r.max(1.0))
+        .collect();
+    let call_ratio = median(&pair_ratios);
 
     // A new service: etcd put -> its tools listed, definitions read.
     let mut listed = Vec::new();
