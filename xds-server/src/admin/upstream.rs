@@ -102,14 +102,15 @@ fn admit<T: serde::de::DeserializeOwned>(
     headers: &HeaderMap,
     body: &[u8],
     open_of: impl Fn(&T) -> &OpenRequest,
-) -> Result<(T, InitParams), axum::response::Response> {
+) -> Result<(T, InitParams), Box<axum::response::Response>> {
+    let answer = |r: axum::response::Response| Box::new(r);
     s.reports
         .check(headers)
-        .map_err(IntoResponse::into_response)?;
-    let r: T = parse(body).map_err(bad)?;
-    check(open_of(&r)).map_err(bad)?;
+        .map_err(|e| answer(e.into_response()))?;
+    let r: T = parse(body).map_err(|e| answer(bad(e)))?;
+    check(open_of(&r)).map_err(|e| answer(bad(e)))?;
     let params = params_of(s, open_of(&r))
-        .map_err(|(status, e)| (status, Json(json!({"error": e}))).into_response())?;
+        .map_err(|(status, e)| answer((status, Json(json!({"error": e}))).into_response()))?;
     Ok((r, params))
 }
 
@@ -120,7 +121,7 @@ async fn open(
 ) -> axum::response::Response {
     let (r, params) = match admit::<OpenRequest>(&s, &headers, &body, |r| r) {
         Ok(admitted) => admitted,
-        Err(answer) => return answer,
+        Err(answer) => return *answer,
     };
     match s
         .upstream
@@ -147,7 +148,7 @@ async fn replay(
     }
     let (r, params) = match admit::<ReplayRequest>(&s, &headers, &body, |r| &r.open) {
         Ok(admitted) => admitted,
-        Err(answer) => return answer,
+        Err(answer) => return *answer,
     };
     let message = match STANDARD.decode(r.body.as_bytes()) {
         Ok(m) if m.len() <= MAX_REPLAY_BYTES => m,
