@@ -478,13 +478,18 @@ enum HeldFor {
     /// A client of a service's route, by the `initialize` parameters sealed in its id: a
     /// replayed answer carries its new id, sealed likewise.
     Route(String),
+    /// A 2026-07-28 client of the aggregate endpoint, by the `initialize` parameters made of
+    /// the identity its request states (it has no id to carry a new session's).
+    Stateless(String),
 }
 
 impl HeldFor {
     fn question(&self) -> held_session::Client<'_> {
         match self {
             HeldFor::Gateway(id) => held_session::Client::Gateway(id),
-            HeldFor::Route(params) => held_session::Client::Params(params),
+            HeldFor::Route(params) | HeldFor::Stateless(params) => {
+                held_session::Client::Params(params)
+            }
         }
     }
 }
@@ -932,7 +937,8 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         }
         // The agent's `Mcp-Session-Id` is a gateway session of toolgate-xds, which no server
         // knows: it is exchanged for the session the gateway holds with this service for it
-        // (see `crate::held_session`), or dropped (a 2026-07-28 client has none).
+        // (see `crate::held_session`), or dropped (a 2026-07-28 client has none, and gets
+        // one held for its stated identity when the server needs one).
         let gateway_session = host
             .request_header(SESSION_HEADER)
             .filter(|id| id.starts_with(held_session::GATEWAY_PREFIX));
@@ -946,13 +952,34 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         // a 404, and the remedy is its foreign function `clear_route_cache`
         // (`hostcalls::call_foreign_function("clear_route_cache", None)`), one host call.
         host.set_request_header(":path", Some(&aggregate::service_path(service, &query)));
-        let Some(gateway_session) = gateway_session else {
-            return Action::Continue;
-        };
-        let Some(owner) =
-            held_session::owner_of(held_session::OwnerKind::Gateway, &gateway_session)
-        else {
-            return Action::Continue;
+        let (owner, client) = match gateway_session {
+            Some(id) => match held_session::owner_of(held_session::OwnerKind::Gateway, &id) {
+                Some(owner) => (owner, HeldFor::Gateway(id)),
+                None => return Action::Continue,
+            },
+            // A 2026-07-28 client calling a server that needs a session: one held for the
+            // identity it states. Any other call without a gateway session goes as it is
+            // (one map lookup: the common stateless case pays no more).
+            None => {
+                let revision = (self.version >= ProtocolVersion::V2026_07_28)
+                    .then(|| {
+                        self.shared
+                            .borrow()
+                            .config
+                            .legacy_revisions
+                            .get(service)
+                            .cloned()
+                    })
+                    .flatten();
+                let Some(revision) = revision else {
+                    return Action::Continue;
+                };
+                let params = held_session::stateless_params(body, &revision);
+                (
+                    held_session::owner_of_identity(&params),
+                    HeldFor::Stateless(params),
+                )
+            }
         };
         let slot = held_session::slot_key(&owner, service);
         let cached = {
@@ -979,7 +1006,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         let mut held = HeldCall {
             owner,
             service: service.to_string(),
-            client: HeldFor::Gateway(gateway_session),
+            client,
             slot,
             envelope: None,
             body: body.to_vec(),
