@@ -254,6 +254,67 @@ pub fn stateless_params(body: &[u8], revision: &str) -> String {
     text
 }
 
+/// The most of a server's answer to a stateless client's call the filter holds to complete it
+/// ([`complete_results`]); a larger one goes through as the server sent it.
+pub const MAX_COMPLETED_BYTES: usize = 1 << 20;
+
+/// A server of a session revision answers without `resultType`, which 2026-07-28 results
+/// carry (`"complete"`, or `"input_required"`, which such a server never means) and which
+/// strict 2026-07-28 clients require (the official Python SDK refuses the result without
+/// it). The answer (JSON, or SSE whose `data:` lines are messages) with `"resultType":
+/// "complete"` put first in each response's `result` that lacks one, the rest byte for
+/// byte; `None` when nothing needed it.
+pub fn complete_results(body: &[u8]) -> Option<Vec<u8>> {
+    if body.trim_ascii_start().starts_with(b"{") {
+        return complete_message(body);
+    }
+    let mut out = Vec::with_capacity(body.len() + 32);
+    let mut changed = false;
+    for line in body.split_inclusive(|b| *b == b'\n') {
+        let completed = line
+            .strip_prefix(b"data:")
+            .and_then(complete_message)
+            .map(|m| [b"data:".as_slice(), &m].concat());
+        match completed {
+            Some(c) => {
+                out.extend_from_slice(&c);
+                changed = true;
+            }
+            None => out.extend_from_slice(line),
+        }
+    }
+    changed.then_some(out)
+}
+
+/// One JSON-RPC message, completed if it is a response whose `result` object has no
+/// `resultType`.
+fn complete_message(message: &[u8]) -> Option<Vec<u8>> {
+    #[derive(Deserialize)]
+    struct Response<'a> {
+        #[serde(borrow)]
+        result: Option<&'a RawValue>,
+    }
+    let text = std::str::from_utf8(message).ok()?;
+    let trimmed = text.trim_end_matches(['\r', '\n']);
+    let result = serde_json::from_str::<Response<'_>>(trimmed).ok()?.result?;
+    let keys: std::collections::BTreeMap<String, serde::de::IgnoredAny> =
+        serde_json::from_str(result.get()).ok()?;
+    if keys.contains_key("resultType") {
+        return None;
+    }
+    // The raw value is a slice of `text`: where its `{` is.
+    let open = (result.get().as_ptr() as usize).checked_sub(text.as_ptr() as usize)?;
+    if text.as_bytes().get(open) != Some(&b'{') {
+        return None;
+    }
+    let field = if keys.is_empty() {
+        r#""resultType":"complete""#
+    } else {
+        r#""resultType":"complete","#
+    };
+    Some([&message[..=open], field.as_bytes(), &message[open + 1..]].concat())
+}
+
 /// toolgate-xds's answer to a replay: the new session and the server's answer.
 #[derive(Debug, Clone, Deserialize)]
 pub struct Replayed {
@@ -347,6 +408,37 @@ mod tests {
                 unstated,
                 "{odd}"
             );
+        }
+    }
+
+    #[test]
+    fn results_of_a_session_revision_are_completed_for_a_stateless_client() {
+        let json = br#"{"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"text","text":"a"}]}}"#;
+        let done = complete_results(json).expect("completed");
+        assert_eq!(
+            String::from_utf8(done).expect("utf-8"),
+            r#"{"jsonrpc":"2.0","id":7,"result":{"resultType":"complete","content":[{"type":"text","text":"a"}]}}"#
+        );
+        assert_eq!(
+            complete_results(br#"{"jsonrpc":"2.0","id":7,"result":{}}"#).as_deref(),
+            Some(br#"{"jsonrpc":"2.0","id":7,"result":{"resultType":"complete"}}"#.as_slice())
+        );
+        let sse = "event: message\r\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{}}\r\n\r\nevent: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"content\":[]}}\n\n";
+        let done =
+            String::from_utf8(complete_results(sse.as_bytes()).expect("completed")).expect("utf-8");
+        assert_eq!(
+            done,
+            sse.replace(r#""result":{"#, r#""result":{"resultType":"complete","#)
+        );
+        for untouched in [
+            br#"{"jsonrpc":"2.0","id":7,"result":{"resultType":"complete","content":[]}}"#
+                .as_slice(),
+            br#"{"jsonrpc":"2.0","id":7,"error":{"code":-32000,"message":"x"}}"#,
+            br#"{"jsonrpc":"2.0","id":7,"result":[1]}"#,
+            b"not json",
+            b"",
+        ] {
+            assert_eq!(complete_results(untouched), None);
         }
     }
 

@@ -459,6 +459,10 @@ pub struct Call<S, M> {
     /// The request declared its body's length (`content-length`), which a rewrite must keep
     /// true.
     declared_length: bool,
+    /// A stateless client's call answered on a session held for it: the answer is held
+    /// whole and its results completed for the client's revision
+    /// ([`held_session::complete_results`]).
+    completing: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -567,6 +571,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             held: None,
             init_params: None,
             declared_length: false,
+            completing: false,
         }
     }
 
@@ -1134,10 +1139,16 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                             .as_deref()
                             .map(|id| vec![(SESSION_HEADER, id)])
                             .unwrap_or_default();
+                        let completed = match &held.client {
+                            HeldFor::Stateless(_) => {
+                                held_session::complete_results(r.body.as_bytes())
+                            }
+                            _ => None,
+                        };
                         host.send_raw(
                             u32::from(r.status),
                             &r.content_type,
-                            r.body.as_bytes(),
+                            completed.as_deref().unwrap_or(r.body.as_bytes()),
                             &headers,
                         );
                     }
@@ -1490,6 +1501,16 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         if let Some(action) = self.replay_lost_session(host) {
             return action;
         }
+        if self.held.as_ref().is_some_and(|h| {
+            h.phase == HeldPhase::Sent && matches!(h.client, HeldFor::Stateless(_))
+        }) && host
+            .response_header(":status")
+            .is_some_and(|s| s.starts_with('2'))
+        {
+            self.completing = true;
+            // The completed answer is longer.
+            host.set_response_header("content-length", None);
+        }
         if self.stage == Stage::Stream {
             return self.stream_response(host, end_of_stream);
         }
@@ -1649,6 +1670,23 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             .is_some_and(|h| h.phase == HeldPhase::Replaying)
         {
             return Action::Pause;
+        }
+        let mut body_size = body_size;
+        if self.completing {
+            if !end_of_stream {
+                if body_size <= held_session::MAX_COMPLETED_BYTES {
+                    return Action::Pause;
+                }
+                // Too large to hold: it goes as the server sent it.
+                self.completing = false;
+            } else {
+                self.completing = false;
+                let body = host.response_body(body_size).unwrap_or_default();
+                if let Some(completed) = held_session::complete_results(&body) {
+                    host.set_response_body(body_size, &completed);
+                    body_size = completed.len();
+                }
+            }
         }
         match &mut self.watch {
             Watch::None => Action::Continue,

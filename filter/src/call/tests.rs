@@ -1402,6 +1402,11 @@ fn a_stateless_call_to_a_server_that_speaks_sessions_goes_on_one_held_for_its_id
         assert_eq!(h[":path"], "/mcp/orders");
     }
     f.json(RESULT);
+    let answered = f.body_json();
+    assert_eq!(
+        answered["result"]["resultType"], "complete",
+        "a 2026-07-28 client gets a 2026-07-28 result: {answered}"
+    );
 
     // The same identity again: the session held, nobody asked.
     let again = stateless_call(&mut w, "py");
@@ -1450,7 +1455,7 @@ fn a_stateless_clients_session_the_server_lost_is_replayed() {
     {
         let raw = f.stream.raw_replies.borrow();
         assert_eq!(raw.len(), 1);
-        assert_eq!(raw[0].2, RESULT.as_bytes());
+        assert_eq!(json_of(&raw[0].2)["result"]["resultType"], "complete");
     }
     let next = stateless_call(&mut w, "py");
     assert_eq!(
