@@ -96,20 +96,21 @@ fn check(r: &OpenRequest) -> Result<(), String> {
 }
 
 /// What `open` and `replay` both do first: the report token, the request read and checked,
-/// and the client's parameters found. `Err` is the answer to give.
+/// and the client's parameters found. `Err` is the answer to give (boxed: a response is
+/// large, and the `Ok` path is the common one).
 fn admit<T: serde::de::DeserializeOwned>(
     s: &AdminState,
     headers: &HeaderMap,
     body: &[u8],
     open_of: impl Fn(&T) -> &OpenRequest,
-) -> Result<(T, InitParams), axum::response::Response> {
+) -> Result<(T, InitParams), Box<axum::response::Response>> {
     s.reports
         .check(headers)
-        .map_err(IntoResponse::into_response)?;
-    let r: T = parse(body).map_err(bad)?;
-    check(open_of(&r)).map_err(bad)?;
+        .map_err(|e| Box::new(e.into_response()))?;
+    let r: T = parse(body).map_err(|e| Box::new(bad(e)))?;
+    check(open_of(&r)).map_err(|e| Box::new(bad(e)))?;
     let params = params_of(s, open_of(&r))
-        .map_err(|(status, e)| (status, Json(json!({"error": e}))).into_response())?;
+        .map_err(|(status, e)| Box::new((status, Json(json!({"error": e}))).into_response()))?;
     Ok((r, params))
 }
 
@@ -120,7 +121,7 @@ async fn open(
 ) -> axum::response::Response {
     let (r, params) = match admit::<OpenRequest>(&s, &headers, &body, |r| r) {
         Ok(admitted) => admitted,
-        Err(answer) => return answer,
+        Err(answer) => return *answer,
     };
     match s
         .upstream
@@ -147,7 +148,7 @@ async fn replay(
     }
     let (r, params) = match admit::<ReplayRequest>(&s, &headers, &body, |r| &r.open) {
         Ok(admitted) => admitted,
-        Err(answer) => return answer,
+        Err(answer) => return *answer,
     };
     let message = match STANDARD.decode(r.body.as_bytes()) {
         Ok(m) if m.len() <= MAX_REPLAY_BYTES => m,
