@@ -13,11 +13,18 @@
 //! gateway (its own `tgv1.` ids, and the `tgs1.` ids the filter seals on per-service routes)
 //! is the authentication tag, which only the key holder can make, so no client can name
 //! another client's owner.
+//!
+//! A 2026-07-28 client has no session id at all. When the aggregate endpoint routes its call
+//! to a server that speaks only the revisions with sessions (toolgate-xds's catalog found it
+//! so: `FilterConfig::legacy_revisions`), the call goes on a session held for the identity
+//! the request states in its `_meta` ([`stateless_params`]): clients stating the same
+//! identity share that session, and whatever the server keeps in it.
 
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use serde::Deserialize;
-use serde_json::json;
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
 
 /// toolgate-xds's endpoints (on the control cluster the reports use).
 pub const OPEN_PATH: &str = "/v1/upstream-sessions";
@@ -26,7 +33,7 @@ pub const REPLAY_PATH: &str = "/v1/upstream-sessions/replay";
 pub const GATEWAY_PREFIX: &str = "tgv1.";
 /// Slots of answers in shared data.
 pub const SLOTS: u64 = 4096;
-pub use toolgate_model::session_owner::{owner_of, OwnerKind};
+pub use toolgate_model::session_owner::{owner_of, owner_of_identity, OwnerKind};
 
 /// The shared-data key of the slot for (owner, service).
 pub fn slot_key(owner: &str, service: &str) -> String {
@@ -167,6 +174,147 @@ pub fn split(value: &str) -> (&str, Option<&str>) {
     }
 }
 
+/// The `clientInfo` a session held for a stateless client is opened with when its request
+/// states none that a server would take (a `name` and a `version`).
+pub const UNSTATED_CLIENT: &str = "toolgate-stateless-client";
+
+/// Capabilities that make a server send requests to the client (`sampling/createMessage`,
+/// `elicitation/create`, `roots/list`). A session held for a stateless client has no way to
+/// bring those to it and their answers back, so they are not declared: the server then
+/// does without them, or says it cannot, instead of waiting for an answer that never comes.
+const SERVER_REQUESTS: [&str; 3] = ["sampling", "elicitation", "roots"];
+
+/// The `_meta` of a 2026-07-28 request, as far as it states who the client is. Borrowed raw,
+/// so the rest of the body (the arguments) is skipped, not copied.
+#[derive(Deserialize)]
+struct Stated<'a> {
+    #[serde(borrow, default)]
+    params: Option<StatedParams<'a>>,
+}
+
+#[derive(Deserialize)]
+struct StatedParams<'a> {
+    #[serde(rename = "_meta", borrow, default)]
+    meta: Option<StatedMeta<'a>>,
+}
+
+#[derive(Deserialize)]
+struct StatedMeta<'a> {
+    #[serde(rename = "io.modelcontextprotocol/clientInfo", borrow, default)]
+    client_info: Option<&'a RawValue>,
+    #[serde(rename = "io.modelcontextprotocol/clientCapabilities", borrow, default)]
+    capabilities: Option<&'a RawValue>,
+}
+
+/// The `initialize` parameters (compact JSON, keys sorted: one identity, one text) of the
+/// session held for the stateless client that sent `body`, in `revision` (the one the
+/// server agreed on with the catalog). Its owner is [`owner_of_identity`] of this text.
+/// A request that states no usable identity, or one weighing more than
+/// [`MAX_PARAMS_BYTES`], gets the unstated identity: every such client shares one session.
+pub fn stateless_params(body: &[u8], revision: &str) -> String {
+    let meta = serde_json::from_slice::<Stated<'_>>(body)
+        .ok()
+        .and_then(|s| s.params)
+        .and_then(|p| p.meta);
+    let parse = |raw: Option<&RawValue>| {
+        raw.and_then(|r| serde_json::from_str::<Value>(r.get()).ok())
+            .filter(Value::is_object)
+    };
+    let client_info = meta
+        .as_ref()
+        .and_then(|m| parse(m.client_info))
+        .filter(|i| i["name"].is_string() && i["version"].is_string());
+    let mut capabilities = meta
+        .as_ref()
+        .and_then(|m| parse(m.capabilities))
+        .unwrap_or_else(|| json!({}));
+    if let Some(caps) = capabilities.as_object_mut() {
+        caps.retain(|k, _| !SERVER_REQUESTS.contains(&k.as_str()));
+    }
+    let unstated = || {
+        json!({
+            "protocolVersion": revision,
+            "capabilities": {},
+            "clientInfo": {"name": UNSTATED_CLIENT, "version": "1"},
+        })
+        .to_string()
+    };
+    let Some(client_info) = client_info else {
+        return unstated();
+    };
+    let text = json!({
+        "protocolVersion": revision,
+        "capabilities": capabilities,
+        "clientInfo": client_info,
+    })
+    .to_string();
+    if text.len() > MAX_PARAMS_BYTES {
+        return unstated();
+    }
+    text
+}
+
+/// The most of a server's answer to a stateless client's call the filter holds to complete it
+/// ([`complete_results`]); a larger one goes through as the server sent it.
+pub const MAX_COMPLETED_BYTES: usize = 1 << 20;
+
+/// A server of a session revision answers without `resultType`, which 2026-07-28 results
+/// carry (`"complete"`, or `"input_required"`, which such a server never means) and which
+/// strict 2026-07-28 clients require (the official Python SDK refuses the result without
+/// it). The answer (JSON, or SSE whose `data:` lines are messages) with `"resultType":
+/// "complete"` put first in each response's `result` that lacks one, the rest byte for
+/// byte; `None` when nothing needed it.
+pub fn complete_results(body: &[u8]) -> Option<Vec<u8>> {
+    if body.trim_ascii_start().starts_with(b"{") {
+        return complete_message(body);
+    }
+    let mut out = Vec::with_capacity(body.len() + 32);
+    let mut changed = false;
+    for line in body.split_inclusive(|b| *b == b'\n') {
+        let completed = line
+            .strip_prefix(b"data:")
+            .and_then(complete_message)
+            .map(|m| [b"data:".as_slice(), &m].concat());
+        match completed {
+            Some(c) => {
+                out.extend_from_slice(&c);
+                changed = true;
+            }
+            None => out.extend_from_slice(line),
+        }
+    }
+    changed.then_some(out)
+}
+
+/// One JSON-RPC message, completed if it is a response whose `result` object has no
+/// `resultType`.
+fn complete_message(message: &[u8]) -> Option<Vec<u8>> {
+    #[derive(Deserialize)]
+    struct Response<'a> {
+        #[serde(borrow)]
+        result: Option<&'a RawValue>,
+    }
+    let text = std::str::from_utf8(message).ok()?;
+    let trimmed = text.trim_end_matches(['\r', '\n']);
+    let result = serde_json::from_str::<Response<'_>>(trimmed).ok()?.result?;
+    let keys: std::collections::BTreeMap<String, serde::de::IgnoredAny> =
+        serde_json::from_str(result.get()).ok()?;
+    if keys.contains_key("resultType") {
+        return None;
+    }
+    // The raw value is a slice of `text`: where its `{` is.
+    let open = (result.get().as_ptr() as usize).checked_sub(text.as_ptr() as usize)?;
+    if text.as_bytes().get(open) != Some(&b'{') {
+        return None;
+    }
+    let field = if keys.is_empty() {
+        r#""resultType":"complete""#
+    } else {
+        r#""resultType":"complete","#
+    };
+    Some([&message[..=open], field.as_bytes(), &message[open + 1..]].concat())
+}
+
 /// toolgate-xds's answer to a replay: the new session and the server's answer.
 #[derive(Debug, Clone, Deserialize)]
 pub struct Replayed {
@@ -213,6 +361,85 @@ mod tests {
         };
         let bytes = encode_slot("gabc", "orders", &none, 7);
         assert_eq!(decode_slot(&bytes, "gabc", "orders"), Some((none, 7)));
+    }
+
+    #[test]
+    fn a_stateless_clients_identity_is_what_its_meta_states() {
+        let call = |meta: &str| {
+            format!(
+                r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"echo","arguments":{{"a":[1,2]}},"_meta":{meta}}}}}"#
+            )
+        };
+        let stated = call(
+            r#"{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientInfo":{"version":"2","name":"py"},"io.modelcontextprotocol/clientCapabilities":{"sampling":{},"elicitation":{},"extensions":{"x":{}}}}"#,
+        );
+        let p: Value =
+            serde_json::from_str(&stateless_params(stated.as_bytes(), "2025-06-18")).expect("json");
+        assert_eq!(p["protocolVersion"], "2025-06-18");
+        assert_eq!(p["clientInfo"], json!({"name": "py", "version": "2"}));
+        assert_eq!(
+            p["capabilities"],
+            json!({"extensions": {"x": {}}}),
+            "no capability a held session cannot serve"
+        );
+        // The same identity in another order is the same owner.
+        let reordered = call(
+            r#"{"io.modelcontextprotocol/clientCapabilities":{"extensions":{"x":{}},"elicitation":{},"sampling":{}},"io.modelcontextprotocol/clientInfo":{"name":"py","version":"2"}}"#,
+        );
+        assert_eq!(
+            stateless_params(stated.as_bytes(), "2025-06-18"),
+            stateless_params(reordered.as_bytes(), "2025-06-18")
+        );
+        let unstated = stateless_params(call("{}").as_bytes(), "2025-06-18");
+        assert!(unstated.contains(UNSTATED_CLIENT), "{unstated}");
+        for odd in [
+            call(r#"{"io.modelcontextprotocol/clientInfo":"py"}"#),
+            call(r#"{"io.modelcontextprotocol/clientInfo":{"name":"py"}}"#),
+            call("7"),
+            "not json".to_string(),
+            r#"{"params":[1]}"#.to_string(),
+            call(&format!(
+                r#"{{"io.modelcontextprotocol/clientInfo":{{"name":"{}","version":"1"}}}}"#,
+                "n".repeat(MAX_PARAMS_BYTES)
+            )),
+        ] {
+            assert_eq!(
+                stateless_params(odd.as_bytes(), "2025-06-18"),
+                unstated,
+                "{odd}"
+            );
+        }
+    }
+
+    #[test]
+    fn results_of_a_session_revision_are_completed_for_a_stateless_client() {
+        let json = br#"{"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"text","text":"a"}]}}"#;
+        let done = complete_results(json).expect("completed");
+        assert_eq!(
+            String::from_utf8(done).expect("utf-8"),
+            r#"{"jsonrpc":"2.0","id":7,"result":{"resultType":"complete","content":[{"type":"text","text":"a"}]}}"#
+        );
+        assert_eq!(
+            complete_results(br#"{"jsonrpc":"2.0","id":7,"result":{}}"#).as_deref(),
+            Some(br#"{"jsonrpc":"2.0","id":7,"result":{"resultType":"complete"}}"#.as_slice())
+        );
+        let sse = "event: message\r\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{}}\r\n\r\nevent: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"content\":[]}}\n\n";
+        let done =
+            String::from_utf8(complete_results(sse.as_bytes()).expect("completed")).expect("utf-8");
+        assert_eq!(
+            done,
+            sse.replace(r#""result":{"#, r#""result":{"resultType":"complete","#)
+        );
+        for untouched in [
+            br#"{"jsonrpc":"2.0","id":7,"result":{"resultType":"complete","content":[]}}"#
+                .as_slice(),
+            br#"{"jsonrpc":"2.0","id":7,"error":{"code":-32000,"message":"x"}}"#,
+            br#"{"jsonrpc":"2.0","id":7,"result":[1]}"#,
+            b"not json",
+            b"",
+        ] {
+            assert_eq!(complete_results(untouched), None);
+        }
     }
 
     #[test]

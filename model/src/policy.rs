@@ -387,6 +387,13 @@ pub struct FilterConfig {
     /// `/virtual/<name>`.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub virtual_servers: BTreeMap<String, crate::virtual_server::VirtualRoutes>,
+    /// The services whose servers speak only a revision with sessions (2025-03-26 …
+    /// 2025-11-25), and the one toolgate-xds's catalog agreed on with them. A 2026-07-28
+    /// client of the aggregate endpoint has no session: its calls to these services go on a
+    /// session the gateway holds for its stated identity (`filter/src/held_session.rs`).
+    /// Empty until the catalog has read a service (never with `--no-probes`).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub legacy_revisions: BTreeMap<String, String>,
 }
 
 /// A secret that never shows in a `Debug` print (configurations are logged and asserted on):
@@ -426,6 +433,7 @@ impl Default for FilterConfig {
             catalog: BTreeMap::new(),
             session_key: ReportToken::default(),
             virtual_servers: BTreeMap::new(),
+            legacy_revisions: BTreeMap::new(),
         }
     }
 }

@@ -14,6 +14,10 @@ pub enum OwnerKind {
     /// A server session on a per-service route, sealed with the client's `initialize`
     /// parameters by the filter.
     Route,
+    /// A 2026-07-28 client of the aggregate endpoint calling a server that needs a session:
+    /// such a client has no session id, so its owner is the identity it states in each
+    /// request's `_meta` ([`owner_of_identity`]). Clients stating the same identity share it.
+    Stateless,
 }
 
 impl OwnerKind {
@@ -21,7 +25,15 @@ impl OwnerKind {
         match self {
             OwnerKind::Gateway => 'g',
             OwnerKind::Route => 's',
+            OwnerKind::Stateless => 'm',
         }
+    }
+
+    /// The kind of an owner these functions made.
+    pub fn of(owner: &str) -> Option<OwnerKind> {
+        [OwnerKind::Gateway, OwnerKind::Route, OwnerKind::Stateless]
+            .into_iter()
+            .find(|k| owner.starts_with(k.tag()))
     }
 }
 
@@ -37,6 +49,26 @@ pub fn owner_of(kind: OwnerKind, session_id: &str) -> Option<String> {
     Some(owner)
 }
 
+/// The owner of the sessions held for stateless clients stating `identity` (the compact JSON
+/// of the `initialize` parameters made from it): its kind's letter and a 128-bit hash, so the
+/// owner is short whatever the identity weighs. Not a secret: any client may state any
+/// identity, and then shares that identity's sessions, which is what the owner stands for.
+pub fn owner_of_identity(identity: &str) -> String {
+    // Two FNV-1a passes with different offsets: 128 bits make an accidental collision of two
+    // identities practically impossible; a chosen one gains nothing a chosen identity does not.
+    let fnv = |offset: u64| {
+        identity.bytes().fold(offset, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
+    };
+    format!(
+        "{}{:016x}{:016x}",
+        OwnerKind::Stateless.tag(),
+        fnv(0xcbf2_9ce4_8422_2325),
+        fnv(0x6c62_272e_07bb_0142)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -50,5 +82,17 @@ mod tests {
         assert_eq!(owner, format!("g{}", "B".repeat(OWNER_CHARS)));
         let route = owner_of(OwnerKind::Route, &id).expect("owner");
         assert_eq!(route, format!("s{}", "B".repeat(OWNER_CHARS)));
+    }
+
+    #[test]
+    fn a_stated_identity_names_one_short_owner_of_its_kind() {
+        let a = owner_of_identity(r#"{"clientInfo":{"name":"a"}}"#);
+        assert_eq!(a, owner_of_identity(r#"{"clientInfo":{"name":"a"}}"#));
+        assert_ne!(a, owner_of_identity(r#"{"clientInfo":{"name":"b"}}"#));
+        assert_eq!(a.len(), 33);
+        assert_eq!(OwnerKind::of(&a), Some(OwnerKind::Stateless));
+        assert_eq!(OwnerKind::of("gxyz"), Some(OwnerKind::Gateway));
+        assert_eq!(OwnerKind::of("sxyz"), Some(OwnerKind::Route));
+        assert_eq!(OwnerKind::of("client-1"), None);
     }
 }

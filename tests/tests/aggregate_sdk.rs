@@ -64,7 +64,7 @@ fn text_of(result: &Value) -> String {
 /// The three services behind one gateway, each serving (UP in toolgate-xds, HEALTHY in Envoy),
 /// and `/mcp` listing a tool of each.
 struct ThreeServers {
-    _stack: Stack,
+    stack: Stack,
     _lab: Member,
     _py: Member,
     _ev: (Proc, Proc),
@@ -98,7 +98,7 @@ impl ThreeServers {
         )
         .await;
         ThreeServers {
-            _stack: stack,
+            stack,
             _lab: lab,
             _py: py,
             _ev: ev,
@@ -360,27 +360,110 @@ async fn the_python_sdk_in_2026_07_28_mode_lists_and_calls_through_one_url() {
     );
 }
 
-/// The everything-server speaks only up to 2025-11-25 and needs a session: the gateway would
-/// have to open one for a client that has none (2026-07-28 clients are stateless). Run with
-/// `--ignored` to see the gap.
+/// The everything-server speaks only up to 2025-11-25 and needs a session, which a 2026-07-28
+/// client does not have: the gateway holds one for the identity the client states, opened
+/// once and used by every call of that identity (the sessions held stay bounded). A legacy
+/// client calling the same server through the same URL keeps its own, deleted when its
+/// gateway session ends.
 #[tokio::test]
-#[ignore = "known gap, stated in README (a 2026-07-28 client's calls go without a session, \
-            and a server that only speaks the legacy revisions refuses them), against issue \
-            19's test list: the everything-server answers \"Bad Request: Server not \
-            initialized\""]
 async fn the_python_sdk_in_2026_07_28_mode_calls_a_server_that_needs_a_session() {
     let env = TestEnv::new("aggregate_sdk_python_modern_ev");
     let three = ThreeServers::start(&env).await;
-    let calls = python_2026(
-        &env,
+    let xds = &three.stack.xds;
+    // The catalog found the everything-server to speak only a revision with sessions, and
+    // the filter knows it.
+    three
+        .stack
+        .wait_filter_config("ev is a legacy service", |c| {
+            c["legacy_revisions"]["ev"].is_string()
+        })
+        .await;
+
+    // A legacy client first: its gateway session holds a session of its own with the server.
+    let lines = sdk::python(
         &three.url,
-        &[format!("call:{EV}:{}", json!({"message": "modern ev"}))],
+        &[
+            "initialize",
+            &format!("call:{EV}:{}", json!({"message": "legacy ev"})),
+        ],
     )
     .await;
-    assert_eq!(calls[0]["ok"]["isError"], false, "{}", calls[0]);
-    assert!(
-        text_of(&calls[0]["ok"]).contains("modern ev"),
+    let legacy = lines.iter().find(|l| l["step"] != "initialize");
+    if legacy.is_none_or(|l| l["ok"]["isError"] != false) {
+        env.print_failure_logs();
+    }
+    let legacy = legacy.cloned().unwrap_or_default();
+    assert_eq!(legacy["ok"]["isError"], false, "{lines:?}");
+    assert!(text_of(&legacy["ok"]).contains("legacy ev"), "{legacy}");
+
+    // The same SDK in 2026-07-28 mode, twice (two processes stating the same identity),
+    // three calls each.
+    for run in 0..2 {
+        let calls = python_2026(
+            &env,
+            &three.url,
+            &(0..3)
+                .map(|i| {
+                    format!(
+                        "call:{EV}:{}",
+                        json!({"message": format!("modern ev {run}.{i}")})
+                    )
+                })
+                .collect::<Vec<_>>(),
+        )
+        .await;
+        for (i, c) in calls.iter().enumerate() {
+            if c["ok"]["isError"] != false {
+                env.print_failure_logs();
+            }
+            assert_eq!(c["ok"]["isError"], false, "{c}");
+            assert!(
+                text_of(&c["ok"]).contains(&format!("modern ev {run}.{i}")),
+                "{c}"
+            );
+        }
+    }
+    // One session for that identity, however many calls and processes.
+    let stateless = r#"owner="stateless""#;
+    assert_eq!(
+        xds.metric("toolgate_upstream_sessions_opened_total", stateless)
+            .await,
+        1.0,
         "{}",
-        calls[0]
+        xds.metrics_text().await
+    );
+    assert_eq!(
+        xds.metric("toolgate_upstream_sessions", stateless).await,
+        1.0
+    );
+    // The Python client leaves its gateway session to expire (it does not DELETE it): one
+    // session held for it. A legacy client that ends its gateway session gets what was held
+    // for it deleted.
+    let gateway = r#"owner="gateway""#;
+    assert_eq!(xds.metric("toolgate_upstream_sessions", gateway).await, 1.0);
+    let mut ending = toolgate_tests::mcp::McpSession::connect(&three.url).await;
+    let reply = ending.call_tool(EV, json!({"message": "ending ev"})).await;
+    assert!(reply.text().contains("ending ev"), "{}", reply.body);
+    assert_eq!(xds.metric("toolgate_upstream_sessions", gateway).await, 2.0);
+    let id = ending.session.clone().expect("a gateway session");
+    let status = reqwest::Client::new()
+        .delete(&three.url)
+        .header("mcp-session-id", id)
+        .header("mcp-protocol-version", "2025-06-18")
+        .send()
+        .await
+        .expect("DELETE the gateway session")
+        .status();
+    assert!(status.is_success(), "DELETE: {status}");
+    wait_until(
+        "the ended gateway session's held session is deleted",
+        Duration::from_secs(10),
+        || async { xds.metric("toolgate_upstream_sessions", gateway).await == 1.0 },
+    )
+    .await;
+    assert_eq!(
+        xds.metric("toolgate_upstream_sessions_opened_total", stateless)
+            .await,
+        1.0
     );
 }

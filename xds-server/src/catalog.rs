@@ -17,10 +17,11 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::watch;
 use toolgate_probe::mcp::tools::ListLimits;
-use toolgate_probe::mcp::McpClient;
+use toolgate_probe::mcp::{McpClient, STATELESS_REVISION};
 use tracing::{info, warn};
 
 use crate::health::machine::State;
+use crate::registry::publish::Publisher;
 use crate::registry::Registry;
 use crate::routing::RoutingSnapshot;
 
@@ -110,11 +111,14 @@ struct Wanted {
 }
 
 /// Keeps the catalog in step with the registry until the process ends: a pass on every state
-/// the registry publishes (`snapshots`), and one a second for the retries.
+/// the registry publishes (`snapshots`), and one a second for the retries. What a read learns
+/// of a server's revision goes back to the registry (`Registry::set_legacy_revision`), and a
+/// change of it to the filters through `publisher`.
 pub async fn run(
     registry: Arc<RwLock<Registry>>,
     catalog: Arc<Catalog>,
     mut snapshots: watch::Receiver<Arc<RoutingSnapshot>>,
+    publisher: Publisher,
     http: reqwest::Client,
     timeout: Duration,
 ) {
@@ -133,14 +137,18 @@ pub async fn run(
             let reg = registry.read().unwrap_or_else(|p| p.into_inner());
             wanted(&reg)
         };
-        let due: Vec<Wanted> = {
+        let (due, gone): (Vec<Wanted>, Vec<String>) = {
             let mut services = catalog.services.write().unwrap_or_else(|p| p.into_inner());
-            let before = services.len();
-            services.retain(|s, _| wanted.contains_key(s));
-            if services.len() != before {
+            let gone: Vec<String> = services
+                .keys()
+                .filter(|s| !wanted.contains_key(*s))
+                .cloned()
+                .collect();
+            if !gone.is_empty() {
+                services.retain(|s, _| wanted.contains_key(s));
                 catalog.changed();
             }
-            wanted
+            let due = wanted
                 .into_values()
                 .flatten()
                 .filter(|w| match services.get(&w.service) {
@@ -149,8 +157,18 @@ pub async fn run(
                     Some(c) => c.retry_due(),
                 })
                 .take(READS_PER_PASS)
-                .collect()
+                .collect();
+            (due, gone)
         };
+        if !gone.is_empty() {
+            // The registry leaves a gone service out of the filters' configuration already;
+            // forgetting it keeps a later service of that name from inheriting it before its
+            // own read. (The registry's lock is never taken under the catalog's.)
+            let mut reg = registry.write().unwrap_or_else(|p| p.into_inner());
+            for s in &gone {
+                reg.set_legacy_revision(s, None);
+            }
+        }
         for w in due {
             let read = read_tools(&http, &w, timeout).await;
             let mut services = catalog.services.write().unwrap_or_else(|p| p.into_inner());
@@ -199,10 +217,26 @@ pub async fn run(
                     entry.warnings = w.warnings.clone();
                 }
             }
+            let legacy = legacy_revision(&entry.protocol_version);
             drop(services);
             catalog.changed();
+            let changed = registry
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .set_legacy_revision(&w.service, legacy);
+            if changed {
+                publisher.changed(Instant::now());
+            }
         }
     }
+}
+
+/// The revision a 2026-07-28 client's calls to a server must be made in, on a session the
+/// gateway holds: the one the catalog agreed on, when that is not 2026-07-28 (the catalog
+/// offers 2026-07-28 first, so a server that speaks it is never recorded). `None` also
+/// before any read succeeded.
+fn legacy_revision(agreed: &str) -> Option<String> {
+    (!agreed.is_empty() && agreed != STATELESS_REVISION).then(|| agreed.to_string())
 }
 
 /// Per service: what to read, or `None` while no instance is UP (nothing to read from yet,
@@ -304,6 +338,13 @@ async fn read_tools(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_server_without_2026_07_28_needs_a_held_session() {
+        assert_eq!(legacy_revision(""), None);
+        assert_eq!(legacy_revision("2026-07-28"), None);
+        assert_eq!(legacy_revision("2025-06-18"), Some("2025-06-18".into()));
+    }
 
     #[test]
     fn failed_reads_back_off_to_five_minutes() {

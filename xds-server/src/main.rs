@@ -597,6 +597,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             registry.clone(),
             catalog.clone(),
             snapshots.clone(),
+            publisher.clone(),
             toolgate_probe::http::client(health_config.probe_timeout),
             health_config.probe_timeout,
         ));
@@ -609,6 +610,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     );
     let upstream = Arc::new(toolgate_xds::upstream::UpstreamSessions::new(
         registry.clone(),
+        metrics.clone(),
     ));
     aggregate.hold_upstream_in(upstream.clone());
     tokio::spawn(toolgate_xds::aggregate::run(
@@ -627,9 +629,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         probe_timeout = ?health_config.probe_timeout, down_window = ?health_config.down_window,
         "toolgate-xds serving");
     let envoys = Arc::new(xds::Connections::default());
-    let upstream = Arc::new(toolgate_xds::upstream::UpstreamSessions::new(
-        registry.clone(),
-    ));
+    // The table the aggregate endpoint closes sessions in when its gateway sessions end is
+    // the one the admin API opens them in and the expiry sweeps (a second table here once
+    // left every gateway session's held sessions to the idle expiry).
     tokio::spawn(expire_upstream_sessions(upstream.clone()));
     let xds_task = tokio::spawn(xds::serve(
         xds_listener,

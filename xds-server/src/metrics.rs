@@ -70,6 +70,14 @@ pub struct StreamLabel {
     pub kind: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HeldLabel {
+    /// Whose sessions: `gateway` (legacy clients of the aggregate endpoint), `route` (clients
+    /// of a service's route moved off a lost session), `stateless` (2026-07-28 clients of the
+    /// aggregate endpoint, by stated identity).
+    pub owner: &'static str,
+}
+
 pub type Ratio = Gauge<f64, AtomicU64>;
 
 pub struct Metrics {
@@ -103,6 +111,8 @@ pub struct Metrics {
     pub aggregate_requests: Family<AggregateLabel, Counter>,
     pub aggregate_sessions: Gauge,
     pub aggregate_streams: Family<StreamLabel, Gauge>,
+    pub upstream_sessions: Family<HeldLabel, Gauge>,
+    pub upstream_sessions_opened: Family<HeldLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -291,7 +301,21 @@ impl Metrics {
             "Open notification streams of the aggregate endpoint, by kind (get, listen)",
             aggregate_streams.clone(),
         );
+        let upstream_sessions = Family::<HeldLabel, Gauge>::default();
+        registry.register(
+            "toolgate_upstream_sessions",
+            "Sessions held with servers on clients' behalf now, by owner kind",
+            upstream_sessions.clone(),
+        );
+        let upstream_sessions_opened = Family::<HeldLabel, Counter>::default();
+        registry.register(
+            "toolgate_upstream_sessions_opened",
+            "Sessions opened with servers on clients' behalf, by owner kind",
+            upstream_sessions_opened.clone(),
+        );
         Metrics {
+            upstream_sessions,
+            upstream_sessions_opened,
             aggregate_requests,
             aggregate_sessions,
             aggregate_streams,

@@ -36,14 +36,17 @@ use toolgate_probe::mcp::{Forwarded, McpClient, Negotiated, OpenSession};
 use tracing::{info, warn};
 
 use crate::health::machine::State;
+use crate::metrics::{HeldLabel, Metrics};
 use crate::registry::Registry;
+use toolgate_model::session_owner::OwnerKind;
 
 /// Each request to a server on a client's behalf.
 const TIMEOUT: Duration = Duration::from_secs(10);
 /// A held session nobody asked for this long is deleted. Filters ask again for a gateway
-/// session's every 5 minutes while it is in use (`filter/src/held_session.rs`); a session
-/// re-opened for a client of a service's route is asked for only when it is lost, so it is
-/// kept a day (and deleted first when [`MAX_HELD`] are held).
+/// session's, or a stateless client's, every 5 minutes while it is in use
+/// (`filter/src/held_session.rs`); a session re-opened for a client of a service's route is
+/// asked for only when it is lost, so it is kept a day (and deleted first when [`MAX_HELD`]
+/// are held).
 pub const IDLE_EXPIRY: Duration = Duration::from_secs(30 * 60);
 pub const ROUTE_EXPIRY: Duration = Duration::from_secs(24 * 3600);
 /// The most sessions held at once; past it the least recently used is deleted first.
@@ -150,8 +153,28 @@ struct Held {
 /// The sessions held for clients, by (owner, service).
 pub struct UpstreamSessions {
     registry: Arc<RwLock<Registry>>,
+    metrics: Arc<Metrics>,
     http: reqwest::Client,
     held: Mutex<HashMap<(String, String), Held>>,
+}
+
+/// The metrics label of an owner's kind.
+fn kind_label(owner: &str) -> &'static str {
+    match OwnerKind::of(owner) {
+        Some(OwnerKind::Gateway) => "gateway",
+        Some(OwnerKind::Route) => "route",
+        Some(OwnerKind::Stateless) => "stateless",
+        None => "other",
+    }
+}
+
+/// How long a session of `owner` may stay unused: the filters ask for gateway sessions' and
+/// stateless clients' while in use, for a route client's only when it is lost.
+fn expiry_of(owner: &str, idle: Duration) -> Duration {
+    match OwnerKind::of(owner) {
+        Some(OwnerKind::Gateway | OwnerKind::Stateless) => idle,
+        _ => idle.max(ROUTE_EXPIRY),
+    }
 }
 
 /// A candidate instance: its key, address and MCP URL.
@@ -162,9 +185,10 @@ struct Candidate {
 }
 
 impl UpstreamSessions {
-    pub fn new(registry: Arc<RwLock<Registry>>) -> Self {
+    pub fn new(registry: Arc<RwLock<Registry>>, metrics: Arc<Metrics>) -> Self {
         UpstreamSessions {
             registry,
+            metrics,
             http: toolgate_probe::http::client(TIMEOUT),
             held: Mutex::new(HashMap::new()),
         }
@@ -217,7 +241,11 @@ impl UpstreamSessions {
                     h.last_used = Instant::now();
                     return Ok(h.opened.clone());
                 }
-                Some(_) => held.remove(&key),
+                Some(_) => {
+                    let lost = held.remove(&key);
+                    self.count(&held);
+                    lost
+                }
                 None => None,
             }
         };
@@ -291,7 +319,9 @@ impl UpstreamSessions {
         let gone: Vec<Held> = {
             let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
             let keys: Vec<_> = held.keys().filter(|(o, _)| o == owner).cloned().collect();
-            keys.into_iter().filter_map(|k| held.remove(&k)).collect()
+            let gone = keys.into_iter().filter_map(|k| held.remove(&k)).collect();
+            self.count(&held);
+            gone
         };
         let n = gone.len();
         for h in gone {
@@ -306,23 +336,33 @@ impl UpstreamSessions {
             let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
             let keys: Vec<_> = held
                 .iter()
-                .filter(|((owner, _), h)| {
-                    let limit = if owner.starts_with('g') {
-                        idle
-                    } else {
-                        idle.max(ROUTE_EXPIRY)
-                    };
-                    h.last_used.elapsed() > limit
-                })
+                .filter(|((owner, _), h)| h.last_used.elapsed() > expiry_of(owner, idle))
                 .map(|(k, _)| k.clone())
                 .collect();
-            keys.into_iter().filter_map(|k| held.remove(&k)).collect()
+            let gone = keys.into_iter().filter_map(|k| held.remove(&k)).collect();
+            self.count(&held);
+            gone
         };
         let n = gone.len();
         for h in gone {
             self.delete(h).await;
         }
         n
+    }
+
+    /// Sets the gauge of sessions held, by owner kind, from the table (under its lock).
+    fn count(&self, held: &HashMap<(String, String), Held>) {
+        let mut by_kind: HashMap<&'static str, i64> =
+            ["gateway", "route", "stateless"].map(|k| (k, 0)).into();
+        for (owner, _) in held.keys() {
+            *by_kind.entry(kind_label(owner)).or_default() += 1;
+        }
+        for (owner, n) in by_kind {
+            self.metrics
+                .upstream_sessions
+                .get_or_create(&HeldLabel { owner })
+                .set(n);
+        }
     }
 
     /// Sessions held now.
@@ -392,7 +432,14 @@ impl UpstreamSessions {
             protocol_version: version,
             instance: c.instance.clone(),
         };
-        info!(service = %key.1, instance = %c.instance, "opened a session for a client");
+        info!(service = %key.1, instance = %c.instance, owner = kind_label(&key.0),
+            "opened a session for a client");
+        self.metrics
+            .upstream_sessions_opened
+            .get_or_create(&HeldLabel {
+                owner: kind_label(&key.0),
+            })
+            .inc();
         let evicted = {
             let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
             let evict = if held.len() >= MAX_HELD && !held.contains_key(&key) {
@@ -413,6 +460,7 @@ impl UpstreamSessions {
                     last_used: Instant::now(),
                 },
             );
+            self.count(&held);
             evict.into_iter().chain(replaced).collect::<Vec<_>>()
         };
         for h in evicted {
@@ -439,6 +487,16 @@ mod tests {
     fn the_envelope_is_what_envoys_envelope_state_reads() {
         let addr: SocketAddr = "127.0.0.1:44117".parse().expect("addr");
         assert_eq!(envelope(addr, "8c1f3a"), "MTI3LjAuMC4xOjQ0MTE3;UV:OGMxZjNh");
+    }
+
+    #[test]
+    fn stateless_clients_sessions_expire_when_idle_like_gateway_sessions() {
+        let idle = IDLE_EXPIRY;
+        assert_eq!(expiry_of("gabc", idle), idle);
+        assert_eq!(expiry_of("m0123", idle), idle);
+        assert_eq!(expiry_of("sabc", idle), ROUTE_EXPIRY);
+        assert_eq!(expiry_of("client-1", idle), ROUTE_EXPIRY);
+        assert_eq!(kind_label("m0123"), "stateless");
     }
 
     #[test]

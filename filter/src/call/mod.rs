@@ -503,6 +503,10 @@ pub struct Call<S, M> {
     /// The request declared its body's length (`content-length`), which a rewrite must keep
     /// true.
     declared_length: bool,
+    /// A stateless client's call answered on a session held for it: the answer is held
+    /// whole and its results completed for the client's revision
+    /// ([`held_session::complete_results`]).
+    completing: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -522,13 +526,18 @@ enum HeldFor {
     /// A client of a service's route, by the `initialize` parameters sealed in its id: a
     /// replayed answer carries its new id, sealed likewise.
     Route(String),
+    /// A 2026-07-28 client of the aggregate endpoint, by the `initialize` parameters made of
+    /// the identity its request states (it has no id to carry a new session's).
+    Stateless(String),
 }
 
 impl HeldFor {
     fn question(&self) -> held_session::Client<'_> {
         match self {
             HeldFor::Gateway(id) => held_session::Client::Gateway(id),
-            HeldFor::Route(params) => held_session::Client::Params(params),
+            HeldFor::Route(params) | HeldFor::Stateless(params) => {
+                held_session::Client::Params(params)
+            }
         }
     }
 }
@@ -606,6 +615,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             held: None,
             init_params: None,
             declared_length: false,
+            completing: false,
         }
     }
 
@@ -976,7 +986,8 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         }
         // The agent's `Mcp-Session-Id` is a gateway session of toolgate-xds, which no server
         // knows: it is exchanged for the session the gateway holds with this service for it
-        // (see `crate::held_session`), or dropped (a 2026-07-28 client has none).
+        // (see `crate::held_session`), or dropped (a 2026-07-28 client has none, and gets
+        // one held for its stated identity when the server needs one).
         let gateway_session = host
             .request_header(SESSION_HEADER)
             .filter(|id| id.starts_with(held_session::GATEWAY_PREFIX));
@@ -990,13 +1001,34 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         // a 404, and the remedy is its foreign function `clear_route_cache`
         // (`hostcalls::call_foreign_function("clear_route_cache", None)`), one host call.
         host.set_request_header(":path", Some(&aggregate::service_path(service, &query)));
-        let Some(gateway_session) = gateway_session else {
-            return Action::Continue;
-        };
-        let Some(owner) =
-            held_session::owner_of(held_session::OwnerKind::Gateway, &gateway_session)
-        else {
-            return Action::Continue;
+        let (owner, client) = match gateway_session {
+            Some(id) => match held_session::owner_of(held_session::OwnerKind::Gateway, &id) {
+                Some(owner) => (owner, HeldFor::Gateway(id)),
+                None => return Action::Continue,
+            },
+            // A 2026-07-28 client calling a server that needs a session: one held for the
+            // identity it states. Any other call without a gateway session goes as it is
+            // (one map lookup: the common stateless case pays no more).
+            None => {
+                let revision = (self.version >= ProtocolVersion::V2026_07_28)
+                    .then(|| {
+                        self.shared
+                            .borrow()
+                            .config
+                            .legacy_revisions
+                            .get(service)
+                            .cloned()
+                    })
+                    .flatten();
+                let Some(revision) = revision else {
+                    return Action::Continue;
+                };
+                let params = held_session::stateless_params(body, &revision);
+                (
+                    held_session::owner_of_identity(&params),
+                    HeldFor::Stateless(params),
+                )
+            }
         };
         let slot = held_session::slot_key(&owner, service);
         let cached = {
@@ -1023,7 +1055,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         let mut held = HeldCall {
             owner,
             service: service.to_string(),
-            client: HeldFor::Gateway(gateway_session),
+            client,
             slot,
             envelope: None,
             body: body.to_vec(),
@@ -1151,10 +1183,16 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                             .as_deref()
                             .map(|id| vec![(SESSION_HEADER, id)])
                             .unwrap_or_default();
+                        let completed = match &held.client {
+                            HeldFor::Stateless(_) => {
+                                held_session::complete_results(r.body.as_bytes())
+                            }
+                            _ => None,
+                        };
                         host.send_raw(
                             u32::from(r.status),
                             &r.content_type,
-                            r.body.as_bytes(),
+                            completed.as_deref().unwrap_or(r.body.as_bytes()),
                             &headers,
                         );
                     }
@@ -1513,6 +1551,16 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         if let Some(action) = self.replay_lost_session(host) {
             return action;
         }
+        if self.held.as_ref().is_some_and(|h| {
+            h.phase == HeldPhase::Sent && matches!(h.client, HeldFor::Stateless(_))
+        }) && host
+            .response_header(":status")
+            .is_some_and(|s| s.starts_with('2'))
+        {
+            self.completing = true;
+            // The completed answer is longer.
+            host.set_response_header("content-length", None);
+        }
         if self.stage == Stage::Stream {
             return self.stream_response(host, end_of_stream);
         }
@@ -1754,6 +1802,23 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             .is_some_and(|h| h.phase == HeldPhase::Replaying)
         {
             return Action::Pause;
+        }
+        let mut body_size = body_size;
+        if self.completing {
+            if !end_of_stream {
+                if body_size <= held_session::MAX_COMPLETED_BYTES {
+                    return Action::Pause;
+                }
+                // Too large to hold: it goes as the server sent it.
+                self.completing = false;
+            } else {
+                self.completing = false;
+                let body = host.response_body(body_size).unwrap_or_default();
+                if let Some(completed) = held_session::complete_results(&body) {
+                    host.set_response_body(body_size, &completed);
+                    body_size = completed.len();
+                }
+            }
         }
         match &mut self.watch {
             Watch::None => Action::Continue,

@@ -1557,3 +1557,122 @@ fn a_tools_call_answer_is_not_read_as_a_listing() {
     f.json(LISTING.replace("\"id\":5", "\"id\":7").as_str());
     assert!(f.body_json()["result"]["tools"][0].get("_meta").is_none());
 }
+
+/// A 2026-07-28 call on `/mcp`, stating `client` as its `clientInfo` in `_meta`.
+fn stateless_call(w: &mut Worker, client: &str) -> Flight {
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{{"name":"orders__read_order","arguments":{{}},"_meta":{{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientInfo":{{"name":"{client}","version":"1"}},"io.modelcontextprotocol/clientCapabilities":{{}}}}}}}}"#
+    );
+    w.request_to("/mcp", &[("mcp-protocol-version", "2026-07-28")], &body)
+}
+
+/// `orders` speaks only 2025-06-18, as the catalog found.
+fn legacy_orders(w: &Worker) {
+    let mut config = w.shared.borrow().config.clone();
+    config
+        .legacy_revisions
+        .insert("orders".into(), "2025-06-18".into());
+    assert!(w.shared.borrow_mut().configure(config));
+}
+
+#[test]
+fn a_stateless_call_to_a_server_that_speaks_sessions_goes_on_one_held_for_its_identity() {
+    let mut w = aggregate_worker();
+    // A server that speaks 2026-07-28: the call goes as it is, nobody asked.
+    let f = stateless_call(&mut w, "py");
+    assert!(f.went_upstream());
+    assert!(f.stream.dispatched.borrow().is_empty());
+    assert!(!f
+        .stream
+        .request_headers
+        .borrow()
+        .contains_key(SESSION_HEADER));
+
+    legacy_orders(&w);
+    let mut f = stateless_call(&mut w, "py");
+    assert_eq!(f.body_action, Some(Action::Pause), "waits for the session");
+    let (path, question) = f.stream.dispatched.borrow()[0].clone();
+    assert_eq!(path, crate::held_session::OPEN_PATH);
+    let question = json_of(&question);
+    assert_eq!(question["service"], "orders");
+    assert_eq!(question["params"]["protocolVersion"], "2025-06-18");
+    assert_eq!(question["params"]["clientInfo"]["name"], "py");
+    assert!(question.get("gateway_session").is_none(), "{question}");
+    let owner = question["owner"].as_str().unwrap_or_default().to_string();
+    assert!(owner.starts_with('m'), "{owner}");
+    let answer =
+        r#"{"envelope":"MTI3LjAuMC4xOjE=;UV:YQ==","protocol_version":"2025-06-18","instance":"a"}"#;
+    f.call
+        .on_dispatch_response(&f.stream, Some(200), answer.as_bytes());
+    assert_eq!(f.stream.resumed.get(), 1);
+    {
+        let h = f.stream.request_headers.borrow();
+        assert_eq!(h[SESSION_HEADER], "MTI3LjAuMC4xOjE=;UV:YQ==");
+        assert_eq!(
+            h["mcp-protocol-version"], "2025-06-18",
+            "the server gets the revision of its session"
+        );
+        assert_eq!(h[":path"], "/mcp/orders");
+    }
+    f.json(RESULT);
+    let answered = f.body_json();
+    assert_eq!(
+        answered["result"]["resultType"], "complete",
+        "a 2026-07-28 client gets a 2026-07-28 result: {answered}"
+    );
+
+    // The same identity again: the session held, nobody asked.
+    let again = stateless_call(&mut w, "py");
+    assert!(again.stream.dispatched.borrow().is_empty());
+    assert_eq!(
+        again.stream.request_headers.borrow()[SESSION_HEADER],
+        "MTI3LjAuMC4xOjE=;UV:YQ=="
+    );
+    // Another identity has its own.
+    let other = stateless_call(&mut w, "ts");
+    let (_, question) = other.stream.dispatched.borrow()[0].clone();
+    assert_ne!(json_of(&question)["owner"], owner.as_str());
+
+    // A legacy client without a gateway session is not one: it goes as it is.
+    let body = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"orders__read_order","arguments":{}}}"#;
+    let legacy = w.request_to("/mcp", &[("mcp-protocol-version", "2025-06-18")], body);
+    assert!(legacy.went_upstream());
+    assert!(legacy.stream.dispatched.borrow().is_empty());
+}
+
+#[test]
+fn a_stateless_clients_session_the_server_lost_is_replayed() {
+    let mut w = aggregate_worker();
+    legacy_orders(&w);
+    let mut f = stateless_call(&mut w, "py");
+    let answer =
+        r#"{"envelope":"ZW52LTE=;UV:YQ==","protocol_version":"2025-06-18","instance":"a"}"#;
+    f.call
+        .on_dispatch_response(&f.stream, Some(200), answer.as_bytes());
+    f.stream
+        .response_headers
+        .borrow_mut()
+        .insert(":status".into(), "404".into());
+    assert_eq!(f.call.on_response_headers(&f.stream, false), Action::Pause);
+    let (path, question) = f.stream.dispatched.borrow()[1].clone();
+    assert_eq!(path, crate::held_session::REPLAY_PATH);
+    let question = json_of(&question);
+    assert_eq!(question["stale"], "ZW52LTE=;UV:YQ==");
+    assert_eq!(question["params"]["clientInfo"]["name"], "py");
+    let replayed = serde_json::json!({
+        "envelope": "ZW52LTI=;UV:Yg==", "protocol_version": "2025-06-18", "instance": "b",
+        "status": 200, "content_type": "application/json", "body": RESULT,
+    });
+    f.call
+        .on_dispatch_response(&f.stream, Some(200), replayed.to_string().as_bytes());
+    {
+        let raw = f.stream.raw_replies.borrow();
+        assert_eq!(raw.len(), 1);
+        assert_eq!(json_of(&raw[0].2)["result"]["resultType"], "complete");
+    }
+    let next = stateless_call(&mut w, "py");
+    assert_eq!(
+        next.stream.request_headers.borrow()[SESSION_HEADER],
+        "ZW52LTI=;UV:Yg=="
+    );
+}

@@ -173,6 +173,10 @@ pub struct Registry {
     /// The tools the last publish could not name, so that each is logged once, when it
     /// appears, not at every push.
     unnamed: Vec<(String, Unnamed)>,
+    /// The services whose servers speak only a revision with sessions, and that revision, as
+    /// the tool catalog (`crate::catalog`) last found them: the filters hold sessions with
+    /// them for 2026-07-28 clients of the aggregate endpoint.
+    legacy_revisions: BTreeMap<String, String>,
 }
 
 impl Registry {
@@ -210,6 +214,17 @@ impl Registry {
             virtuals: BTreeMap::new(),
             since_revision: BTreeMap::new(),
             unnamed: Vec::new(),
+            legacy_revisions: BTreeMap::new(),
+        }
+    }
+
+    /// What the tool catalog found a service's server to speak: `Some(revision)` when only a
+    /// revision with sessions, `None` when 2026-07-28 or when the service is gone. Whether
+    /// the filters' configuration changed (a publish is then due).
+    pub fn set_legacy_revision(&mut self, service: &str, revision: Option<String>) -> bool {
+        match revision {
+            Some(r) => self.legacy_revisions.insert(service.to_string(), r.clone()) != Some(r),
+            None => self.legacy_revisions.remove(service).is_some(),
         }
     }
 
@@ -708,6 +723,12 @@ impl Registry {
             catalog: self.catalog.clone(),
             session_key: toolgate_model::policy::ReportToken(self.session_key.clone()),
             virtual_servers,
+            legacy_revisions: self
+                .legacy_revisions
+                .iter()
+                .filter(|(service, _)| self.catalog.contains_key(*service))
+                .map(|(s, r)| (s.clone(), r.clone()))
+                .collect(),
             ..FilterConfig::default()
         };
         for ((service, tool), e) in &self.fleet {
@@ -1532,6 +1553,27 @@ mod tests {
     }
 
     const BARE: &[u8] = br#"{"naming":"bare"}"#;
+
+    #[test]
+    fn the_filters_learn_the_legacy_services_while_they_exist() {
+        let mut r = reg();
+        r.put("/mcp/services/inv/i-1", V1, 7, 2, 2).unwrap();
+        assert!(published(&mut r).legacy_revisions.is_empty());
+        assert!(r.set_legacy_revision("inv", Some("2025-06-18".into())));
+        assert!(!r.set_legacy_revision("inv", Some("2025-06-18".into())));
+        assert_eq!(
+            published(&mut r)
+                .legacy_revisions
+                .get("inv")
+                .map(String::as_str),
+            Some("2025-06-18")
+        );
+        // Not for a service the registry does not have.
+        assert!(r.set_legacy_revision("gone", Some("2025-06-18".into())));
+        assert!(!published(&mut r).legacy_revisions.contains_key("gone"));
+        assert!(r.set_legacy_revision("inv", None));
+        assert!(published(&mut r).legacy_revisions.is_empty());
+    }
 
     #[test]
     fn virtual_servers_are_admitted_whole_or_not_at_all() {
