@@ -67,6 +67,33 @@ fn json_response(status: StatusCode, body: &Value) -> Response {
         .into_response()
 }
 
+/// A result written straight from its parts (a page of pre-written tools), not through a
+/// `Value`.
+fn result_response(id: &Value, result: &impl serde::Serialize) -> Response {
+    #[derive(serde::Serialize)]
+    struct Reply<'a, R> {
+        jsonrpc: &'static str,
+        id: &'a Value,
+        result: &'a R,
+    }
+    match serde_json::to_string(&Reply {
+        jsonrpc: "2.0",
+        id,
+        result,
+    }) {
+        Ok(body) => (
+            StatusCode::OK,
+            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            body,
+        )
+            .into_response(),
+        Err(e) => error_response(
+            &RpcError::new(jsonrpc::INTERNAL_ERROR, format!("writing the answer: {e}")),
+            Some(id),
+        ),
+    }
+}
+
 fn error_response(e: &RpcError, id: Option<&Value>) -> Response {
     let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST);
     json_response(status, &e.to_response(id))
@@ -190,7 +217,12 @@ fn legacy(
     }
     let answer = match method {
         "ping" => Ok(methods::ping(Revision::Legacy, name)),
-        "tools/list" => methods::tools_list(Revision::Legacy, name, listing, params),
+        "tools/list" => {
+            return match methods::tools_list(Revision::Legacy, name, listing, params) {
+                Ok(page) => result_response(id, &page),
+                Err(e) => error_response(&e, Some(id)),
+            }
+        }
         m => Err(methods::refused(m).unwrap_or_else(|| methods::unknown(m))),
     };
     match answer {
@@ -210,7 +242,12 @@ fn modern(
     let answer = match method {
         "server/discover" => Ok(methods::discover(name, listing)),
         "ping" => Ok(methods::ping(Revision::Modern, name)),
-        "tools/list" => methods::tools_list(Revision::Modern, name, listing, params),
+        "tools/list" => {
+            return match methods::tools_list(Revision::Modern, name, listing, params) {
+                Ok(page) => result_response(id, &page),
+                Err(e) => error_response(&e, Some(id)),
+            }
+        }
         "subscriptions/listen" => {
             return match methods::listen_filter(params) {
                 Ok(honoured) => {

@@ -8,6 +8,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 use toolgate_model::availability::annotate;
 pub use toolgate_model::availability::{Availability, Unavailable, AVAILABILITY_KEY};
@@ -31,6 +32,9 @@ pub struct Listing {
     pub instructions: Option<String>,
     /// Tools as shown, by visible name.
     pub tools: Vec<ShownTool>,
+    /// The same tools as JSON text, written once when the listing is built: serving a page
+    /// copies bytes instead of copying and serializing 100 definitions per request.
+    rendered: Vec<Box<RawValue>>,
     /// Names and availability (and which definitions were read) of what is shown: when it
     /// changes, clients are told `notifications/tools/list_changed`.
     pub fingerprint: u64,
@@ -42,6 +46,16 @@ pub struct Listing {
 /// A tool as shown: its visible name and its definition.
 pub type ShownTool = (String, Value);
 
+/// One page of a listing.
+#[derive(Debug)]
+pub struct Page<'a> {
+    pub tools: &'a [ShownTool],
+    /// `tools` as JSON text.
+    pub rendered: &'a [Box<RawValue>],
+    /// The cursor of the next page, if there is one.
+    pub next: Option<String>,
+}
+
 /// The error of a cursor this server did not make.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BadCursor(pub String);
@@ -50,7 +64,7 @@ impl Listing {
     /// The page after `cursor`, and the cursor of the next page if there is one. A cursor is
     /// the last name of its page, so a listing that changes between pages neither repeats nor
     /// skips a tool that stays.
-    pub fn page(&self, cursor: Option<&str>) -> Result<(&[ShownTool], Option<String>), BadCursor> {
+    pub fn page(&self, cursor: Option<&str>) -> Result<Page<'_>, BadCursor> {
         let start = match cursor {
             None => 0,
             Some(c) => {
@@ -60,12 +74,38 @@ impl Listing {
             }
         };
         let end = (start + PAGE_SIZE).min(self.tools.len());
-        let page = &self.tools[start..end];
-        let next = match page.last() {
+        let tools = &self.tools[start..end];
+        let next = match tools.last() {
             Some((last, _)) if end < self.tools.len() => Some(encode_cursor(last)),
             _ => None,
         };
-        Ok((page, next))
+        Ok(Page {
+            tools,
+            rendered: &self.rendered[start..end],
+            next,
+        })
+    }
+
+    /// Adds a tool (in name order), with its JSON text.
+    pub fn push(&mut self, name: String, tool: Value) {
+        // A `Value` always serializes (its keys are strings); should it not, the tool is left
+        // out of both lists rather than shown in one.
+        if let Ok(raw) = serde_json::value::to_raw_value(&tool) {
+            self.tools.push((name, tool));
+            self.rendered.push(raw);
+        }
+    }
+
+    /// A listing of `tools` (in name order).
+    pub fn of(instructions: Option<String>, tools: Vec<ShownTool>) -> Listing {
+        let mut listing = Listing {
+            instructions,
+            ..Listing::default()
+        };
+        for (name, tool) in tools {
+            listing.push(name, tool);
+        }
+        listing
     }
 }
 
@@ -203,9 +243,7 @@ impl<'a> Inputs<'a> {
                 read_at,
             )
                 .hash(&mut hasher);
-            listing
-                .tools
-                .push((visible.clone(), render(visible, def, avail.as_ref())));
+            listing.push(visible.clone(), render(visible, def, avail.as_ref()));
         }
         listing.fingerprint = hasher.finish();
         Some(listing)
@@ -428,16 +466,24 @@ mod tests {
         let tools: Vec<(String, Value)> = (0..250)
             .map(|i| (format!("svc__tool{i:04}"), json!({})))
             .collect();
-        let l = Listing {
-            tools,
-            ..Listing::default()
-        };
+        let l = Listing::of(None, tools);
         let mut seen = Vec::new();
         let mut cursor: Option<String> = None;
         let mut pages = 0;
         loop {
-            let (page, next) = l.page(cursor.as_deref()).expect("page");
+            let Page {
+                tools: page,
+                rendered,
+                next,
+            } = l.page(cursor.as_deref()).expect("page");
             assert!(page.len() <= PAGE_SIZE);
+            assert_eq!(rendered.len(), page.len());
+            for ((_, tool), raw) in page.iter().zip(rendered) {
+                assert_eq!(
+                    &serde_json::from_str::<Value>(raw.get()).expect("json"),
+                    tool
+                );
+            }
             seen.extend(page.iter().map(|(n, _)| n.clone()));
             pages += 1;
             match next {
@@ -449,10 +495,14 @@ mod tests {
         let want: Vec<String> = l.tools.iter().map(|(n, _)| n.clone()).collect();
         assert_eq!(seen, want);
         for bad in ["", "abc", "tgc1.!!", "tgc1./w"] {
-            assert_eq!(l.page(Some(bad)), Err(BadCursor(bad.to_string())), "{bad}");
+            assert_eq!(
+                l.page(Some(bad)).err(),
+                Some(BadCursor(bad.to_string())),
+                "{bad}"
+            );
         }
         let none = Listing::default();
-        let (empty, next) = none.page(None).expect("empty");
-        assert!(empty.is_empty() && next.is_none());
+        let empty = none.page(None).expect("empty");
+        assert!(empty.tools.is_empty() && empty.next.is_none());
     }
 }

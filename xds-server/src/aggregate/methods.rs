@@ -1,5 +1,6 @@
 //! The answers of the aggregate endpoint, per method, from the listing built beforehand.
 
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use super::jsonrpc::{
@@ -20,7 +21,15 @@ pub fn capabilities() -> Value {
 
 /// A result as the revision wants it: 2026-07-28 results carry `resultType` and the server's
 /// identity in `_meta`.
-fn finish(revision: Revision, name: &str, mut result: Map<String, Value>) -> Value {
+fn finish(revision: Revision, name: &str, result: Map<String, Value>) -> Value {
+    Value::Object(finish_map(revision, name, result))
+}
+
+fn finish_map(
+    revision: Revision,
+    name: &str,
+    mut result: Map<String, Value>,
+) -> Map<String, Value> {
     if revision == Revision::Modern {
         result.insert("resultType".into(), json!("complete"));
         let meta = result
@@ -33,7 +42,7 @@ fn finish(revision: Revision, name: &str, mut result: Map<String, Value>) -> Val
             );
         }
     }
-    Value::Object(result)
+    result
 }
 
 /// `initialize` (legacy revisions): the result, and what the session id will carry.
@@ -97,13 +106,22 @@ pub fn ping(revision: Revision, name: &str) -> Value {
     finish(revision, name, Map::new())
 }
 
+/// `tools/list`'s result: one page of the listing, its tools as the JSON text written when
+/// the listing was built.
+#[derive(Debug, serde::Serialize)]
+pub struct ListResult<'a> {
+    tools: &'a [Box<RawValue>],
+    #[serde(flatten)]
+    rest: Map<String, Value>,
+}
+
 /// `tools/list`: one page of the listing.
-pub fn tools_list(
+pub fn tools_list<'a>(
     revision: Revision,
     name: &str,
-    listing: &Listing,
+    listing: &'a Listing,
     params: &Value,
-) -> Result<Value, RpcError> {
+) -> Result<ListResult<'a>, RpcError> {
     let cursor = match params.get("cursor") {
         None | Some(Value::Null) => None,
         Some(Value::String(c)) => Some(c.as_str()),
@@ -114,27 +132,26 @@ pub fn tools_list(
             ))
         }
     };
-    let (page, next) = listing.page(cursor).map_err(|BadCursor(c)| {
+    let page = listing.page(cursor).map_err(|BadCursor(c)| {
         RpcError::new(
             INVALID_PARAMS,
             format!("tools/list: invalid cursor {c:?} (use the nextCursor of a previous page)"),
         )
     })?;
-    let mut result = Map::new();
-    result.insert(
-        "tools".into(),
-        Value::Array(page.iter().map(|(_, t)| t.clone()).collect()),
-    );
-    if let Some(n) = next {
-        result.insert("nextCursor".into(), json!(n));
+    let mut rest = Map::new();
+    if let Some(n) = page.next {
+        rest.insert("nextCursor".into(), json!(n));
     }
     if revision == Revision::Modern {
         // Nothing in it depends on who asks; it changes with health, so it is stale at once
         // (listen for list_changed instead of polling).
-        result.insert("cacheScope".into(), json!("public"));
-        result.insert("ttlMs".into(), json!(0));
+        rest.insert("cacheScope".into(), json!("public"));
+        rest.insert("ttlMs".into(), json!(0));
     }
-    Ok(finish(revision, name, result))
+    Ok(ListResult {
+        tools: page.rendered,
+        rest: finish_map(revision, name, rest),
+    })
 }
 
 /// `server/discover` (2026-07-28).
@@ -238,11 +255,7 @@ mod tests {
                 (name, t)
             })
             .collect();
-        Listing {
-            instructions: Some("Inventory and finance tools.".into()),
-            tools,
-            ..Listing::default()
-        }
+        Listing::of(Some("Inventory and finance tools.".into()), tools)
     }
 
     #[test]
@@ -293,21 +306,29 @@ mod tests {
         assert_eq!(e.code, INVALID_PARAMS);
     }
 
+    fn as_value(page: Result<ListResult<'_>, RpcError>) -> Value {
+        serde_json::to_value(page.expect("page")).expect("a page serializes")
+    }
+
     #[test]
     fn tools_list_pages_validate_in_every_revision() {
         let l = listing(150);
         for version in ["2025-03-26", "2025-06-18", "2025-11-25"] {
-            let first = tools_list(Revision::Legacy, "default", &l, &json!({})).expect("page");
+            let first = as_value(tools_list(Revision::Legacy, "default", &l, &json!({})));
             assert_eq!(first["tools"].as_array().map(Vec::len), Some(100));
             assert_valid(version, "ListToolsResult", &first);
             let cursor = first["nextCursor"].as_str().expect("more").to_string();
-            let second = tools_list(Revision::Legacy, "default", &l, &json!({"cursor": cursor}))
-                .expect("page");
+            let second = as_value(tools_list(
+                Revision::Legacy,
+                "default",
+                &l,
+                &json!({"cursor": cursor}),
+            ));
             assert_eq!(second["tools"].as_array().map(Vec::len), Some(50));
             assert!(second.get("nextCursor").is_none());
             assert_valid(version, "ListToolsResult", &second);
         }
-        let modern = tools_list(Revision::Modern, "default", &l, &json!({})).expect("page");
+        let modern = as_value(tools_list(Revision::Modern, "default", &l, &json!({})));
         assert_eq!(modern["resultType"], "complete");
         assert_valid("2026-07-28", "ListToolsResult", &modern);
         assert_valid(
