@@ -193,26 +193,32 @@ async fn the_python_sdk_server_without_health_joins_and_is_probed_statelessly() 
 }
 
 /// A lab registered with `--probe mcp` (it has a `/health`, which would make auto pick http).
-async fn mcp_probed_lab(env: &TestEnv, stack: &Stack, service: &str, id: &str) -> McpServer {
+/// A lab registered with `mcp` probes, and its registrar (killed when dropped: keep it for
+/// as long as the instance should stay registered).
+async fn mcp_probed_lab(
+    env: &TestEnv,
+    stack: &Stack,
+    service: &str,
+    id: &str,
+) -> (McpServer, toolgate_tests::Proc) {
     let server = McpServer::lab(env, id, &["--tools", "read_order,echo"]).await;
     let registrar = Registrant::new(&stack.etcd.endpoint(), service, &server.endpoint())
         .arg("--instance-id", id)
         .arg("--probe", "mcp")
         .arg("--ttl", "30")
         .spawn(env, &format!("{id}.registrar"));
-    // The registrar lives as long as the test's environment.
-    std::mem::forget(registrar);
-    server
+    (server, registrar)
 }
 
 #[tokio::test]
 async fn mcp_probes_take_a_killed_a_frozen_and_a_wedged_server_out_of_rotation() {
     let env = TestEnv::new("mcp_probe_removal");
     let stack = Stack::with(&env, Options::default().xds_arg(&FAST_PROBES)).await;
-    let mut killed = mcp_probed_lab(&env, &stack, "rm", "rm-killed").await;
-    let frozen = mcp_probed_lab(&env, &stack, "rm", "rm-frozen").await;
-    let wedged = mcp_probed_lab(&env, &stack, "rm", "rm-wedged").await;
-    let spare = mcp_probed_lab(&env, &stack, "rm", "rm-spare").await;
+    // The registrars are held to the end: a forgotten one outlived the test (and its etcd).
+    let (mut killed, _killed_registrar) = mcp_probed_lab(&env, &stack, "rm", "rm-killed").await;
+    let (frozen, _frozen_registrar) = mcp_probed_lab(&env, &stack, "rm", "rm-frozen").await;
+    let (wedged, _wedged_registrar) = mcp_probed_lab(&env, &stack, "rm", "rm-wedged").await;
+    let (spare, _spare_registrar) = mcp_probed_lab(&env, &stack, "rm", "rm-spare").await;
     for id in ["rm-killed", "rm-frozen", "rm-wedged", "rm-spare"] {
         stack
             .wait_state("rm", id, "UP", Duration::from_secs(30))
