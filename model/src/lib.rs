@@ -2,6 +2,7 @@
 //!
 //! Only serde and std: the wasm filter links this crate too.
 
+pub mod auth;
 pub mod availability;
 pub mod backoff;
 pub mod endpoint;
