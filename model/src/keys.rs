@@ -17,6 +17,17 @@ pub struct ServiceKey {
     pub instance: String,
 }
 
+/// What a key under `<prefix>auth/` names.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum AuthKey {
+    /// `<prefix>auth/config`
+    Config,
+    /// `<prefix>auth/rules/<service>`
+    Service(String),
+    /// `<prefix>auth/virtual/<name>`
+    Virtual(String),
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KeyError {
     #[error("key {0:?} is not under the expected prefix")]
@@ -104,6 +115,51 @@ impl KeyLayout {
         Ok(rest.to_string())
     }
 
+    /// `<prefix>auth/`: token validation and per-tool authorization (issue 20).
+    pub fn auth_prefix(&self) -> String {
+        format!("{}auth/", self.prefix)
+    }
+
+    /// `<prefix>auth/config`: the one auth configuration.
+    pub fn auth_config_key(&self) -> String {
+        format!("{}auth/config", self.prefix)
+    }
+
+    /// `<prefix>auth/rules/<service>`: a service's tool rules.
+    pub fn auth_rules_key(&self, service: &str) -> String {
+        format!("{}auth/rules/{service}", self.prefix)
+    }
+
+    /// `<prefix>auth/virtual/<name>`: a virtual server's tool rules.
+    pub fn auth_virtual_key(&self, name: &str) -> String {
+        format!("{}auth/virtual/{name}", self.prefix)
+    }
+
+    /// What a key under `<prefix>auth/` holds.
+    pub fn parse_auth_key(&self, key: &str) -> Result<AuthKey, KeyError> {
+        let rest = key
+            .strip_prefix(self.auth_prefix().as_str())
+            .ok_or_else(|| KeyError::NotAService(key.to_string()))?;
+        let name_err = |source| KeyError::Name {
+            key: key.to_string(),
+            source,
+        };
+        if rest == "config" {
+            return Ok(AuthKey::Config);
+        }
+        if let Some(service) = rest.strip_prefix("rules/") {
+            validate_name("service", service).map_err(name_err)?;
+            return Ok(AuthKey::Service(service.to_string()));
+        }
+        if let Some(name) = rest.strip_prefix("virtual/") {
+            validate_name("virtual server", name).map_err(name_err)?;
+            return Ok(AuthKey::Virtual(name.to_string()));
+        }
+        Err(KeyError::Shape {
+            key: key.to_string(),
+        })
+    }
+
     /// `<prefix>breakers/`: breaker openings shared by the fleet, leased for the open duration.
     pub fn breakers_prefix(&self) -> String {
         format!("{}breakers/", self.prefix)
@@ -163,6 +219,28 @@ fn split_names(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn builds_and_parses_auth_keys() {
+        let k = KeyLayout::default();
+        assert_eq!(k.parse_auth_key(&k.auth_config_key()), Ok(AuthKey::Config));
+        assert_eq!(
+            k.parse_auth_key(&k.auth_rules_key("orders")),
+            Ok(AuthKey::Service("orders".into()))
+        );
+        assert_eq!(
+            k.parse_auth_key(&k.auth_virtual_key("ops")),
+            Ok(AuthKey::Virtual("ops".into()))
+        );
+        for bad in [
+            "/mcp/auth/rules/",
+            "/mcp/auth/rules/a/b",
+            "/mcp/auth/other",
+            "/mcp/auth/",
+        ] {
+            assert!(k.parse_auth_key(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn builds_and_parses_breaker_and_override_keys() {

@@ -394,6 +394,9 @@ pub struct FilterConfig {
     /// Empty until the catalog has read a service (never with `--no-probes`).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub legacy_revisions: BTreeMap<String, String>,
+    /// Who may call (issue 20): absent while `<prefix>auth/config` is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub auth: Option<crate::auth::FilterAuth>,
 }
 
 /// A secret that never shows in a `Debug` print (configurations are logged and asserted on):
@@ -434,6 +437,7 @@ impl Default for FilterConfig {
             session_key: ReportToken::default(),
             virtual_servers: BTreeMap::new(),
             legacy_revisions: BTreeMap::new(),
+            auth: None,
         }
     }
 }
