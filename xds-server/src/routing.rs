@@ -32,6 +32,10 @@ pub struct RoutingSnapshot {
     /// The filter's request body limit: the routes let Envoy buffer more than this, so the
     /// filter, not Envoy's bare 413, answers a larger body.
     pub max_body_bytes: u64,
+    /// The auth configuration (issue 20), when `<prefix>auth/config` holds one: Envoy's
+    /// `jwt_authn` (over ECDS), the JWKS clusters and the Protected Resource Metadata routes
+    /// are made from it.
+    pub auth: Option<Arc<toolgate_model::auth::AuthConfig>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -131,6 +135,7 @@ impl RoutingSnapshot {
             filter_config: String::from("{}"),
             virtual_servers: Vec::new(),
             max_body_bytes: toolgate_model::RequestLimits::default().max_body_bytes,
+            auth: None,
         }
     }
 }

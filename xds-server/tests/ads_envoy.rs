@@ -247,6 +247,7 @@ fn snapshot(
         filter_config: String::from("{}"),
         virtual_servers: Vec::new(),
         max_body_bytes: 1024 * 1024,
+        auth: None,
     })
 }
 
@@ -823,6 +824,7 @@ async fn envoy_follows_snapshots_over_ads_and_nothing_is_sent_when_nothing_chang
         filter_config: String::from("{}"),
         virtual_servers: Vec::new(),
         max_body_bytes: 1024 * 1024,
+        auth: None,
     }));
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(

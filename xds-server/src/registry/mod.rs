@@ -952,6 +952,7 @@ impl Registry {
             filter_config: serde_json::to_string(&filter).unwrap_or_default(),
             virtual_servers: filter.virtual_servers.keys().cloned().collect(),
             max_body_bytes: self.request_limits.max_body_bytes,
+            auth: None,
         }
     }
 

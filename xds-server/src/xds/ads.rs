@@ -781,6 +781,7 @@ mod tests {
             filter_config: String::from("{}"),
             virtual_servers: Vec::new(),
             max_body_bytes: 1024 * 1024,
+            auth: None,
         }
     }
 
