@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::xds::ecds;
 use crate::xds::resources::ROUTE_CONFIG_NAME;
+use crate::xds::{auth, ecds};
 
 /// Name of the static cluster that reaches toolgate-xds.
 pub const XDS_CLUSTER: &str = "toolgate_xds";
@@ -562,6 +562,9 @@ fn listener(opts: &BootstrapOptions) -> Value {
     // and on the way back it is last, so it sees (and can rewrite) the final response.
     let mut http_filters = Vec::new();
     if opts.filter.is_some() {
+        // Token verification (issue 20) runs first so the filter reads its verdict; it
+        // refuses nothing itself, and without an auth configuration it does nothing.
+        http_filters.push(jwt_authn_filter());
         http_filters.push(toolgate_filter());
     }
     http_filters.push(session_affinity_filter());
@@ -602,6 +605,7 @@ fn listener(opts: &BootstrapOptions) -> Value {
                         "idle_timeout": proto_duration(opts.edge.idle_timeout)
                     },
                     "local_reply_config": local_reply_config(&opts.edge),
+                    "early_header_mutation_extensions": early_header_mutations(),
                     "access_log": access_log(opts),
                     "http_filters": http_filters
                 }
@@ -658,6 +662,30 @@ fn toolgate_filter() -> Value {
             "type_urls": ["type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"]
         }
     })
+}
+
+/// Envoy's `jwt_authn`, its configuration discovered over ADS (ECDS) from the auth
+/// configuration in etcd (see `xds/auth.rs`).
+fn jwt_authn_filter() -> Value {
+    json!({
+        "name": auth::JWT_CONFIG_NAME,
+        "config_discovery": {
+            "config_source": ads_source(),
+            "type_urls": [auth::JWT_TYPE_URL]
+        }
+    })
+}
+
+/// Removes the header `jwt_authn` writes a verified payload to from every request as it
+/// arrives, before routing and before any filter: only Envoy's verification can put it there.
+fn early_header_mutations() -> Value {
+    json!([{
+        "name": "envoy.http.early_header_mutation.header_mutation",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.http.early_header_mutation.header_mutation.v3.HeaderMutation",
+            "mutations": [{ "remove": toolgate_model::auth::PAYLOAD_HEADER }]
+        }
+    }])
 }
 
 fn router_filter() -> Value {

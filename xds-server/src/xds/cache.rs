@@ -130,6 +130,9 @@ pub struct SnapshotCache {
     services: Option<(BTreeMap<String, Arc<ServiceRoute>>, String)>,
     /// The virtual servers of the last applied snapshot (each has its route).
     virtual_servers: Vec<String>,
+    /// The auth configuration of the last applied snapshot (`jwt_authn`, JWKS clusters and
+    /// metadata routes are made from it).
+    auth: Option<Arc<toolgate_model::auth::AuthConfig>>,
     current: Option<Arc<CacheSnapshot>>,
     /// How clusters are built; fixed for the life of the cache.
     options: ResourceOptions,
@@ -184,6 +187,7 @@ impl SnapshotCache {
         }
         self.services = Some((snapshot.services.clone(), snapshot.filter_config.clone()));
         self.virtual_servers.clone_from(&snapshot.virtual_servers);
+        self.auth.clone_from(&snapshot.auth);
         self.current = Some(Arc::new(CacheSnapshot {
             generation: snapshot.generation,
             types,
@@ -203,8 +207,22 @@ impl SnapshotCache {
         let previous = |ty| self.current.as_ref().and_then(|c| c.types.get(&ty));
         let mut clusters = Patch::new(previous(ResourceType::Cluster));
         let mut assignments = Patch::new(previous(ResourceType::Endpoint));
-        let mut route_table_changed = previous(ResourceType::Route).is_none()
-            || self.virtual_servers != snapshot.virtual_servers;
+        let first = previous(ResourceType::Route).is_none();
+        let auth_changed = first || self.auth != snapshot.auth;
+        let mut route_table_changed =
+            first || auth_changed || self.virtual_servers != snapshot.virtual_servers;
+        if auth_changed {
+            let old = self.auth.as_deref().map(super::auth::jwks_clusters);
+            let new = snapshot.auth.as_deref().map(super::auth::jwks_clusters);
+            for name in old.iter().flat_map(|o| o.keys()) {
+                if !new.as_ref().is_some_and(|n| n.contains_key(name)) {
+                    clusters.remove(name);
+                }
+            }
+            for (name, cluster) in new.iter().flatten() {
+                clusters.put(name.clone(), cluster);
+            }
+        }
         for change in diff(previous_routes, &snapshot.services) {
             match change {
                 Change::Gone(service) => {
@@ -242,6 +260,12 @@ impl SnapshotCache {
             extension.put_any(
                 super::ecds::FILTER_CONFIG_NAME.to_string(),
                 super::ecds::extension_config(&snapshot.filter_config),
+            );
+        }
+        if auth_changed {
+            extension.put_any(
+                super::auth::JWT_CONFIG_NAME.to_string(),
+                super::auth::jwt_extension_config(snapshot.auth.as_deref()),
             );
         }
         BTreeMap::from([

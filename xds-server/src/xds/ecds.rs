@@ -56,6 +56,8 @@ pub fn for_node(
     report_token: Option<&str>,
 ) -> Any {
     match TypedExtensionConfig::decode(resource.value.as_slice()) {
+        // Only the wasm filter's resource is the node's own; `jwt_authn`'s is the same for all.
+        Ok(tec) if tec.name != FILTER_CONFIG_NAME => resource.clone(),
         Ok(mut tec) => {
             if let Some(wasm) = tec
                 .typed_config

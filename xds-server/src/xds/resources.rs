@@ -179,10 +179,22 @@ pub(crate) fn build(snapshot: &RoutingSnapshot) -> BTreeMap<ResourceType, NamedR
         ROUTE_CONFIG_NAME.to_string(),
         Arc::new(to_any(&route_configuration(snapshot))),
     );
+    for (name, cluster) in snapshot
+        .auth
+        .as_deref()
+        .map(super::auth::jwks_clusters)
+        .unwrap_or_default()
+    {
+        clusters.insert(name, Arc::new(to_any(&cluster)));
+    }
     let mut extension = NamedResources::new();
     extension.insert(
         super::ecds::FILTER_CONFIG_NAME.to_string(),
         Arc::new(super::ecds::extension_config(&snapshot.filter_config)),
+    );
+    extension.insert(
+        super::auth::JWT_CONFIG_NAME.to_string(),
+        Arc::new(super::auth::jwt_extension_config(snapshot.auth.as_deref())),
     );
     BTreeMap::from([
         (ResourceType::Cluster, clusters),
@@ -416,6 +428,7 @@ fn socket_address(ip: IpAddr, port: u16) -> Address {
 /// such virtual server exists.
 pub fn route_configuration(snapshot: &RoutingSnapshot) -> RouteConfiguration {
     let mut routes = Vec::with_capacity(snapshot.services.len() * 2 + 8);
+    routes.extend(super::auth::metadata_routes(snapshot));
     routes.extend(virtual_routes(snapshot));
     for (service, route) in &snapshot.services {
         // Envoy takes the first matching route: the GET route must come before the general one.
