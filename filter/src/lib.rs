@@ -10,6 +10,7 @@
 //! name in a call made there. `host/` is the only code that calls proxy-wasm.
 
 pub mod aggregate;
+pub mod auth;
 pub mod breaker;
 pub mod call;
 pub mod catalog;

@@ -166,6 +166,8 @@ pub struct Stats<H> {
     overflow: Option<Entry>,
     /// Ids of the gateway's own counters, by name.
     counters: HashMap<&'static str, u32>,
+    /// Ids of counters named at run time (denials by service and reason).
+    named: HashMap<String, u32>,
 }
 
 impl<H: MetricHost> Stats<H> {
@@ -175,6 +177,7 @@ impl<H: MetricHost> Stats<H> {
             tools: HashMap::new(),
             overflow: None,
             counters: HashMap::new(),
+            named: HashMap::new(),
         }
     }
 
@@ -253,6 +256,26 @@ impl<H: MetricHost> Stats<H> {
                     return;
                 };
                 self.counters.insert(name, id);
+                id
+            }
+        };
+        self.host.increment(id);
+    }
+
+    /// Counts a counter named at run time. Bounded like the per-tool stats: past
+    /// [`MAX_TOOLS`] names, nothing more is defined (callers label unknown names
+    /// [`OVERFLOW`], so the names are few).
+    pub fn count_named(&mut self, name: String) {
+        let id = match self.named.get(&name) {
+            Some(&id) => id,
+            None => {
+                if self.named.len() >= MAX_TOOLS {
+                    return;
+                }
+                let Some(id) = self.host.define(MetricKind::Counter, &name) else {
+                    return;
+                };
+                self.named.insert(name, id);
                 id
             }
         };

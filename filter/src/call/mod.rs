@@ -31,6 +31,7 @@ use toolgate_model::policy::FilterConfig;
 use toolgate_model::BreakerPolicy;
 
 use crate::aggregate::{self, Target, VisibleNames};
+use crate::auth::{self, Denial};
 use crate::breaker::{
     breaker_key, Admission, Breakers, Cause, Force, Outcome, SharedStore, State, Transition,
 };
@@ -40,7 +41,7 @@ use crate::fleet;
 use crate::held_session;
 use crate::mcp::headers::{check_headers, HeaderCheck};
 use crate::mcp::jsonrpc::RawId;
-use crate::mcp::listing::{annotate_message, annotate_sse, Listed, SseListed};
+use crate::mcp::listing::{edit_message, edit_sse, Edit, Listed, SseListed};
 use crate::mcp::reply::{
     self, BatchAnswer, Framing, OpenCause, ProtocolVersion, Reply, Unavailable, UnavailableKind,
     UpstreamFailure,
@@ -54,6 +55,7 @@ use crate::mcp::sse::SseScanner;
 use crate::session::{self, Sealer};
 use crate::stats::{MetricHost, Stats, ToolMetrics, TOOLS_LIST_ANNOTATED, TOOLS_LIST_UNREAD};
 use crate::upstream::{verdict, Verdict};
+use toolgate_model::auth::{Caller, FilterAuth, Verdict as AuthVerdict, PAYLOAD_HEADER};
 
 #[cfg(test)]
 mod tests;
@@ -122,6 +124,9 @@ pub const SESSION_HEADER: &str = "mcp-session-id";
 /// Names of the access-log fields the filter sets (a contract with the bootstrap's format).
 pub mod log_field {
     pub const METHOD: &str = "mcp_method";
+    /// The verified caller's `sub` (issue 20), and why a caller was refused.
+    pub const SUBJECT: &str = "mcp_subject";
+    pub const DENIED: &str = "mcp_denied";
     pub const TOOL: &str = "mcp_tool";
     pub const BREAKER: &str = "mcp_breaker";
 }
@@ -283,6 +288,11 @@ enum Refused {
     },
     /// `/virtual/<name>` of a virtual server the configuration does not have.
     NoVirtualServer(String),
+    /// A call in a batch the caller may not make (issue 20).
+    NotPermitted {
+        service: String,
+        tool: String,
+    },
     ForcedOpen {
         tool: String,
         reason: String,
@@ -330,7 +340,8 @@ impl Refused {
             Refused::Plain(_)
             | Refused::UnknownTool { .. }
             | Refused::NotOffered { .. }
-            | Refused::NoVirtualServer(_) => None,
+            | Refused::NoVirtualServer(_)
+            | Refused::NotPermitted { .. } => None,
         }
     }
 
@@ -402,6 +413,10 @@ impl Refused {
                 reply::tool_not_offered_message(endpoint, tool),
             ),
             Refused::Plain(refusal) => (refusal.code(), refusal.to_string()),
+            Refused::NotPermitted { service, tool } => (
+                auth::NOT_AUTHORIZED,
+                auth::not_permitted_message(tool, &format!("the MCP service `{service}`")),
+            ),
             _ => (reply::INTERNAL_ERROR, String::new()),
         }
     }
@@ -507,6 +522,21 @@ pub struct Call<S, M> {
     /// whole and its results completed for the client's revision
     /// ([`held_session::complete_results`]).
     completing: bool,
+    /// Who is calling, when the auth configuration is on (issue 20).
+    auth: AuthState,
+}
+
+/// What the filter knows of the caller, read once from the request headers.
+#[derive(Debug, Default)]
+struct AuthState {
+    /// The verified caller; `None`: no valid token.
+    caller: Option<Caller>,
+    /// The verified payload (claims forwarded to a service that asks for them).
+    payload: Option<serde_json::Value>,
+    /// A bearer token came and was refused (by Envoy, or for another resource).
+    refused: bool,
+    /// The path of the resource addressed (`/mcp/orders`, `/mcp`, `/virtual/ops`).
+    path: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -616,6 +646,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             init_params: None,
             declared_length: false,
             completing: false,
+            auth: AuthState::default(),
         }
     }
 
@@ -635,7 +666,13 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         let Some(path) = host.request_header(":path") else {
             return Action::Continue;
         };
-        let service = match aggregate::target_of(&path) {
+        let target = aggregate::target_of(&path);
+        if let Some(target) = target {
+            if let Some(refused) = self.authenticate(host, target) {
+                return refused;
+            }
+        }
+        let service = match target {
             None => return Action::Continue,
             Some(Target::Service(service)) => service,
             Some(Target::Virtual { server, query }) => {
@@ -668,6 +705,229 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         }
         self.service = Some(service.to_string());
         self.hold_body(host, end_of_stream)
+    }
+
+    /// Reads who is calling (issue 20), when an auth configuration is on: the payload Envoy
+    /// verified, and whether a token came at all. Neither the token nor the payload goes on
+    /// upstream. A resource that requires a token and got no valid one is refused here with
+    /// the 401 that starts an MCP client's OAuth flow.
+    fn authenticate(&mut self, host: &impl CallHost, target: Target<'_>) -> Option<Action> {
+        let path = match target {
+            Target::Service(service) => aggregate::service_path(service, ""),
+            Target::Virtual { server, .. } => aggregate::endpoint_path(server),
+        };
+        let (required, caller, payload) = {
+            let shared = self.shared.borrow();
+            let auth = shared.config.auth.as_ref()?;
+            let payload = host.request_header(PAYLOAD_HEADER);
+            if payload.is_some() {
+                host.set_request_header(PAYLOAD_HEADER, None);
+            }
+            let authorization = host.request_header("authorization");
+            if authorization.is_some() {
+                // No token passthrough: the client's token is for the gateway alone.
+                host.set_request_header("authorization", None);
+            }
+            let payload = payload
+                .and_then(|p| auth::decode_payload(&p))
+                .filter(|p| auth.audience_fits(p, &path));
+            self.auth.refused =
+                payload.is_none() && authorization.as_deref().is_some_and(auth::is_bearer);
+            let caller = payload
+                .as_ref()
+                .map(|p| auth::caller_of(p, &auth.roles_claim));
+            let required = match target {
+                Target::Service(s) => auth.requires(s),
+                Target::Virtual { server, .. } => auth.requires(server),
+            };
+            (required, caller, payload)
+        };
+        self.auth.path = path;
+        if let Some(c) = &caller {
+            if !c.subject.is_empty() {
+                self.log_field(host, log_field::SUBJECT, &c.subject);
+            }
+        }
+        self.auth.caller = caller;
+        self.auth.payload = payload;
+        if required && self.auth.caller.is_none() {
+            let what = match target {
+                Target::Service(s) => format!("the MCP service `{s}`"),
+                Target::Virtual { .. } => format!("the MCP endpoint `{}`", self.auth.path),
+            };
+            let label = self.denial_label(target);
+            return Some(self.refuse_unauthenticated(host, &label, &what, None));
+        }
+        if let Target::Service(service) = target {
+            self.forward_claims(host, service);
+        }
+        None
+    }
+
+    /// The `service` label of a denial: a known service, `virtual:<name>`, or the overflow.
+    fn denial_label(&self, target: Target<'_>) -> String {
+        let shared = self.shared.borrow();
+        match target {
+            Target::Service(s) if shared.config.catalog.contains_key(s) => s.to_string(),
+            Target::Virtual { server, .. }
+                if server == toolgate_model::virtual_server::DEFAULT_VIRTUAL
+                    || shared.config.virtual_servers.contains_key(server) =>
+            {
+                format!("virtual:{server}")
+            }
+            _ => crate::stats::OVERFLOW.to_string(),
+        }
+    }
+
+    fn count_denial(&mut self, host: &impl CallHost, label: &str, denial: Denial) {
+        self.shared
+            .borrow_mut()
+            .stats
+            .count_named(auth::metric_name(label, denial));
+        self.log_field(host, log_field::DENIED, denial.as_str());
+    }
+
+    /// 401: no valid token for a resource that requires one (`id`: the request's, once read).
+    fn refuse_unauthenticated(
+        &mut self,
+        host: &impl CallHost,
+        label: &str,
+        what: &str,
+        id: Option<&RawId>,
+    ) -> Action {
+        let denial = if self.auth.refused {
+            Denial::InvalidToken
+        } else {
+            Denial::MissingToken
+        };
+        self.count_denial(host, label, denial);
+        let resource = self
+            .shared
+            .borrow()
+            .config
+            .auth
+            .as_ref()
+            .map(|a| a.resource.clone())
+            .unwrap_or_default();
+        let challenge = auth::unauthenticated_challenge(&resource, &self.auth.path, denial);
+        let version =
+            ProtocolVersion::from_header(host.request_header("mcp-protocol-version").as_deref());
+        let reply = auth::unauthenticated_reply(version, id, what, denial, Framing::Json);
+        self.stage = Stage::Judged;
+        host.send_reply(401, &reply, &[("www-authenticate", &challenge)]);
+        Action::Pause
+    }
+
+    /// Puts the verified claims a service asked for on its request, after removing whatever
+    /// the client sent under those names.
+    fn forward_claims(&self, host: &impl CallHost, service: &str) {
+        let shared = self.shared.borrow();
+        let Some(rules) = shared
+            .config
+            .auth
+            .as_ref()
+            .and_then(|a| a.services.get(service))
+        else {
+            return;
+        };
+        for (claim, header) in &rules.claim_headers {
+            let value = self
+                .auth
+                .payload
+                .as_ref()
+                .and_then(|p| p.get(claim))
+                .and_then(auth::claim_header_value);
+            host.set_request_header(header, value.as_deref());
+        }
+    }
+
+    /// Whether the caller may call `tool` of `service` (shown as `visible` on virtual server
+    /// `server`, for a call made there): `Some` is the answer when not.
+    fn authorize(
+        &mut self,
+        host: &impl CallHost,
+        service: &str,
+        tool: &str,
+        on: Option<(&str, &str)>,
+        id: &RawId,
+    ) -> Option<Action> {
+        let verdict = {
+            let shared = self.shared.borrow();
+            let auth = shared.config.auth.as_ref()?;
+            let caller = self.auth.caller.as_ref();
+            let on_virtual =
+                on.map(|(server, visible)| auth.decide_virtual(server, visible, caller));
+            match on_virtual {
+                Some(v) if v != AuthVerdict::Allow => v,
+                _ => auth.decide_service(service, tool, caller),
+            }
+        };
+        let (label, what, shown) = match on {
+            Some((server, visible)) => (
+                if self.shared.borrow().config.catalog.contains_key(service) {
+                    service.to_string()
+                } else {
+                    crate::stats::OVERFLOW.to_string()
+                },
+                format!("the MCP endpoint `{}`", aggregate::endpoint_path(server)),
+                visible,
+            ),
+            None => (
+                self.denial_label(Target::Service(service)),
+                format!("the MCP service `{service}`"),
+                tool,
+            ),
+        };
+        match verdict {
+            AuthVerdict::Allow => None,
+            AuthVerdict::Unauthenticated => {
+                Some(self.refuse_unauthenticated(host, &label, &what, Some(id)))
+            }
+            AuthVerdict::InsufficientScope(scope) => {
+                self.count_denial(host, &label, Denial::InsufficientScope);
+                let resource = self
+                    .shared
+                    .borrow()
+                    .config
+                    .auth
+                    .as_ref()
+                    .map(|a| a.resource.clone())
+                    .unwrap_or_default();
+                let challenge =
+                    auth::insufficient_scope_challenge(&resource, &self.auth.path, &scope);
+                let reply = auth::not_permitted_reply(
+                    self.version,
+                    id,
+                    shown,
+                    &what,
+                    Some(&scope),
+                    Framing::Json,
+                );
+                self.stage = Stage::Judged;
+                host.send_reply(403, &reply, &[("www-authenticate", &challenge)]);
+                Some(Action::Pause)
+            }
+            AuthVerdict::Denied => {
+                self.count_denial(host, &label, Denial::ToolDenied);
+                let reply =
+                    auth::not_permitted_reply(self.version, id, shown, &what, None, self.framing);
+                Some(self.answer(host, 200, &reply))
+            }
+        }
+    }
+
+    /// Whether a listing shows `tool` of `service` (as `visible` on `server`) to this caller.
+    fn may_list(
+        &self,
+        auth: &FilterAuth,
+        service: &str,
+        tool: &str,
+        on: Option<(&str, &str)>,
+    ) -> bool {
+        let caller = self.auth.caller.as_ref();
+        on.is_none_or(|(server, visible)| {
+            auth.decide_virtual(server, visible, caller) == AuthVerdict::Allow
+        }) && auth.decide_service(service, tool, caller) == AuthVerdict::Allow
     }
 
     /// A POST to judge: reads what the headers say, and holds them until the body is complete.
@@ -940,6 +1200,12 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             return self.refuse(host, 200, Some(&request.id), Refusal::ToolNameAbsent);
         };
         self.log_field(host, log_field::TOOL, &tool);
+        if let Some(refused) =
+            self.authorize(host, &service, &tool, Some((&server, visible)), &request.id)
+        {
+            return refused;
+        }
+        self.forward_claims(host, &service);
         self.service = Some(service.clone());
         match self.verdict_on(host, &service, &tool) {
             Judgement::Refuse(refused) => {
@@ -1288,7 +1554,11 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             list: false,
         });
         if request.method != TOOLS_CALL {
-            if request.method == TOOLS_LIST && self.on_virtual.is_none() {
+            // A service's listing is annotated; any listing is filtered to what the caller
+            // may call once an auth configuration is on.
+            if request.method == TOOLS_LIST
+                && (self.on_virtual.is_none() || self.shared.borrow().config.auth.is_some())
+            {
                 if let Some(judged) = &mut self.request {
                     judged.list = true;
                 }
@@ -1316,6 +1586,9 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             Err(answered) => return answered,
         };
         self.log_field(host, log_field::TOOL, tool);
+        if let Some(refused) = self.authorize(host, service, tool, None, &request.id) {
+            return refused;
+        }
         match self.verdict_on(host, service, tool) {
             Judgement::Refuse(refused) => {
                 let reply = refused.reply(self.version, &request.id, self.framing);
@@ -1496,6 +1769,14 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             Some(ToolName::Invalid(_)) => return Some(Refused::Plain(Refusal::ToolNameInvalid)),
             _ => return Some(Refused::Plain(Refusal::ToolNameAbsent)),
         };
+        if let Some(auth) = &self.shared.borrow().config.auth {
+            if auth.decide_service(service, tool, self.auth.caller.as_ref()) != AuthVerdict::Allow {
+                return Some(Refused::NotPermitted {
+                    service: service.to_string(),
+                    tool: tool.to_string(),
+                });
+            }
+        }
         let mut guard = self.shared.borrow_mut();
         let Shared {
             config, breakers, ..
@@ -1680,6 +1961,11 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         if !content_type.starts_with("application/json") || declared.is_some_and(|n| n > HOLD_LIMIT)
         {
             self.shared.borrow_mut().stats.count(TOOLS_LIST_UNREAD);
+            if self.shared.borrow().config.auth.is_some() {
+                // Filtered or not shown: read it whole to replace it.
+                self.watch = Watch::Listing { sse: false };
+                return Action::Pause;
+            }
             return Action::Continue;
         }
         self.watch = Watch::Listing { sse: false };
@@ -1699,46 +1985,109 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         if body_size > HOLD_LIMIT {
             self.watch = Watch::None;
             self.shared.borrow_mut().stats.count(TOOLS_LIST_UNREAD);
+            if self.shared.borrow().config.auth.is_some() {
+                if !end_of_stream {
+                    // Held to the end, then replaced: it cannot be filtered.
+                    self.watch = Watch::Listing { sse: false };
+                    return Action::Pause;
+                }
+                return self.unfilterable_listing(host, body_size);
+            }
             return Action::Continue;
         }
         if !sse && !end_of_stream {
             return Action::Pause;
         }
-        let (Some(judged), Some(service)) = (&self.request, &self.service) else {
+        let Some(judged) = &self.request else {
             self.watch = Watch::None;
             return Action::Continue;
         };
         let body = host.response_body(body_size).unwrap_or_default();
         let now = host.now_ms();
-        let listed = {
+        let (listed, filtered) = {
             let shared = self.shared.borrow();
-            let availability = |tool: &str| shared.availability(service, tool, now);
-            if sse {
-                match annotate_sse(&body, &judged.id, availability, end_of_stream) {
+            let auth = shared.config.auth.as_ref();
+            let server = self.on_virtual.as_ref().map(|v| v.server.as_str());
+            let routes = server.and_then(|s| shared.config.virtual_servers.get(s));
+            let service = self.service.as_deref();
+            // A service's own listing: annotated, and filtered for the caller. A virtual
+            // server's (toolgate-xds's, annotated already): filtered, each name looked up in
+            // its routes; a name it does not route is not listed.
+            let edit = |tool: &str| match (server, service) {
+                (Some(server), _) => {
+                    let Some(t) = routes.and_then(|r| r.tools.get(tool)) else {
+                        return Edit::Hide;
+                    };
+                    match auth {
+                        Some(a) if !self.may_list(a, &t.service, &t.tool, Some((server, tool))) => {
+                            Edit::Hide
+                        }
+                        _ => Edit::Keep,
+                    }
+                }
+                (None, Some(service)) => match auth {
+                    Some(a) if !self.may_list(a, service, tool, None) => Edit::Hide,
+                    _ => shared
+                        .availability(service, tool, now)
+                        .map_or(Edit::Keep, Edit::Annotate),
+                },
+                (None, None) => Edit::Keep,
+            };
+            let listed = if sse {
+                match edit_sse(&body, &judged.id, edit, end_of_stream) {
                     SseListed::Incomplete => return Action::Pause,
                     SseListed::Ended => Listed::NotTheResponse,
                     SseListed::Found(listed) => listed,
                 }
             } else {
-                annotate_message(&body, &judged.id, availability)
-            }
+                edit_message(&body, &judged.id, edit)
+            };
+            (listed, auth.is_some())
         };
         self.watch = Watch::None;
         match listed {
             Listed::Annotated {
-                body: annotated, ..
+                body: annotated,
+                annotated: n,
+                ..
             } => {
                 if !sse {
                     host.set_response_header("content-length", Some(&annotated.len().to_string()));
                 }
                 host.set_response_body(body_size, &annotated);
-                self.shared.borrow_mut().stats.count(TOOLS_LIST_ANNOTATED);
+                if n > 0 {
+                    self.shared.borrow_mut().stats.count(TOOLS_LIST_ANNOTATED);
+                }
             }
             Listed::Unchanged => {}
             Listed::Unread | Listed::NotTheResponse => {
                 self.shared.borrow_mut().stats.count(TOOLS_LIST_UNREAD);
+                if filtered && !sse {
+                    // A listing that must be filtered for this caller but cannot be read is
+                    // not shown: names of tools the caller may not use are not disclosed.
+                    return self.unfilterable_listing(host, body_size);
+                }
             }
         }
+        Action::Continue
+    }
+
+    /// Replaces a listing that could not be filtered with a JSON-RPC error.
+    fn unfilterable_listing(&mut self, host: &impl CallHost, body_size: usize) -> Action {
+        let Some(judged) = &self.request else {
+            return Action::Continue;
+        };
+        let reply = reply::error_reply(
+            self.version,
+            Some(&judged.id),
+            reply::INTERNAL_ERROR,
+            "The gateway could not read this tools/list answer to show only the tools you may call, so it is not shown; ask for the next page, or ask an operator.",
+            None::<()>,
+            Framing::Json,
+        );
+        host.set_response_header("content-type", Some(reply.content_type));
+        host.set_response_header("content-length", Some(&reply.body.len().to_string()));
+        host.set_response_body(body_size, &reply.body);
         Action::Continue
     }
 

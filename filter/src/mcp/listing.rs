@@ -29,8 +29,21 @@ pub enum Listed {
     Unread,
     /// A listing (or an error) with nothing to annotate: passed as it is.
     Unchanged,
-    /// The listing with `annotated` tools annotated.
-    Annotated { body: Vec<u8>, annotated: usize },
+    /// The listing with `annotated` tools annotated and `hidden` tools left out.
+    Annotated {
+        body: Vec<u8>,
+        annotated: usize,
+        hidden: usize,
+    },
+}
+
+/// What becomes of one listed tool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Edit {
+    Keep,
+    Annotate(Availability),
+    /// Not listed: the caller may not call it (issue 20).
+    Hide,
 }
 
 /// Reads `message` (one JSON-RPC message) as the answer to the `tools/list` of `id`, and
@@ -40,6 +53,16 @@ pub fn annotate_message(
     id: &RawId,
     mut availability: impl FnMut(&str) -> Option<Availability>,
 ) -> Listed {
+    edit_message(message, id, |tool| {
+        availability(tool).map_or(Edit::Keep, Edit::Annotate)
+    })
+}
+
+/// Reads `message` as the answer to the `tools/list` of `id`, and edits each listed tool as
+/// `edit` says. A tool without a readable name is kept, unless `edit` hides every tool it
+/// is asked about unnamed (`""`): a listing filtered for a caller never shows what it could
+/// not judge.
+pub fn edit_message(message: &[u8], id: &RawId, mut edit: impl FnMut(&str) -> Edit) -> Listed {
     if first_non_ws(message) != Some(b'{') {
         return match serde_json::from_slice::<serde::de::IgnoredAny>(message) {
             Ok(_) => Listed::NotTheResponse,
@@ -79,13 +102,24 @@ pub fn annotate_message(
     };
     // Built here, borrowed by `tools` below.
     let mut rewritten: Vec<(usize, Box<RawValue>)> = Vec::new();
+    let mut hide = Vec::new();
     for (i, tool) in tools.iter().enumerate() {
-        // Anything but an object with a string name is not a tool anyone can call: left alone.
-        let Ok(Named { name }) = serde_json::from_str::<Named<'_>>(tool.get()) else {
-            continue;
+        // Anything but an object with a string name is not a tool anyone can call: left alone
+        // unless unjudged tools are hidden.
+        let avail = match serde_json::from_str::<Named<'_>>(tool.get()) {
+            Ok(Named { name }) => edit(&name.0),
+            Err(_) => match edit("") {
+                Edit::Hide => Edit::Hide,
+                _ => Edit::Keep,
+            },
         };
-        let Some(avail) = availability(&name.0) else {
-            continue;
+        let avail = match avail {
+            Edit::Keep => continue,
+            Edit::Hide => {
+                hide.push(i);
+                continue;
+            }
+            Edit::Annotate(avail) => avail,
         };
         let Ok(mut definition) = serde_json::from_str::<Map<String, Value>>(tool.get()) else {
             continue;
@@ -95,11 +129,15 @@ pub fn annotate_message(
             rewritten.push((i, raw));
         }
     }
-    if rewritten.is_empty() {
+    if rewritten.is_empty() && hide.is_empty() {
         return Listed::Unchanged;
     }
     for (i, raw) in &rewritten {
         tools[*i] = raw;
+    }
+    let hidden = hide.len();
+    for i in hide.into_iter().rev() {
+        tools.remove(i);
     }
     let Ok(tools) = to_raw_value(&tools) else {
         return Listed::Unread;
@@ -113,6 +151,7 @@ pub fn annotate_message(
         Ok(body) => Listed::Annotated {
             body,
             annotated: rewritten.len(),
+            hidden,
         },
         Err(_) => Listed::Unread,
     }
@@ -199,6 +238,21 @@ pub fn annotate_sse(
     mut availability: impl FnMut(&str) -> Option<Availability>,
     ended: bool,
 ) -> SseListed {
+    edit_sse(
+        stream,
+        id,
+        |tool| availability(tool).map_or(Edit::Keep, Edit::Annotate),
+        ended,
+    )
+}
+
+/// [`edit_message`] on the response found in an SSE stream (see [`annotate_sse`]).
+pub fn edit_sse(
+    stream: &[u8],
+    id: &RawId,
+    mut edit: impl FnMut(&str) -> Edit,
+    ended: bool,
+) -> SseListed {
     let start = if stream.starts_with(BOM) {
         BOM.len()
     } else {
@@ -211,11 +265,19 @@ pub fn annotate_sse(
         if line.is_empty() {
             // An event with empty data is not dispatched (rmcp primes its streams with one).
             if event.is_message() && !event.data.is_empty() {
-                match annotate_message(&event.data, id, &mut availability) {
+                match edit_message(&event.data, id, &mut edit) {
                     Listed::NotTheResponse => {}
-                    Listed::Annotated { body, annotated } => {
+                    Listed::Annotated {
+                        body,
+                        annotated,
+                        hidden,
+                    } => {
                         let body = event.rewrite(stream, &body);
-                        return SseListed::Found(Listed::Annotated { body, annotated });
+                        return SseListed::Found(Listed::Annotated {
+                            body,
+                            annotated,
+                            hidden,
+                        });
                     }
                     other => return SseListed::Found(other),
                 }
@@ -335,8 +397,9 @@ mod tests {
 
     #[test]
     fn an_unavailable_tool_is_annotated_and_the_rest_kept_byte_for_byte() {
-        let Listed::Annotated { body, annotated: 1 } =
-            annotate_message(LISTING.as_bytes(), &id(), forced)
+        let Listed::Annotated {
+            body, annotated: 1, ..
+        } = annotate_message(LISTING.as_bytes(), &id(), forced)
         else {
             panic!("annotated")
         };
@@ -387,7 +450,10 @@ mod tests {
     #[test]
     fn entries_that_are_not_tools_are_left_where_they_are() {
         let body = br#"{"jsonrpc":"2.0","id":7,"result":{"tools":[3,"get_stock",null,{"name":5},{"description":"no name"},{"name":"get_stock"}]}}"#;
-        let Listed::Annotated { body, annotated: 1 } = annotate_message(body, &id(), forced) else {
+        let Listed::Annotated {
+            body, annotated: 1, ..
+        } = annotate_message(body, &id(), forced)
+        else {
             panic!("annotated")
         };
         let v = annotated(&body);
@@ -454,8 +520,9 @@ mod tests {
             "id: 0\r\nretry: 3000\r\ndata:\r\n\r\n: ping\r\nevent: message\r\ndata: {{\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{{}}}}\r\n\r\nid: e2\r\ndata: {}\r\n\r\nevent: other\r\ndata: x\r\n\r\n",
             LISTING
         );
-        let SseListed::Found(Listed::Annotated { body, annotated: 1 }) =
-            annotate_sse(stream.as_bytes(), &id(), forced, false)
+        let SseListed::Found(Listed::Annotated {
+            body, annotated: 1, ..
+        }) = annotate_sse(stream.as_bytes(), &id(), forced, false)
         else {
             panic!("annotated")
         };
@@ -509,5 +576,31 @@ mod tests {
             annotate_sse(b"data: nope\n\n", &id(), forced, false),
             SseListed::Found(Listed::Unread)
         );
+    }
+
+    #[test]
+    fn a_listing_filtered_for_a_caller_leaves_out_what_it_may_not_call() {
+        let body = br#"{"jsonrpc":"2.0","id":7,"result":{"tools":[{"name":"read_order","inputSchema":{}},{"name":"write_order"},{"nameless":1}],"nextCursor":"c"}}"#;
+        let hide = |tool: &str| {
+            if tool == "read_order" {
+                Edit::Keep
+            } else {
+                Edit::Hide
+            }
+        };
+        let Listed::Annotated {
+            body: out,
+            annotated: 0,
+            hidden: 2,
+        } = edit_message(body, &id(), hide)
+        else {
+            panic!("filtered")
+        };
+        assert_eq!(
+            std::str::from_utf8(&out).expect("utf-8"),
+            r#"{"jsonrpc":"2.0","id":7,"result":{"tools":[{"name":"read_order","inputSchema":{}}],"nextCursor":"c"}}"#
+        );
+        // Nothing to hide: the server's bytes.
+        assert_eq!(edit_message(body, &id(), |_| Edit::Keep), Listed::Unchanged);
     }
 }
