@@ -7,6 +7,7 @@ pub mod envoy;
 pub mod etcd;
 pub mod faultproxy;
 pub mod h2client;
+pub mod issuer;
 pub mod mcp;
 pub mod node;
 pub mod paths;
@@ -24,6 +25,7 @@ pub use browser::Browser;
 pub use envoy::{Envoy, EnvoyHost};
 pub use etcd::{Etcd, EtcdCluster};
 pub use faultproxy::FaultProxy;
+pub use issuer::Issuer;
 pub use mcp::{McpSession, Reply};
 pub use node::{NodeClient, NodeRun, Sdk};
 pub use paths::{
