@@ -23,10 +23,17 @@ pub const SESSION_HEADER: &str = "Mcp-Session-Id";
 /// Stats tags of the filter's per-tool stats.
 pub const SERVICE_TAG: &str = "service";
 pub const TOOL_TAG: &str = "tool";
+pub const REASON_TAG: &str = "reason";
+/// Takes `reason=<reason>.` out of a denial counter's name as the tag `reason`.
+pub const REASON_TAG_REGEX: &str =
+    r"^wasmcustom\.toolgate\.auth\.service=[^=]+\.(reason=([^=]+)\.)denied$";
 /// Takes `service=<name>.` out of the filter's stat names (`wasmcustom.toolgate.service=<name>
 /// .tool=<name>.<kind>`, see the filter's `stats.rs`) as the tag `service`. Names may contain
 /// dots but never `=`, so `[^=]+` ends exactly at the service's last character.
-pub const SERVICE_TAG_REGEX: &str = r"^wasmcustom\.toolgate\.(service=([^=]+)\.)tool=";
+/// The filter's denial counters (`wasmcustom.toolgate.auth.service=<name>.reason=<reason>
+/// .denied`, issue 20) carry it too.
+pub const SERVICE_TAG_REGEX: &str =
+    r"^wasmcustom\.toolgate\.(?:auth\.)?(service=([^=]+)\.)(?:tool|reason)=";
 /// Takes `tool=<name>.` out as the tag `tool`; the kind (`calls`, `state`, ...) is the last
 /// segment and has no dot, so a tool name with dots is taken whole.
 pub const TOOL_TAG_REGEX: &str = r"^wasmcustom\.toolgate\.service=[^=]+\.(tool=([^=]+)\.)[a-z_]+$";
@@ -111,6 +118,8 @@ pub fn access_log_format() -> Value {
         "mcp.method": "%FILTER_STATE(wasm.mcp_method:PLAIN)%",
         "mcp.tool": "%FILTER_STATE(wasm.mcp_tool:PLAIN)%",
         "mcp.breaker": "%FILTER_STATE(wasm.mcp_breaker:PLAIN)%",
+        "auth.subject": "%FILTER_STATE(wasm.mcp_subject:PLAIN)%",
+        "auth.denied": "%FILTER_STATE(wasm.mcp_denied:PLAIN)%",
         "mcp.session": "%REQ(MCP-SESSION-ID)%",
         "upstream_cluster": "%UPSTREAM_CLUSTER%",
         "upstream_host": "%UPSTREAM_HOST%",
@@ -371,7 +380,8 @@ fn stats_config() -> Value {
     json!({
         "stats_tags": [
             { "tag_name": SERVICE_TAG, "regex": SERVICE_TAG_REGEX },
-            { "tag_name": TOOL_TAG, "regex": TOOL_TAG_REGEX }
+            { "tag_name": TOOL_TAG, "regex": TOOL_TAG_REGEX },
+            { "tag_name": REASON_TAG, "regex": REASON_TAG_REGEX }
         ]
     })
 }
@@ -860,13 +870,18 @@ mod tests {
             .as_array()
             .expect("stats_tags");
         let names: Vec<&str> = tags.iter().filter_map(|t| t["tag_name"].as_str()).collect();
-        assert_eq!(names, [SERVICE_TAG, TOOL_TAG]);
+        assert_eq!(names, [SERVICE_TAG, TOOL_TAG, REASON_TAG]);
         for t in tags {
             let regex = t["regex"].as_str().expect("regex");
             // Anchored on the wasm namespace, so Envoy runs them on the filter's stats only.
             assert!(regex.starts_with(r"^wasmcustom\.toolgate\."), "{regex}");
-            // Two groups: the first is cut from the name, the second is the tag's value.
-            assert_eq!(regex.matches('(').count(), 2, "{regex}");
+            // Two capturing groups: the first is cut from the name, the second is the tag's
+            // value (`(?:` groups capture nothing).
+            assert_eq!(
+                regex.matches('(').count() - regex.matches("(?:").count(),
+                2,
+                "{regex}"
+            );
         }
     }
 
