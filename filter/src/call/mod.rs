@@ -728,11 +728,14 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 // No token passthrough: the client's token is for the gateway alone.
                 host.set_request_header("authorization", None);
             }
+            // Envoy drops the token of a request it verified: a payload refused here (a token
+            // for another resource) is a refused token too.
+            let verified = payload.is_some();
             let payload = payload
                 .and_then(|p| auth::decode_payload(&p))
                 .filter(|p| auth.audience_fits(p, &path));
-            self.auth.refused =
-                payload.is_none() && authorization.as_deref().is_some_and(auth::is_bearer);
+            self.auth.refused = payload.is_none()
+                && (verified || authorization.as_deref().is_some_and(auth::is_bearer));
             let caller = payload
                 .as_ref()
                 .map(|p| auth::caller_of(p, &auth.roles_claim));
