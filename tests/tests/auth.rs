@@ -338,7 +338,15 @@ async fn rules_decide_per_tool_on_both_gateways_and_a_bad_rule_changes_nothing()
     let url_a = a.url("orders");
     let url_b = envoy_b.url("orders");
     let aud = format!("{base}/mcp/orders");
+    // Valid for the service's own route and for `/mcp` (RFC 8707: a token names the
+    // resources it is for; one for `/mcp/orders` alone is refused at `/mcp`).
     let reader = issuer
+        .token()
+        .sub("rita")
+        .auds([aud.clone(), format!("{base}/mcp")])
+        .roles(["reader"])
+        .sign();
+    let orders_only = issuer
         .token()
         .sub("rita")
         .aud(&aud)
@@ -380,6 +388,42 @@ async fn rules_decide_per_tool_on_both_gateways_and_a_bad_rule_changes_nothing()
             .contains("write_order"),
         "{error}"
     );
+    // The same on the aggregate endpoint (`/mcp`, tools named `<service>__<tool>`).
+    let aggregate = format!("{base}/mcp");
+    wait_until(
+        "/mcp lists the service's tools",
+        Duration::from_secs(20),
+        || async {
+            listed(&aggregate, &reader)
+                .await
+                .iter()
+                .any(|t| t == "orders__read_order")
+        },
+    )
+    .await;
+    assert_eq!(listed(&aggregate, &reader).await, ["orders__read_order"]);
+    let r = call(&aggregate, Some(&orders_only), "orders__read_order").await;
+    assert_eq!(
+        r.status,
+        StatusCode::UNAUTHORIZED,
+        "a token for another resource: {}",
+        r.body
+    );
+    let r = call(&aggregate, Some(&reader), "orders__write_order").await;
+    let error = &r.message.clone().expect("a JSON-RPC answer")["error"];
+    assert_eq!(error["data"]["reason"], "tool_denied", "{error}");
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("orders__write_order"),
+        "named as the agent sees it: {error}"
+    );
+    assert!(call(&aggregate, Some(&reader), "orders__read_order")
+        .await
+        .text()
+        .contains("read_order"));
+
     // A writer without the scope: 403 insufficient_scope naming it.
     let r = call(&url_a, Some(&writer), "write_order").await;
     assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.body);
