@@ -112,7 +112,7 @@ pub fn unauthenticated_reply(
             "The bearer token was refused for {what}: it is invalid, expired, or issued for another resource. Get a new token (the resource metadata in WWW-Authenticate says from where) and send it as `Authorization: Bearer <token>`."
         ),
         _ => format!(
-            "{what} requires a bearer token: get one from an authorization server named in the resource metadata (WWW-Authenticate) and send it as `Authorization: Bearer <token>`."
+            "A bearer token is required for {what}: get one from an authorization server named in the resource metadata (WWW-Authenticate) and send it as `Authorization: Bearer <token>`."
         ),
     };
     reply::error_reply(

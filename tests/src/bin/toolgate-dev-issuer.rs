@@ -1,0 +1,104 @@
+//! `toolgate-dev-issuer`: a local OAuth issuer for trying issue 20's resource server against
+//! `make demo` (never for production: its keys live in memory and it signs whatever it is
+//! asked). It serves a JWKS on 127.0.0.1, turns the gateway's auth on through toolgate-xds's
+//! admin API (every service requires a token; `finance`'s `tax_calc` is for role
+//! `accountant` alone), prints tokens to try, and serves until Ctrl-C, then turns auth off.
+
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use serde_json::json;
+use toolgate_tests::Issuer;
+
+#[derive(Parser)]
+#[command(about = "A local OAuth issuer for trying the gateway's token checks with `make demo`")]
+struct Args {
+    /// toolgate-xds's admin API.
+    #[arg(long, default_value = "http://127.0.0.1:19000")]
+    admin: String,
+    /// The file holding the admin token (`make demo` prints where).
+    #[arg(long)]
+    admin_token_file: std::path::PathBuf,
+    /// The gateway's public base URL: the resource tokens are issued for.
+    #[arg(long, default_value = "http://127.0.0.1:10000")]
+    gateway: String,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let token = std::fs::read_to_string(&args.admin_token_file)
+        .with_context(|| format!("reading {}", args.admin_token_file.display()))?;
+    let token = token.trim();
+    let issuer = Issuer::start().await;
+    let gateway = args.gateway.trim_end_matches('/');
+    let http = reqwest::Client::new();
+    let put = |path: &str, body: serde_json::Value| {
+        http.put(format!("{}{path}", args.admin))
+            .bearer_auth(token)
+            .json(&body)
+            .send()
+    };
+    let config = json!({
+        "resource": gateway,
+        "authorization_servers": [issuer.issuer()],
+        "scopes_supported": ["tools:call"],
+        "issuers": [{"issuer": issuer.issuer(),
+                     "jwks": {"remote": {"uri": issuer.jwks_uri(), "cache_secs": 60}}}],
+        "required": ["*"]
+    });
+    let resp = put("/v1/auth/config", config).await?;
+    if !resp.status().is_success() {
+        bail!(
+            "toolgate-xds refused the auth configuration: {}",
+            resp.text().await?
+        );
+    }
+    let rules = json!({"rules": [{"tools": ["tax_calc"], "roles": ["accountant"]}]});
+    let resp = put("/v1/auth/rules/finance", rules).await?;
+    if !resp.status().is_success() {
+        bail!("toolgate-xds refused the rules: {}", resp.text().await?);
+    }
+    let week = Duration::from_secs(7 * 24 * 3600);
+    let agent = issuer
+        .token()
+        .sub("agent-1")
+        .aud(gateway)
+        .scope("tools:call")
+        .expires_in(week)
+        .sign();
+    let accountant = issuer
+        .token()
+        .sub("alice")
+        .aud(gateway)
+        .roles(["accountant"])
+        .expires_in(week)
+        .sign();
+    println!(
+        "issuer {} (JWKS {}); auth is on for every service of {gateway}.\n\n\
+         No token: 401 naming the metadata\n  \
+         curl -si {gateway}/mcp/finance -d '{{}}' | grep -i www-authenticate\n  \
+         curl -s {gateway}/.well-known/oauth-protected-resource/mcp/finance\n\n\
+         An agent (any tool of inventory and code; not finance's tax_calc):\n  \
+         export TOKEN={agent}\n  \
+         scripts/mcp-call.sh {gateway}/mcp/code ast_parse '{{\"source\":\"fn main() {{}}\"}}'\n  \
+         scripts/mcp-call.sh {gateway}/mcp/finance tax_calc '{{\"amount\":100,\"region\":\"de\"}}'   # refused: tool_denied\n\n\
+         An accountant (role accountant: finance's tax_calc, and the rest):\n  \
+         export TOKEN={accountant}\n  \
+         scripts/mcp-call.sh {gateway}/mcp/finance tax_calc '{{\"amount\":100,\"region\":\"de\"}}'\n\n\
+         Ctrl-C turns auth off again.",
+        issuer.issuer(),
+        issuer.jwks_uri()
+    );
+    tokio::signal::ctrl_c().await?;
+    for path in ["/v1/auth/rules/finance", "/v1/auth/config"] {
+        let _ = http
+            .delete(format!("{}{path}", args.admin))
+            .bearer_auth(token)
+            .send()
+            .await;
+    }
+    println!("auth is off again");
+    Ok(())
+}
