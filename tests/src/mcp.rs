@@ -18,6 +18,8 @@ pub struct Reply {
     /// The JSON-RPC response with the request's id (from JSON or from the SSE stream).
     pub message: Option<Value>,
     pub body: String,
+    /// The `WWW-Authenticate` header (issue 20's 401 and 403).
+    pub www_authenticate: Option<String>,
 }
 
 impl Reply {
@@ -51,6 +53,8 @@ pub struct McpSession {
     http: reqwest::Client,
     pub url: String,
     pub session: Option<String>,
+    /// Sent as `Authorization: Bearer <token>` with every request.
+    pub bearer: Option<String>,
     next_id: u64,
 }
 
@@ -77,8 +81,23 @@ impl McpSession {
                 .expect("http client"),
             url: url.to_string(),
             session: None,
+            bearer: None,
             next_id: 1,
         }
+    }
+
+    /// initialize + notifications/initialized with a bearer token on every request.
+    pub async fn connect_with_token(url: &str, token: &str) -> McpSession {
+        let mut s = Self::unconnected(url);
+        s.bearer = Some(token.to_string());
+        let reply = s.initialize().await;
+        assert_eq!(
+            reply.status,
+            StatusCode::OK,
+            "initialize at {url}: {}",
+            reply.body
+        );
+        s
     }
 
     /// Starts a new session (dropping any old one).
@@ -143,6 +162,7 @@ impl McpSession {
                 content_type: String::new(),
                 message: None,
                 body: error_chain(&e),
+                www_authenticate: None,
             },
         }
     }
@@ -168,6 +188,10 @@ impl McpSession {
         if let Some(s) = &self.session {
             set("mcp-session-id", s);
         }
+        let bearer = self.bearer.as_ref().map(|t| format!("Bearer {t}"));
+        if let Some(b) = &bearer {
+            set("authorization", b);
+        }
         for (k, v) in headers {
             set(k, v);
         }
@@ -186,6 +210,7 @@ impl McpSession {
                     .get("mcp-session-id")
                     .and_then(|v| v.to_str().ok())
                     .map(String::from);
+                let www_authenticate = www_authenticate(resp.headers());
                 let body = resp.text().await.unwrap_or_default();
                 let message = first_message(&body, &content_type);
                 Reply {
@@ -194,6 +219,7 @@ impl McpSession {
                     content_type,
                     message,
                     body,
+                    www_authenticate,
                 }
             }
             Err(e) => Reply {
@@ -202,6 +228,7 @@ impl McpSession {
                 content_type: String::new(),
                 message: None,
                 body: error_chain(&e),
+                www_authenticate: None,
             },
         }
     }
@@ -215,6 +242,9 @@ impl McpSession {
             .json(body);
         if let Some(s) = &self.session {
             req = req.header("mcp-session-id", s);
+        }
+        if let Some(t) = &self.bearer {
+            req = req.bearer_auth(t);
         }
         for (k, v) in headers {
             req = req.header(*k, *v);
@@ -232,6 +262,7 @@ impl McpSession {
             .and_then(|v| v.to_str().ok())
             .unwrap_or_default()
             .to_string();
+        let www_authenticate = www_authenticate(resp.headers());
         let body = resp.text().await?;
         Ok(Reply {
             status,
@@ -239,8 +270,16 @@ impl McpSession {
             content_type,
             message: None,
             body,
+            www_authenticate,
         })
     }
+}
+
+fn www_authenticate(headers: &reqwest::header::HeaderMap) -> Option<String> {
+    headers
+        .get("www-authenticate")
+        .and_then(|v| v.to_str().ok())
+        .map(String::from)
 }
 
 /// The JSON-RPC response with `id` in a JSON body or an SSE stream.

@@ -444,9 +444,13 @@ async fn status(admin: &str, token: Option<&str>) -> anyhow::Result<String> {
         get("/v1/breakers"),
         get("/v1/overrides")
     )?;
-    Ok(toolgate_xds::status::render(
-        admin, &registry, &breakers, &overrides,
-    ))
+    let mut out = toolgate_xds::status::render(admin, &registry, &breakers, &overrides);
+    // A toolgate-xds from before issue 20 has no /v1/auth: the rest of the report stands.
+    match get("/v1/auth").await {
+        Ok(auth) => out.push_str(&toolgate_xds::status::render_auth(&auth)),
+        Err(e) => out.push_str(&format!("\nAUTH: unknown ({e:#})\n")),
+    }
+    Ok(out)
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {

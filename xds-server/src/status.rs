@@ -152,6 +152,76 @@ pub fn render(admin: &str, registry: &Value, breakers: &Value, overrides: &Value
     out
 }
 
+/// The auth section from `GET /v1/auth`: whether a configuration exists and its issuers,
+/// then which services and virtual servers require a token, and how many rules each has.
+pub fn render_auth(auth: &Value) -> String {
+    let mut out = String::new();
+    if auth["configured"] == true {
+        let config = &auth["config"];
+        let issuers: Vec<String> = config["issuers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|i| {
+                let keys = match &i["jwks"] {
+                    j if j.get("remote").is_some() => {
+                        format!("keys from {}", s(&j["remote"]["uri"]))
+                    }
+                    _ => "inline keys".to_string(),
+                };
+                format!("{} ({keys})", s(&i["issuer"]))
+            })
+            .collect();
+        out.push_str(&format!(
+            "\nAUTH: configured for {}; issuers: {}\n",
+            s(&config["resource"]),
+            if issuers.is_empty() {
+                "-".to_string()
+            } else {
+                issuers.join(", ")
+            }
+        ));
+    } else {
+        out.push_str("\nAUTH: not configured (no service requires a token)\n");
+        if auth["rules_unused"] == true {
+            out.push_str("rule sets are stored but not applied until a configuration is\n");
+        }
+    }
+    for (section, header, exists) in [
+        ("services", "SERVICE", "registered"),
+        ("virtual_servers", "VIRTUAL SERVER", "defined"),
+    ] {
+        let rows: Vec<Vec<String>> = auth[section]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(name, e)| {
+                let rules = match e["rules"]["rules"].as_array() {
+                    Some(r) if r.len() == 1 => "1 rule".to_string(),
+                    Some(r) => format!("{} rules", r.len()),
+                    None => "-".to_string(),
+                };
+                let name = if e[exists] == false {
+                    format!("{name} (not {exists})")
+                } else {
+                    name.clone()
+                };
+                let token = if e["requires_token"] == true {
+                    "required"
+                } else {
+                    "-"
+                };
+                vec![name, token.to_string(), rules]
+            })
+            .collect();
+        if section == "virtual_servers" {
+            out.push('\n');
+        }
+        out.push_str(&table(&[header, "TOKEN", "RULES"], &rows));
+    }
+    out
+}
+
 /// The probe kind and its last result: `mcp ok`, or `http failed: HTTP 404 on GET /health: …`.
 fn last_probe(instance: &Value) -> String {
     let kind = instance["probe"].as_str().unwrap_or("http");
@@ -191,5 +261,46 @@ mod tests {
         assert!(out.contains("1.5s"), "{out}");
         assert!(out.contains("OVERRIDES\nSERVICE"), "{out}");
         assert!(out.ends_with("(none)\n"), "{out}");
+    }
+
+    #[test]
+    fn renders_who_requires_a_token() {
+        let auth = json!({"configured": true, "rules_unused": false,
+            "config": {"resource": "http://gw", "issuers": [
+                {"issuer": "http://idp", "jwks": {"remote": {"uri": "http://idp/jwks"}}},
+                {"issuer": "local", "jwks": {"inline": {"keys": [{}]}}}]},
+            "services": {
+                "inv": {"registered": true, "requires_token": true,
+                        "rules": {"rules": [{"tools": ["*"]}, {"tools": ["a"]}]}},
+                "later": {"registered": false, "requires_token": true,
+                          "rules": {"rules": [{"tools": ["*"]}]}},
+                "open": {"registered": true, "requires_token": false, "rules": null}},
+            "virtual_servers": {"default": {"defined": true, "requires_token": false,
+                                            "rules": null}}});
+        let out = render_auth(&auth);
+        assert!(
+            out.contains(
+                "AUTH: configured for http://gw; issuers: http://idp (keys from \
+                          http://idp/jwks), local (inline keys)"
+            ),
+            "{out}"
+        );
+        assert!(
+            out.contains("inv                     required  2 rules"),
+            "{out}"
+        );
+        assert!(
+            out.contains("later (not registered)  required  1 rule"),
+            "{out}"
+        );
+        assert!(out.contains("open"), "{out}");
+        assert!(
+            out.contains("-\n\nVIRTUAL SERVER  TOKEN  RULES\ndefault"),
+            "{out}"
+        );
+        let out = render_auth(&json!({"configured": false, "rules_unused": true,
+            "config": null, "services": {}, "virtual_servers": {}}));
+        assert!(out.contains("AUTH: not configured"), "{out}");
+        assert!(out.contains("not applied"), "{out}");
     }
 }

@@ -15,6 +15,7 @@ const view = {
   overrides: [],
   envoys: [],
   virtuals: [],
+  auth: null,
   lastOk: null,
   failure: null,
   sort: { instances: { key: "service", dir: 1 }, tools: { key: "service", dir: 1 } },
@@ -96,14 +97,16 @@ function clock(iso) {
 // One read of everything; the page keeps the last state when it fails.
 async function refresh() {
   try {
-    const [registry, breakers, overrides, envoys, virtuals] = await Promise.all([
+    const [registry, breakers, overrides, envoys, virtuals, auth] = await Promise.all([
       getJson("/v1/registry"),
       getJson("/v1/breakers"),
       getJson("/v1/overrides"),
       getJson("/v1/envoys"),
       getJson("/v1/virtual"),
+      getJson("/v1/auth"),
     ]);
     view.virtuals = virtuals.virtual_servers || [];
+    view.auth = auth;
     view.registry = registry;
     view.breakers = breakers.breakers || [];
     view.overrides = overrides.overrides || [];
@@ -135,6 +138,7 @@ function render() {
   renderTools();
   renderInstances();
   renderVirtual();
+  renderAuth();
   renderEnvoys();
 }
 
@@ -361,6 +365,53 @@ function renderVirtual() {
       );
     });
   patchRows(body, out.length ? out : [emptyRow(5, "No virtual server matches.")]);
+}
+
+// One compact line per rule: the tools it covers, then who it grants them to (subjects AND
+// roles AND all scopes); claims copied into headers last.
+function ruleLines(rules) {
+  if (!rules) return ["– (no rule set: every caller the token check lets in)"];
+  const lines = (rules.rules || []).map((r) => {
+    const who = [];
+    if ((r.subjects || []).length) who.push("subjects " + r.subjects.join(", "));
+    if ((r.roles || []).length) who.push("roles " + r.roles.join(" | "));
+    if ((r.scopes || []).length) who.push("scopes " + r.scopes.join(" + "));
+    return (r.tools || []).join(", ") + " ← " + who.join(" · ");
+  });
+  if (!lines.length) lines.push("no rule: every tool is refused");
+  for (const [claim, header] of Object.entries(rules.claim_headers || {})) {
+    lines.push("claim " + claim + " → header " + header);
+  }
+  return lines;
+}
+
+// Per service and virtual server: whether it requires a token, and its rules.
+function renderAuth() {
+  const auth = view.auth;
+  const state = !auth ? "–"
+    : auth.configured
+      ? "Tokens checked for " + auth.config.resource + "; issuers: " +
+        (auth.config.issuers || []).map((i) => i.issuer).join(", ") + "."
+      : "No auth configuration: no service requires a token." +
+        (auth.rules_unused ? " Rule sets are stored but not applied until one is." : "");
+  if ($("auth-state").textContent !== state) $("auth-state").textContent = state;
+  const rows = [];
+  for (const [kind, key, exists] of [["service", "services", "registered"],
+    ["virtual server", "virtual_servers", "defined"]]) {
+    for (const [name, e] of Object.entries((auth && auth[key]) || {})) {
+      if (!matches(name)) continue;
+      const label = [name, el("span", { class: "muted" },
+        " (" + kind + (e[exists] ? "" : ", not " + exists) + ")")];
+      rows.push(el("tr", { "data-key": kind + "/" + name, "data-token": String(!!e.requires_token) },
+        el("td", {}, label),
+        el("td", {}, el("span", { class: "badge " + (e.requires_token ? "token-required" : "token-open") },
+          e.requires_token ? "🔒 REQUIRED" : "OPEN")),
+        el("td", { class: "wide" }, ruleLines(e.rules).map((l) => el("div", {}, l))),
+      ));
+    }
+  }
+  patchRows($("auth").tBodies[0], rows.length ? rows
+    : [emptyRow(3, auth ? "No service matches." : "Waiting for toolgate-xds…")]);
 }
 
 function renderEnvoys() {

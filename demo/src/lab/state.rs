@@ -34,6 +34,10 @@ pub struct LabState {
     /// after this state exists, since the router's handlers hold the state).
     /// Unset when stateless: there are no sessions to count.
     sessions: OnceLock<Arc<LocalSessionManager>>,
+    /// The request headers `/mcp` received, by name: how many requests carried each, and
+    /// the value the last one carried (a test proves what a gateway passed on or kept back,
+    /// e.g. that no client's `Authorization` ever reached the server).
+    headers: Mutex<BTreeMap<String, (u64, String)>>,
 }
 
 /// The data behind these locks stays consistent whatever a panicking holder
@@ -61,6 +65,7 @@ impl LabState {
             initializes: AtomicU64::new(0),
             deletes: AtomicU64::new(0),
             sessions: OnceLock::new(),
+            headers: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -130,7 +135,24 @@ impl LabState {
         *lock(&self.calls).entry(tool.to_owned()).or_default() += 1;
     }
 
+    /// Records the headers of one request to `/mcp`.
+    pub fn record_headers(&self, headers: &axum::http::HeaderMap) {
+        let mut seen = lock(&self.headers);
+        for name in headers.keys() {
+            let value = headers
+                .get_all(name)
+                .iter()
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                .collect::<Vec<_>>()
+                .join(", ");
+            let entry = seen.entry(name.as_str().to_owned()).or_default();
+            entry.0 += 1;
+            entry.1 = value;
+        }
+    }
+
     pub fn reset_counters(&self) {
+        lock(&self.headers).clear();
         let mut calls = lock(&self.calls);
         calls.retain(|tool, _| self.tools.contains(tool));
         calls.values_mut().for_each(|count| *count = 0);
@@ -153,6 +175,10 @@ impl LabState {
             "sessions": self.live_sessions().await,
             "initializes": self.initializes.load(Ordering::Relaxed),
             "deletes": self.deletes.load(Ordering::Relaxed),
+            "headers": lock(&self.headers)
+                .iter()
+                .map(|(name, (count, last))| (name.clone(), json!({"count": count, "last": last})))
+                .collect::<serde_json::Map<_, _>>(),
         })
     }
 }

@@ -62,6 +62,8 @@ struct Stream {
     dispatched: RefCell<Vec<(String, Vec<u8>)>>,
     resumed: Cell<u32>,
     raw_replies: RefCell<Vec<(u32, String, Vec<u8>)>>,
+    /// The extra headers of each local reply.
+    reply_headers: RefCell<Vec<Vec<(String, String)>>>,
 }
 
 impl CallHost for Stream {
@@ -104,8 +106,14 @@ impl CallHost for Stream {
     fn set_response_body(&self, _len: usize, body: &[u8]) {
         *self.response_body.borrow_mut() = body.to_vec();
     }
-    fn send_reply(&self, status: u32, reply: &Reply, _headers: &[(&str, &str)]) {
+    fn send_reply(&self, status: u32, reply: &Reply, headers: &[(&str, &str)]) {
         self.replies.borrow_mut().push((status, reply.clone()));
+        self.reply_headers.borrow_mut().push(
+            headers
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
     }
     fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
         self.properties.borrow().get(&path.join(".")).cloned()
@@ -1675,4 +1683,223 @@ fn a_stateless_clients_session_the_server_lost_is_replayed() {
         next.stream.request_headers.borrow()[SESSION_HEADER],
         "ZW52LTI=;UV:Yg=="
     );
+}
+
+mod auth {
+    //! Issue 20: the caller from Envoy's verified payload, and the per-tool rules.
+    use super::*;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use base64::Engine as _;
+    use toolgate_model::auth::{AuthConfig, FilterAuth, ToolRules, PAYLOAD_HEADER};
+
+    fn with_auth(w: &Worker, required: &[&str], rules: Option<Value>) {
+        let config = AuthConfig::parse(
+            serde_json::json!({
+                "resource": "http://gw",
+                "authorization_servers": ["http://idp"],
+                "required": required,
+                "issuers": [{"issuer": "http://idp", "jwks": {"inline": {"keys": [{}]}}}]
+            })
+            .to_string()
+            .as_bytes(),
+        )
+        .expect("valid");
+        let services = rules
+            .map(|r| {
+                BTreeMap::from([(
+                    "orders".to_string(),
+                    ToolRules::parse(r.to_string().as_bytes()).expect("valid rules"),
+                )])
+            })
+            .unwrap_or_default();
+        w.shared.borrow_mut().config.auth =
+            Some(FilterAuth::new(&config, services, BTreeMap::new()));
+    }
+
+    fn payload(claims: Value) -> String {
+        URL_SAFE_NO_PAD.encode(claims.to_string())
+    }
+
+    fn reader() -> String {
+        payload(
+            serde_json::json!({"iss": "http://idp", "aud": "http://gw/mcp/orders", "sub": "alice", "roles": ["reader"], "scope": "orders:read"}),
+        )
+    }
+
+    fn call(w: &mut Worker, tool: &str, headers: &[(&str, &str)]) -> Flight {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{{"name":"{tool}","arguments":{{}}}}}}"#
+        );
+        w.request("orders", headers, &body)
+    }
+
+    fn challenge(f: &Flight) -> String {
+        f.stream.reply_headers.borrow()[0]
+            .iter()
+            .find(|(k, _)| k == "www-authenticate")
+            .map(|(_, v)| v.clone())
+            .expect("a challenge")
+    }
+
+    #[test]
+    fn without_a_token_a_protected_service_answers_401_naming_its_metadata() {
+        let mut w = Worker::new();
+        with_auth(&w, &["*"], None);
+        let f = call(&mut w, "read_order", &[]);
+        assert_eq!(f.headers_action, Action::Pause);
+        assert_eq!(f.body_action, None, "refused before the body is read");
+        let (status, body) = f.reply();
+        assert_eq!(status, 401);
+        assert_eq!(body["error"]["data"]["reason"], "missing_token");
+        assert_eq!(
+            challenge(&f),
+            r#"Bearer resource_metadata="http://gw/.well-known/oauth-protected-resource/mcp/orders""#
+        );
+        assert_eq!(
+            w.metrics
+                .get("toolgate.auth.service=orders.reason=missing_token.denied"),
+            1
+        );
+        // A token Envoy did not verify: no payload, but a bearer token came.
+        let f = call(&mut w, "read_order", &[("authorization", "Bearer forged")]);
+        assert_eq!(f.reply().0, 401);
+        assert!(challenge(&f).contains(r#"error="invalid_token""#));
+        assert_eq!(
+            w.metrics
+                .get("toolgate.auth.service=orders.reason=invalid_token.denied"),
+            1
+        );
+    }
+
+    #[test]
+    fn a_verified_caller_goes_upstream_without_its_token() {
+        let mut w = Worker::new();
+        with_auth(&w, &["*"], None);
+        let p = reader();
+        let f = call(
+            &mut w,
+            "read_order",
+            &[(PAYLOAD_HEADER, &p), ("authorization", "Bearer x")],
+        );
+        assert!(f.went_upstream());
+        let headers = f.stream.request_headers.borrow();
+        assert!(
+            !headers.contains_key("authorization"),
+            "no token passthrough"
+        );
+        assert!(!headers.contains_key(PAYLOAD_HEADER));
+    }
+
+    #[test]
+    fn a_token_for_another_resource_is_refused_as_invalid() {
+        let mut w = Worker::new();
+        with_auth(&w, &["*"], None);
+        let other = payload(
+            serde_json::json!({"iss": "http://idp", "aud": "http://gw/mcp/payments", "sub": "alice"}),
+        );
+        let f = call(
+            &mut w,
+            "read_order",
+            &[(PAYLOAD_HEADER, &other), ("authorization", "Bearer x")],
+        );
+        assert_eq!(f.reply().0, 401);
+        assert!(challenge(&f).contains("invalid_token"));
+    }
+
+    #[test]
+    fn rules_grant_by_role_and_ask_for_a_missing_scope() {
+        let mut w = Worker::new();
+        with_auth(
+            &w,
+            &["*"],
+            Some(serde_json::json!({"rules": [
+                {"tools": ["read_order"], "roles": ["reader"]},
+                {"tools": ["write_order"], "roles": ["reader"], "scopes": ["orders:write"]}
+            ]})),
+        );
+        let p = reader();
+        assert!(call(&mut w, "read_order", &[(PAYLOAD_HEADER, &p)]).went_upstream());
+        let f = call(&mut w, "write_order", &[(PAYLOAD_HEADER, &p)]);
+        let (status, body) = f.reply();
+        assert_eq!(status, 403);
+        assert_eq!(body["id"], 7);
+        assert_eq!(body["error"]["data"]["scope"], "orders:write");
+        assert!(
+            challenge(&f).starts_with(r#"Bearer error="insufficient_scope", scope="orders:write""#)
+        );
+        let f = call(&mut w, "slow_order", &[(PAYLOAD_HEADER, &p)]);
+        let (status, body) = f.reply();
+        assert_eq!(status, 200);
+        assert_eq!(body["id"], 7);
+        assert_eq!(body["error"]["data"]["reason"], "tool_denied");
+        assert!(body["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("slow_order"));
+        assert_eq!(
+            w.metrics
+                .get("toolgate.auth.service=orders.reason=tool_denied.denied"),
+            1
+        );
+        assert_eq!(
+            w.metrics
+                .get("toolgate.auth.service=orders.reason=insufficient_scope.denied"),
+            1
+        );
+        // A refused call is no outcome of the tool's.
+        assert_eq!(w.stat("slow_order", "calls"), 0);
+    }
+
+    #[test]
+    fn a_listing_shows_only_what_the_caller_may_call() {
+        let mut w = Worker::new();
+        with_auth(
+            &w,
+            &["*"],
+            Some(serde_json::json!({"rules": [{"tools": ["read_*"], "roles": ["reader"]}]})),
+        );
+        let p = reader();
+        let mut f = w.request(
+            "orders",
+            &[(PAYLOAD_HEADER, &p)],
+            r#"{"jsonrpc":"2.0","id":7,"method":"tools/list"}"#,
+        );
+        assert!(f.went_upstream());
+        f.json(r#"{"jsonrpc":"2.0","id":7,"result":{"tools":[{"name":"read_order"},{"name":"write_order"}]}}"#);
+        let names: Vec<Value> = f.body_json()["result"]["tools"]
+            .as_array()
+            .expect("tools")
+            .iter()
+            .map(|t| t["name"].clone())
+            .collect();
+        assert_eq!(names, [Value::from("read_order")]);
+    }
+
+    #[test]
+    fn claims_reach_a_service_that_asks_and_a_client_cannot_forge_them() {
+        let mut w = Worker::new();
+        with_auth(
+            &w,
+            &["*"],
+            Some(
+                serde_json::json!({"rules": [{"tools": ["*"], "subjects": ["*"]}],
+                                    "claim_headers": {"sub": "x-caller"}}),
+            ),
+        );
+        let p = reader();
+        let f = call(
+            &mut w,
+            "read_order",
+            &[(PAYLOAD_HEADER, &p), ("x-caller", "root")],
+        );
+        assert!(f.went_upstream());
+        assert_eq!(f.stream.request_headers.borrow()["x-caller"], "alice");
+    }
+
+    #[test]
+    fn an_open_service_takes_callers_without_a_token() {
+        let mut w = Worker::new();
+        with_auth(&w, &["payments"], None);
+        assert!(call(&mut w, "read_order", &[]).went_upstream());
+    }
 }

@@ -1,11 +1,13 @@
 //! The admin HTTP API: `/healthz`, `/metrics` (Prometheus text), `/v1/registry` (JSON), and
 //! `/v1/feedback`, where the filters report call outcomes per instance, `/v1/breaker-events`,
 //! where they report their breaker transitions, and the operator's `/v1/breakers`,
-//! `/v1/overrides`, `/v1/policies` and `/v1/virtual` (changes need the bearer token), the
-//! aggregate MCP endpoint `/v1/aggregate/{name}` (agent traffic, see `crate::aggregate`), and
-//! `/v1/upstream-sessions`, where the filters ask for sessions held for their clients.
+//! `/v1/overrides`, `/v1/policies`, `/v1/virtual` and `/v1/auth` (changes need the bearer
+//! token), the aggregate MCP endpoint `/v1/aggregate/{name}` (agent traffic, see
+//! `crate::aggregate`), and `/v1/upstream-sessions`, where the filters ask for sessions held
+//! for their clients.
 
 pub mod auth;
+mod auth_config;
 mod console;
 mod upstream;
 mod virtual_servers;
@@ -80,6 +82,19 @@ pub fn router(state: AdminState) -> Router {
         .route(
             "/v1/virtual/{name}",
             put(virtual_servers::put).delete(virtual_servers::delete),
+        )
+        .route("/v1/auth", get(auth_config::get))
+        .route(
+            "/v1/auth/config",
+            put(auth_config::put_config).delete(auth_config::delete_config),
+        )
+        .route(
+            "/v1/auth/rules/{service}",
+            put(auth_config::put_service_rules).delete(auth_config::delete_service_rules),
+        )
+        .route(
+            "/v1/auth/virtual/{name}",
+            put(auth_config::put_virtual_rules).delete(auth_config::delete_virtual_rules),
         )
         .route("/v1/policies", get(policies))
         .route(

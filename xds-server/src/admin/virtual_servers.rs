@@ -19,11 +19,11 @@ use super::AdminState;
 use crate::fleet::AdminError;
 use crate::xds::resources::{AGGREGATE_PATH, VIRTUAL_PATH_PREFIX};
 
-/// A refusal naming the field it is about.
-struct Refusal {
-    status: StatusCode,
-    error: String,
-    field: Option<String>,
+/// A refusal naming the field it is about (also `/v1/auth`'s).
+pub(super) struct Refusal {
+    pub(super) status: StatusCode,
+    pub(super) error: String,
+    pub(super) field: Option<String>,
 }
 
 impl IntoResponse for Refusal {

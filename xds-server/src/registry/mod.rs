@@ -5,6 +5,7 @@
 //! instance's last good value and never empty a service.
 
 pub mod admission;
+pub mod auth;
 pub mod persist;
 pub mod publish;
 
@@ -15,6 +16,7 @@ use std::time::{Instant, SystemTime};
 
 use serde::Serialize;
 use tokio::sync::Notify;
+use toolgate_model::auth::{AuthConfig, ToolRules};
 use toolgate_model::fleet::{FleetOpen, Override, MAX_REASON_LEN};
 use toolgate_model::policy::{FilterConfig, PolicyOverrides, RequestLimits, ServicePolicy};
 use toolgate_model::virtual_server::{
@@ -177,6 +179,12 @@ pub struct Registry {
     /// the tool catalog (`crate::catalog`) last found them: the filters hold sessions with
     /// them for 2026-07-28 clients of the aggregate endpoint.
     legacy_revisions: BTreeMap<String, String>,
+    /// The auth configuration and rule sets from `<prefix>auth/` (issue 20), as last
+    /// admitted.
+    auth: auth::AuthStore,
+    /// Whether the last publish had rule sets but no configuration to apply them with, so
+    /// that this is logged once, when it starts, not at every push.
+    auth_rules_unused: bool,
 }
 
 impl Registry {
@@ -215,6 +223,8 @@ impl Registry {
             since_revision: BTreeMap::new(),
             unnamed: Vec::new(),
             legacy_revisions: BTreeMap::new(),
+            auth: auth::AuthStore::default(),
+            auth_rules_unused: false,
         }
     }
 
@@ -366,28 +376,47 @@ impl Registry {
         let mut old_fleet = std::mem::take(&mut self.fleet);
         let mut old_overrides = std::mem::take(&mut self.overrides);
         let mut old_virtuals = std::mem::take(&mut self.virtuals);
+        let mut old_auth = std::mem::take(&mut self.auth);
         self.by_addr.clear();
         self.all_stale = true;
         let mut rejected = Vec::new();
-        for (key, value, lease, create_revision, mod_revision) in kvs {
+        // Rule sets name services and virtual servers, which sort after `auth/` in a read:
+        // applied last, they find them in, and warn only of names that are really unknown.
+        let auth_prefix = self.layout.auth_prefix();
+        let mut auth_kvs = Vec::new();
+        for entry in kvs {
+            if entry.0.starts_with(&auth_prefix) {
+                auth_kvs.push(entry);
+                continue;
+            }
+            let (key, value, lease, create_revision, mod_revision) = entry;
+            if let Err(r) = self.put(key, value, lease, create_revision, mod_revision) {
+                rejected.push(r);
+            }
+        }
+        for (key, value, lease, create_revision, mod_revision) in auth_kvs {
             if let Err(r) = self.put(key, value, lease, create_revision, mod_revision) {
                 rejected.push(r);
             }
         }
         let mut kept = Vec::new();
         for r in &rejected {
-            let restored = self.restore_last_good(
-                &r.key,
-                &mut old,
-                &mut old_policies,
-                &mut old_fleet,
-                &mut old_overrides,
-                &mut old_virtuals,
-            );
+            let restored = match self.layout.parse_auth_key(&r.key) {
+                Ok(which) => self.auth.restore(&which, &mut old_auth),
+                Err(_) => self.restore_last_good(
+                    &r.key,
+                    &mut old,
+                    &mut old_policies,
+                    &mut old_fleet,
+                    &mut old_overrides,
+                    &mut old_virtuals,
+                ),
+            };
             if restored {
                 kept.push(r.key.clone());
             }
         }
+        self.auth.keep_arc_of(&old_auth);
         for (sk, old) in old {
             match self.instances.get_mut(&sk) {
                 Some(new) if same_target(&old, new) => {
@@ -489,6 +518,8 @@ impl Registry {
             self.put_instance(key, value, lease, create_revision, mod_revision)
         } else if key.starts_with(&self.layout.virtual_prefix()) {
             self.put_virtual(key, value)
+        } else if key.starts_with(&self.layout.auth_prefix()) {
+            self.put_auth(key, value)
         } else if key.starts_with(&self.layout.policies_prefix()) {
             self.put_policy(key, value)
         } else if key.starts_with(&self.layout.breakers_prefix()) {
@@ -554,12 +585,15 @@ impl Registry {
         &self.overrides
     }
 
-    /// Whether `value` would be admitted at `key` (a policy, an override, a virtual server),
-    /// without changing anything: the admin API refuses with the same reason the watch would
-    /// log.
+    /// Whether `value` would be admitted at `key` (a policy, an override, a virtual server,
+    /// an auth value), without changing anything: the admin API refuses with the same reason
+    /// the watch would log.
     pub fn check(&self, key: &str, value: &[u8]) -> Result<(), Rejected> {
         if key.starts_with(&self.layout.virtual_prefix()) {
             return self.admit_virtual(key, value).map(|_| ());
+        }
+        if key.starts_with(&self.layout.auth_prefix()) {
+            return auth::admit(&self.layout, key, value).map(|_| ());
         }
         let mut scratch = Registry::new(self.layout.clone());
         scratch.policies = self.policies.clone();
@@ -601,6 +635,48 @@ impl Registry {
         let raw = String::from_utf8_lossy(value).into_owned();
         self.virtuals.insert(name, (vs, raw));
         Ok(changed)
+    }
+
+    /// A value under `<prefix>auth/`: admitted whole or not at all (the last good one stays).
+    /// A rule set for a service or virtual server that does not exist is admitted: it may be
+    /// between instances, or be defined after its rules, and its rules then apply.
+    fn put_auth(&mut self, key: &str, value: &[u8]) -> Result<bool, Rejected> {
+        let admitted = auth::admit(&self.layout, key, value)?;
+        match &admitted {
+            auth::Admitted::Service(name, _) if !self.services.contains_key(name) => {
+                tracing::warn!(key, service = %name,
+                    "rule set for a service that is not registered; it applies when the service registers");
+            }
+            auth::Admitted::Virtual(name, _)
+                if name != DEFAULT_VIRTUAL && !self.virtuals.contains_key(name) =>
+            {
+                tracing::warn!(key, virtual_server = %name,
+                    "rule set for a virtual server that is not defined; it applies when the server is");
+            }
+            _ => {}
+        }
+        let raw = String::from_utf8_lossy(value).into_owned();
+        Ok(self.auth.insert(admitted, raw))
+    }
+
+    /// The auth configuration (`<prefix>auth/config`), when one is admitted.
+    pub fn auth_config(&self) -> Option<&AuthConfig> {
+        self.auth.config().map(|c| &**c)
+    }
+
+    /// The rule sets of services (`<prefix>auth/rules/<service>`), by service.
+    pub fn auth_service_rules(&self) -> impl Iterator<Item = (&String, &ToolRules)> {
+        self.auth.service_rules()
+    }
+
+    /// The rule sets of virtual servers (`<prefix>auth/virtual/<name>`), by name.
+    pub fn auth_virtual_rules(&self) -> impl Iterator<Item = (&String, &ToolRules)> {
+        self.auth.virtual_rules()
+    }
+
+    /// Every known service (registered now, or before and emptied since), sorted.
+    pub fn service_names(&self) -> impl Iterator<Item = &String> {
+        self.services.keys()
     }
 
     /// The virtual servers stored in etcd (without the built-in default), as admitted.
@@ -729,6 +805,7 @@ impl Registry {
                 .filter(|(service, _)| self.catalog.contains_key(*service))
                 .map(|(s, r)| (s.clone(), r.clone()))
                 .collect(),
+            auth: self.auth.filter_auth(),
             ..FilterConfig::default()
         };
         for ((service, tool), e) in &self.fleet {
@@ -768,6 +845,19 @@ impl Registry {
                 reason = %u.reason, "a tool cannot be offered on a virtual server");
         }
         self.unnamed = unnamed;
+    }
+
+    /// Rule sets without a configuration are kept but not applied (nothing checks tokens
+    /// then, so no rule could be): logged once when that starts, not at every push.
+    fn log_auth_rules_unused(&mut self) {
+        let unused = self.auth.config().is_none() && self.auth.has_rules();
+        if unused && !self.auth_rules_unused {
+            tracing::warn!(
+                "auth rule sets are stored but no auth configuration is: they are not applied \
+                 until <prefix>auth/config holds one"
+            );
+        }
+        self.auth_rules_unused = unused;
     }
 
     fn put_instance(
@@ -856,7 +946,8 @@ impl Registry {
         Ok(routing_changed || self.since_revision.get(&service).copied() != old_since)
     }
 
-    /// Applies a DELETE. `true` when an instance, a policy or a virtual server left.
+    /// Applies a DELETE. `true` when an instance, a policy, a virtual server or an auth value
+    /// left.
     pub fn delete(&mut self, key: &str) -> bool {
         if let Ok(sk) = self.layout.parse_instance_key(key) {
             let Some(old) = self.instances.remove(&sk) else {
@@ -873,6 +964,9 @@ impl Registry {
         }
         if let Ok(name) = self.layout.parse_virtual_key(key) {
             return self.virtuals.remove(&name).is_some();
+        }
+        if let Ok(which) = self.layout.parse_auth_key(key) {
+            return self.auth.remove(&which);
         }
         if let Ok(k) = self
             .layout
@@ -929,6 +1023,7 @@ impl Registry {
         }
         let (filter, unnamed) = self.filter_config_and_unnamed();
         self.log_unnamed(unnamed);
+        self.log_auth_rules_unused();
         for service in stale {
             if self.services.contains_key(&service) {
                 let route = self.build_route(&service, &filter);
@@ -952,7 +1047,7 @@ impl Registry {
             filter_config: serde_json::to_string(&filter).unwrap_or_default(),
             virtual_servers: filter.virtual_servers.keys().cloned().collect(),
             max_body_bytes: self.request_limits.max_body_bytes,
-            auth: None,
+            auth: self.auth.config().cloned(),
         }
     }
 
@@ -1019,8 +1114,8 @@ impl Registry {
         route
     }
 
-    /// The raw (key, value) pairs of every admitted instance, policy, fleet opening, override
-    /// and virtual server, for the state-dir snapshot.
+    /// The raw (key, value) pairs of every admitted instance, policy, fleet opening, override,
+    /// virtual server and auth value, for the state-dir snapshot.
     pub fn raw_values(&self) -> Vec<(String, String)> {
         let instances = self.instances.iter().map(|(sk, inst)| {
             (
@@ -1058,6 +1153,7 @@ impl Registry {
             .chain(fleet)
             .chain(overrides)
             .chain(virtuals)
+            .chain(self.auth.raw_values(&self.layout))
             .collect()
     }
 
@@ -1791,5 +1887,196 @@ mod tests {
             published(&mut restarted).virtual_servers["default"].tools["search"].service,
             "zeta"
         );
+    }
+
+    const AUTH: &[u8] = br#"{"resource": "http://127.0.0.1:10000/",
+        "authorization_servers": ["http://127.0.0.1:9000"], "required": ["inv"],
+        "issuers": [{"issuer": "http://127.0.0.1:9000",
+                     "jwks": {"remote": {"uri": "http://127.0.0.1:9000/jwks.json"}}}]}"#;
+    const READERS: &[u8] = br#"{"rules": [{"tools": ["read_*"], "roles": ["reader"]}]}"#;
+
+    #[test]
+    fn an_auth_configuration_is_admitted_and_shared_while_unchanged() {
+        let mut r = reg();
+        r.put("/mcp/services/inv/i-1", V1, 7, 2, 2).unwrap();
+        assert!(r.auth_config().is_none());
+        assert!(
+            published(&mut r).auth.is_none(),
+            "no configuration: no auth"
+        );
+        assert!(r.routing(1, Instant::now()).auth.is_none());
+        assert_eq!(r.put("/mcp/auth/config", AUTH, 0, 3, 3), Ok(true));
+        assert_eq!(
+            r.auth_config().map(|c| c.resource.as_str()),
+            Some("http://127.0.0.1:10000")
+        );
+        let first = r
+            .routing(2, Instant::now())
+            .auth
+            .expect("auth in the snapshot");
+        assert!(first.requires("inv"));
+        // The same configuration, even written differently, changes nothing.
+        let respaced = String::from_utf8_lossy(AUTH).replace("\n", " ");
+        assert_eq!(
+            r.put("/mcp/auth/config", respaced.as_bytes(), 0, 3, 4),
+            Ok(false)
+        );
+        let second = r.routing(3, Instant::now()).auth.expect("still there");
+        assert!(
+            Arc::ptr_eq(&first, &second),
+            "an unchanged config keeps its Arc"
+        );
+        let auth = published(&mut r).auth.expect("the filter's share");
+        assert_eq!(auth.resource, "http://127.0.0.1:10000");
+        assert_eq!(auth.required, ["inv"]);
+        assert!(auth.resource_audience.contains("http://127.0.0.1:9000"));
+        // A resync reading the same configuration keeps the Arc too.
+        let values = r.raw_values();
+        r.reset(
+            values
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_bytes(), 7, 2, 2)),
+            9,
+        );
+        let third = r.routing(4, Instant::now()).auth.expect("after the reset");
+        assert!(Arc::ptr_eq(&first, &third), "a reset that changed nothing");
+    }
+
+    #[test]
+    fn a_bad_auth_value_is_rejected_and_the_last_good_one_kept() {
+        let mut r = reg();
+        r.put("/mcp/services/inv/i-1", V1, 7, 2, 2).unwrap();
+        r.put("/mcp/auth/config", AUTH, 0, 3, 3).unwrap();
+        r.put("/mcp/auth/rules/inv", READERS, 0, 4, 4).unwrap();
+        let bad_config = br#"{"resource": "http://gw", "authorization_servers": ["http://idp"],
+            "issuers": [{"issuer": "i", "jwks": {"remote": {"uri": "ftp://x"}}}]}"#;
+        for (key, value, reason, field) in [
+            (
+                "/mcp/auth/config",
+                &bad_config[..],
+                "bad_auth",
+                "issuers[0].jwks.remote.uri",
+            ),
+            ("/mcp/auth/config", b"{not json", "bad_auth", "value"),
+            (
+                "/mcp/auth/rules/inv",
+                br#"{"rules": [{"tools": ["a"]}]}"#,
+                "bad_auth",
+                "rules[0]",
+            ),
+            (
+                "/mcp/auth/virtual/ops",
+                br#"{"rules": [{"tools": ["a"], "role": ["x"]}]}"#,
+                "bad_auth",
+                "rules[0].role",
+            ),
+            ("/mcp/auth/rules/in v", READERS, "bad_key", "in v"),
+            ("/mcp/auth/other", READERS, "bad_key", "other"),
+        ] {
+            let err = r.put(key, value, 0, 5, 5).unwrap_err();
+            assert_eq!((err.reason, err.key.as_str()), (reason, key));
+            assert!(err.detail.contains(field), "{field}: {}", err.detail);
+            assert_eq!(
+                r.check(key, value),
+                Err(err),
+                "check refuses what the watch refuses"
+            );
+        }
+        assert_eq!(r.check("/mcp/auth/config", AUTH), Ok(()));
+        let auth = published(&mut r).auth.expect("the last good configuration");
+        assert_eq!(auth.resource, "http://127.0.0.1:10000");
+        assert_eq!(auth.services["inv"].rules[0].roles, ["reader"]);
+        assert!(auth.virtual_servers.is_empty());
+
+        // A resync whose read holds bad values keeps the last good ones as well.
+        let read = r.reset(
+            [
+                ("/mcp/auth/config", &bad_config[..], 0, 9, 9),
+                ("/mcp/auth/rules/inv", b"[]", 0, 9, 9),
+                ("/mcp/auth/virtual/ops", b"{", 0, 9, 9),
+                ("/mcp/services/inv/i-1", V1, 7, 2, 2),
+            ],
+            9,
+        );
+        let reasons: Vec<&str> = read.rejected.iter().map(|r| r.reason).collect();
+        assert_eq!(reasons, ["bad_auth", "bad_auth", "bad_auth"]);
+        assert_eq!(
+            read.kept,
+            [
+                "/mcp/auth/config".to_string(),
+                "/mcp/auth/rules/inv".to_string()
+            ],
+            "ops never had a good rule set"
+        );
+        let auth = published(&mut r).auth.expect("kept across the reset");
+        assert_eq!(auth.resource, "http://127.0.0.1:10000");
+        assert!(auth.services.contains_key("inv"));
+        assert!(r.routing(2, Instant::now()).auth.is_some());
+    }
+
+    #[test]
+    fn rule_sets_reach_the_filter_with_a_configuration_and_leave_on_delete() {
+        let mut r = reg();
+        r.put("/mcp/services/inv/i-1", V1, 7, 2, 2).unwrap();
+        r.put("/mcp/virtual/ops", BARE, 0, 3, 3).unwrap();
+        // A rule set for a service not registered (yet) is admitted, as are rule sets before
+        // any configuration: kept, but not sent (nothing would check the callers).
+        assert_eq!(r.put("/mcp/auth/rules/billing", READERS, 0, 4, 4), Ok(true));
+        assert_eq!(r.put("/mcp/auth/rules/inv", READERS, 0, 5, 5), Ok(true));
+        assert_eq!(r.put("/mcp/auth/rules/inv", READERS, 0, 5, 6), Ok(false));
+        assert_eq!(r.put("/mcp/auth/virtual/ops", READERS, 0, 6, 6), Ok(true));
+        assert!(published(&mut r).auth.is_none());
+        assert_eq!(r.auth_service_rules().count(), 2);
+        r.put("/mcp/auth/config", AUTH, 0, 7, 7).unwrap();
+        let auth = published(&mut r).auth.expect("configured");
+        let services: Vec<&String> = auth.services.keys().collect();
+        assert_eq!(services, ["billing", "inv"]);
+        assert_eq!(
+            auth.virtual_servers["ops"],
+            ToolRules::parse(READERS).unwrap()
+        );
+        assert!(auth.requires("inv") && !auth.requires("ops"));
+
+        assert!(r.delete("/mcp/auth/rules/billing"));
+        assert!(!r.delete("/mcp/auth/rules/billing"), "already gone");
+        assert!(r.delete("/mcp/auth/virtual/ops"));
+        let auth = published(&mut r).auth.expect("configured");
+        assert_eq!(auth.services.keys().collect::<Vec<_>>(), ["inv"]);
+        assert!(auth.virtual_servers.is_empty());
+        assert!(r.delete("/mcp/auth/config"));
+        assert!(!r.delete("/mcp/auth/config"));
+        assert!(r.auth_config().is_none());
+        assert!(published(&mut r).auth.is_none());
+        assert!(r.routing(9, Instant::now()).auth.is_none());
+        assert_eq!(r.auth_service_rules().count(), 1, "the rules stay, unused");
+    }
+
+    #[test]
+    fn the_state_snapshot_keeps_the_auth_values() {
+        let mut r = reg();
+        r.put("/mcp/services/inv/i-1", V1, 7, 2, 2).unwrap();
+        r.put("/mcp/auth/config", AUTH, 0, 3, 3).unwrap();
+        r.put("/mcp/auth/rules/inv", READERS, 0, 4, 4).unwrap();
+        r.put("/mcp/auth/virtual/default", READERS, 0, 5, 5)
+            .unwrap();
+        let values = r.raw_values();
+        for key in [
+            "/mcp/auth/config",
+            "/mcp/auth/rules/inv",
+            "/mcp/auth/virtual/default",
+        ] {
+            assert!(values.iter().any(|(k, _)| k == key), "{key}");
+        }
+        let mut restarted = reg();
+        let read = restarted.reset(
+            values
+                .iter()
+                // The instance's lease as etcd would give it: the fingerprint compares leases.
+                .map(|(k, v)| (k.as_str(), v.as_bytes(), 7, 2, 2)),
+            5,
+        );
+        assert!(read.rejected.is_empty(), "{:?}", read.rejected);
+        assert_eq!(published(&mut restarted).auth, published(&mut r).auth);
+        assert_eq!(restarted.fingerprint(), r.fingerprint());
     }
 }

@@ -1,0 +1,186 @@
+//! What the registry keeps of `<prefix>auth/` (issue 20): the auth configuration and the rule
+//! sets of services and virtual servers, each as last admitted, with the raw JSON etcd holds
+//! (for the state-dir snapshot and the inspection's comparison with etcd).
+//!
+//! Each value is admitted whole or not at all: a refused one leaves the last good one, as a
+//! refused virtual server does, so a typo in a rule set never opens or closes a service.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use toolgate_model::auth::{AuthConfig, FilterAuth, ToolRules};
+use toolgate_model::keys::AuthKey;
+use toolgate_model::KeyLayout;
+
+use super::Rejected;
+
+/// The reason a refused auth value is counted and logged under.
+pub const BAD_AUTH: &str = "bad_auth";
+
+/// A value under `<prefix>auth/`, parsed and validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Admitted {
+    Config(AuthConfig),
+    Service(String, ToolRules),
+    Virtual(String, ToolRules),
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct AuthStore {
+    /// In an `Arc` the routing snapshot shares: the xDS side sees by pointer that the
+    /// configuration did not change, and rebuilds nothing made of it.
+    config: Option<(Arc<AuthConfig>, String)>,
+    services: BTreeMap<String, (ToolRules, String)>,
+    virtuals: BTreeMap<String, (ToolRules, String)>,
+}
+
+/// Parses a PUT under `<prefix>auth/` as the watch admits it, or says why not (the field the
+/// value is refused for leads the detail: `issuers[0].jwks.remote.uri: ...`).
+pub fn admit(layout: &KeyLayout, key: &str, value: &[u8]) -> Result<Admitted, Rejected> {
+    let reject = |reason: &'static str, detail: String| Rejected {
+        key: key.to_string(),
+        reason,
+        detail,
+    };
+    let which = layout
+        .parse_auth_key(key)
+        .map_err(|e| reject("bad_key", e.to_string()))?;
+    let bad = |e: toolgate_model::auth::AuthError| reject(BAD_AUTH, e.to_string());
+    Ok(match which {
+        AuthKey::Config => Admitted::Config(AuthConfig::parse(value).map_err(bad)?),
+        AuthKey::Service(name) => Admitted::Service(name, ToolRules::parse(value).map_err(bad)?),
+        AuthKey::Virtual(name) => Admitted::Virtual(name, ToolRules::parse(value).map_err(bad)?),
+    })
+}
+
+impl AuthStore {
+    /// Stores an admitted value (`raw`: as etcd holds it). Whether it differs from the one
+    /// stored before.
+    pub fn insert(&mut self, admitted: Admitted, raw: String) -> bool {
+        match admitted {
+            Admitted::Config(config) => match &mut self.config {
+                // The same configuration keeps its `Arc` (see `config`); only the raw text,
+                // which may differ in spacing, is taken.
+                Some((old, old_raw)) if **old == config => {
+                    *old_raw = raw;
+                    false
+                }
+                slot => {
+                    *slot = Some((Arc::new(config), raw));
+                    true
+                }
+            },
+            Admitted::Service(name, rules) => insert_rules(&mut self.services, name, rules, raw),
+            Admitted::Virtual(name, rules) => insert_rules(&mut self.virtuals, name, rules, raw),
+        }
+    }
+
+    /// Applies a DELETE; whether something was there.
+    pub fn remove(&mut self, key: &AuthKey) -> bool {
+        match key {
+            AuthKey::Config => self.config.take().is_some(),
+            AuthKey::Service(name) => self.services.remove(name).is_some(),
+            AuthKey::Virtual(name) => self.virtuals.remove(name).is_some(),
+        }
+    }
+
+    /// Puts back `key`'s value from `old` (the store before a reset) unless the read gave it
+    /// one. Whether it did.
+    pub fn restore(&mut self, key: &AuthKey, old: &mut AuthStore) -> bool {
+        match key {
+            AuthKey::Config => {
+                if self.config.is_some() {
+                    return false;
+                }
+                self.config = old.config.take();
+                self.config.is_some()
+            }
+            AuthKey::Service(name) => restore_rules(&mut self.services, &mut old.services, name),
+            AuthKey::Virtual(name) => restore_rules(&mut self.virtuals, &mut old.virtuals, name),
+        }
+    }
+
+    /// After a reset: a configuration equal to the one before keeps the old `Arc`, so a
+    /// resync that changed nothing rebuilds nothing on the xDS side.
+    pub fn keep_arc_of(&mut self, old: &AuthStore) {
+        if let (Some((new, _)), Some((old, _))) = (&mut self.config, &old.config) {
+            if **new == **old {
+                *new = Arc::clone(old);
+            }
+        }
+    }
+
+    pub fn config(&self) -> Option<&Arc<AuthConfig>> {
+        self.config.as_ref().map(|(c, _)| c)
+    }
+
+    pub fn service_rules(&self) -> impl Iterator<Item = (&String, &ToolRules)> {
+        self.services.iter().map(|(n, (r, _))| (n, r))
+    }
+
+    pub fn virtual_rules(&self) -> impl Iterator<Item = (&String, &ToolRules)> {
+        self.virtuals.iter().map(|(n, (r, _))| (n, r))
+    }
+
+    pub fn has_rules(&self) -> bool {
+        !self.services.is_empty() || !self.virtuals.is_empty()
+    }
+
+    /// The filter's share, when a configuration exists: without one nothing requires a token
+    /// and rule sets have no issuer to check callers against, so they are not sent.
+    pub fn filter_auth(&self) -> Option<FilterAuth> {
+        let config = self.config()?;
+        let clone_all = |m: &BTreeMap<String, (ToolRules, String)>| {
+            m.iter()
+                .map(|(n, (r, _))| (n.clone(), r.clone()))
+                .collect::<BTreeMap<_, _>>()
+        };
+        Some(FilterAuth::new(
+            config,
+            clone_all(&self.services),
+            clone_all(&self.virtuals),
+        ))
+    }
+
+    /// (key, raw value) of everything stored.
+    pub fn raw_values(&self, layout: &KeyLayout) -> Vec<(String, String)> {
+        let config = self
+            .config
+            .iter()
+            .map(|(_, raw)| (layout.auth_config_key(), raw.clone()));
+        let services = self
+            .services
+            .iter()
+            .map(|(n, (_, raw))| (layout.auth_rules_key(n), raw.clone()));
+        let virtuals = self
+            .virtuals
+            .iter()
+            .map(|(n, (_, raw))| (layout.auth_virtual_key(n), raw.clone()));
+        config.chain(services).chain(virtuals).collect()
+    }
+}
+
+fn insert_rules(
+    map: &mut BTreeMap<String, (ToolRules, String)>,
+    name: String,
+    rules: ToolRules,
+    raw: String,
+) -> bool {
+    let changed = map.get(&name).is_none_or(|(old, _)| *old != rules);
+    map.insert(name, (rules, raw));
+    changed
+}
+
+fn restore_rules(
+    map: &mut BTreeMap<String, (ToolRules, String)>,
+    old: &mut BTreeMap<String, (ToolRules, String)>,
+    name: &str,
+) -> bool {
+    if map.contains_key(name) {
+        return false;
+    }
+    match old.remove(name) {
+        Some(v) => map.insert(name.to_string(), v).is_none(),
+        None => false,
+    }
+}
