@@ -21,6 +21,13 @@
 //! expires; the variant without auth sends no token, as a client of a gateway without auth
 //! does. Pinning, the wait for a quiet machine and the measurement of Envoy's CPU per call
 //! are the data-plane suite's.
+//!
+//! The breakdown (full mode) adds the same pair with the do-nothing wasm filter in the
+//! toolgate filter's place (the bootstrap puts `jwt_authn` before whichever filter is
+//! given): its difference is what `jwt_authn` and the token cost Envoy alone, and the rest
+//! of the toolgate pair's difference is the filter's own auth work. The four runs of a
+//! repetition go toolgate without, with, no-op without, with, and the next repetition the
+//! other way round, so each goal pair is still back to back.
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -62,6 +69,8 @@ pub struct Options {
     pub attempts: usize,
     /// Time the suite may spend on waiting for quiet and on measuring again.
     pub extra_budget: Duration,
+    /// The do-nothing wasm filter for the breakdown; `None`: no breakdown.
+    pub noop_filter: Option<PathBuf>,
 }
 
 /// The suite, as written to results.json.
@@ -90,6 +99,8 @@ pub struct AuthBench {
     pub envoy_cpu_delta_us: Spread,
     pub goal: String,
     pub goal_met: bool,
+    /// Where the difference goes (full mode), from the same pair with the no-op wasm filter.
+    pub breakdown: Option<Breakdown>,
     /// The auth Envoy's `jwt_authn` counters after the runs (token cache hits and misses,
     /// JWKS fetches, allowed and denied).
     pub jwt_authn_stats: BTreeMap<String, u64>,
@@ -97,10 +108,30 @@ pub struct AuthBench {
     pub anomalies: Vec<String>,
 }
 
+/// The same pair with the do-nothing wasm filter, measured in the same repetitions.
+#[derive(Debug, Serialize)]
+pub struct Breakdown {
+    pub noop_without_auth: VariantResult,
+    pub noop_with_auth: VariantResult,
+    /// Requests/s with auth over without, no-op filter, per pair.
+    pub noop_ratio: Spread,
+    /// Envoy CPU µs per call of `jwt_authn` and the token (no-op with minus without).
+    pub jwt_authn_us: Spread,
+    /// Envoy CPU µs per call of the toolgate filter's auth work: the toolgate pair's
+    /// difference minus the no-op pair's, per repetition.
+    pub filter_auth_us: Spread,
+}
+
 pub async fn run(env: &TestEnv, cores: usize, opts: &Options) -> anyhow::Result<AuthBench> {
     let wasm = filter_wasm();
     if !wasm.exists() {
         bail!("{} is missing: run `make build`", wasm.display());
+    }
+    if let Some(noop) = opts.noop_filter.as_ref().filter(|p| !p.exists()) {
+        bail!(
+            "{} is missing: build bench/noop-filter (make bench-filters)",
+            noop.display()
+        );
     }
     let pinned = cores >= 2;
     let own_pid = std::process::id() as i32;
@@ -153,9 +184,23 @@ async fn measure(
     let wasm = wasm.to_string_lossy().into_owned();
     let open = Envoy::start_with(env, "envoy-open", &xds_open, 1, &["--filter", &wasm]).await;
     let authd = Envoy::start_with(env, "envoy-auth", &xds_auth, 1, &["--filter", &wasm]).await;
+    let noop = match &opts.noop_filter {
+        Some(p) => {
+            let p = p.to_string_lossy().into_owned();
+            Some((
+                Envoy::start_with(env, "envoy-noop-open", &xds_open, 1, &["--filter", &p]).await,
+                Envoy::start_with(env, "envoy-noop-auth", &xds_auth, 1, &["--filter", &p]).await,
+            ))
+        }
+        None => None,
+    };
+    let mut envoys = vec![&open, &authd];
+    if let Some((a, b)) = &noop {
+        envoys.extend([a, b]);
+    }
     let pinning = Pinning {
         on: pinned,
-        envoys: vec![&open, &authd],
+        envoys,
         labs: vec![&lab],
     };
     pinning.apply_and_check()?;
@@ -232,6 +277,31 @@ async fn measure(
     wait_for_answer(&http, &open_url, &body, None, Expect::Served)
         .await
         .context("the Envoy without auth, after the auth configuration is written")?;
+    if let Some((noop_open, noop_auth)) = &noop {
+        wait_for_answer(&http, &noop_open.url(SERVICE), &body, None, Expect::Served)
+            .await
+            .context("the no-op filter Envoy without auth")?;
+        // The no-op filter refuses nothing: that jwt_authn verified the token shows in the
+        // payload header reaching the lab (the toolgate filter removes it; this one does not).
+        let payloads = || async {
+            lab.control().await["headers"]["x-toolgate-jwt-payload"]["count"]
+                .as_u64()
+                .unwrap_or(0)
+        };
+        let before = payloads().await;
+        wait_for_answer(
+            &http,
+            &noop_auth.url(SERVICE),
+            &body,
+            Some(&token),
+            Expect::Served,
+        )
+        .await
+        .context("the no-op filter Envoy with auth, a valid token")?;
+        if payloads().await <= before {
+            bail!("the no-op filter Envoy with auth did not verify the token (no payload header reached the lab)");
+        }
+    }
     eprintln!(
         "auth: configuration and {} rules in force after {:.1} s",
         TOOLS.len(),
@@ -245,7 +315,7 @@ async fn measure(
         &auth_script,
         lua_script(&body, Some(("Authorization", &format!("Bearer {token}")))),
     )?;
-    let targets = [
+    let mut targets = vec![
         Target {
             key: "without".into(),
             label: "toolgate filter, no auth configuration".into(),
@@ -260,10 +330,26 @@ async fn measure(
                 TOOLS.len()
             ),
             url: auth_url.clone(),
-            script: auth_script,
+            script: auth_script.clone(),
             envoy: Some(&authd),
         },
     ];
+    if let Some((noop_open, noop_auth)) = &noop {
+        targets.push(Target {
+            key: "noop-without".into(),
+            label: "no-op wasm filter, no auth configuration".into(),
+            url: noop_open.url(SERVICE),
+            script: env.path("wrk-auth-without.lua"),
+            envoy: Some(noop_open),
+        });
+        targets.push(Target {
+            key: "noop-with".into(),
+            label: "no-op wasm filter, jwt_authn (RS256)".into(),
+            url: noop_auth.url(SERVICE),
+            script: auth_script,
+            envoy: Some(noop_auth),
+        });
+    }
 
     let dp = dataplane::Options {
         reps: opts.reps,
@@ -287,8 +373,11 @@ async fn measure(
     let mut runs: Vec<Vec<Run>> = vec![Vec::new(); targets.len()];
     let mut pair_order = Vec::new();
     for rep in 0..opts.reps {
-        // ABBA: every other pair the other way round.
-        let order: [usize; 2] = if rep % 2 == 0 { [0, 1] } else { [1, 0] };
+        // ABBA: every other repetition the other way round.
+        let mut order: Vec<usize> = (0..targets.len()).collect();
+        if rep % 2 == 1 {
+            order.reverse();
+        }
         pair_order.push(
             order
                 .iter()
@@ -320,18 +409,51 @@ async fn measure(
         }
     }
     let anomalies = find_anomalies("auth 1 KB JSON", &targets, &runs);
-    let paired = |f: &dyn Fn(&Run, &Run) -> f64| -> Spread {
-        let v: Vec<f64> = runs[1].iter().zip(&runs[0]).map(|(w, o)| f(w, o)).collect();
-        spread(&v)
+    let rps_ratio = |with: usize, without: usize| -> Vec<f64> {
+        runs[with]
+            .iter()
+            .zip(&runs[without])
+            .map(|(w, o)| w.rps / o.rps.max(1.0))
+            .collect()
     };
-    let ratio = paired(&|w, o| w.rps / o.rps.max(1.0));
-    let envoy_cpu_delta_us = paired(&|w, o| {
-        w.envoy_cpu_us_per_req.unwrap_or(f64::NAN) - o.envoy_cpu_us_per_req.unwrap_or(f64::NAN)
+    let cpu_delta = |with: usize, without: usize| -> Vec<f64> {
+        let cpu = |r: &Run| r.envoy_cpu_us_per_req.unwrap_or(f64::NAN);
+        runs[with]
+            .iter()
+            .zip(&runs[without])
+            .map(|(w, o)| cpu(w) - cpu(o))
+            .collect()
+    };
+    let ratio = spread(&rps_ratio(1, 0));
+    let toolgate_delta = cpu_delta(1, 0);
+    let envoy_cpu_delta_us = spread(&toolgate_delta);
+    let breakdown_figures = (targets.len() == 4).then(|| {
+        let noop_delta = cpu_delta(3, 2);
+        let filter: Vec<f64> = toolgate_delta
+            .iter()
+            .zip(&noop_delta)
+            .map(|(t, n)| t - n)
+            .collect();
+        (
+            spread(&rps_ratio(3, 2)),
+            spread(&noop_delta),
+            spread(&filter),
+        )
     });
     let jwt_authn_stats = jwt_stats(&http, &authd).await;
     let mut results = targets.iter().zip(runs).map(|(t, r)| variant_result(t, r));
     let (Some(without_auth), Some(with_auth)) = (results.next(), results.next()) else {
         bail!("two variants measured");
+    };
+    let breakdown = match (breakdown_figures, results.next(), results.next()) {
+        (Some((noop_ratio, jwt_authn_us, filter_auth_us)), Some(a), Some(b)) => Some(Breakdown {
+            noop_without_auth: a,
+            noop_with_auth: b,
+            noop_ratio,
+            jwt_authn_us,
+            filter_auth_us,
+        }),
+        _ => None,
     };
     let _ = (&xds_open, &xds_auth, &issuer);
     Ok(AuthBench {
@@ -359,6 +481,7 @@ async fn measure(
         goal_met: ratio.median >= GOAL_RATIO,
         ratio,
         envoy_cpu_delta_us,
+        breakdown,
         goal: format!(
             "with auth / without >= {GOAL_RATIO:.2} (calls/s, median of back-to-back pairs)"
         ),
@@ -459,7 +582,14 @@ impl AuthBench {
             "| variant | calls/s | p50 ms | p99 ms | Envoy CPU µs/call | other load % |\n",
         );
         out.push_str("| --- | ---: | ---: | ---: | ---: | ---: |\n");
-        for v in [&self.without_auth, &self.with_auth] {
+        let noop = self
+            .breakdown
+            .as_ref()
+            .map(|b| [&b.noop_without_auth, &b.noop_with_auth]);
+        for v in [&self.without_auth, &self.with_auth]
+            .into_iter()
+            .chain(noop.into_iter().flatten())
+        {
             out.push_str(&format!(
                 "| ({}) {} | {} | {} | {} | {} | {:.0} |\n",
                 v.variant,
@@ -479,6 +609,14 @@ impl AuthBench {
             f(&self.envoy_cpu_delta_us, 1),
             if self.goal_met { "met" } else { "MISSED" }
         ));
+        if let Some(b) = &self.breakdown {
+            out.push_str(&format!(
+                "\nWhere the difference goes (Envoy CPU µs/call, paired per repetition): jwt_authn and the token (no-op filter pair; its calls/s ratio {}) {}; the toolgate filter's auth work (the toolgate pair's difference minus the no-op pair's) {}.\n",
+                f(&b.noop_ratio, 3),
+                f(&b.jwt_authn_us, 1),
+                f(&b.filter_auth_us, 1),
+            ));
+        }
         let stat = |k: &str| self.jwt_authn_stats.get(k).copied().unwrap_or(0);
         out.push_str(&format!(
             "\nToken: {} bytes ({}), one token for every call. jwt_authn on the auth Envoy: {} allowed, {} token cache hits / {} misses, {} JWKS fetches. Other load: the most CPU (percent of one core) that processes the bench did not start used during one run; runs above {MAX_FOREIGN_PCT}% were measured again.\n",

@@ -86,7 +86,8 @@ struct Args {
     /// Data plane: wrk connections.
     #[arg(long, default_value_t = 16)]
     connections: u32,
-    /// Data plane: the do-nothing wasm filter (bench/noop-filter built for wasm32-wasip1).
+    /// Data plane and the auth breakdown: the do-nothing wasm filter (bench/noop-filter built
+    /// for wasm32-wasip1).
     #[arg(long)]
     noop_filter: Option<PathBuf>,
     /// Data plane: skip the profile of the toolgate filter (the probe filter levels; never run
@@ -276,6 +277,12 @@ async fn main() -> anyhow::Result<()> {
             quiet_wait: Duration::from_secs(if args.quick { 3 } else { 30 }),
             attempts: if args.quick { 2 } else { 3 },
             extra_budget: Duration::from_secs(if args.quick { 10 } else { 180 }),
+            // Where the difference goes: the same pair with the no-op wasm filter (full mode).
+            noop_filter: (!args.quick).then(|| {
+                args.noop_filter.clone().unwrap_or_else(|| {
+                    workspace_root().join("target/wasm32-wasip1/release/toolgate_noop_filter.wasm")
+                })
+            }),
         };
         eprintln!(
             "auth: {} runs of each variant, {} s each ...",
