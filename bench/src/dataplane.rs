@@ -199,28 +199,28 @@ pub(crate) struct WrkOut {
     max_us: f64,
 }
 
-const WRK_THREADS: u32 = 1;
-const CLIENT_CORE: &str = "0";
-const ENVOY_CORE: &str = "1";
+pub(crate) const WRK_THREADS: u32 = 1;
+pub(crate) const CLIENT_CORE: &str = "0";
+pub(crate) const ENVOY_CORE: &str = "1";
 
 /// One thing wrk is pointed at.
-struct Target<'a> {
-    key: String,
-    label: String,
-    url: String,
-    script: PathBuf,
-    envoy: Option<&'a Envoy>,
+pub(crate) struct Target<'a> {
+    pub(crate) key: String,
+    pub(crate) label: String,
+    pub(crate) url: String,
+    pub(crate) script: PathBuf,
+    pub(crate) envoy: Option<&'a Envoy>,
 }
 
 /// Which processes go on which core, re-applied and checked before measuring.
-struct Pinning<'a> {
-    on: bool,
-    envoys: Vec<&'a Envoy>,
-    labs: Vec<&'a McpServer>,
+pub(crate) struct Pinning<'a> {
+    pub(crate) on: bool,
+    pub(crate) envoys: Vec<&'a Envoy>,
+    pub(crate) labs: Vec<&'a McpServer>,
 }
 
 impl Pinning<'_> {
-    fn apply_and_check(&self) -> anyhow::Result<()> {
+    pub(crate) fn apply_and_check(&self) -> anyhow::Result<()> {
         if !self.on {
             return Ok(());
         }
@@ -515,7 +515,7 @@ async fn alternate(
     Ok(runs)
 }
 
-fn find_anomalies(name: &str, targets: &[Target<'_>], runs: &[Vec<Run>]) -> Vec<String> {
+pub(crate) fn find_anomalies(name: &str, targets: &[Target<'_>], runs: &[Vec<Run>]) -> Vec<String> {
     let mut out = Vec::new();
     for (t, runs) in targets.iter().zip(runs) {
         for r in runs {
@@ -543,7 +543,7 @@ fn find_anomalies(name: &str, targets: &[Target<'_>], runs: &[Vec<Run>]) -> Vec<
     out
 }
 
-fn pid_of(e: &Envoy) -> anyhow::Result<i32> {
+pub(crate) fn pid_of(e: &Envoy) -> anyhow::Result<i32> {
     e.proc
         .as_ref()
         .map(|p| p.pid())
@@ -552,7 +552,7 @@ fn pid_of(e: &Envoy) -> anyhow::Result<i32> {
 
 /// A run during which processes the bench did not start used more than this share of one core
 /// (other builds or tests on the machine) is measured again.
-const MAX_FOREIGN_PCT: f64 = 10.0;
+pub(crate) const MAX_FOREIGN_PCT: f64 = 10.0;
 /// Before a run, wait (up to `Options::quiet_wait`) until foreign load is below this share of
 /// a core.
 const QUIET_PCT: f64 = 10.0;
@@ -587,7 +587,7 @@ async fn wait_quiet(max: Duration) -> f64 {
     }
 }
 
-async fn run_once(
+pub(crate) async fn run_once(
     script: &Path,
     url: &str,
     opts: &Options,
@@ -662,7 +662,7 @@ async fn measure_once(
     })
 }
 
-fn variant_result(t: &Target<'_>, runs: Vec<Run>) -> VariantResult {
+pub(crate) fn variant_result(t: &Target<'_>, runs: Vec<Run>) -> VariantResult {
     let col = |f: &dyn Fn(&Run) -> f64| spread(&runs.iter().map(f).collect::<Vec<_>>());
     let n_cores = runs.first().map_or(0, |r| r.core_busy_pct.len());
     VariantResult {
@@ -728,7 +728,7 @@ fn summarize_workload(w: &Workload, targets: &[Target<'_>], runs: Vec<Vec<Run>>)
 }
 
 /// A `tools/call` of `echo` whose body is exactly `size` bytes.
-fn request_body(size: usize) -> String {
+pub(crate) fn request_body(size: usize) -> String {
     let frame = |pad: &str| {
         format!(
             r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"echo","arguments":{{"pad":"{pad}"}}}}}}"#

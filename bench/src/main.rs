@@ -2,6 +2,7 @@
 //! markdown table per suite and writes every figure (and the machine) to a JSON file.
 
 mod aggregate;
+mod auth;
 mod dataplane;
 mod failfast;
 mod fleet;
@@ -46,6 +47,9 @@ enum Suite {
     /// One endpoint for every tool: `tools/list` on `/mcp` at 100 services, a call through
     /// `/mcp` against its service's route, and how fast the listing follows the fleet.
     Aggregate,
+    /// Issue 20: the 1 KB JSON `tools/call` with a bearer token verified by `jwt_authn` and
+    /// one rule per tool, against the same filter without auth (two Envoys, ABBA pairs).
+    Auth,
 }
 
 #[derive(Parser, Debug)]
@@ -59,7 +63,7 @@ struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "propagation,removal,failfast,fleet,scale,probe-cost,aggregate,dataplane"
+        default_value = "propagation,removal,failfast,fleet,scale,probe-cost,aggregate,auth,dataplane"
     )]
     suites: Vec<Suite>,
     /// Short run (about 2 minutes, a smoke test of every suite): smaller sizes, fewer trials,
@@ -72,16 +76,18 @@ struct Args {
     /// Single changes measured per instance count [default: 200; quick: 50].
     #[arg(long)]
     changes: Option<usize>,
-    /// Data plane: repetitions of each variant [default: 5; quick: 2].
+    /// Data plane, aggregate and auth: repetitions of each variant [default: data plane 5,
+    /// aggregate 8, auth 10; quick: 2].
     #[arg(long)]
     reps: Option<usize>,
-    /// Data plane: seconds per wrk run [default: 5; quick: 2].
+    /// Data plane, aggregate and auth: seconds per wrk run [default: 5; quick: 2].
     #[arg(long)]
     secs: Option<u64>,
     /// Data plane: wrk connections.
     #[arg(long, default_value_t = 16)]
     connections: u32,
-    /// Data plane: the do-nothing wasm filter (bench/noop-filter built for wasm32-wasip1).
+    /// Data plane and the auth breakdown: the do-nothing wasm filter (bench/noop-filter built
+    /// for wasm32-wasip1).
     #[arg(long)]
     noop_filter: Option<PathBuf>,
     /// Data plane: skip the profile of the toolgate filter (the probe filter levels; never run
@@ -260,6 +266,32 @@ async fn main() -> anyhow::Result<()> {
         let r = aggregate::run(&env, &opts).await?;
         println!("{}", aggregate_table(&r));
         report["aggregate"] = serde_json::to_value(&r)?;
+    }
+
+    if args.suites.contains(&Suite::Auth) {
+        let opts = auth::Options {
+            reps: args.reps.unwrap_or(if args.quick { 2 } else { 10 }),
+            secs: args.secs.unwrap_or(if args.quick { 2 } else { 5 }),
+            warmup_secs: if args.quick { 1 } else { 2 },
+            connections: args.connections,
+            quiet_wait: Duration::from_secs(if args.quick { 3 } else { 30 }),
+            attempts: if args.quick { 2 } else { 3 },
+            extra_budget: Duration::from_secs(if args.quick { 10 } else { 180 }),
+            // Where the difference goes: the same pair with the no-op wasm filter (full mode).
+            noop_filter: (!args.quick).then(|| {
+                args.noop_filter.clone().unwrap_or_else(|| {
+                    workspace_root().join("target/wasm32-wasip1/release/toolgate_noop_filter.wasm")
+                })
+            }),
+        };
+        eprintln!(
+            "auth: {} runs of each variant, {} s each ...",
+            opts.reps, opts.secs
+        );
+        let env = TestEnv::new("bench_auth");
+        let r = auth::run(&env, machine.cores, &opts).await?;
+        println!("{}", r.markdown());
+        report["auth"] = serde_json::to_value(&r)?;
     }
 
     if args.suites.contains(&Suite::Fleet) {
