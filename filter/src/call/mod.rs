@@ -142,6 +142,8 @@ pub struct Shared<S, M> {
     pub sealer: Option<Sealer>,
     /// The names the virtual servers of `config` show, by (service, tool).
     pub visible: VisibleNames,
+    /// Verified payloads read lately (agents send one token many times).
+    callers: auth::CallerCache,
     seed: u64,
 }
 
@@ -155,6 +157,7 @@ impl<S: SharedStore, M: MetricHost> Shared<S, M> {
             unlisted: Unlisted::new(),
             sealer: None,
             visible: VisibleNames::default(),
+            callers: auth::CallerCache::default(),
             seed,
         }
     }
@@ -164,6 +167,8 @@ impl<S: SharedStore, M: MetricHost> Shared<S, M> {
     pub fn configure(&mut self, config: FilterConfig) -> bool {
         let key = config.session_key.0.clone();
         self.visible = VisibleNames::new(&config.virtual_servers);
+        // The roles claim may have changed.
+        self.callers = auth::CallerCache::default();
         self.config = config;
         if key.is_empty() {
             self.sealer = None;
@@ -526,13 +531,17 @@ pub struct Call<S, M> {
     auth: AuthState,
 }
 
+impl AuthState {
+    fn caller(&self) -> Option<&Caller> {
+        self.verified.as_ref().map(|v| &v.caller)
+    }
+}
+
 /// What the filter knows of the caller, read once from the request headers.
 #[derive(Debug, Default)]
 struct AuthState {
-    /// The verified caller; `None`: no valid token.
-    caller: Option<Caller>,
-    /// The verified payload (claims forwarded to a service that asks for them).
-    payload: Option<serde_json::Value>,
+    /// The verified payload and its caller; `None`: no valid token.
+    verified: Option<Rc<auth::Verified>>,
     /// A bearer token came and was refused (by Envoy, or for another resource).
     refused: bool,
     /// The path of the resource addressed (`/mcp/orders`, `/mcp`, `/virtual/ops`).
@@ -716,9 +725,12 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             Target::Service(service) => aggregate::service_path(service, ""),
             Target::Virtual { server, .. } => aggregate::endpoint_path(server),
         };
-        let (required, caller, payload) = {
-            let shared = self.shared.borrow();
-            let auth = shared.config.auth.as_ref()?;
+        let (required, verified) = {
+            let mut guard = self.shared.borrow_mut();
+            let Shared {
+                config, callers, ..
+            } = &mut *guard;
+            let auth = config.auth.as_ref()?;
             let payload = host.request_header(PAYLOAD_HEADER);
             if payload.is_some() {
                 host.set_request_header(PAYLOAD_HEADER, None);
@@ -730,30 +742,26 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             }
             // Envoy drops the token of a request it verified: a payload refused here (a token
             // for another resource) is a refused token too.
-            let verified = payload.is_some();
-            let payload = payload
-                .and_then(|p| auth::decode_payload(&p))
-                .filter(|p| auth.audience_fits(p, &path));
-            self.auth.refused = payload.is_none()
-                && (verified || authorization.as_deref().is_some_and(auth::is_bearer));
-            let caller = payload
-                .as_ref()
-                .map(|p| auth::caller_of(p, &auth.roles_claim));
+            let came = payload.is_some();
+            let verified = payload
+                .and_then(|p| callers.get(p, &auth.roles_claim))
+                .filter(|v| auth.audience_fits(&v.payload, &path));
+            self.auth.refused = verified.is_none()
+                && (came || authorization.as_deref().is_some_and(auth::is_bearer));
             let required = match target {
                 Target::Service(s) => auth.requires(s),
                 Target::Virtual { server, .. } => auth.requires(server),
             };
-            (required, caller, payload)
+            (required, verified)
         };
         self.auth.path = path;
-        if let Some(c) = &caller {
-            if !c.subject.is_empty() {
-                self.log_field(host, log_field::SUBJECT, &c.subject);
+        if let Some(v) = &verified {
+            if !v.caller.subject.is_empty() {
+                self.log_field(host, log_field::SUBJECT, &v.caller.subject);
             }
         }
-        self.auth.caller = caller;
-        self.auth.payload = payload;
-        if required && self.auth.caller.is_none() {
+        self.auth.verified = verified;
+        if required && self.auth.verified.is_none() {
             let what = match target {
                 Target::Service(s) => format!("the MCP service `{s}`"),
                 Target::Virtual { .. } => format!("the MCP endpoint `{}`", self.auth.path),
@@ -836,9 +844,9 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         for (claim, header) in &rules.claim_headers {
             let value = self
                 .auth
-                .payload
+                .verified
                 .as_ref()
-                .and_then(|p| p.get(claim))
+                .and_then(|v| v.payload.get(claim))
                 .and_then(auth::claim_header_value);
             host.set_request_header(header, value.as_deref());
         }
@@ -857,7 +865,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         let verdict = {
             let shared = self.shared.borrow();
             let auth = shared.config.auth.as_ref()?;
-            let caller = self.auth.caller.as_ref();
+            let caller = self.auth.caller();
             let on_virtual =
                 on.map(|(server, visible)| auth.decide_virtual(server, visible, caller));
             match on_virtual {
@@ -927,7 +935,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         tool: &str,
         on: Option<(&str, &str)>,
     ) -> bool {
-        let caller = self.auth.caller.as_ref();
+        let caller = self.auth.caller();
         on.is_none_or(|(server, visible)| {
             auth.decide_virtual(server, visible, caller) == AuthVerdict::Allow
         }) && auth.decide_service(service, tool, caller) == AuthVerdict::Allow
@@ -1773,7 +1781,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             _ => return Some(Refused::Plain(Refusal::ToolNameAbsent)),
         };
         if let Some(auth) = &self.shared.borrow().config.auth {
-            if auth.decide_service(service, tool, self.auth.caller.as_ref()) != AuthVerdict::Allow {
+            if auth.decide_service(service, tool, self.auth.caller()) != AuthVerdict::Allow {
                 return Some(Refused::NotPermitted {
                     service: service.to_string(),
                     tool: tool.to_string(),

@@ -31,7 +31,7 @@ use envoy_types::pb::envoy::config::route::v3::{
 use envoy_types::pb::envoy::extensions::filters::http::jwt_authn::v3::{
     jwt_provider::JwksSourceSpecifier, jwt_requirement::RequiresType,
     requirement_rule::RequirementType, JwksAsyncFetch, JwtAuthentication, JwtCacheConfig,
-    JwtProvider, JwtRequirement, RemoteJwks, RequirementRule,
+    JwtProvider, JwtRequirement, JwtRequirementOrList, RemoteJwks, RequirementRule,
 };
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
     common_tls_context::ValidationContextType, CertificateValidationContext, CommonTlsContext,
@@ -113,7 +113,7 @@ fn jwt_authentication(auth: &AuthConfig) -> JwtAuthentication {
                 failed_status_in_metadata: FAILURE_METADATA_KEY.to_string(),
                 clock_skew_seconds: auth.clock_skew_secs,
                 require_expiration: true,
-                jwt_cache_config: Some(JwtCacheConfig {
+                jwt_cache_config: auth.cache_verified_tokens.then(|| JwtCacheConfig {
                     jwt_cache_size: JWT_CACHE_SIZE,
                     ..Default::default()
                 }),
@@ -123,17 +123,37 @@ fn jwt_authentication(auth: &AuthConfig) -> JwtAuthentication {
             (provider_name(i), provider)
         })
         .collect();
+    // Every request's token is verified (any path: a call to `/mcp` is judged as the
+    // service it reaches); none is refused here. With the token cache on, as any one issuer
+    // or else nothing: Envoy consults its cache of verified tokens only for a requirement
+    // that names a provider (a bare `allow_missing_or_failed` checks every signature).
+    let mut any: Vec<JwtRequirement> = if auth.cache_verified_tokens {
+        (0..auth.issuers.len())
+            .map(|i| JwtRequirement {
+                requires_type: Some(RequiresType::ProviderName(provider_name(i))),
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    any.push(JwtRequirement {
+        requires_type: Some(RequiresType::AllowMissingOrFailed(Empty {})),
+    });
     JwtAuthentication {
         providers,
-        // Every request's token is verified (any path: a call to `/mcp` is judged as the
-        // service it reaches); none is refused here.
         rules: vec![RequirementRule {
             r#match: Some(RouteMatch {
                 path_specifier: Some(PathSpecifier::Prefix("/".to_string())),
                 ..Default::default()
             }),
-            requirement_type: Some(RequirementType::Requires(JwtRequirement {
-                requires_type: Some(RequiresType::AllowMissingOrFailed(Empty {})),
+            requirement_type: Some(RequirementType::Requires(if any.len() == 1 {
+                any.remove(0)
+            } else {
+                JwtRequirement {
+                    requires_type: Some(RequiresType::RequiresAny(JwtRequirementOrList {
+                        requirements: any,
+                    })),
+                }
             })),
         }],
         ..Default::default()
@@ -350,6 +370,31 @@ mod tests {
             Some(RequirementType::Requires(JwtRequirement {
                 requires_type: Some(RequiresType::AllowMissingOrFailed(_))
             }))
+        ));
+        assert!(
+            p.jwt_cache_config.is_none(),
+            "a withdrawn key must stop verifying at once"
+        );
+        // With the token cache asked for, the providers are named (Envoy's cache needs it).
+        let cached = AuthConfig {
+            cache_verified_tokens: true,
+            ..auth.clone()
+        };
+        let jwt = jwt_authentication(&cached);
+        assert!(jwt.providers["issuer-0"].jwt_cache_config.is_some());
+        let Some(RequirementType::Requires(JwtRequirement {
+            requires_type: Some(RequiresType::RequiresAny(any)),
+        })) = &jwt.rules[0].requirement_type
+        else {
+            panic!("requires_any")
+        };
+        assert_eq!(
+            any.requirements[0].requires_type,
+            Some(RequiresType::ProviderName("issuer-0".into()))
+        );
+        assert!(matches!(
+            any.requirements[1].requires_type,
+            Some(RequiresType::AllowMissingOrFailed(_))
         ));
         let clusters = jwks_clusters(&auth);
         let c = &clusters["toolgate-jwks.https.idp.example.com.443"];
