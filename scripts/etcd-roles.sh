@@ -12,7 +12,7 @@
 #   root                 etcd's own administrator (needed to turn auth on).
 #   toolgate-xds         reads everything under /mcp/; writes only /mcp/breakers/ (fleet
 #                        breaker openings) and, for the admin API, /mcp/overrides/ and
-#                        /mcp/policies/ and /mcp/virtual/. It cannot write a registration.
+#                        /mcp/policies/, /mcp/virtual/ and /mcp/auth/. It cannot write a registration.
 #   registrar-<service>  reads and writes only /mcp/services/<service>/: a registrar of one
 #                        service cannot register, or remove, an instance of another.
 set -euo pipefail
@@ -54,6 +54,7 @@ grant toolgate-xds readwrite "${PREFIX}breakers/"
 grant toolgate-xds readwrite "${PREFIX}overrides/"
 grant toolgate-xds readwrite "${PREFIX}policies/"
 grant toolgate-xds readwrite "${PREFIX}virtual/"
+grant toolgate-xds readwrite "${PREFIX}auth/"
 user toolgate-xds
 "$ETCDCTL" user grant-role toolgate-xds toolgate-xds >/dev/null
 
