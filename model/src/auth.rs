@@ -614,6 +614,10 @@ pub struct FilterAuth {
     /// are used for ([`FilterAuth::audience_fits`]).
     #[serde(skip_serializing_if = "BTreeSet::is_empty")]
     pub resource_audience: BTreeSet<String>,
+    /// Set by toolgate-xds for an Envoy whose bootstrap does not verify tokens before the
+    /// filter: no payload header there is Envoy's, so none is taken as verified.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub untrusted_payload: bool,
 }
 
 impl FilterAuth {
@@ -634,6 +638,7 @@ impl FilterAuth {
                 .filter(|i| i.audiences.is_empty())
                 .map(|i| i.issuer.clone())
                 .collect(),
+            untrusted_payload: false,
         }
     }
 

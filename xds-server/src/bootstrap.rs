@@ -245,7 +245,12 @@ fn node(opts: &BootstrapOptions) -> Value {
         // Envoy resolves a relative filename against its own working directory, which need not
         // be ours: make it absolute while we still know what it meant.
         let path = std::path::absolute(path).unwrap_or_else(|_| path.clone());
-        let mut toolgate = json!({ ecds::NODE_FILTER_PATH_FIELD: path.to_string_lossy() });
+        let mut toolgate = json!({
+            ecds::NODE_FILTER_PATH_FIELD: path.to_string_lossy(),
+            // This bootstrap strips the verified-payload header from incoming requests and runs
+            // `jwt_authn` before the filter: only then may the filter trust that header.
+            ecds::NODE_JWT_AUTHN_FIELD: "1",
+        });
         if let Some(log) = &opts.access_log {
             toolgate[ecds::NODE_ACCESS_LOG_FIELD] = json!(log.display().to_string());
         }

@@ -1897,6 +1897,22 @@ mod auth {
     }
 
     #[test]
+    fn behind_a_bootstrap_that_does_not_verify_tokens_no_payload_is_trusted() {
+        let mut w = Worker::new();
+        with_auth(&w, &["*"], None);
+        if let Some(a) = w.shared.borrow_mut().config.auth.as_mut() {
+            a.untrusted_payload = true;
+        }
+        let forged = reader();
+        let f = call(&mut w, "read_order", &[(PAYLOAD_HEADER, &forged)]);
+        assert_eq!(
+            f.reply().0,
+            401,
+            "a payload header nobody verified opens nothing"
+        );
+    }
+
+    #[test]
     fn an_open_service_takes_callers_without_a_token() {
         let mut w = Worker::new();
         with_auth(&w, &["payments"], None);

@@ -30,6 +30,12 @@ pub const NODE_FILTER_PATH_FIELD: &str = "filter_path";
 /// Set to the access log's path when the bootstrap configures one: the filter then sets the
 /// log's MCP fields, and skips those host calls otherwise.
 pub const NODE_ACCESS_LOG_FIELD: &str = "access_log";
+/// Set by a bootstrap that runs `jwt_authn` before the filter and strips the verified-payload
+/// header from incoming requests (issue 20). An Envoy without it (an older bootstrap) gets
+/// the auth configuration marked `untrusted_payload`: its filter then takes no payload
+/// header as verified, and every route that needs a token refuses (fail closed), since a
+/// client could have written that header itself.
+pub const NODE_JWT_AUTHN_FIELD: &str = "jwt_authn";
 
 /// What an Envoy's node metadata says about its filter.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,6 +44,8 @@ pub struct NodeFilter {
     pub path: String,
     /// Whether its access log reads the filter's MCP fields.
     pub access_log: bool,
+    /// Whether its bootstrap verifies tokens before the filter ([`NODE_JWT_AUTHN_FIELD`]).
+    pub jwt_authn: bool,
 }
 
 /// The ECDS resource for a plugin configuration (JSON), with the filter path left empty.
@@ -79,6 +87,11 @@ pub fn for_node(
                         }
                         if node.access_log {
                             map.insert("access_log".into(), true.into());
+                        }
+                        if !node.jwt_authn {
+                            if let Some(serde_json::Value::Object(auth)) = map.get_mut("auth") {
+                                auth.insert("untrusted_payload".into(), true.into());
+                            }
                         }
                         drop_own_openings(&mut map, node_id);
                         serde_json::Value::Object(map).to_string()
@@ -122,6 +135,7 @@ pub fn node_filter(metadata: Option<&Struct>) -> Option<NodeFilter> {
     Some(NodeFilter {
         path: string(NODE_FILTER_PATH_FIELD)?,
         access_log: string(NODE_ACCESS_LOG_FIELD).is_some(),
+        jwt_authn: string(NODE_JWT_AUTHN_FIELD).is_some(),
     })
 }
 
@@ -175,6 +189,7 @@ mod tests {
         NodeFilter {
             path: path.to_string(),
             access_log: false,
+            jwt_authn: true,
         }
     }
 
@@ -242,6 +257,33 @@ mod tests {
             plugin_json(&filled),
             r#"{"access_log":true,"gateway":"envoy-1"}"#
         );
+
+        // An older bootstrap (no `jwt_authn` before the filter): the payload header could be
+        // a client's, so the filter is told to trust none.
+        let old = NodeFilter {
+            jwt_authn: false,
+            ..node("/f.wasm")
+        };
+        let filled = for_node(
+            &extension_config(r#"{"auth":{"resource":"http://gw"}}"#),
+            &old,
+            "e",
+            None,
+        );
+        assert_eq!(
+            plugin_json(&filled),
+            r#"{"auth":{"resource":"http://gw","untrusted_payload":true},"gateway":"e"}"#
+        );
+        let filled = for_node(
+            &extension_config(r#"{"auth":{"resource":"http://gw"}}"#),
+            &node("/f.wasm"),
+            "e",
+            None,
+        );
+        assert_eq!(
+            plugin_json(&filled),
+            r#"{"auth":{"resource":"http://gw"},"gateway":"e"}"#
+        );
     }
 
     #[test]
@@ -264,13 +306,18 @@ mod tests {
             )]
             .into(),
         };
+        // A bootstrap from before issue 20: no `jwt_authn` field.
         assert_eq!(
             node_filter(Some(&metadata(&[(NODE_FILTER_PATH_FIELD, "/f.wasm")]))),
-            Some(node("/f.wasm"))
+            Some(NodeFilter {
+                jwt_authn: false,
+                ..node("/f.wasm")
+            })
         );
         assert_eq!(
             node_filter(Some(&metadata(&[
                 (NODE_FILTER_PATH_FIELD, "/f.wasm"),
+                (NODE_JWT_AUTHN_FIELD, "1"),
                 (NODE_ACCESS_LOG_FIELD, "/dev/stdout")
             ]))),
             Some(NodeFilter {
