@@ -930,6 +930,26 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         }
     }
 
+    /// Whether this request's listing may hide tools from its caller: the service has rules,
+    /// or, on a virtual server, any rules exist or a caller without a token may meet a
+    /// service that requires one. Only such a listing is read whole (and, unreadable, not
+    /// shown).
+    fn listing_filtered(&self) -> bool {
+        let shared = self.shared.borrow();
+        let Some(auth) = &shared.config.auth else {
+            return false;
+        };
+        match (&self.on_virtual, &self.service) {
+            (Some(_), _) => {
+                !auth.services.is_empty()
+                    || !auth.virtual_servers.is_empty()
+                    || (self.auth.verified.is_none() && !auth.required.is_empty())
+            }
+            (None, Some(service)) => auth.services.contains_key(service),
+            (None, None) => false,
+        }
+    }
+
     /// Whether a listing shows `tool` of `service` (as `visible` on `server`) to this caller.
     fn may_list(
         &self,
@@ -1571,7 +1591,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             // A service's listing is annotated; any listing is filtered to what the caller
             // may call once an auth configuration is on.
             if request.method == TOOLS_LIST
-                && (self.on_virtual.is_none() || self.shared.borrow().config.auth.is_some())
+                && (self.on_virtual.is_none() || self.listing_filtered())
             {
                 if let Some(judged) = &mut self.request {
                     judged.list = true;
@@ -1975,7 +1995,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         if !content_type.starts_with("application/json") || declared.is_some_and(|n| n > HOLD_LIMIT)
         {
             self.shared.borrow_mut().stats.count(TOOLS_LIST_UNREAD);
-            if self.shared.borrow().config.auth.is_some() {
+            if self.listing_filtered() {
                 // Filtered or not shown: read it whole to replace it.
                 self.watch = Watch::Listing { sse: false };
                 return Action::Pause;
@@ -1999,7 +2019,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         if body_size > HOLD_LIMIT {
             self.watch = Watch::None;
             self.shared.borrow_mut().stats.count(TOOLS_LIST_UNREAD);
-            if self.shared.borrow().config.auth.is_some() {
+            if self.listing_filtered() {
                 if !end_of_stream {
                     // Held to the end, then replaced: it cannot be filtered.
                     self.watch = Watch::Listing { sse: false };
@@ -2056,7 +2076,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             } else {
                 edit_message(&body, &judged.id, edit)
             };
-            (listed, auth.is_some())
+            (listed, self.listing_filtered())
         };
         self.watch = Watch::None;
         match listed {

@@ -1876,6 +1876,35 @@ mod auth {
     }
 
     #[test]
+    fn a_large_listing_passes_unless_rules_must_filter_it() {
+        let big = format!(
+            r#"{{"jsonrpc":"2.0","id":7,"result":{{"tools":[{{"name":"read_order","description":"{}"}}]}}}}"#,
+            "x".repeat(HOLD_LIMIT + 10)
+        );
+        let list = r#"{"jsonrpc":"2.0","id":7,"method":"tools/list"}"#;
+        // Tokens required, no rules: nothing to hide, so nothing is held.
+        let mut w = Worker::new();
+        with_auth(&w, &["*"], None);
+        let p = reader();
+        let mut f = w.request("orders", &[(PAYLOAD_HEADER, &p)], list);
+        assert_eq!(f.json(&big), Action::Continue);
+        assert_eq!(f.stream.response_body.borrow().len(), big.len());
+        // With rules, a listing too large to filter is not shown.
+        let mut w = Worker::new();
+        with_auth(
+            &w,
+            &["*"],
+            Some(serde_json::json!({"rules": [{"tools": ["read_*"], "roles": ["reader"]}]})),
+        );
+        let mut f = w.request("orders", &[(PAYLOAD_HEADER, &p)], list);
+        f.json(&big);
+        assert_eq!(
+            f.body_json()["error"]["code"],
+            crate::mcp::reply::INTERNAL_ERROR
+        );
+    }
+
+    #[test]
     fn claims_reach_a_service_that_asks_and_a_client_cannot_forge_them() {
         let mut w = Worker::new();
         with_auth(
