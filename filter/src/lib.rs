@@ -16,6 +16,7 @@ pub mod call;
 pub mod catalog;
 pub mod feedback;
 pub mod fleet;
+pub mod header_map;
 pub mod held_session;
 pub mod mcp;
 pub mod session;

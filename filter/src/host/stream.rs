@@ -1,6 +1,6 @@
 //! One HTTP stream: Envoy's callbacks forwarded to [`Call`], and [`CallHost`] as host calls.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use proxy_wasm::hostcalls;
@@ -10,14 +10,22 @@ use proxy_wasm::types::{Action as WasmAction, BufferType, LogLevel, MapType};
 use super::events::{enqueue, Queue};
 use super::{log, now_ms, HostMetrics, HostShared, HostStore};
 use crate::call::{Action, Call, CallHost, Level};
+use crate::header_map::HeaderMap;
 use crate::mcp::reply::Reply;
 
 /// How long a call waits for toolgate-xds to open (or re-open) a session with a server for its
 /// client: toolgate-xds gives each request to the server 10 s.
 const SESSION_QUESTION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(12);
 
-/// The host calls of the stream being served (proxy-wasm addresses the current one).
-struct Envoy;
+/// The host calls of the stream being served (proxy-wasm addresses the current one), for one
+/// callback: each header map is read whole, once, at its first use, and the clock once (issue
+/// 21: a host call per header cost a crossing each, two for a header that is present).
+#[derive(Default)]
+struct Envoy {
+    request_headers: RefCell<Option<HeaderMap>>,
+    response_headers: RefCell<Option<HeaderMap>>,
+    now_ms: Cell<Option<u64>>,
+}
 
 // The ABI's own header calls: proxy-wasm's wrappers (`hostcalls::set_map_value`) panic on any
 // status but Ok, and Envoy answers BadArgument when the map is no longer there: the request
@@ -38,6 +46,43 @@ extern "C" {
         key_data: *const u8,
         key_size: usize,
     ) -> u32;
+    fn proxy_get_header_map_pairs(
+        map_type: MapType,
+        return_map_data: *mut *mut u8,
+        return_map_size: *mut usize,
+    ) -> u32;
+}
+
+/// A whole header map in one host call; a map Envoy no longer has reads as empty.
+fn header_map(map: MapType) -> HeaderMap {
+    let mut data: *mut u8 = std::ptr::null_mut();
+    let mut size: usize = 0;
+    // SAFETY: on success the host hands over `size` bytes it allocated with this module's
+    // allocator (`proxy_on_memory_allocate`), which the Vec then owns.
+    let bytes = unsafe {
+        if proxy_get_header_map_pairs(map, &mut data, &mut size) != 0 || data.is_null() {
+            Vec::new()
+        } else {
+            Vec::from_raw_parts(data, size, size)
+        }
+    };
+    HeaderMap::parse(bytes)
+}
+
+/// The header `name` of a map read at most once per callback.
+fn cached_header(cache: &RefCell<Option<HeaderMap>>, map: MapType, name: &str) -> Option<String> {
+    let mut cache = cache.borrow_mut();
+    cache
+        .get_or_insert_with(|| header_map(map))
+        .get(name)
+        .map(str::to_string)
+}
+
+/// Keeps a map read earlier in this callback true to a change made through the host.
+fn note_set(cache: &RefCell<Option<HeaderMap>>, name: &str, value: Option<&str>) {
+    if let Some(map) = cache.borrow_mut().as_mut() {
+        map.set(name, value);
+    }
 }
 
 /// Sets (or removes) a header if Envoy still has the map; a map that is gone leaves nothing to
@@ -64,17 +109,23 @@ fn set_header(map: MapType, name: &str, value: Option<&str>) {
 
 impl CallHost for Envoy {
     fn now_ms(&self) -> u64 {
-        now_ms()
+        match self.now_ms.get() {
+            Some(now) => now,
+            None => {
+                let now = now_ms();
+                self.now_ms.set(Some(now));
+                now
+            }
+        }
     }
 
     fn request_header(&self, name: &str) -> Option<String> {
-        hostcalls::get_map_value(MapType::HttpRequestHeaders, name)
-            .ok()
-            .flatten()
+        cached_header(&self.request_headers, MapType::HttpRequestHeaders, name)
     }
 
     fn set_request_header(&self, name: &str, value: Option<&str>) {
         set_header(MapType::HttpRequestHeaders, name, value);
+        note_set(&self.request_headers, name, value);
     }
 
     fn request_body(&self, len: usize) -> Option<Vec<u8>> {
@@ -88,13 +139,12 @@ impl CallHost for Envoy {
     }
 
     fn response_header(&self, name: &str) -> Option<String> {
-        hostcalls::get_map_value(MapType::HttpResponseHeaders, name)
-            .ok()
-            .flatten()
+        cached_header(&self.response_headers, MapType::HttpResponseHeaders, name)
     }
 
     fn set_response_header(&self, name: &str, value: Option<&str>) {
         set_header(MapType::HttpResponseHeaders, name, value);
+        note_set(&self.response_headers, name, value);
     }
 
     fn response_body(&self, len: usize) -> Option<Vec<u8>> {
@@ -213,38 +263,49 @@ impl Context for Stream {
             .ok()
             .flatten()
             .unwrap_or_default();
-        self.call.on_dispatch_response(&Envoy, status, &body);
+        self.call
+            .on_dispatch_response(&Envoy::default(), status, &body);
         self.report();
     }
 }
 
 impl HttpContext for Stream {
     fn on_http_request_headers(&mut self, _n: usize, end_of_stream: bool) -> WasmAction {
-        wasm(self.call.on_request_headers(&Envoy, end_of_stream))
+        wasm(
+            self.call
+                .on_request_headers(&Envoy::default(), end_of_stream),
+        )
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> WasmAction {
-        wasm(self.call.on_request_body(&Envoy, body_size, end_of_stream))
+        wasm(
+            self.call
+                .on_request_body(&Envoy::default(), body_size, end_of_stream),
+        )
     }
 
     fn on_http_request_trailers(&mut self, _n: usize) -> WasmAction {
-        wasm(self.call.on_request_trailers(&Envoy))
+        wasm(self.call.on_request_trailers(&Envoy::default()))
     }
 
     fn on_http_response_headers(&mut self, _n: usize, end_of_stream: bool) -> WasmAction {
-        let action = self.call.on_response_headers(&Envoy, end_of_stream);
+        let action = self
+            .call
+            .on_response_headers(&Envoy::default(), end_of_stream);
         self.report();
         wasm(action)
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> WasmAction {
-        let action = self.call.on_response_body(&Envoy, body_size, end_of_stream);
+        let action = self
+            .call
+            .on_response_body(&Envoy::default(), body_size, end_of_stream);
         self.report();
         wasm(action)
     }
 
     fn on_log(&mut self) {
-        self.call.on_log(&Envoy);
+        self.call.on_log(&Envoy::default());
         self.report();
     }
 }
