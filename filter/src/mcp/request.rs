@@ -191,19 +191,31 @@ impl fmt::Display for Refusal {
 /// brackets inside strings (escapes included) do not count, and it stops at the first level
 /// too deep.
 pub fn nests_deeper_than(body: &[u8], limit: u64) -> bool {
-    let (mut depth, mut in_string, mut escaped) = (0u64, false, false);
-    for &b in body {
-        if in_string {
-            match (escaped, b) {
-                (true, _) => escaped = false,
-                (false, b'\\') => escaped = true,
-                (false, b'"') => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
+    let mut depth = 0u64;
+    let mut i = 0;
+    while let Some(&b) = body.get(i) {
+        i += 1;
         match b {
-            b'"' => in_string = true,
+            b'"' => {
+                // A string is skipped to its closing quote in a tight search (most of a call's
+                // bytes are in its arguments' strings): only `"` and `\` stop it.
+                loop {
+                    let Some(at) = body
+                        .get(i..)
+                        .and_then(|rest| rest.iter().position(|&c| c == b'"' || c == b'\\'))
+                    else {
+                        // Unterminated: nothing after it nests.
+                        return false;
+                    };
+                    i += at;
+                    if body[i] == b'"' {
+                        i += 1;
+                        break;
+                    }
+                    // An escape: the next byte is never the string's end.
+                    i += 2;
+                }
+            }
             b'{' | b'[' => {
                 depth += 1;
                 if depth > limit {
