@@ -676,16 +676,34 @@ async fn filter_stats_carry_service_and_tool_labels() {
     let r = s.call_tool(dotted, json!({})).await;
     assert!(breaker_meta(&r).is_none(), "{}", r.body);
 
-    let resp = reqwest::Client::builder()
+    // The filter adds its counts to Envoy's counters on its tick (every 100 ms): read until
+    // the last call shows, at most a few seconds.
+    let http = reqwest::Client::builder()
         .no_proxy()
         .build()
-        .expect("http client")
-        .get(format!("{}/stats/prometheus", gw.envoy.admin_url()))
-        .send()
-        .await
-        .expect("GET /stats/prometheus");
-    assert_eq!(resp.status(), StatusCode::OK);
-    let prom = resp.text().await.expect("prometheus text");
+        .expect("http client");
+    // Each worker ticks on its own: once the last call shows, one more tick of every worker.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut counted = false;
+    let prom = loop {
+        let resp = http
+            .get(format!("{}/stats/prometheus", gw.envoy.admin_url()))
+            .send()
+            .await
+            .expect("GET /stats/prometheus");
+        assert_eq!(resp.status(), StatusCode::OK);
+        let prom = resp.text().await.expect("prometheus text");
+        if counted || Instant::now() > deadline {
+            break prom;
+        }
+        counted = prom.lines().any(|l| {
+            l.starts_with("toolgate_calls{")
+                && l.contains("tool=\"v1.orders.calls\"")
+                && l.ends_with(" 1")
+        });
+        let pause = if counted { 300 } else { 50 };
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+    };
     let value = |name: &str, tool: &str| -> Option<f64> {
         let tool = format!("tool=\"{tool}\"");
         prom.lines().find_map(|l| {

@@ -39,8 +39,8 @@ impl MetricHost for &Metrics {
         names.push(name.to_string());
         Some(names.len() as u32 - 1)
     }
-    fn increment(&self, id: u32) {
-        *self.values.borrow_mut().entry(id).or_default() += 1;
+    fn increment(&self, id: u32, by: u64) {
+        *self.values.borrow_mut().entry(id).or_default() += by;
     }
     fn record(&self, id: u32, value: u64) {
         self.values.borrow_mut().insert(id, value);
@@ -239,6 +239,8 @@ impl Worker {
     }
 
     fn stat(&self, tool: &str, kind: &str) -> u64 {
+        // As Envoy shows them after the root context's next tick.
+        self.shared.borrow_mut().stats.flush();
         self.metrics
             .get(&crate::stats::metric_name("orders", tool, kind))
     }

@@ -66,8 +66,8 @@ impl MetricHost for HostMetrics {
         hostcalls::define_metric(kind, name).ok()
     }
 
-    fn increment(&self, id: u32) {
-        let _ = hostcalls::increment_metric(id, 1);
+    fn increment(&self, id: u32, by: u64) {
+        let _ = hostcalls::increment_metric(id, i64::try_from(by).unwrap_or(i64::MAX));
     }
 
     fn record(&self, id: u32, value: u64) {

@@ -282,6 +282,7 @@ impl RootContext for Root {
             let mut guard = self.shared.borrow_mut();
             let shared = &mut *guard;
             let transitions = shared.breakers.flush(now);
+            shared.stats.flush();
             let mut events = Vec::new();
             for (key, t) in &transitions {
                 log_transition(&format!("{key} (merged counts)"), t);
