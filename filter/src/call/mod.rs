@@ -144,6 +144,9 @@ pub struct Shared<S, M> {
     pub visible: VisibleNames,
     /// Verified payloads read lately (agents send one token many times).
     callers: auth::CallerCache,
+    /// The reply for a held answer cut off upstream, by (tool as the agent sees it, its
+    /// fallback, revision): set on every call whose answer is held.
+    cut_replies: reply::ById<(String, Option<String>, ProtocolVersion)>,
     seed: u64,
 }
 
@@ -158,6 +161,7 @@ impl<S: SharedStore, M: MetricHost> Shared<S, M> {
             sealer: None,
             visible: VisibleNames::default(),
             callers: auth::CallerCache::default(),
+            cut_replies: reply::ById::default(),
             seed,
         }
     }
@@ -167,8 +171,9 @@ impl<S: SharedStore, M: MetricHost> Shared<S, M> {
     pub fn configure(&mut self, config: FilterConfig) -> bool {
         let key = config.session_key.0.clone();
         self.visible = VisibleNames::new(&config.virtual_servers);
-        // The roles claim may have changed.
+        // The roles claim may have changed, and so may fallbacks.
         self.callers = auth::CallerCache::default();
+        self.cut_replies = reply::ById::default();
         self.config = config;
         if key.is_empty() {
             self.sealer = None;
@@ -1932,8 +1937,8 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 }
                 self.watch = Watch::Hold;
                 // Should the upstream reset now, Envoy's own reply must still be MCP.
-                let cut = self.failure_reply(UpstreamFailure::Reset, Framing::Json);
-                host.set_property(CUT_REPLY_PROPERTY, &cut.body);
+                let cut = self.cut_reply();
+                host.set_property(CUT_REPLY_PROPERTY, &cut);
                 host.set_request_header(HELD_HEADER, Some("1"));
                 Action::Pause
             }
@@ -2435,6 +2440,21 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
     fn overloaded(&mut self, host: &impl CallHost) -> Reply {
         self.record(host, Outcome::Ignored, None);
         self.tool_reply(UnavailableKind::Overloaded, self.framing)
+    }
+
+    /// [`failure_reply`](Self::failure_reply) for an upstream reset, in JSON: the reply Envoy
+    /// sends should the upstream cut off an answer the filter holds.
+    fn cut_reply(&self) -> Vec<u8> {
+        let write = || self.failure_reply(UpstreamFailure::Reset, Framing::Json);
+        let Some(judged) = &self.request else {
+            return write().body;
+        };
+        let (tool, fallback) = judged.tool.clone().unzip();
+        let key = (tool.unwrap_or_default(), fallback.flatten(), self.version);
+        self.shared
+            .borrow_mut()
+            .cut_replies
+            .reply(key, &judged.id, write)
     }
 
     fn failure_reply(&self, what: UpstreamFailure, framing: Framing) -> Reply {

@@ -635,6 +635,55 @@ fn framed(message: &impl Serialize, framing: Framing, capacity: usize) -> Reply 
     }
 }
 
+/// What every JSON reply of the filter starts with, up to its request's id.
+const BEFORE_ID: &[u8] = br#"{"jsonrpc":"2.0","id":"#;
+/// Templates kept per worker, at most: past it, the oldest are dropped all at once.
+const MAX_TEMPLATES: usize = 1024;
+
+/// JSON replies that differ only in their request's id, each kept as the text after the id:
+/// a reply a call may need is written once per (key) and spliced around each call's id,
+/// instead of serialized for every call (issue 21: the reply for an upstream cut off while
+/// the filter holds its answer is set on every call whose answer is held).
+pub struct ById<K> {
+    after_id: std::collections::HashMap<K, Vec<u8>>,
+}
+
+impl<K> Default for ById<K> {
+    fn default() -> Self {
+        ById {
+            after_id: std::collections::HashMap::new(),
+        }
+    }
+}
+
+impl<K: std::hash::Hash + Eq> ById<K> {
+    /// The reply `build` writes for `id`, from the template of `key` once there is one.
+    /// `build` must give the same reply for every id but the id itself, in JSON framing.
+    pub fn reply(&mut self, key: K, id: &RawId, build: impl FnOnce() -> Reply) -> Vec<u8> {
+        let id_text = id.as_raw().get().as_bytes();
+        if let Some(after) = self.after_id.get(&key) {
+            let mut body = Vec::with_capacity(BEFORE_ID.len() + id_text.len() + after.len());
+            body.extend_from_slice(BEFORE_ID);
+            body.extend_from_slice(id_text);
+            body.extend_from_slice(after);
+            return body;
+        }
+        let reply = build();
+        // Kept only when the reply has the shape spliced: the id right after "jsonrpc".
+        if let Some(after) = reply
+            .body
+            .strip_prefix(BEFORE_ID)
+            .and_then(|rest| rest.strip_prefix(id_text))
+        {
+            if self.after_id.len() >= MAX_TEMPLATES {
+                self.after_id.clear();
+            }
+            self.after_id.insert(key, after.to_vec());
+        }
+        reply.body
+    }
+}
+
 /// The `CallToolResult` for a `tools/call` that is not passed on: `isError: true`, so the model
 /// sees the failure and can change course, rather than its client raising a protocol error.
 pub fn tool_unavailable(
@@ -989,6 +1038,34 @@ pub fn batch_refused(
 mod tests {
     use super::*;
     use serde_json::Value;
+
+    #[test]
+    fn a_reply_spliced_around_an_id_is_the_reply_written_for_it() {
+        let details = Unavailable {
+            kind: UnavailableKind::UpstreamFailure {
+                what: UpstreamFailure::Reset,
+            },
+            tool: Some("write_order"),
+            retry_after_secs: None,
+            fallback_tool: Some("queue_order"),
+        };
+        let write = |id: &RawId| {
+            tool_unavailable(ProtocolVersion::V2025_06_18, id, &details, Framing::Json)
+        };
+        let mut by_id: ById<&str> = ById::default();
+        for text in ["1", "\"a-\\\"b\"", "-7", "\"\"", "12345678901234567890"] {
+            let id = RawId::from_json(text).expect("id");
+            let got = by_id.reply("write_order", &id, || write(&id));
+            assert_eq!(got, write(&id).body, "id {text}");
+        }
+        assert_eq!(by_id.after_id.len(), 1);
+        // A reply of another shape is written each time, never spliced.
+        let mut sse: ById<&str> = ById::default();
+        let id = RawId::from_json("3").expect("id");
+        let framed = || tool_unavailable(ProtocolVersion::V2025_06_18, &id, &details, Framing::Sse);
+        assert_eq!(sse.reply("k", &id, framed), framed().body);
+        assert!(sse.after_id.is_empty());
+    }
 
     fn id(text: &str) -> RawId {
         RawId::from_json(text).expect("test id")
