@@ -267,9 +267,9 @@ pub async fn run(env: &TestEnv, opts: &Options) -> anyhow::Result<AggregateBench
         .to_string()
     };
     let route_script = dir.join("route.lua");
-    std::fs::write(&route_script, lua_script(&call("t0"), None))?;
+    std::fs::write(&route_script, lua_script(&call("t0"), &[]))?;
     let mcp_script = dir.join("mcp.lua");
-    std::fs::write(&mcp_script, lua_script(&call("s0__t0"), None))?;
+    std::fs::write(&mcp_script, lua_script(&call("s0__t0"), &[]))?;
     let route_url = fleet.envoy.url("s0");
     let mcp_url = fleet.mcp_url("/mcp");
     let (mut route_rps, mut mcp_rps) = (Vec::new(), Vec::new());

@@ -315,11 +315,11 @@ async fn measure(
     );
 
     let open_script = env.path("wrk-auth-without.lua");
-    std::fs::write(&open_script, lua_script(&body, None))?;
+    std::fs::write(&open_script, lua_script(&body, &[]))?;
     let auth_script = env.path("wrk-auth-with.lua");
     std::fs::write(
         &auth_script,
-        lua_script(&body, Some(("Authorization", &format!("Bearer {token}")))),
+        lua_script(&body, &[("Authorization", &format!("Bearer {token}"))]),
     )?;
     let mut targets = vec![
         Target {

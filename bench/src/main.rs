@@ -30,7 +30,7 @@ enum Suite {
     /// etcd write -> Envoy applied, with many instances registered.
     Propagation,
     /// tools/call throughput and latency: direct, Envoy, Envoy + toolgate filter, Envoy +
-    /// no-op wasm filter.
+    /// no-op wasm filter, Envoy + Envoy's own MCP filter.
     Dataplane,
     /// Gateway A's breaker opens -> gateway B rejects the tool.
     Fleet,
@@ -67,7 +67,7 @@ struct Args {
     )]
     suites: Vec<Suite>,
     /// Short run (about 2 minutes, a smoke test of every suite): smaller sizes, fewer trials,
-    /// one data-plane workload.
+    /// two data-plane workloads (1 KB JSON, without and with the 2026-07-28 headers).
     #[arg(long)]
     quick: bool,
     /// Instance counts for the propagation suite [default: 1000,10000; quick: 200].
@@ -102,7 +102,7 @@ struct Args {
     #[arg(long)]
     profile_reps: Option<usize>,
     /// Data plane: workloads to run [default: all].
-    #[arg(long, value_delimiter = ',', value_parser = ["1k-json", "8k-json", "1k-sse"])]
+    #[arg(long, value_delimiter = ',', value_parser = ["1k-json", "1k-json-2026", "8k-json", "1k-sse"])]
     workloads: Vec<String>,
     /// Fleet sync trials [default: 50; quick: 10].
     #[arg(long)]
@@ -343,9 +343,10 @@ async fn main() -> anyhow::Result<()> {
             quiet_wait: Duration::from_secs(if args.quick { 3 } else { 60 }),
             attempts: if args.quick { 2 } else { 4 },
             extra_budget: Cell::new(Duration::from_secs(if args.quick { 12 } else { 900 })),
-            // Quick mode is a smoke test of every suite: one workload is enough for that.
+            // Quick mode is a smoke test of every suite: the 1 KB JSON call, as clients before
+            // and since 2026-07-28 send it, is enough for that.
             workloads: if args.workloads.is_empty() && args.quick {
-                vec!["1k-json".to_string()]
+                vec!["1k-json".to_string(), "1k-json-2026".to_string()]
             } else {
                 args.workloads.clone()
             },

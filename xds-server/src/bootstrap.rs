@@ -41,6 +41,9 @@ pub const TOOL_TAG_REGEX: &str = r"^wasmcustom\.toolgate\.service=[^=]+\.(tool=(
 /// The cluster the filter posts its call reports to (a contract with the filter).
 pub const CONTROL_CLUSTER: &str = "toolgate_control";
 
+/// Envoy's own MCP filter (Envoy 1.37 and later), see [`BootstrapOptions::native_mcp_filter`].
+pub const NATIVE_MCP_FILTER: &str = "envoy.filters.http.mcp";
+
 /// What `render` needs to know.
 #[derive(Debug, Clone)]
 pub struct BootstrapOptions {
@@ -59,6 +62,10 @@ pub struct BootstrapOptions {
     /// The toolgate wasm filter; its configuration then comes over ECDS. Without it Envoy
     /// routes, but no breaker protects the tools.
     pub filter: Option<PathBuf>,
+    /// Envoy's own MCP filter ([`NATIVE_MCP_FILTER`], its default configuration) where the
+    /// toolgate filter would be: a reference for the data-plane bench, not a way to deploy
+    /// toolgate (no breaker, no auth). Ignored when `filter` is set; the CLI refuses both.
+    pub native_mcp_filter: bool,
     /// mTLS to toolgate-xds's ADS listener (a toolgate-xds started with `--xds-tls-*`).
     pub xds_tls: Option<XdsClientTls>,
     /// Where Envoy writes its access log, one JSON object per request (see
@@ -581,6 +588,8 @@ fn listener(opts: &BootstrapOptions) -> Value {
         // refuses nothing itself, and without an auth configuration it does nothing.
         http_filters.push(jwt_authn_filter());
         http_filters.push(toolgate_filter());
+    } else if opts.native_mcp_filter {
+        http_filters.push(native_mcp_filter());
     }
     http_filters.push(session_affinity_filter());
     http_filters.push(router_filter());
@@ -679,6 +688,22 @@ fn toolgate_filter() -> Value {
     })
 }
 
+/// Envoy's own MCP filter with its default configuration: pass-through (traffic that is not
+/// MCP is proxied, not refused), and a POST with `Content-Type: application/json` and an
+/// `Accept` naming both JSON and SSE is held until its JSON-RPC body is parsed (up to 8 KiB;
+/// beyond that the request passes with `mcp_body_too_large`), the method, id and tool name
+/// set as dynamic metadata (`envoy.filters.http.mcp`) and checked against `Mcp-Method` and
+/// `Mcp-Name`. Its counters are `http.toolgate.mcp.*`; in pass-through mode they count
+/// problems only (`invalid_json`, `header_mismatch`, `body_too_large`, ...).
+fn native_mcp_filter() -> Value {
+    json!({
+        "name": NATIVE_MCP_FILTER,
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.mcp.v3.Mcp"
+        }
+    })
+}
+
 /// Envoy's `jwt_authn`, its configuration discovered over ADS (ECDS) from the auth
 /// configuration in etcd (see `xds/auth.rs`).
 fn jwt_authn_filter() -> Value {
@@ -725,6 +750,7 @@ mod tests {
             admin: "127.0.0.1:9901".parse().expect("addr"),
             control: "127.0.0.1:19000".parse().expect("addr"),
             filter: None,
+            native_mcp_filter: false,
             xds_tls: None,
             access_log: None,
             edge: EdgeLimits::default(),
@@ -865,6 +891,65 @@ mod tests {
         assert_eq!(
             session["session_state"]["typed_config"]["header"]["name"],
             SESSION_HEADER
+        );
+    }
+
+    #[test]
+    fn the_native_mcp_filter_takes_the_toolgate_filters_place_only_when_asked() {
+        let names = |b: &Value| -> Vec<String> {
+            b["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+                ["http_filters"]
+                .as_array()
+                .expect("filter list")
+                .iter()
+                .filter_map(|f| f["name"].as_str().map(String::from))
+                .collect()
+        };
+        // Without the flag the bootstrap does not mention it (deployed bootstraps are
+        // compared against this rendering).
+        assert!(!render(&options()).contains(NATIVE_MCP_FILTER));
+
+        let native: Value = serde_json::from_str(&render(&BootstrapOptions {
+            native_mcp_filter: true,
+            ..options()
+        }))
+        .expect("JSON");
+        assert_eq!(
+            names(&native),
+            [
+                NATIVE_MCP_FILTER,
+                "envoy.filters.http.stateful_session",
+                "envoy.filters.http.router"
+            ]
+        );
+        let hcm = &native["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+            ["typed_config"];
+        // The default configuration: nothing but the type.
+        assert_eq!(
+            hcm["http_filters"][0]["typed_config"],
+            json!({"@type": "type.googleapis.com/envoy.extensions.filters.http.mcp.v3.Mcp"})
+        );
+        // Its counters are `http.<stat_prefix>.mcp.*`.
+        assert_eq!(hcm["stat_prefix"], STAT_PREFIX);
+        // No toolgate node metadata: toolgate-xds sends this Envoy no filter configuration.
+        assert!(
+            native["node"].get("metadata").is_none(),
+            "{}",
+            native["node"]
+        );
+
+        // With the toolgate filter the flag is ignored.
+        let both: Value = serde_json::from_str(&render(&BootstrapOptions {
+            native_mcp_filter: true,
+            filter: Some("/f.wasm".into()),
+            ..options()
+        }))
+        .expect("JSON");
+        assert!(!names(&both).iter().any(|n| n == NATIVE_MCP_FILTER));
+        assert_eq!(
+            names(&both)[1],
+            ecds::FILTER_CONFIG_NAME,
+            "the toolgate filter stays in its place"
         );
     }
 

@@ -249,6 +249,12 @@ struct BootstrapArgs {
     /// Path of the toolgate wasm filter.
     #[arg(long)]
     filter: Option<PathBuf>,
+    /// Bench and reference aid, not for deployments: put Envoy's own MCP filter
+    /// (envoy.filters.http.mcp, default configuration: parses each JSON-RPC request body,
+    /// passes traffic through) where the toolgate filter would be, without breakers or auth.
+    /// `make bench` compares the toolgate filter against it.
+    #[arg(long, conflicts_with = "filter")]
+    native_mcp_filter: bool,
     /// mTLS to toolgate-xds: the CA that signed its certificate (needs --xds-tls-cert and
     /// --xds-tls-key, Envoy's own certificate and key).
     #[arg(long, value_name = "PEM", requires_all = ["xds_tls_cert", "xds_tls_key"])]
@@ -328,6 +334,7 @@ fn main() -> ExitCode {
                 admin: args.admin,
                 control: args.control,
                 filter: args.filter,
+                native_mcp_filter: args.native_mcp_filter,
                 access_log: args.access_log,
                 edge: args.edge.limits(),
                 xds_tls: match (args.xds_tls_ca, args.xds_tls_cert, args.xds_tls_key) {

@@ -437,6 +437,7 @@ fn rendered_bootstrap_passes_envoy_validation() {
         admin: SocketAddr::new(LOCALHOST, free_port()),
         control: Upstream::Ip(SocketAddr::new(LOCALHOST, free_port())),
         filter: None,
+        native_mcp_filter: false,
         xds_tls: None,
         access_log: None,
         edge: Default::default(),
@@ -452,7 +453,16 @@ fn rendered_bootstrap_passes_envoy_validation() {
         access_log: Some(dir.join("access.log")),
         ..opts.clone()
     };
-    for (what, opts) in [("addresses", opts), ("names", by_name)] {
+    // Envoy's own MCP filter in the toolgate filter's place (the data-plane bench's reference).
+    let native = BootstrapOptions {
+        native_mcp_filter: true,
+        ..opts.clone()
+    };
+    for (what, opts) in [
+        ("addresses", opts),
+        ("names", by_name),
+        ("the native MCP filter", native),
+    ] {
         std::fs::write(&config, bootstrap::render(&opts)).expect("writing the bootstrap");
         let out = Command::new(envoy_bin())
             .arg("--mode")
@@ -512,6 +522,7 @@ async fn envoy_follows_snapshots_over_ads_and_nothing_is_sent_when_nothing_chang
         admin: SocketAddr::new(LOCALHOST, free_port()),
         control: Upstream::Ip(SocketAddr::new(LOCALHOST, free_port())),
         filter: None,
+        native_mcp_filter: false,
         xds_tls: None,
         access_log: None,
         edge: Default::default(),
@@ -901,6 +912,7 @@ impl Rig {
             admin: SocketAddr::new(LOCALHOST, free_port()),
             control: Upstream::Ip(SocketAddr::new(LOCALHOST, free_port())),
             filter: None,
+            native_mcp_filter: false,
             xds_tls: None,
             access_log: None,
             edge: Default::default(),
