@@ -366,6 +366,7 @@ async fn measure(
         toolgate_filter: PathBuf::from(&wasm),
         probe_filter: None,
         profile_reps: 0,
+        profile_levels: Vec::new(),
         workloads: Vec::new(),
         quiet_wait: opts.quiet_wait,
         attempts: opts.attempts,

@@ -5,12 +5,16 @@
 //! | level | adds |
 //! | --- | --- |
 //! | 0 | nothing but reading `x-probe` |
-//! | 1 | reading the seven request headers the toolgate filter reads |
+//! | 1 | reading the request header map, whole, in one host call (as the toolgate filter does) |
 //! | 2 | holding the request headers until the body is complete (`Pause`) |
-//! | 3 | copying the request body into the VM and parsing its JSON-RPC envelope |
+//! | 3 | copying the request body into the VM, scanning its nesting depth, parsing its envelope |
 //! | 4 | one shared-data get (a 256-byte value) and the clock, as the breaker's admit does |
-//! | 5 | reading the response status, two headers and `response.code_details` |
-//! | 6 | holding the response body until complete, copying it and parsing its envelope |
+//! | 5 | reading the response header map in one host call, and `upstream.address` (call feedback) |
+//! | 6 | holding the response body until complete, copying it and parsing its envelope, the clock |
+//! | 7 | holding the response headers too, with the reply for a cut-off answer set as a property and the request marked (a 400-byte property, one request header) |
+//!
+//! What the toolgate filter costs beyond level 7 is its own bookkeeping in the VM: the
+//! breaker's window, stats and call-feedback counts, the per-call state.
 //!
 //! Only the wasm32 build has code.
 
@@ -25,6 +29,39 @@ mod host {
     use serde_json::value::RawValue;
 
     const SHARED_KEY: &str = "toolgate-probe/svc/tool";
+    const CUT_PROPERTY: &str = "probe_cut_reply";
+
+    /// The deepest nesting of arrays and objects outside strings, as the toolgate filter's
+    /// scan reads it.
+    fn depth(body: &[u8]) -> u32 {
+        let (mut depth, mut deepest, mut i) = (0u32, 0u32, 0usize);
+        while let Some(&b) = body.get(i) {
+            i += 1;
+            match b {
+                b'"' => loop {
+                    let Some(at) = body
+                        .get(i..)
+                        .and_then(|r| r.iter().position(|&c| c == b'"' || c == b'\\'))
+                    else {
+                        return deepest;
+                    };
+                    i += at;
+                    if body[i] == b'"' {
+                        i += 1;
+                        break;
+                    }
+                    i += 2;
+                },
+                b'{' | b'[' => {
+                    depth += 1;
+                    deepest = deepest.max(depth);
+                }
+                b'}' | b']' => depth = depth.saturating_sub(1),
+                _ => {}
+            }
+        }
+        deepest
+    }
 
     proxy_wasm::main! {{
         proxy_wasm::set_log_level(LogLevel::Warn);
@@ -97,17 +134,7 @@ mod host {
                 .and_then(|v| v.trim().parse().ok())
                 .unwrap_or(0);
             if self.level >= 1 {
-                for name in [
-                    ":path",
-                    ":method",
-                    "mcp-protocol-version",
-                    "accept",
-                    "mcp-method",
-                    "mcp-name",
-                    "content-length",
-                ] {
-                    black_box(self.get_http_request_header(name));
-                }
+                black_box(self.get_http_request_headers_bytes());
             }
             if self.level >= 2 && !end_of_stream {
                 return Action::Pause;
@@ -124,6 +151,7 @@ mod host {
             }
             if self.level >= 3 {
                 let body = self.get_http_request_body(0, size).unwrap_or_default();
+                black_box(depth(&body));
                 if let Ok(r) = serde_json::from_slice::<Request<'_>>(&body) {
                     black_box((r.method, r.id.map(RawValue::get), r.params.map(|p| p.name)));
                 }
@@ -135,12 +163,15 @@ mod host {
             Action::Continue
         }
 
-        fn on_http_response_headers(&mut self, _n: usize, _end_of_stream: bool) -> Action {
+        fn on_http_response_headers(&mut self, _n: usize, end_of_stream: bool) -> Action {
             if self.level >= 5 {
-                black_box(self.get_http_response_header(":status"));
-                black_box(self.get_http_response_header("x-envoy-overloaded"));
-                black_box(self.get_property(vec!["response", "code_details"]));
-                black_box(self.get_http_response_header("content-type"));
+                black_box(self.get_http_response_headers_bytes());
+                black_box(self.get_property(vec!["upstream", "address"]));
+            }
+            if self.level >= 7 && !end_of_stream {
+                let _ = self.set_property(vec![CUT_PROPERTY], Some(&[b'x'; 400]));
+                self.set_http_request_header("x-probe-held", Some("1"));
+                return Action::Pause;
             }
             Action::Continue
         }
