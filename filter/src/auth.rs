@@ -149,7 +149,7 @@ pub fn unauthenticated_reply(
             "A bearer token is required for {what}: get one from an authorization server named in the resource metadata (WWW-Authenticate) and send it as `Authorization: Bearer <token>`."
         ),
     };
-    reply::error_reply(
+    reply::error(
         version,
         id,
         NOT_AUTHORIZED,
@@ -184,7 +184,7 @@ pub fn not_permitted_reply(
             serde_json::json!({"reason": Denial::ToolDenied.as_str(), "tool": tool}),
         ),
     };
-    reply::error_reply(
+    reply::error(
         version,
         Some(id),
         NOT_AUTHORIZED,

@@ -61,15 +61,26 @@ pub struct McpSession {
 impl McpSession {
     /// initialize + notifications/initialized. Panics if the server does not accept it.
     pub async fn connect(url: &str) -> McpSession {
+        Self::unconnected(url).connected().await
+    }
+
+    /// [`connect`](Self::connect) with a bearer token on every request.
+    pub async fn connect_with_token(url: &str, token: &str) -> McpSession {
         let mut s = Self::unconnected(url);
-        let reply = s.initialize().await;
+        s.bearer = Some(token.to_string());
+        s.connected().await
+    }
+
+    async fn connected(mut self) -> McpSession {
+        let url = self.url.clone();
+        let reply = self.initialize().await;
         assert_eq!(
             reply.status,
             StatusCode::OK,
             "initialize at {url}: {}",
             reply.body
         );
-        s
+        self
     }
 
     pub fn unconnected(url: &str) -> McpSession {
@@ -84,20 +95,6 @@ impl McpSession {
             bearer: None,
             next_id: 1,
         }
-    }
-
-    /// initialize + notifications/initialized with a bearer token on every request.
-    pub async fn connect_with_token(url: &str, token: &str) -> McpSession {
-        let mut s = Self::unconnected(url);
-        s.bearer = Some(token.to_string());
-        let reply = s.initialize().await;
-        assert_eq!(
-            reply.status,
-            StatusCode::OK,
-            "initialize at {url}: {}",
-            reply.body
-        );
-        s
     }
 
     /// Starts a new session (dropping any old one).

@@ -806,6 +806,17 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         self.log_field(host, log_field::DENIED, denial.as_str());
     }
 
+    /// The gateway's public base URL, for the metadata URL a challenge names.
+    fn auth_resource(&self) -> String {
+        self.shared
+            .borrow()
+            .config
+            .auth
+            .as_ref()
+            .map(|a| a.resource.clone())
+            .unwrap_or_default()
+    }
+
     /// 401: no valid token for a resource that requires one (`id`: the request's, once read).
     fn refuse_unauthenticated(
         &mut self,
@@ -820,14 +831,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             Denial::MissingToken
         };
         self.count_denial(host, label, denial);
-        let resource = self
-            .shared
-            .borrow()
-            .config
-            .auth
-            .as_ref()
-            .map(|a| a.resource.clone())
-            .unwrap_or_default();
+        let resource = self.auth_resource();
         let challenge = auth::unauthenticated_challenge(&resource, &self.auth.path, denial);
         let version =
             ProtocolVersion::from_header(host.request_header("mcp-protocol-version").as_deref());
@@ -904,14 +908,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             }
             AuthVerdict::InsufficientScope(scope) => {
                 self.count_denial(host, &label, Denial::InsufficientScope);
-                let resource = self
-                    .shared
-                    .borrow()
-                    .config
-                    .auth
-                    .as_ref()
-                    .map(|a| a.resource.clone())
-                    .unwrap_or_default();
+                let resource = self.auth_resource();
                 let challenge =
                     auth::insufficient_scope_challenge(&resource, &self.auth.path, &scope);
                 let reply = auth::not_permitted_reply(
@@ -2116,7 +2113,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         let Some(judged) = &self.request else {
             return Action::Continue;
         };
-        let reply = reply::error_reply(
+        let reply = reply::error(
             self.version,
             Some(&judged.id),
             reply::INTERNAL_ERROR,

@@ -709,22 +709,9 @@ pub fn tool_unavailable(
     framed(&message, framing, text.len() + 400)
 }
 
-/// A JSON-RPC error for request `id` (or an unknown id), in the client's framing, for the
-/// filter's other modules. `message` must be the gateway's own words.
-pub fn error_reply(
-    version: ProtocolVersion,
-    id: Option<&RawId>,
-    code: i64,
-    message: &str,
-    data: Option<impl Serialize>,
-    framing: Framing,
-) -> Reply {
-    error(version, id, code, message, data, framing)
-}
-
 /// A JSON-RPC error for request `id` (or an unknown id), in the client's framing. `message`
 /// must be the gateway's own words.
-fn error(
+pub fn error(
     version: ProtocolVersion,
     id: Option<&RawId>,
     code: i64,
