@@ -22,13 +22,13 @@ impl HeaderMap {
         HeaderMap { bytes, spans }
     }
 
-    /// The first value of header `name` (lower case, as Envoy keeps names), if present and
-    /// UTF-8.
+    /// The first value of header `name`, if present and UTF-8. Names match regardless of case,
+    /// as Envoy's own lookup (`LowerCaseString`) does.
     pub fn get(&self, name: &str) -> Option<&str> {
         let name = name.as_bytes();
         self.spans.iter().find_map(|&(k, kl, v, vl)| {
             let key = self.bytes.get(k as usize..(k + kl) as usize)?;
-            if key != name {
+            if !key.eq_ignore_ascii_case(name) {
                 return None;
             }
             let value = self.bytes.get(v as usize..(v + vl) as usize)?;
@@ -40,7 +40,10 @@ impl HeaderMap {
     /// the same callback see it (`None`: removed).
     pub fn set(&mut self, name: &str, value: Option<&str>) {
         self.spans.retain(|&(k, kl, _, _)| {
-            self.bytes.get(k as usize..(k + kl) as usize) != Some(name.as_bytes())
+            !self
+                .bytes
+                .get(k as usize..(k + kl) as usize)
+                .is_some_and(|key| key.eq_ignore_ascii_case(name.as_bytes()))
         });
         let Some(value) = value else { return };
         let k = self.bytes.len() as u32;
@@ -113,6 +116,7 @@ mod tests {
         assert_eq!(m.get(":path"), Some("/mcp/orders"));
         assert_eq!(m.get("accept"), Some("application/json"));
         assert_eq!(m.get("x-dup"), Some("one"));
+        assert_eq!(m.get("Accept"), Some("application/json"));
         assert_eq!(m.get("empty"), Some(""));
         assert_eq!(m.get("missing"), None);
         assert_eq!(m.get("x-du"), None);
@@ -127,6 +131,10 @@ mod tests {
         assert_eq!(m.get("b"), None);
         m.set("c", Some("x"));
         assert_eq!(m.get("c"), Some("x"));
+        m.set("X-Caller", Some("alice"));
+        assert_eq!(m.get("x-caller"), Some("alice"));
+        m.set("x-CALLER", None);
+        assert_eq!(m.get("X-Caller"), None);
         assert_eq!(m.get("a"), Some("new"));
     }
 
