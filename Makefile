@@ -25,6 +25,9 @@ lint: setup
 # next `make build`).
 test: build lint
 	$(CARGO) test $(PROFILE) --workspace -- --test-threads=$${TEST_THREADS:-2}
+	@echo "make test: discovery, fleet and security again, Envoy speaking state-of-the-world ADS"
+	TOOLGATE_TEST_XDS_PROTOCOL=sotw $(CARGO) test $(PROFILE) -p toolgate-tests \
+		--test discovery --test fleet --test security -- --test-threads=$${TEST_THREADS:-2}
 
 demo: build
 	@bash scripts/demo.sh

@@ -22,6 +22,10 @@ fn parent_shutdown_time(longest_request: Duration) -> Duration {
     Duration::from_secs(total.as_secs() + u64::from(total.subsec_nanos() > 0))
 }
 
+/// The ADS protocol (`delta` or `sotw`) every Envoy a test starts speaks, when set; else
+/// `toolgate-xds bootstrap`'s default.
+pub const XDS_PROTOCOL_ENV: &str = "TOOLGATE_TEST_XDS_PROTOCOL";
+
 pub struct Envoy {
     pub name: String,
     pub port: u16,
@@ -125,6 +129,13 @@ impl Envoy {
             format!("127.0.0.1:{admin_port}"),
         ];
         args.extend(bootstrap_extra.iter().map(|s| s.to_string()));
+        // `make test` runs the suites that exercise discovery a second time under the other
+        // ADS protocol; a test that names one itself keeps it.
+        if let Ok(protocol) = std::env::var(XDS_PROTOCOL_ENV) {
+            if !args.iter().any(|a| a == "--xds-protocol") {
+                args.extend(["--xds-protocol".into(), protocol]);
+            }
+        }
         let out = std::process::Command::new(project_bin("toolgate-xds"))
             .args(&args)
             .output()

@@ -44,9 +44,33 @@ pub const CONTROL_CLUSTER: &str = "toolgate_control";
 /// Envoy's own MCP filter (Envoy 1.37 and later), see [`BootstrapOptions::native_mcp_filter`].
 pub const NATIVE_MCP_FILTER: &str = "envoy.filters.http.mcp";
 
+/// Which variant of the ADS protocol Envoy speaks to toolgate-xds; toolgate-xds serves both.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum XdsProtocol {
+    // (Plain comments: doc comments here would turn `--help` into clap's long format.)
+    // Incremental xDS (`DELTA_GRPC`): each push carries only the resources that changed and
+    // names the ones removed, so a new service costs one cluster, not all of them again.
+    #[default]
+    Delta,
+    // State of the world (`GRPC`): every CDS push carries every cluster.
+    Sotw,
+}
+
+impl XdsProtocol {
+    /// The bootstrap's `ads_config.api_type`.
+    pub const fn api_type(self) -> &'static str {
+        match self {
+            XdsProtocol::Delta => "DELTA_GRPC",
+            XdsProtocol::Sotw => "GRPC",
+        }
+    }
+}
+
 /// What `render` needs to know.
 #[derive(Debug, Clone)]
 pub struct BootstrapOptions {
+    /// The ADS protocol variant Envoy speaks.
+    pub xds_protocol: XdsProtocol,
     /// `node.id`: names this Envoy in toolgate-xds's logs.
     pub node_id: String,
     /// `node.cluster`: the Envoy fleet this one belongs to.
@@ -282,7 +306,7 @@ fn bootstrap(opts: &BootstrapOptions) -> Value {
         "admin": { "address": socket_address(opts.admin), "ignore_global_conn_limit": true },
         "dynamic_resources": {
             "ads_config": {
-                "api_type": "GRPC",
+                "api_type": opts.xds_protocol.api_type(),
                 "transport_api_version": "V3",
                 // The node is sent once per stream, not in every request.
                 "set_node_on_first_message_only": true,
@@ -743,6 +767,7 @@ mod tests {
 
     fn options() -> BootstrapOptions {
         BootstrapOptions {
+            xds_protocol: XdsProtocol::default(),
             node_id: "envoy-1".into(),
             cluster: "toolgate".into(),
             listen: "127.0.0.1:10000".parse().expect("addr"),
@@ -783,13 +808,23 @@ mod tests {
     }
 
     #[test]
+    fn state_of_the_world_is_asked_for_by_name() {
+        let b: Value = serde_json::from_str(&render(&BootstrapOptions {
+            xds_protocol: XdsProtocol::Sotw,
+            ..options()
+        }))
+        .expect("JSON");
+        assert_eq!(b["dynamic_resources"]["ads_config"]["api_type"], "GRPC");
+    }
+
+    #[test]
     fn node_admin_and_ads_point_where_asked() {
         let b = parsed();
         assert_eq!(b["node"]["id"], "envoy-1");
         assert_eq!(b["node"]["cluster"], "toolgate");
         assert_eq!(b["admin"]["address"]["socket_address"]["port_value"], 9901);
         let ads = &b["dynamic_resources"]["ads_config"];
-        assert_eq!(ads["api_type"], "GRPC");
+        assert_eq!(ads["api_type"], "DELTA_GRPC", "incremental xDS by default");
         assert_eq!(ads["transport_api_version"], "V3");
         assert_eq!(ads["set_node_on_first_message_only"], true);
         assert_eq!(

@@ -249,6 +249,11 @@ struct BootstrapArgs {
     /// Path of the toolgate wasm filter.
     #[arg(long)]
     filter: Option<PathBuf>,
+    /// The ADS protocol Envoy speaks: incremental (`delta`: a change sends only the resources
+    /// it touches) or state of the world (`sotw`: every CDS push resends every cluster).
+    /// toolgate-xds serves both on the same listener.
+    #[arg(long, value_enum, default_value_t = bootstrap::XdsProtocol::default())]
+    xds_protocol: bootstrap::XdsProtocol,
     /// Bench and reference aid, not for deployments: put Envoy's own MCP filter
     /// (envoy.filters.http.mcp, default configuration: parses each JSON-RPC request body,
     /// passes traffic through) where the toolgate filter would be, without breakers or auth.
@@ -327,6 +332,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Bootstrap(args) => {
             let opts = BootstrapOptions {
+                xds_protocol: args.xds_protocol,
                 node_id: args.node_id,
                 cluster: args.cluster,
                 listen: args.listen,

@@ -17,7 +17,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
-use toolgate_xds::bootstrap::{self, BootstrapOptions, Upstream};
+use toolgate_xds::bootstrap::{self, BootstrapOptions, Upstream, XdsProtocol};
 use toolgate_xds::metrics::{Metrics, TypeLabel};
 use toolgate_xds::routing::{
     Bulkhead, EndpointHealth, RouteEndpoint, RoutingSnapshot, ServiceRoute,
@@ -430,6 +430,7 @@ fn rendered_bootstrap_passes_envoy_validation() {
     let dir = scratch_dir("validate");
     let config = dir.join("bootstrap.json");
     let opts = BootstrapOptions {
+        xds_protocol: XdsProtocol::Delta,
         node_id: "validate".into(),
         cluster: "toolgate".into(),
         listen: SocketAddr::new(LOCALHOST, free_port()),
@@ -458,7 +459,12 @@ fn rendered_bootstrap_passes_envoy_validation() {
         native_mcp_filter: true,
         ..opts.clone()
     };
+    let sotw = BootstrapOptions {
+        xds_protocol: XdsProtocol::Sotw,
+        ..opts.clone()
+    };
     for (what, opts) in [
+        ("state-of-the-world ADS", sotw),
         ("addresses", opts),
         ("names", by_name),
         ("the native MCP filter", native),
@@ -482,7 +488,18 @@ fn rendered_bootstrap_passes_envoy_validation() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn envoy_follows_snapshots_over_ads_and_nothing_is_sent_when_nothing_changed() {
+async fn envoy_follows_snapshots_over_delta_ads_and_nothing_is_sent_when_nothing_changed() {
+    follows_snapshots(XdsProtocol::Delta).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_follows_snapshots_over_sotw_ads_and_nothing_is_sent_when_nothing_changed() {
+    follows_snapshots(XdsProtocol::Sotw).await;
+}
+
+/// Every step holds under both protocols, push counts included: an endpoint change is one EDS
+/// response, a changed cluster one CDS and one EDS response, an unchanged snapshot nothing.
+async fn follows_snapshots(protocol: XdsProtocol) {
     use reqwest::Method;
     use EndpointHealth::{Draining, Healthy};
     init_logs();
@@ -515,6 +532,7 @@ async fn envoy_follows_snapshots_over_ads_and_nothing_is_sent_when_nothing_chang
     ));
 
     let options = |node_id: &str| BootstrapOptions {
+        xds_protocol: protocol,
         node_id: node_id.into(),
         cluster: "toolgate".into(),
         listen: SocketAddr::new(LOCALHOST, free_port()),
@@ -527,9 +545,10 @@ async fn envoy_follows_snapshots_over_ads_and_nothing_is_sent_when_nothing_chang
         access_log: None,
         edge: Default::default(),
     };
-    let envoy = Envoy::start(&scratch_dir("ads-envoy"), &options("envoy-under-test"));
+    let dir = |name: &str| scratch_dir(&format!("{name}-{protocol:?}"));
+    let envoy = Envoy::start(&dir("ads-envoy"), &options("envoy-under-test"));
     // A second Envoy on the same server: every stream gets every change.
-    let second = Envoy::start(&scratch_dir("ads-envoy-2"), &options("second-envoy"));
+    let second = Envoy::start(&dir("ads-envoy-2"), &options("second-envoy"));
     let client = http();
     let admin = envoy.admin.clone();
     let mcp = |path: &str| format!("{}{path}", envoy.listen);
@@ -884,7 +903,11 @@ struct Rig {
 
 impl Rig {
     /// Serves `services`, starts Envoy, and waits until it has every cluster's hosts.
-    async fn start(test: &str, services: &[(&str, Vec<RouteEndpoint>)]) -> Rig {
+    async fn start(
+        test: &str,
+        protocol: XdsProtocol,
+        services: &[(&str, Vec<RouteEndpoint>)],
+    ) -> Rig {
         init_logs();
         let xds_listener = TcpListener::bind((LOCALHOST, 0))
             .await
@@ -905,6 +928,7 @@ impl Rig {
             },
         ));
         let opts = BootstrapOptions {
+            xds_protocol: protocol,
             node_id: test.into(),
             cluster: "toolgate".into(),
             listen: SocketAddr::new(LOCALHOST, free_port()),
@@ -1037,16 +1061,28 @@ fn routes<'a>(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_nack_that_names_an_older_response_is_counted_against_its_version() {
-    toolgate_xds::failpoint::arm_nack_instance("stale-x-bad");
+async fn a_nack_that_names_an_older_response_is_counted_against_its_version_sotw() {
+    a_nack_that_names_an_older_response_is_counted_against_its_version(XdsProtocol::Sotw).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nack_that_names_an_older_response_is_counted_against_its_version_delta() {
+    a_nack_that_names_an_older_response_is_counted_against_its_version(XdsProtocol::Delta).await;
+}
+
+async fn a_nack_that_names_an_older_response_is_counted_against_its_version(protocol: XdsProtocol) {
+    // Failpoints are global to the test binary: each run arms an instance of its own.
+    let bad_id = format!("stale-x-bad-{protocol:?}");
+    toolgate_xds::failpoint::arm_nack_instance(&bad_id);
     let (c1, c2, x1, bad) = (
         host("c1", 41101),
         host("c2", 41102),
         host("x1", 41103),
-        host("stale-x-bad", 41104),
+        host(&bad_id, 41104),
     );
     let mut rig = Rig::start(
-        "stale-nack-counted",
+        &format!("stale-nack-counted-{protocol:?}"),
+        protocol,
         &[("c", vec![c1.clone()]), ("x", vec![x1.clone()])],
     )
     .await;
@@ -1082,18 +1118,30 @@ async fn a_nack_that_names_an_older_response_is_counted_against_its_version() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_partial_eds_response_nacked_after_the_next_was_sent_is_not_lost() {
-    toolgate_xds::failpoint::arm_nack_instance("partial-x-bad");
+async fn a_partial_eds_response_nacked_after_the_next_was_sent_is_not_lost_sotw() {
+    a_partial_eds_response_nacked_after_the_next_was_sent_is_not_lost(XdsProtocol::Sotw).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partial_eds_response_nacked_after_the_next_was_sent_is_not_lost_delta() {
+    a_partial_eds_response_nacked_after_the_next_was_sent_is_not_lost(XdsProtocol::Delta).await;
+}
+
+async fn a_partial_eds_response_nacked_after_the_next_was_sent_is_not_lost(protocol: XdsProtocol) {
+    // Failpoints are global to the test binary: each run arms an instance of its own.
+    let bad_id = format!("partial-x-bad-{protocol:?}");
+    toolgate_xds::failpoint::arm_nack_instance(&bad_id);
     let (a1, a2, c1, c2, x1, bad) = (
         host("a1", 41201),
         host("a2", 41202),
         host("c1", 41203),
         host("c2", 41204),
         host("x1", 41205),
-        host("partial-x-bad", 41206),
+        host(&bad_id, 41206),
     );
     let mut rig = Rig::start(
-        "partial-eds-nack",
+        &format!("partial-eds-nack-{protocol:?}"),
+        protocol,
         &[
             ("a", vec![a1.clone()]),
             ("c", vec![c1.clone()]),
@@ -1144,15 +1192,23 @@ async fn a_partial_eds_response_nacked_after_the_next_was_sent_is_not_lost() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cluster_recreated_after_an_eds_nack_gets_its_assignment() {
-    toolgate_xds::failpoint::arm_nack_instance("recreated-x-bad");
-    let (a1, x1, bad) = (
-        host("a1", 41301),
-        host("x1", 41302),
-        host("recreated-x-bad", 41303),
-    );
+async fn a_cluster_recreated_after_an_eds_nack_gets_its_assignment_sotw() {
+    a_cluster_recreated_after_an_eds_nack_gets_its_assignment(XdsProtocol::Sotw).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_recreated_after_an_eds_nack_gets_its_assignment_delta() {
+    a_cluster_recreated_after_an_eds_nack_gets_its_assignment(XdsProtocol::Delta).await;
+}
+
+async fn a_cluster_recreated_after_an_eds_nack_gets_its_assignment(protocol: XdsProtocol) {
+    // Failpoints are global to the test binary: each run arms an instance of its own.
+    let bad_id = format!("recreated-x-bad-{protocol:?}");
+    toolgate_xds::failpoint::arm_nack_instance(&bad_id);
+    let (a1, x1, bad) = (host("a1", 41301), host("x1", 41302), host(&bad_id, 41303));
     let mut rig = Rig::start(
-        "recreated-after-nack",
+        &format!("recreated-after-nack-{protocol:?}"),
+        protocol,
         &[("a", vec![a1.clone()]), ("x", vec![x1.clone()])],
     )
     .await;

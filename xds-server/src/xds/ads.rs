@@ -1,4 +1,4 @@
-//! The ADS server, state of the world: the protocol half of go-control-plane's cache/server
+//! The ADS server, state of the world (the incremental variant is `delta.rs`): the protocol half of go-control-plane's cache/server
 //! split. It decides *when* to send *which version* to one Envoy; what a version contains comes
 //! from `cache.rs`.
 //!
@@ -29,12 +29,12 @@ use crate::metrics::{Metrics, TypeLabel};
 use crate::routing::RoutingSnapshot;
 
 /// Sent in every response, so Envoy's config dump says who configured it.
-const CONTROL_PLANE_ID: &str = "toolgate-xds";
+pub(super) const CONTROL_PLANE_ID: &str = "toolgate-xds";
 /// Responses queued per stream before the stream task waits for Envoy to read.
-const RESPONSE_QUEUE: usize = 8;
+pub(super) const RESPONSE_QUEUE: usize = 8;
 
 /// The shared, versioned state; `None` until the registry has published its first snapshot.
-type CacheView = Option<Arc<CacheSnapshot>>;
+pub(super) type CacheView = Option<Arc<CacheSnapshot>>;
 
 /// `envoy.service.discovery.v3.AggregatedDiscoveryService`, state of the world.
 pub struct AdsService {
@@ -119,8 +119,7 @@ async fn fold_snapshots(
 #[tonic::async_trait]
 impl AggregatedDiscoveryService for AdsService {
     type StreamAggregatedResourcesStream = ReceiverStream<Result<DiscoveryResponse, Status>>;
-    type DeltaAggregatedResourcesStream =
-        tokio_stream::Empty<Result<DeltaDiscoveryResponse, Status>>;
+    type DeltaAggregatedResourcesStream = ReceiverStream<Result<DeltaDiscoveryResponse, Status>>;
 
     async fn stream_aggregated_resources(
         &self,
@@ -150,11 +149,23 @@ impl AggregatedDiscoveryService for AdsService {
 
     async fn delta_aggregated_resources(
         &self,
-        _request: Request<Streaming<DeltaDiscoveryRequest>>,
+        request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
-        Err(Status::unimplemented(
-            "toolgate-xds speaks state-of-the-world ADS only (api_type GRPC, not DELTA_GRPC)",
-        ))
+        let peer = request.remote_addr();
+        let requests = request.into_inner();
+        let (tx, rx) = mpsc::channel(RESPONSE_QUEUE);
+        let id = self.next_stream.fetch_add(1, Ordering::Relaxed);
+        let stream = super::delta::DeltaStream::new(
+            id,
+            Arc::clone(&self.connections),
+            peer,
+            self.report_token.clone(),
+            Arc::clone(&self.metrics),
+            tx,
+            self.shutdown.clone(),
+        );
+        tokio::spawn(stream.run(requests, self.cache.clone()));
+        Ok(Response::new(ReceiverStream::new(rx)))
     }
 }
 
@@ -343,7 +354,7 @@ impl TypeState {
 }
 
 /// Why a stream task ended.
-enum End {
+pub(super) enum End {
     EnvoyClosed,
     EnvoyError(Status),
     ResponseDropped,
@@ -351,7 +362,7 @@ enum End {
 }
 
 /// The response side of the stream is gone (Envoy disconnected), or shutdown began.
-struct Closed;
+pub(super) struct Closed;
 
 /// One ADS stream: one Envoy.
 struct AdsStream {
@@ -374,10 +385,10 @@ struct AdsStream {
 }
 
 /// Keeps `connected_envoys` right however the stream task ends, errors and panics included.
-struct ConnectedGuard(Arc<Metrics>);
+pub(super) struct ConnectedGuard(Arc<Metrics>);
 
 impl ConnectedGuard {
-    fn new(metrics: &Arc<Metrics>) -> ConnectedGuard {
+    pub(super) fn new(metrics: &Arc<Metrics>) -> ConnectedGuard {
         metrics.connected_envoys.inc();
         ConnectedGuard(Arc::clone(metrics))
     }
@@ -431,7 +442,6 @@ impl AdsStream {
                 },
             }
         };
-        let node = self.node.as_str();
         let end = if shutdown.is_cancelled() {
             End::Shutdown
         } else {
@@ -443,19 +453,7 @@ impl AdsStream {
             .iter()
             .map(|(t, s)| format!("{}={}", t.short_name(), s.acked.as_deref().unwrap_or("-")))
             .collect();
-        let acked = acked.join(" ");
-        match end {
-            End::EnvoyClosed | End::ResponseDropped => {
-                info!(node = %node, stream = self.id, peer = ?self.peer, %acked, "Envoy disconnected")
-            }
-            End::EnvoyError(status) => {
-                info!(node = %node, stream = self.id, peer = ?self.peer, %acked,
-                code = ?status.code(), error = %status.message(), "Envoy disconnected")
-            }
-            End::Shutdown => {
-                info!(node = %node, stream = self.id, %acked, "ADS stream closed for shutdown")
-            }
-        }
+        log_end(end, &self.node, self.id, self.peer, &acked.join(" "));
     }
 
     /// Handles one DiscoveryRequest: ACK, NACK, or (re)subscription, and answers it if the
@@ -700,43 +698,84 @@ impl AdsStream {
             () = self.shutdown.cancelled() => return Err(Closed),
         }
 
-        let label = TypeLabel {
-            r#type: ty.short_name(),
-        };
-        // Recorded once sent: the span says that this Envoy got this version, as a child of
-        // the etcd event that caused it.
-        // A version whose changes carried no trace (the first read) is still recorded, as a
-        // root span.
-        let untraced = [crate::trace::TraceParent::default()];
-        let traces = if current.traces.is_empty() {
-            &untraced[..]
-        } else {
-            &current.traces[..]
-        };
-        for trace in traces {
-            let span = tracing::info_span!(target: crate::trace::TARGET, "xds.push",
-                node = %self.node, r#type = ty.short_name(), version = %current.version,
-                resources = count);
-            trace.adopt(&span);
-        }
-        self.metrics.pushes.get_or_create(&label).inc();
-        self.connections.sent(self.id, ty, &current.version);
-        // Latency of propagating a change, not of catching up: only a version that became
-        // current while this Envoy was connected, measured once per version.
-        if first_of_version && current.current_since >= self.started {
-            self.metrics
-                .push_latency
-                .get_or_create(&label)
-                .observe(current.changed_at.elapsed().as_secs_f64());
-        }
+        record_push(
+            &self.metrics,
+            &self.connections,
+            self.id,
+            &self.node,
+            self.started,
+            ty,
+            current,
+            count,
+            first_of_version,
+        );
         debug!(node = %self.node, r#type = ty.short_name(), version = %current.version,
             nonce = %nonce, resources = count, "xDS response sent");
         Ok(())
     }
 }
 
+/// Logs how a stream ended and what its Envoy kept (`acked`, per type).
+pub(super) fn log_end(end: End, node: &str, id: u64, peer: Option<SocketAddr>, acked: &str) {
+    match end {
+        End::EnvoyClosed | End::ResponseDropped => {
+            info!(node = %node, stream = id, peer = ?peer, %acked, "Envoy disconnected")
+        }
+        End::EnvoyError(status) => {
+            info!(node = %node, stream = id, peer = ?peer, %acked,
+            code = ?status.code(), error = %status.message(), "Envoy disconnected")
+        }
+        End::Shutdown => {
+            info!(node = %node, stream = id, %acked, "ADS stream closed for shutdown")
+        }
+    }
+}
+
+/// Records that one response of `current` (`count` resources) went to an Envoy: the push span
+/// (a child of every etcd change folded into the version), the metrics, `/v1/envoys`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn record_push(
+    metrics: &Metrics,
+    connections: &Connections,
+    stream: u64,
+    node: &str,
+    stream_started: Instant,
+    ty: ResourceType,
+    current: &TypeSnapshot,
+    count: usize,
+    first_of_version: bool,
+) {
+    let label = TypeLabel {
+        r#type: ty.short_name(),
+    };
+    // A version whose changes carried no trace (the first read) is still recorded, as a root
+    // span.
+    let untraced = [crate::trace::TraceParent::default()];
+    let traces = if current.traces.is_empty() {
+        &untraced[..]
+    } else {
+        &current.traces[..]
+    };
+    for trace in traces {
+        let span = tracing::info_span!(target: crate::trace::TARGET, "xds.push",
+            node = %node, r#type = ty.short_name(), version = %current.version,
+            resources = count);
+        trace.adopt(&span);
+    }
+    metrics.pushes.get_or_create(&label).inc();
+    connections.sent(stream, ty, &current.version);
+    // Latency of propagating a change, not of catching up: only a version that became current
+    // while this Envoy was connected, measured once per version.
+    if first_of_version && current.current_since >= stream_started {
+        metrics
+            .push_latency
+            .get_or_create(&label)
+            .observe(current.changed_at.elapsed().as_secs_f64());
+    }
+}
+
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::routing::{Bulkhead, EndpointHealth, RouteEndpoint, ServiceRoute};
     use envoy_types::pb::envoy::config::core::v3::Node;
@@ -748,7 +787,7 @@ mod tests {
     const RDS: ResourceType = ResourceType::Route;
 
     /// Services named in `services`, each with one instance per entry of its list.
-    fn routing(generation: u64, services: &[(&str, &[u8])]) -> RoutingSnapshot {
+    pub(in crate::xds) fn routing(generation: u64, services: &[(&str, &[u8])]) -> RoutingSnapshot {
         RoutingSnapshot {
             generation,
             changed_at: Instant::now(),

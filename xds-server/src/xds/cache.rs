@@ -45,10 +45,15 @@ struct Entry {
 impl Entry {
     fn new(any: Any) -> Entry {
         Entry {
-            hash: fnv1a([any.type_url.as_bytes(), &any.value[..]]),
+            hash: resource_hash(&any),
             any: Arc::new(any),
         }
     }
+}
+
+/// The content hash of one encoded resource: its version in delta xDS.
+pub fn resource_hash(any: &Any) -> u64 {
+    fnv1a([any.type_url.as_bytes(), &any.value[..]])
 }
 
 impl TypeSnapshot {
@@ -69,6 +74,11 @@ impl TypeSnapshot {
     /// The content hash of the resource `name`, if the type has it.
     pub fn hash(&self, name: &str) -> Option<u64> {
         self.entries.get(name).map(|e| e.hash)
+    }
+
+    /// The resource `name` and its content hash, if the type has it.
+    pub fn entry(&self, name: &str) -> Option<(&Any, u64)> {
+        self.entries.get(name).map(|e| (&*e.any, e.hash))
     }
 
     /// The names of the type's resources, in name order.

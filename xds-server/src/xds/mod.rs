@@ -8,6 +8,7 @@ pub mod ads;
 pub mod auth;
 pub mod cache;
 pub mod connections;
+mod delta;
 pub mod ecds;
 pub mod resources;
 

@@ -1,0 +1,890 @@
+//! The ADS server, incremental variant (`DeltaAggregatedResources`): the protocol half for an
+//! Envoy whose bootstrap says `api_type: DELTA_GRPC`. It shares the cache with state of the
+//! world (`ads.rs`); what differs is what goes on the wire. Each resource has its own version
+//! (its content hash), a push carries only the resources whose version this Envoy does not
+//! hold, and a resource that is gone is named in `removed_resources`. So a new service costs
+//! one cluster, its assignment and the route configuration, not every cluster again.
+//!
+//! Envoy's rules that shape the pushes: a cluster that is new or changed warms until it gets an
+//! assignment, so every assignment whose cluster was just sent goes again even if its version
+//! did not change; and removals go after every update of the push, so a route never points at
+//! a cluster that is already gone.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use envoy_types::pb::envoy::config::core::v3::ControlPlane;
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource,
+};
+use envoy_types::pb::google::protobuf::Any;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tonic::{Status, Streaming};
+use tracing::{debug, info, warn};
+
+use super::ads::{log_end, record_push, CacheView, Closed, ConnectedGuard, End, CONTROL_PLANE_ID};
+use super::cache::{resource_hash, CacheSnapshot, TypeSnapshot};
+use super::connections::Connections;
+use super::resources::ResourceType;
+use crate::metrics::{Metrics, TypeLabel};
+
+/// Unanswered responses kept per type (as in state of the world): only an Envoy that reads
+/// but never answers reaches the bound, and an answer to a response no longer kept is
+/// treated as naming an unknown response.
+const UNANSWERED_KEPT: usize = 256;
+
+/// A resource's version as Envoy holds it: toolgate's are their content hash, in hex.
+type Version = String;
+
+fn version_of(hash: u64) -> Version {
+    format!("{hash:016x}")
+}
+
+/// One resource a response carries.
+#[derive(Debug, Clone)]
+struct Update {
+    name: String,
+    version: Version,
+    any: Any,
+}
+
+/// A resource a response carried, and what Envoy held of it before: restored if Envoy rejects
+/// the response.
+#[derive(Debug)]
+struct Carried {
+    name: String,
+    version: Version,
+    before: Option<Version>,
+}
+
+/// A response Envoy has not answered yet.
+#[derive(Debug)]
+struct Unanswered {
+    nonce: String,
+    /// The type's version (`system_version_info`) it was computed from.
+    version: String,
+    carried: Vec<Carried>,
+}
+
+/// Protocol state of one type on one delta stream.
+#[derive(Debug, Default)]
+struct TypeState {
+    /// Every resource of the type (CDS's first request with no names, or `*`).
+    wildcard: bool,
+    /// Resources subscribed by name.
+    names: BTreeSet<String>,
+    /// What Envoy holds, by name: its `initial_resource_versions`, then what was sent
+    /// (taken back if Envoy rejects the response).
+    holds: HashMap<String, Version>,
+    /// Resources Envoy rejected alone, at the version it rejected: not sent again in that
+    /// form (Envoy would reject it again, in a loop); the next change goes out as usual.
+    rejected: HashMap<String, Version>,
+    /// Resources that were in a rejected response together with others: each goes again in a
+    /// response of its own, until Envoy accepts it or rejects it alone, so one invalid
+    /// resource cannot hold back the rest.
+    suspects: BTreeSet<String>,
+    /// EDS: assignments to send even though Envoy holds their version, because their cluster
+    /// was just sent and warms until it gets one.
+    refresh: BTreeSet<String>,
+    /// Envoy waits for a first response per type, even an empty one, before it finishes
+    /// initializing.
+    owes_first: bool,
+    unanswered: VecDeque<Unanswered>,
+    /// The type version of the last response sent, and of the last one Envoy accepted.
+    sent: Option<String>,
+    acked: Option<String>,
+}
+
+impl TypeState {
+    fn subscribed(&self, name: &str) -> bool {
+        self.wildcard || self.names.contains(name)
+    }
+
+    /// Applies the subscription changes of a request. The first request of a type brings what
+    /// Envoy already holds (a reconnect) and, for CDS, an empty list means a wildcard.
+    fn subscribe(&mut self, ty: ResourceType, request: &DeltaDiscoveryRequest, first: bool) {
+        if first {
+            self.owes_first = true;
+            self.wildcard =
+                ty.empty_names_mean_wildcard() && request.resource_names_subscribe.is_empty();
+            self.holds = request
+                .initial_resource_versions
+                .iter()
+                .map(|(n, v)| (n.clone(), v.clone()))
+                .collect();
+        }
+        for name in &request.resource_names_subscribe {
+            if name == "*" {
+                self.wildcard = true;
+                continue;
+            }
+            // A name subscribed again after the first request is sent again: Envoy asks
+            // because a new watch of its needs it, whatever it held.
+            if !first {
+                self.holds.remove(name);
+            }
+            self.names.insert(name.clone());
+        }
+        for name in &request.resource_names_unsubscribe {
+            if name == "*" {
+                self.wildcard = false;
+                continue;
+            }
+            self.names.remove(name);
+            if !self.wildcard {
+                // Envoy drops what it unsubscribed: nothing to update or remove later.
+                self.holds.remove(name);
+                self.rejected.remove(name);
+                self.suspects.remove(name);
+                self.refresh.remove(name);
+            }
+        }
+    }
+
+    /// Takes the response `nonce` names off the unanswered list, with every older one; the
+    /// named one is last. Empty if the nonce is not known.
+    fn answered(&mut self, nonce: &str) -> Vec<Unanswered> {
+        match self.unanswered.iter().position(|u| u.nonce == nonce) {
+            Some(at) => self.unanswered.drain(..=at).collect(),
+            None => Vec::new(),
+        }
+    }
+
+    /// Envoy rejected `response`: it holds what it held before of each resource (unless a
+    /// later response changed it since), and the resources go again one by one, or not at
+    /// all in this form if the response carried only one.
+    fn rejected_response(&mut self, response: &Unanswered) {
+        for c in &response.carried {
+            if self.holds.get(&c.name) == Some(&c.version) {
+                match &c.before {
+                    Some(v) => self.holds.insert(c.name.clone(), v.clone()),
+                    None => self.holds.remove(&c.name),
+                };
+            }
+        }
+        match response.carried.as_slice() {
+            [one] => {
+                self.suspects.remove(&one.name);
+                self.rejected.insert(one.name.clone(), one.version.clone());
+            }
+            many => self.suspects.extend(many.iter().map(|c| c.name.clone())),
+        }
+    }
+
+    fn accepted(&mut self, response: &Unanswered) {
+        for c in &response.carried {
+            self.suspects.remove(&c.name);
+        }
+        self.acked = Some(response.version.clone());
+    }
+}
+
+/// What a type owes an Envoy: resources to send and names to remove.
+#[derive(Debug, Default)]
+struct Pending {
+    updates: Vec<Update>,
+    removals: Vec<String>,
+}
+
+/// One delta ADS stream: one Envoy.
+pub(super) struct DeltaStream {
+    id: u64,
+    connections: Arc<Connections>,
+    peer: Option<SocketAddr>,
+    node: String,
+    filter: Option<super::ecds::NodeFilter>,
+    report_token: Option<Arc<str>>,
+    started: Instant,
+    nonce: u64,
+    types: BTreeMap<ResourceType, TypeState>,
+    metrics: Arc<Metrics>,
+    tx: mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>,
+    shutdown: CancellationToken,
+}
+
+impl DeltaStream {
+    pub(super) fn new(
+        id: u64,
+        connections: Arc<Connections>,
+        peer: Option<SocketAddr>,
+        report_token: Option<Arc<str>>,
+        metrics: Arc<Metrics>,
+        tx: mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>,
+        shutdown: CancellationToken,
+    ) -> DeltaStream {
+        DeltaStream {
+            id,
+            connections,
+            peer,
+            node: String::new(),
+            filter: None,
+            report_token,
+            started: Instant::now(),
+            nonce: 0,
+            types: BTreeMap::new(),
+            metrics,
+            tx,
+            shutdown,
+        }
+    }
+
+    pub(super) async fn run(
+        mut self,
+        mut requests: Streaming<DeltaDiscoveryRequest>,
+        mut cache: watch::Receiver<CacheView>,
+    ) {
+        let shutdown = self.shutdown.clone();
+        let _connected = ConnectedGuard::new(&self.metrics);
+        let _listed = self.connections.open(self.id, self.peer);
+        debug!(stream = self.id, peer = ?self.peer, "delta ADS stream opened");
+        cache.borrow_and_update();
+        let mut cache_open = true;
+        let end = loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break End::Shutdown,
+                message = requests.message() => match message {
+                    Ok(Some(request)) => {
+                        let view = cache.borrow().clone();
+                        if self.on_request(request, view.as_deref()).await.is_err() {
+                            break End::ResponseDropped;
+                        }
+                    }
+                    Ok(None) => break End::EnvoyClosed,
+                    Err(status) => break End::EnvoyError(status),
+                },
+                changed = cache.changed(), if cache_open => match changed {
+                    Ok(()) => {
+                        let view = cache.borrow_and_update().clone();
+                        if let Some(view) = view {
+                            if self.push(&view).await.is_err() {
+                                break End::ResponseDropped;
+                            }
+                        }
+                    }
+                    Err(_) => cache_open = false,
+                },
+            }
+        };
+        let end = if shutdown.is_cancelled() {
+            End::Shutdown
+        } else {
+            end
+        };
+        let acked: Vec<String> = self
+            .types
+            .iter()
+            .map(|(t, s)| format!("{}={}", t.short_name(), s.acked.as_deref().unwrap_or("-")))
+            .collect();
+        log_end(end, &self.node, self.id, self.peer, &acked.join(" "));
+    }
+
+    /// Handles one request: subscription changes, the ACK or NACK of an earlier response, and
+    /// an answer if the Envoy now lacks something.
+    async fn on_request(
+        &mut self,
+        request: DeltaDiscoveryRequest,
+        view: Option<&CacheSnapshot>,
+    ) -> Result<(), Closed> {
+        if self.node.is_empty() {
+            if let Some(node) = &request.node {
+                self.node = node.id.clone();
+                self.filter = super::ecds::node_filter(node.metadata.as_ref());
+                self.connections
+                    .identified(self.id, &node.id, &node.cluster);
+                info!(node = %self.node, cluster = %node.cluster, stream = self.id,
+                    peer = ?self.peer, protocol = "delta", "Envoy connected");
+            }
+        }
+        let Some(ty) = ResourceType::from_type_url(&request.type_url) else {
+            debug!(node = %self.node, type_url = %request.type_url,
+                "request for a type toolgate does not serve; ignored");
+            return Ok(());
+        };
+        let node = self.node.clone();
+        let first = !self.types.contains_key(&ty);
+        let state = self.types.entry(ty).or_default();
+        state.subscribe(ty, &request, first);
+
+        if !request.response_nonce.is_empty() {
+            let answered = state.answered(&request.response_nonce);
+            let last = answered.last();
+            if let Some(error) = &request.error_detail {
+                let version = last.map(|r| r.version.as_str()).unwrap_or("unknown");
+                let names: Vec<&str> = last
+                    .map(|r| r.carried.iter().map(|c| c.name.as_str()).collect())
+                    .unwrap_or_default();
+                warn!(node = %node, r#type = ty.short_name(), %version,
+                    nonce = %request.response_nonce, resources = ?names,
+                    error = %error.message, "Envoy rejected an xDS response (delta NACK)");
+                self.metrics
+                    .nacks
+                    .get_or_create(&TypeLabel {
+                        r#type: ty.short_name(),
+                    })
+                    .inc();
+                if let Some(response) = last {
+                    self.connections
+                        .nacked(self.id, ty, &response.version, &error.message);
+                    state.rejected_response(response);
+                }
+            } else if let Some(response) = last {
+                debug!(node = %node, r#type = ty.short_name(), version = %response.version, "ACK");
+                self.connections.acked(self.id, ty, &response.version);
+                state.accepted(response);
+            } else {
+                debug!(node = %node, r#type = ty.short_name(), nonce = %request.response_nonce,
+                    "answer to a response not kept (answered already); ignored");
+            }
+        }
+
+        let Some(current) = view.and_then(|v| v.get(ty)) else {
+            // Not ready: answered by the push that brings the first view.
+            return Ok(());
+        };
+        let current = Arc::clone(current);
+        let deferred = self.answer(ty, &current, true).await?;
+        debug_assert!(deferred.is_empty());
+        Ok(())
+    }
+
+    /// A new cache view: every type's updates in push order (CDS, EDS, RDS, ECDS), then every
+    /// type's removals in the same order.
+    async fn push(&mut self, view: &CacheSnapshot) -> Result<(), Closed> {
+        let mut removals = Vec::new();
+        for ty in ResourceType::ALL {
+            if !self.types.contains_key(&ty) {
+                continue;
+            }
+            let Some(current) = view.get(ty) else {
+                continue;
+            };
+            let current = Arc::clone(current);
+            let deferred = self.answer(ty, &current, false).await?;
+            if !deferred.is_empty() {
+                removals.push((ty, current, deferred));
+            }
+        }
+        for (ty, current, names) in removals {
+            self.respond(ty, &current, Vec::new(), names).await?;
+        }
+        Ok(())
+    }
+
+    /// What `ty` owes this Envoy against `current`.
+    fn pending(&self, ty: ResourceType, current: &TypeSnapshot) -> Pending {
+        let Some(state) = self.types.get(&ty) else {
+            return Pending::default();
+        };
+        let names: Box<dyn Iterator<Item = &String>> = if state.wildcard {
+            Box::new(current.names())
+        } else {
+            Box::new(state.names.iter())
+        };
+        let mut pending = Pending::default();
+        for name in names {
+            let Some((any, hash)) = current.entry(name) else {
+                continue;
+            };
+            let (any, version) = match (&self.filter, ty) {
+                // The filter's configuration is made for each Envoy: its version is that of
+                // the bytes this Envoy gets.
+                (Some(filter), ResourceType::ExtensionConfig) => {
+                    let any = super::ecds::for_node(
+                        any,
+                        filter,
+                        &self.node,
+                        self.report_token.as_deref(),
+                    );
+                    let version = version_of(resource_hash(&any));
+                    (any, version)
+                }
+                _ => (any.clone(), version_of(hash)),
+            };
+            if state.rejected.get(name) == Some(&version) {
+                continue;
+            }
+            if state.holds.get(name) != Some(&version) || state.refresh.contains(name) {
+                pending.updates.push(Update {
+                    name: name.clone(),
+                    version,
+                    any,
+                });
+            }
+        }
+        pending.removals = state
+            .holds
+            .keys()
+            .filter(|name| state.subscribed(name) && current.entry(name).is_none())
+            .cloned()
+            .collect();
+        pending.removals.sort();
+        pending
+    }
+
+    /// Sends what `ty` owes, the suspects of an earlier rejection each alone. Removals go in
+    /// the same response when `with_removals`, else they are returned for the caller to send
+    /// after every other type's updates.
+    async fn answer(
+        &mut self,
+        ty: ResourceType,
+        current: &Arc<TypeSnapshot>,
+        with_removals: bool,
+    ) -> Result<Vec<String>, Closed> {
+        if ty == ResourceType::ExtensionConfig && self.filter.is_none() {
+            warn!(node = %self.node, "Envoy asked for the filter configuration but its bootstrap names no filter path (node metadata toolgate.filter_path); not answering");
+            return Ok(Vec::new());
+        }
+        let Some(state) = self.types.get(&ty) else {
+            return Ok(Vec::new());
+        };
+        let owes_first = state.owes_first;
+        let Pending { updates, removals } = self.pending(ty, current);
+        let (alone, together): (Vec<_>, Vec<_>) = updates
+            .into_iter()
+            .partition(|u| state.suspects.contains(&u.name));
+        let (here, deferred) = if with_removals {
+            (removals, Vec::new())
+        } else {
+            (Vec::new(), removals)
+        };
+        let mut responses = Vec::new();
+        if !together.is_empty() || !here.is_empty() || (alone.is_empty() && owes_first) {
+            responses.push((together, here));
+        }
+        responses.extend(alone.into_iter().map(|one| (vec![one], Vec::new())));
+        for (updates, removals) in responses {
+            self.respond(ty, current, updates, removals).await?;
+        }
+        Ok(deferred)
+    }
+
+    /// Sends one response of `current`'s version and records what Envoy now holds.
+    async fn respond(
+        &mut self,
+        ty: ResourceType,
+        current: &Arc<TypeSnapshot>,
+        updates: Vec<Update>,
+        removals: Vec<String>,
+    ) -> Result<(), Closed> {
+        let Some(state) = self.types.get_mut(&ty) else {
+            return Ok(());
+        };
+        self.nonce += 1;
+        let nonce = self.nonce.to_string();
+        let count = updates.len();
+        let mut carried = Vec::with_capacity(updates.len());
+        let mut resources = Vec::with_capacity(updates.len());
+        for u in updates {
+            let before = state.holds.insert(u.name.clone(), u.version.clone());
+            state.refresh.remove(&u.name);
+            carried.push(Carried {
+                name: u.name.clone(),
+                version: u.version.clone(),
+                before,
+            });
+            resources.push(Resource {
+                name: u.name,
+                version: u.version,
+                resource: Some(u.any),
+                ..Default::default()
+            });
+        }
+        for name in &removals {
+            state.holds.remove(name);
+            state.rejected.remove(name);
+            state.suspects.remove(name);
+        }
+        state.owes_first = false;
+        let first_of_version = state.sent.as_deref() != Some(current.version.as_str());
+        state.sent = Some(current.version.clone());
+        if state.unanswered.len() == UNANSWERED_KEPT {
+            state.unanswered.pop_front();
+        }
+        let sent_clusters: Vec<String> = if ty == ResourceType::Cluster {
+            carried.iter().map(|c| c.name.clone()).collect()
+        } else {
+            Vec::new()
+        };
+        state.unanswered.push_back(Unanswered {
+            nonce: nonce.clone(),
+            version: current.version.clone(),
+            carried,
+        });
+        // A cluster Envoy just got warms until it gets an assignment, changed or not.
+        if let Some(eds) = self.types.get_mut(&ResourceType::Endpoint) {
+            for name in sent_clusters {
+                if eds.holds.contains_key(&name) {
+                    eds.refresh.insert(name);
+                }
+            }
+        }
+        let removed = removals.len();
+        let response = DeltaDiscoveryResponse {
+            system_version_info: current.version.clone(),
+            resources,
+            type_url: ty.type_url().to_string(),
+            removed_resources: removals,
+            nonce: nonce.clone(),
+            control_plane: Some(ControlPlane {
+                identifier: CONTROL_PLANE_ID.to_string(),
+            }),
+            ..Default::default()
+        };
+        tokio::select! {
+            sent = self.tx.send(Ok(response)) => sent.map_err(|_| Closed)?,
+            () = self.shutdown.cancelled() => return Err(Closed),
+        }
+        record_push(
+            &self.metrics,
+            &self.connections,
+            self.id,
+            &self.node,
+            self.started,
+            ty,
+            current,
+            count,
+            first_of_version,
+        );
+        debug!(node = %self.node, r#type = ty.short_name(), version = %current.version,
+            nonce = %nonce, resources = count, removed, "delta xDS response sent");
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::routing::RoutingSnapshot;
+    use crate::xds::ads::tests::routing;
+    use crate::xds::cache::SnapshotCache;
+    use envoy_types::pb::envoy::config::core::v3::Node;
+    use envoy_types::pb::google::rpc::Status as RpcStatus;
+
+    const CDS: ResourceType = ResourceType::Cluster;
+    const EDS: ResourceType = ResourceType::Endpoint;
+    const RDS: ResourceType = ResourceType::Route;
+
+    struct Harness {
+        stream: DeltaStream,
+        rx: mpsc::Receiver<Result<DeltaDiscoveryResponse, Status>>,
+        cache: SnapshotCache,
+        metrics: Arc<Metrics>,
+    }
+
+    impl Harness {
+        fn new() -> Harness {
+            let metrics = Arc::new(Metrics::new());
+            let (tx, rx) = mpsc::channel(64);
+            Harness {
+                stream: DeltaStream::new(
+                    1,
+                    Arc::default(),
+                    None,
+                    None,
+                    Arc::clone(&metrics),
+                    tx,
+                    CancellationToken::new(),
+                ),
+                rx,
+                cache: SnapshotCache::new(),
+                metrics,
+            }
+        }
+
+        async fn publish(&mut self, snapshot: RoutingSnapshot) {
+            self.cache.update(&snapshot);
+            let view = self.cache.current().expect("a view after an update");
+            assert!(self.stream.push(&view).await.is_ok());
+        }
+
+        async fn request(&mut self, request: DeltaDiscoveryRequest) {
+            let view = self.cache.current();
+            assert!(self
+                .stream
+                .on_request(request, view.as_deref())
+                .await
+                .is_ok());
+        }
+
+        /// Sends `request` and ACKs every response it draws, as Envoy does.
+        async fn request_and_ack(
+            &mut self,
+            request: DeltaDiscoveryRequest,
+        ) -> Vec<DeltaDiscoveryResponse> {
+            self.request(request).await;
+            let sent = self.sent();
+            for r in &sent {
+                self.request(ack(r)).await;
+            }
+            sent
+        }
+
+        fn sent(&mut self) -> Vec<DeltaDiscoveryResponse> {
+            let mut out = Vec::new();
+            while let Ok(r) = self.rx.try_recv() {
+                out.push(r.expect("no error responses"));
+            }
+            out
+        }
+
+        fn nacks(&self, ty: ResourceType) -> u64 {
+            self.metrics
+                .nacks
+                .get_or_create(&TypeLabel {
+                    r#type: ty.short_name(),
+                })
+                .get()
+        }
+    }
+
+    fn subscribe(ty: ResourceType, names: &[&str]) -> DeltaDiscoveryRequest {
+        DeltaDiscoveryRequest {
+            node: Some(Node {
+                id: "envoy-1".into(),
+                ..Default::default()
+            }),
+            type_url: ty.type_url().into(),
+            resource_names_subscribe: names.iter().map(|n| n.to_string()).collect(),
+            ..Default::default()
+        }
+    }
+
+    fn ack(response: &DeltaDiscoveryResponse) -> DeltaDiscoveryRequest {
+        DeltaDiscoveryRequest {
+            type_url: response.type_url.clone(),
+            response_nonce: response.nonce.clone(),
+            ..Default::default()
+        }
+    }
+
+    fn nack(response: &DeltaDiscoveryResponse) -> DeltaDiscoveryRequest {
+        DeltaDiscoveryRequest {
+            error_detail: Some(RpcStatus {
+                code: 3,
+                message: "bad resource".into(),
+                details: Vec::new(),
+            }),
+            ..ack(response)
+        }
+    }
+
+    fn names(r: &DeltaDiscoveryResponse) -> Vec<&str> {
+        r.resources.iter().map(|r| r.name.as_str()).collect()
+    }
+
+    fn of(ty: ResourceType, r: &DeltaDiscoveryResponse) -> bool {
+        r.type_url == ty.type_url()
+    }
+
+    /// A harness whose Envoy subscribed CDS (wildcard), EDS for `services` and the routes,
+    /// every response acknowledged.
+    async fn subscribed(services: &[(&str, &[u8])]) -> Harness {
+        let mut h = Harness::new();
+        h.publish(routing(1, services)).await;
+        let cds = h.request_and_ack(subscribe(CDS, &[])).await;
+        assert_eq!(cds.len(), 1);
+        assert_eq!(cds[0].resources.len(), services.len());
+        let clusters: Vec<String> = services.iter().map(|(s, _)| format!("mcp.{s}")).collect();
+        let clusters: Vec<&str> = clusters.iter().map(String::as_str).collect();
+        let eds = h.request_and_ack(subscribe(EDS, &clusters)).await;
+        assert_eq!(names(&eds[0]), clusters);
+        let route = h
+            .cache
+            .current()
+            .and_then(|v| v.get(RDS).map(|t| t.names().cloned().collect::<Vec<_>>()))
+            .expect("routes");
+        let route: Vec<&str> = route.iter().map(String::as_str).collect();
+        let rds = h.request_and_ack(subscribe(RDS, &route)).await;
+        assert_eq!(rds.len(), 1);
+        h
+    }
+
+    #[tokio::test]
+    async fn a_new_service_sends_its_cluster_its_assignment_and_the_routes_nothing_else() {
+        let mut h = subscribed(&[("a", &[1]), ("b", &[2])]).await;
+        h.publish(routing(2, &[("a", &[1]), ("b", &[2]), ("c", &[3])]))
+            .await;
+        let sent = h.sent();
+        let summary: Vec<(&str, Vec<&str>, Vec<&str>)> = sent
+            .iter()
+            .map(|r| {
+                (
+                    ResourceType::from_type_url(&r.type_url)
+                        .expect("known")
+                        .short_name(),
+                    names(r),
+                    r.removed_resources.iter().map(String::as_str).collect(),
+                )
+            })
+            .collect();
+        assert_eq!(summary.len(), 2, "{summary:?}");
+        assert_eq!(summary[0], ("cds", vec!["mcp.c"], vec![]));
+        assert_eq!(summary[1].0, "rds", "{summary:?}");
+        // Envoy subscribes to the new cluster's assignment when it creates the cluster.
+        for r in &sent {
+            h.request(ack(r)).await;
+        }
+        let eds = h.request_and_ack(subscribe(EDS, &["mcp.c"])).await;
+        assert_eq!(eds.len(), 1);
+        assert_eq!(names(&eds[0]), ["mcp.c"]);
+        // The same content again sends nothing.
+        h.publish(routing(3, &[("a", &[1]), ("b", &[2]), ("c", &[3])]))
+            .await;
+        assert!(h.sent().is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_endpoint_change_sends_one_assignment_and_a_changed_cluster_its_assignment_too() {
+        let mut h = subscribed(&[("a", &[1]), ("b", &[2])]).await;
+        h.publish(routing(2, &[("a", &[1, 9]), ("b", &[2])])).await;
+        let sent = h.sent();
+        assert_eq!(sent.len(), 1);
+        assert!(of(EDS, &sent[0]));
+        assert_eq!(names(&sent[0]), ["mcp.a"]);
+        h.request(ack(&sent[0])).await;
+
+        // A cluster change (another connection limit) re-creates the cluster in Envoy: its assignment
+        // goes again, unchanged, or the cluster would warm until Envoy's fetch timeout.
+        let mut changed = routing(3, &[("a", &[1, 9]), ("b", &[2])]);
+        if let Some(b) = changed.services.get_mut("b") {
+            Arc::make_mut(b).limits.max_connections = 65;
+        }
+        h.publish(changed).await;
+        let sent = h.sent();
+        let cds: Vec<_> = sent.iter().filter(|r| of(CDS, r)).collect();
+        let eds: Vec<_> = sent.iter().filter(|r| of(EDS, r)).collect();
+        assert_eq!(cds.len(), 1);
+        assert_eq!(names(cds[0]), ["mcp.b"]);
+        assert_eq!(eds.len(), 1);
+        assert_eq!(names(eds[0]), ["mcp.b"]);
+    }
+
+    #[tokio::test]
+    async fn removals_go_after_every_update_of_the_push() {
+        let mut h = subscribed(&[("a", &[1]), ("b", &[2])]).await;
+        h.publish(routing(2, &[("a", &[1])])).await;
+        let sent = h.sent();
+        let kinds: Vec<(&str, bool)> = sent
+            .iter()
+            .map(|r| {
+                (
+                    ResourceType::from_type_url(&r.type_url)
+                        .expect("known")
+                        .short_name(),
+                    r.removed_resources.is_empty(),
+                )
+            })
+            .collect();
+        // The routes stop pointing at b first; then b's cluster and assignment go.
+        assert_eq!(
+            kinds,
+            [("rds", true), ("cds", false), ("eds", false)],
+            "{sent:?}"
+        );
+        assert_eq!(sent[1].removed_resources, ["mcp.b"]);
+        assert_eq!(sent[2].removed_resources, ["mcp.b"]);
+    }
+
+    #[tokio::test]
+    async fn a_reconnecting_envoy_gets_only_what_differs_from_what_it_holds() {
+        let mut old = Harness::new();
+        old.publish(routing(1, &[("a", &[1]), ("b", &[2])])).await;
+        let held = old.request_and_ack(subscribe(CDS, &[])).await;
+        let initial: HashMap<String, String> = held[0]
+            .resources
+            .iter()
+            .map(|r| (r.name.clone(), r.version.clone()))
+            .collect();
+
+        // toolgate-xds restarts; meanwhile a was changed and b removed.
+        let mut h = Harness::new();
+        let mut now = routing(1, &[("a", &[1])]);
+        if let Some(a) = now.services.get_mut("a") {
+            Arc::make_mut(a).limits.max_connections = 65;
+        }
+        h.publish(now).await;
+        h.request(DeltaDiscoveryRequest {
+            initial_resource_versions: initial.clone(),
+            ..subscribe(CDS, &[])
+        })
+        .await;
+        let sent = h.sent();
+        assert_eq!(sent.len(), 1);
+        assert_eq!(names(&sent[0]), ["mcp.a"]);
+        assert_eq!(sent[0].removed_resources, ["mcp.b"]);
+
+        // Nothing changed: an empty first response, which Envoy needs to finish starting.
+        let mut same = Harness::new();
+        same.publish(routing(1, &[("a", &[1]), ("b", &[2])])).await;
+        same.request(DeltaDiscoveryRequest {
+            initial_resource_versions: initial,
+            ..subscribe(CDS, &[])
+        })
+        .await;
+        let sent = same.sent();
+        assert_eq!(sent.len(), 1);
+        assert!(sent[0].resources.is_empty() && sent[0].removed_resources.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_rejected_resource_is_not_resent_until_it_changes_and_its_companions_go_alone() {
+        let mut h = subscribed(&[("a", &[1]), ("b", &[2]), ("c", &[3])]).await;
+        h.publish(routing(2, &[("a", &[1, 7]), ("b", &[2, 8]), ("c", &[3])]))
+            .await;
+        let sent = h.sent();
+        assert_eq!(sent.len(), 1);
+        assert_eq!(names(&sent[0]), ["mcp.a", "mcp.b"]);
+        // Envoy rejects the response: each assignment goes again alone.
+        h.request(nack(&sent[0])).await;
+        assert_eq!(h.nacks(EDS), 1);
+        let alone = h.sent();
+        let alone_names: Vec<Vec<&str>> = alone.iter().map(names).collect();
+        assert_eq!(alone_names, [vec!["mcp.a"], vec!["mcp.b"]]);
+        // a is accepted, b rejected alone: b is not sent again in that form.
+        h.request(ack(&alone[0])).await;
+        h.request(nack(&alone[1])).await;
+        assert!(
+            h.sent().is_empty(),
+            "nothing resent after the lone rejection"
+        );
+        h.publish(routing(
+            3,
+            &[("a", &[1, 7]), ("b", &[2, 8]), ("c", &[3, 4])],
+        ))
+        .await;
+        let sent = h.sent();
+        assert_eq!(sent.len(), 1);
+        assert_eq!(names(&sent[0]), ["mcp.c"], "b stays out");
+        h.request(ack(&sent[0])).await;
+        // b goes back to what Envoy kept: nothing to send.
+        h.publish(routing(4, &[("a", &[1, 7]), ("b", &[2]), ("c", &[3, 4])]))
+            .await;
+        assert!(h.sent().is_empty(), "Envoy holds b in this form");
+        // b changes again: it goes out.
+        h.publish(routing(
+            5,
+            &[("a", &[1, 7]), ("b", &[2, 5]), ("c", &[3, 4])],
+        ))
+        .await;
+        let sent = h.sent();
+        assert_eq!(sent.len(), 1);
+        assert_eq!(names(&sent[0]), ["mcp.b"]);
+    }
+
+    #[tokio::test]
+    async fn an_unsubscribed_name_is_neither_updated_nor_removed() {
+        let mut h = subscribed(&[("a", &[1]), ("b", &[2])]).await;
+        h.request(DeltaDiscoveryRequest {
+            resource_names_unsubscribe: vec!["mcp.b".into()],
+            ..subscribe(EDS, &[])
+        })
+        .await;
+        assert!(h.sent().is_empty());
+        h.publish(routing(2, &[("a", &[1])])).await;
+        let eds: Vec<_> = h.sent().into_iter().filter(|r| of(EDS, r)).collect();
+        assert!(eds.is_empty(), "{eds:?}");
+    }
+}
