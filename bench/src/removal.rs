@@ -1,8 +1,11 @@
 //! Removal: how fast an instance leaves rotation. Revoke (the registrar's SIGTERM revokes its
 //! lease) -> Envoy stops routing to it; crash (SIGKILL of the server, its registrar and lease
-//! alive) and a failing health check (the server up, `GET /health` answering 503) -> out of
-//! rotation by the active probes (toolgate-xds defaults: every 2 s, 1 s timeout, two misses).
-//! `tests/health.rs` checks the last two with generous bounds; these are the real figures.
+//! alive), twice: with the registrar watching its server (the default: it revokes when the
+//! server refuses connections) and with the watch off (`--watch-interval 0`: the active probes
+//! alone find it, one refused probe being enough); and a failing health check (the server up,
+//! `GET /health` answering 503) -> out of rotation by the active probes (toolgate-xds
+//! defaults: every 2 s, 1 s timeout, two misses). `tests/health.rs` checks these with
+//! generous bounds; these are the real figures.
 //!
 //! Then the same with `"probe":"mcp"` registrations (issue 18): a crash, and an MCP handler
 //! that hangs while `/health` still answers 200 (the lab's `mcp_wedged`), which only an MCP
@@ -23,7 +26,14 @@ use crate::stats::{summarize, Summary};
 #[derive(Debug, Serialize)]
 pub struct Removal {
     pub revoke: Summary,
+    /// Crash, the registrar beside the server watching it (its default).
     pub crash: Summary,
+    /// Crash, the registrar not watching: the probes alone.
+    pub crash_unwatched: Summary,
+    /// Issue 22's goal for a crash (lease alive): p99 under this, at the default settings.
+    pub crash_goal_ms: f64,
+    pub crash_goal_met: bool,
+    pub crash_unwatched_goal_met: bool,
     /// Health check failing -> SUSPECT (DRAINING in Envoy: no new calls).
     pub unhealthy: Summary,
     /// Crash (SIGKILL, lease alive) -> out of rotation, the instance probed with `mcp`.
@@ -38,6 +48,10 @@ pub struct Removal {
     pub wedged_http_left_rotation: bool,
     pub wedged_http_watched_ms: f64,
 }
+
+/// Issue 22: a crashed server whose lease lives is out of rotation within 2 s (p99) at the
+/// default probe interval.
+pub const CRASH_GOAL: Duration = Duration::from_secs(2);
 
 /// Issue 18: an `mcp`-probed crash is out of rotation within 5 s (p99) at the default probe
 /// interval (2 s, 1 s timeout, two misses).
@@ -159,6 +173,36 @@ pub async fn run(
             bail!("crash trial {i}: the registrar died with its server");
         }
     }
+    let mut crash_unwatched = Vec::with_capacity(crashes);
+    for i in 0..crashes {
+        let mut m = Member::start_unwatched(
+            env,
+            &etcd.endpoint(),
+            "cu",
+            &format!("cu-{i}"),
+            &lab_args,
+            10,
+        )
+        .await;
+        let addr = m.server.endpoint();
+        until(
+            "unwatched crash: routed",
+            Duration::from_secs(20),
+            async || routed(&envoy, "cu", &addr).await,
+        )
+        .await?;
+        let t0 = Instant::now();
+        m.server.proc.kill();
+        until(
+            "unwatched crash: out of rotation",
+            Duration::from_secs(20),
+            async || !routed(&envoy, "cu", &addr).await,
+        )
+        .await?;
+        crash_unwatched.push(t0.elapsed());
+        // Its lease would hold the dead instance (SUSPECT, then DOWN) for the rest of the run.
+        m.registrar.signal(Signal::SIGTERM);
+    }
     let mut unhealthy = Vec::with_capacity(unhealthy_trials);
     for i in 0..unhealthy_trials {
         let m = Member::start(
@@ -197,9 +241,16 @@ pub async fn run(
     let (crash_mcp, wedged_mcp, (wedged_http_left_rotation, wedged_http_watched)) = mcp?;
     let crash_mcp = summarize(&crash_mcp);
     let crash_mcp_goal_met = crash_mcp.p99_ms < CRASH_MCP_GOAL.as_secs_f64() * 1e3;
+    let crash = summarize(&crash);
+    let crash_unwatched = summarize(&crash_unwatched);
+    let crash_goal_ms = CRASH_GOAL.as_secs_f64() * 1e3;
     Ok(Removal {
         revoke: summarize(&revoke),
-        crash: summarize(&crash),
+        crash_goal_met: crash.p99_ms <= crash_goal_ms,
+        crash_unwatched_goal_met: crash_unwatched.p99_ms <= crash_goal_ms,
+        crash_goal_ms,
+        crash,
+        crash_unwatched,
         unhealthy: summarize(&unhealthy),
         crash_mcp,
         crash_mcp_goal_ms: CRASH_MCP_GOAL.as_secs_f64() * 1e3,

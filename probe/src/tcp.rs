@@ -12,6 +12,15 @@ pub async fn connect(addr: SocketAddr, timeout: Duration) -> Result<String, Stri
     }
 }
 
+/// Whether a connect to `addr` is refused: nothing listens there (the process is gone). A
+/// timeout or any other error is not a refusal.
+pub async fn refused(addr: SocketAddr, timeout: Duration) -> bool {
+    matches!(
+        tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr)).await,
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -24,5 +33,6 @@ mod tests {
         drop(l);
         let e = connect(addr, Duration::from_secs(1)).await.unwrap_err();
         assert!(e.starts_with("connect failed"), "{e}");
+        assert!(refused(addr, Duration::from_secs(1)).await);
     }
 }

@@ -19,6 +19,7 @@
 mod config;
 mod error;
 mod keepalive;
+pub mod liveness;
 pub mod probe_kind;
 pub mod ready;
 pub mod tools;

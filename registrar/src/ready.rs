@@ -28,6 +28,9 @@ pub enum Readiness {
     LeaseLost { key: String },
     /// Deregistering before the process stops.
     Stopping,
+    /// Deregistered because the server refuses connections (crashed or stopped beside a
+    /// registrar that runs on); registered again once it accepts them and passes its probe.
+    ServerGone { why: String },
 }
 
 impl Readiness {
@@ -63,6 +66,10 @@ impl Readiness {
             Readiness::Stopping => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 json!({"state": "stopping"}),
+            ),
+            Readiness::ServerGone { why } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                json!({"state": "server_gone", "why": why}),
             ),
         }
     }
@@ -108,5 +115,10 @@ mod tests {
             Readiness::Stopping.answer().0,
             StatusCode::SERVICE_UNAVAILABLE
         );
+        let gone = Readiness::ServerGone {
+            why: "Connection refused".into(),
+        };
+        assert_eq!(gone.answer().0, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(gone.answer().1["state"], "server_gone");
     }
 }

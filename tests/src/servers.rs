@@ -366,6 +366,33 @@ impl Member {
         .await
     }
 
+    /// [`start`](Self::start) with a registrar that does not watch its server
+    /// (`--watch-interval 0`): a killed server stays registered, its lease alive, until
+    /// toolgate's probes find it (a registrar that cannot see its server, or a hung server
+    /// that registers itself, looks like this).
+    pub async fn start_unwatched(
+        env: &TestEnv,
+        etcd: &str,
+        service: &str,
+        instance_id: &str,
+        lab_args: &[&str],
+        ttl: u32,
+    ) -> Member {
+        let tools = "read_order,write_order,echo";
+        let mut args = vec!["--tools", tools];
+        args.extend_from_slice(lab_args);
+        let server = McpServer::lab(env, instance_id, &args).await;
+        Self::register_with(
+            env,
+            etcd,
+            service,
+            server,
+            tools,
+            ttl,
+            &["--watch-interval", "0"],
+        )
+    }
+
     /// [`start`](Self::start) with a lab serving and registering `tools` (comma-separated).
     pub async fn start_with_tools(
         env: &TestEnv,
@@ -405,12 +432,29 @@ impl Member {
         tools: &str,
         ttl: u32,
     ) -> Member {
+        Self::register_with(env, etcd, service, server, tools, ttl, &[])
+    }
+
+    fn register_with(
+        env: &TestEnv,
+        etcd: &str,
+        service: &str,
+        server: McpServer,
+        tools: &str,
+        ttl: u32,
+        registrar_extra: &[&str],
+    ) -> Member {
         let instance_id = server.instance_id.clone();
-        let registrar = Registrant::new(etcd, service, &server.endpoint())
+        let mut registrant = Registrant::new(etcd, service, &server.endpoint())
             .arg("--instance-id", &instance_id)
             .arg("--tools", tools)
-            .arg("--ttl", &ttl.to_string())
-            .spawn(env, &format!("{instance_id}.registrar"));
+            .arg("--ttl", &ttl.to_string());
+        for pair in registrar_extra.chunks(2) {
+            if let [flag, value] = pair {
+                registrant = registrant.arg(flag, value);
+            }
+        }
+        let registrar = registrant.spawn(env, &format!("{instance_id}.registrar"));
         Member {
             server,
             registrar,

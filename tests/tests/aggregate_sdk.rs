@@ -217,7 +217,8 @@ async fn a_restarted_stateful_server_costs_a_client_of_mcp_nothing() {
     let env = TestEnv::new("aggregate_sdk_restart");
     let stack = Stack::start(&env).await;
     let etcd = stack.etcd.endpoint();
-    let mut lab = Member::start(&env, &etcd, "orders", "lab-1", &[], 10).await;
+    // Unwatched: the restart below is quicker than a registrar would deregister and rejoin.
+    let mut lab = Member::start_unwatched(&env, &etcd, "orders", "lab-1", &[], 10).await;
     stack
         .wait_healthy("orders", &[&lab], Duration::from_secs(20))
         .await;

@@ -270,7 +270,9 @@ async fn upstream_failures_reach_the_agent_as_tool_results() {
     )
     .await;
     let hang = Member::start(&env, &ep, "hang", "hang-1", &["--fail", "echo=hang"], TTL).await;
-    let mut dead = Member::start(&env, &ep, "dead", "dead-1", &[], TTL).await;
+    // Its registrar does not watch it: the lease lives on after the kill, so calls meet a
+    // refused connection, not an empty service.
+    let mut dead = Member::start_unwatched(&env, &ep, "dead", "dead-1", &[], TTL).await;
     let gone = Member::start(&env, &ep, "gone", "gone-1", &[], TTL).await;
     for (svc, m) in [
         ("reset", &reset),

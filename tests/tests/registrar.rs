@@ -545,3 +545,61 @@ async fn ready_tells_whether_the_instance_is_registered() {
     assert!(!key_exists(&mut client, KEY).await);
     drop(server);
 }
+
+#[tokio::test]
+async fn a_sidecar_deregisters_a_crashed_server_at_once_and_registers_it_again_when_back() {
+    let env = TestEnv::new("registrar_watch");
+    let etcd = Etcd::start(&env).await;
+    let mut client = etcd.client().await;
+    let port = free_port();
+    let ready_port = free_port();
+    let server = toolgate_tests::McpServer::lab_on(&env, "inv-1", port, &[]).await;
+    let mut registrar = registrant(&etcd.endpoint(), &format!("127.0.0.1:{port}"), 10)
+        .arg("--ready-listen", &format!("127.0.0.1:{ready_port}"))
+        .spawn(&env, "registrar");
+    wait_until("registered", Duration::from_secs(15), || async {
+        key_exists(&mut etcd.client().await, KEY).await
+    })
+    .await;
+    let first = lease_of(&mut client, KEY).await.expect("registered");
+
+    // SIGKILL of the server alone: its lease would live 10 s more; the registrar beside it
+    // sees the refused connection and revokes.
+    let deleted = watch_delete(&mut client, KEY).await;
+    let killed = Instant::now();
+    let mut server = server;
+    server.proc.kill();
+    let seen = tokio::time::timeout(Duration::from_secs(5), deleted)
+        .await
+        .unwrap_or_else(|_| {
+            env.print_failure_logs();
+            panic!("the key outlived its server by 5 s: the registrar did not notice")
+        })
+        .expect("watch task");
+    let took = seen.duration_since(killed);
+    println!(
+        "server SIGKILL -> key deleted by its registrar: {} ms (watch every 250 ms)",
+        took.as_millis()
+    );
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+    assert!(registrar.is_running(), "the registrar waits for its server");
+    let body: serde_json::Value = reqwest::get(format!("http://127.0.0.1:{ready_port}/ready"))
+        .await
+        .expect("/ready answers")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(body["state"], "server_gone", "{body}");
+
+    // The server comes back on its address: registered again, under a new lease.
+    let _back = toolgate_tests::McpServer::lab_on(&env, "inv-1", port, &[]).await;
+    wait_until("registered again", Duration::from_secs(20), || async {
+        key_exists(&mut etcd.client().await, KEY).await
+    })
+    .await;
+    let again = lease_of(&mut client, KEY).await.expect("registered again");
+    assert_ne!(again, first, "a new lease");
+    registrar.signal(Signal::SIGTERM);
+    assert!(registrar.wait_exit(Duration::from_secs(10)).await.is_some());
+    assert!(!key_exists(&mut client, KEY).await);
+}

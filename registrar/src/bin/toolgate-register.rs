@@ -16,6 +16,7 @@ use tokio::sync::{oneshot, watch};
 use toolgate_model::ProbeKind;
 use toolgate_probe::mcp::tools::{ListLimits, Listing};
 use toolgate_probe::mcp::McpClient;
+use toolgate_registrar::liveness;
 use toolgate_registrar::probe_kind::{self, Requested, Target};
 use toolgate_registrar::ready::{self, Readiness};
 use toolgate_registrar::tools::{self, Follower};
@@ -96,6 +97,14 @@ struct Args {
     /// while a lost lease is being replaced, and while deregistering (a readiness probe).
     #[arg(long, value_name = "ADDR")]
     ready_listen: Option<std::net::SocketAddr>,
+    /// Without a child: how often to connect to the server, once it has accepted a connection,
+    /// to find out that it is gone (a refused connection: nothing listens any more). Then the
+    /// instance is deregistered at once instead of staying routed until toolgate's probes
+    /// notice, and registered again once the server accepts connections and passes its probe.
+    /// 0 turns the watch off. Only a refusal counts; a slow or frozen server is left to
+    /// toolgate's probes.
+    #[arg(long, default_value = "250ms", value_parser = humantime::parse_duration)]
+    watch_interval: Duration,
     /// After passing SIGTERM to the child, how long to wait before SIGKILL.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     stop_timeout: Duration,
@@ -215,109 +224,142 @@ async fn run(args: Args) -> Result<ExitCode, Failure> {
         PROBE_TIMEOUT,
     );
     let mut mcp = target.mcp_client();
-    let plan = Plan::of(&args, child.is_some(), given.is_some());
-    let prepared = tokio::select! {
-        r = prepare(&target, &mut mcp, &plan, given.as_deref(),
-            || child.as_mut().is_none_or(|c| matches!(c.try_wait(), Ok(None)))) => r,
-        _ = sigterm.recv() => return Ok(stop_child(child, args.stop_timeout).await),
-        _ = sigint.recv() => return Ok(stop_child(child, args.stop_timeout).await),
-    };
-    let prepared = match prepared {
-        Ok(p) => p,
-        Err(e) => {
-            if let Some(mut c) = child {
-                if let Ok(Some(status)) = c.try_wait() {
-                    error!(%status, error = %e, "server exited before it answered; not registering");
-                    return Ok(exit_code(status));
+    let mut plan = Plan::of(&args, child.is_some(), given.is_some());
+    // Without a child the registrar outlives its server: each pass registers it once, and a
+    // pass ends when the server goes away (then the next waits for it) or at a signal.
+    loop {
+        let prepared = tokio::select! {
+            r = prepare(&target, &mut mcp, &plan, given.as_deref(),
+                || child.as_mut().is_none_or(|c| matches!(c.try_wait(), Ok(None)))) => r,
+            _ = sigterm.recv() => return Ok(stop_child(child, args.stop_timeout).await),
+            _ = sigint.recv() => return Ok(stop_child(child, args.stop_timeout).await),
+        };
+        let prepared = match prepared {
+            Ok(p) => p,
+            Err(e) => {
+                if let Some(mut c) = child {
+                    if let Ok(Some(status)) = c.try_wait() {
+                        error!(%status, error = %e, "server exited before it answered; not registering");
+                        return Ok(exit_code(status));
+                    }
+                    child = Some(c);
                 }
-                child = Some(c);
+                let _ = close_session(&mut mcp).await;
+                stop_child(child, args.stop_timeout).await;
+                return Err(Failure::Other(anyhow::anyhow!(e)));
             }
-            let _ = close_session(&mut mcp).await;
-            stop_child(child, args.stop_timeout).await;
-            return Err(Failure::Other(anyhow::anyhow!(e)));
-        }
-    };
-    let listed = match prepared.kind {
-        ProbeKind::Mcp => mcp.negotiated().map(|n| n.versions()).unwrap_or_default(),
-        _ => Vec::new(),
-    };
-    let (versions, dropped) = probe_kind::registrable_versions(&args.endpoint, listed);
-    if !dropped.is_empty() {
-        warn!(
+        };
+        let listed = match prepared.kind {
+            ProbeKind::Mcp => mcp.negotiated().map(|n| n.versions()).unwrap_or_default(),
+            _ => Vec::new(),
+        };
+        let (versions, dropped) = probe_kind::registrable_versions(&args.endpoint, listed);
+        if !dropped.is_empty() {
+            warn!(
             ?dropped,
             "revisions the server lists that are not registered (not revision names, or past 16)"
         );
-    }
-    registrar = registrar.metadata(|m| {
-        m.probe = prepared.kind;
-        m.protocol_versions = versions;
-        if let Some(listing) = &prepared.listing {
-            m.tools = listing.names.clone();
         }
-    });
+        // Each pass registers from the same base: what the server said this time decides.
+        let this_pass = registrar.clone().metadata(|m| {
+            m.probe = prepared.kind;
+            m.protocol_versions = versions;
+            if let Some(listing) = &prepared.listing {
+                m.tools = listing.names.clone();
+            }
+        });
 
-    let registration = match registrar.register().await {
-        Ok(r) => r,
-        Err(e) => {
-            let _ = close_session(&mut mcp).await;
-            stop_child(child, args.stop_timeout).await;
-            return Err(e.into());
-        }
-    };
-    track_readiness(&registration, readiness.clone());
+        let registration = match this_pass.register().await {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = close_session(&mut mcp).await;
+                stop_child(child, args.stop_timeout).await;
+                return Err(e.into());
+            }
+        };
+        track_readiness(&registration, readiness.clone());
 
-    // Discovered tools are followed; tools given by hand are the operator's word.
-    let follower = match &prepared.listing {
-        Some(listing) => {
-            let (stop, stop_rx) = oneshot::channel();
-            let f = Follower::new(
-                mcp,
-                registration.updater(),
-                listing,
-                args.tools_refresh,
-                ListLimits::default(),
-                PROBE_TIMEOUT,
-            );
-            Some((stop, tokio::spawn(f.run(stop_rx))))
-        }
-        None => {
-            // Nothing follows the list: the session the checks opened has done its work, and
-            // a server should not hold it for the life of the instance.
-            let _ = close_session(&mut mcp).await;
-            None
-        }
-    };
-    let stopping = Stopping {
-        registration,
-        readiness: &readiness,
-        follower,
-    };
+        // Discovered tools are followed; tools given by hand are the operator's word.
+        let follower = match &prepared.listing {
+            Some(listing) => {
+                let (stop, stop_rx) = oneshot::channel();
+                let f = Follower::new(
+                    mcp,
+                    registration.updater(),
+                    listing,
+                    args.tools_refresh,
+                    ListLimits::default(),
+                    PROBE_TIMEOUT,
+                );
+                Some((stop, tokio::spawn(f.run(stop_rx))))
+            }
+            None => {
+                // Nothing follows the list: the session the checks opened has done its work, and
+                // a server should not hold it for the life of the instance.
+                let _ = close_session(&mut mcp).await;
+                None
+            }
+        };
+        let stopping = Stopping {
+            registration,
+            readiness: &readiness,
+            follower,
+        };
 
-    let code = match child.as_mut() {
-        Some(c) => {
-            tokio::select! {
-                status = c.wait() => {
-                    let status = status.context("waiting for the child")?;
-                    warn!(%status, "server exited; deregistering");
-                    stopping.run(false).await;
-                    return Ok(exit_code(status));
+        let code = match child.as_mut() {
+            Some(c) => {
+                tokio::select! {
+                    status = c.wait() => {
+                        let status = status.context("waiting for the child")?;
+                        warn!(%status, "server exited; deregistering");
+                        stopping.run(false).await;
+                        return Ok(exit_code(status));
+                    }
+                    _ = sigterm.recv() => info!("SIGTERM: deregistering before stopping the server"),
+                    _ = sigint.recv() => info!("SIGINT: deregistering before stopping the server"),
                 }
-                _ = sigterm.recv() => info!("SIGTERM: deregistering before stopping the server"),
-                _ = sigint.recv() => info!("SIGINT: deregistering before stopping the server"),
+                stopping.run(true).await;
+                stop_child(child, args.stop_timeout).await
             }
-            stopping.run(true).await;
-            stop_child(child, args.stop_timeout).await
-        }
-        None => {
-            tokio::select! {
-                _ = sigterm.recv() => info!("SIGTERM: deregistering"),
-                _ = sigint.recv() => info!("SIGINT: deregistering"),
+            None => {
+                let gone = async {
+                    if args.watch_interval.is_zero() {
+                        std::future::pending().await
+                    } else {
+                        // A server never seen accepting (registered before it runs, --tools given)
+                        // is not yet watched for going away.
+                        liveness::until_accepting(&args.endpoint, args.watch_interval).await;
+                        liveness::until_refused(&args.endpoint, args.watch_interval).await
+                    }
+                };
+                tokio::select! {
+                    _ = sigterm.recv() => info!("SIGTERM: deregistering"),
+                    _ = sigint.recv() => info!("SIGINT: deregistering"),
+                    why = gone => {
+                        warn!(endpoint = %args.endpoint, %why,
+                            "the server refuses connections (it crashed or stopped): deregistering \
+                            until it accepts them again");
+                        stopping.run(false).await;
+                        readiness.send_replace(Readiness::ServerGone { why });
+                        tokio::select! {
+                            () = liveness::until_accepting(&args.endpoint, args.watch_interval) => {}
+                            _ = sigterm.recv() => return Ok(ExitCode::SUCCESS),
+                            _ = sigint.recv() => return Ok(ExitCode::SUCCESS),
+                        }
+                        info!(endpoint = %args.endpoint,
+                            "the server accepts connections again; registering it once it passes its probe");
+                        readiness.send_replace(Readiness::Starting);
+                        plan = Plan::rejoin(&args);
+                        mcp = target.mcp_client();
+                        continue;
+                    }
+                }
+                stopping.run(true).await;
+                ExitCode::SUCCESS
             }
-            stopping.run(true).await;
-            ExitCode::SUCCESS
-        }
-    };
-    Ok(code)
+        };
+        return Ok(code);
+    }
 }
 
 /// How long one probe or MCP request of the instance may take.
@@ -339,6 +381,17 @@ struct Plan {
 }
 
 impl Plan {
+    /// Registering again a server that came back: it must pass its probe first (it may still
+    /// be starting), and it gets the startup window to do so.
+    fn rejoin(args: &Args) -> Plan {
+        Plan {
+            requested: args.probe,
+            wait: true,
+            patience: args.wait_healthy_timeout,
+            must_detect: true,
+        }
+    }
+
     fn of(args: &Args, has_child: bool, tools_given: bool) -> Plan {
         let wait = args.wait_healthy.unwrap_or(has_child);
         // The tools must come from the server when not given: then it must answer, and a

@@ -73,9 +73,10 @@ pub fn apply(hub: &Hub, body: FeedbackBody) -> FeedbackOutcome {
             continue;
         }
         out.applied += 1;
-        // A refused connection is strong evidence the process is gone: let a probe confirm
-        // it now rather than at the next interval.
-        if c.connect_failure > 0 {
+        // A failed connect or a reset is strong evidence the process is gone: let a probe
+        // confirm it now rather than at the next interval (a refused probe then takes the
+        // instance out of rotation at once).
+        if c.connect_failure > 0 || c.reset > 0 {
             let reg = hub.registry.read().unwrap_or_else(|p| p.into_inner());
             if let Some(inst) = reg.instance(&key) {
                 inst.wake.notify_one();

@@ -5,7 +5,7 @@
 //! |-----------|-----------------------------------------------------------|------------------|
 //! | UNKNOWN   | registered, not yet probed                                | not routed       |
 //! | UP        | a probe passed                                            | HEALTHY          |
-//! | SUSPECT   | `suspect_after` probes failed in a row                    | DRAINING         |
+//! | SUSPECT   | `suspect_after` probes failed in a row, or one was refused | DRAINING         |
 //! | UNHEALTHY | the calls the filters saw failed too often                | reduced weight   |
 //! | DOWN      | probes kept failing for the down window (lease still held) | removed          |
 //!
@@ -58,6 +58,11 @@ pub struct ProbeResult {
     pub latency_ms: f64,
     /// `200`, `503`, `timeout after 1s`, `connection refused`…
     pub detail: String,
+    /// The probe failed and a connect to the instance was refused: nothing listens on its
+    /// port, the process is gone. Unlike a timeout or an error status, one such probe is
+    /// enough to stop routing to it.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub refused: bool,
 }
 
 /// Call outcomes one filter saw on one instance since its last report.
@@ -249,6 +254,7 @@ impl Health {
         cfg: &HealthConfig,
     ) -> Option<Transition> {
         let ok = result.ok;
+        let refused = result.refused;
         let detail = result.detail.clone();
         if self.probes.len() == PROBE_HISTORY {
             self.probes.pop_front();
@@ -296,6 +302,14 @@ impl Health {
             );
         }
         match self.state {
+            // Nothing listens: no second probe can change that, and every call routed until
+            // then fails.
+            State::Up | State::Unhealthy if refused => self.go(
+                State::Suspect,
+                format!("probe failed and the connection was refused (last: {detail})"),
+                now,
+                Some(first),
+            ),
             State::Up | State::Unhealthy if self.failures_in_row >= cfg.suspect_after => self.go(
                 State::Suspect,
                 format!(
@@ -424,7 +438,30 @@ mod tests {
             ok,
             latency_ms: 1.0,
             detail: if ok { "200".into() } else { "503".into() },
+            refused: false,
         }
+    }
+
+    #[test]
+    fn one_refused_probe_makes_an_up_instance_suspect_where_a_failed_one_does_not() {
+        let cfg = cfg();
+        let t0 = Instant::now();
+        let mut h = Health::new(true);
+        h.on_probe(probe(true), t0, &cfg);
+        assert_eq!(h.state(), State::Up);
+        assert!(h.on_probe(probe(false), secs(t0, 2), &cfg).is_none());
+        assert_eq!(h.state(), State::Up, "one failed probe is not enough");
+        h.on_probe(probe(true), secs(t0, 4), &cfg);
+        let refused = ProbeResult {
+            refused: true,
+            detail: "connect failed: Connection refused".into(),
+            ..probe(false)
+        };
+        let t = h
+            .on_probe(refused, secs(t0, 6), &cfg)
+            .expect("a transition");
+        assert_eq!((t.from, t.to), (State::Up, State::Suspect));
+        assert!(t.cause.contains("refused"), "{}", t.cause);
     }
 
     fn secs(t0: Instant, s: u64) -> Instant {

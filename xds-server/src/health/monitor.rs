@@ -130,6 +130,9 @@ async fn supervise_probes(
     }
 }
 
+/// The least time between two probes of one instance when failed calls wake its prober.
+const WOKEN_PROBE_GAP: Duration = Duration::from_millis(250);
+
 /// Probes one instance at once, then every interval (with ±10% jitter so instances
 /// registered together do not probe in lockstep), or sooner when woken.
 #[allow(clippy::too_many_arguments)]
@@ -146,13 +149,21 @@ async fn probe_loop(
     let cfg = hub.config.clone();
     let mut delay = Duration::ZERO;
     let mut told_unrouted = false;
+    let mut last_probe: Option<Instant> = None;
     loop {
         if !delay.is_zero() {
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
-                _ = wake.notified() => {}
+                _ = wake.notified() => {
+                    // Woken by failed calls: probe now, but a storm of failing calls must not
+                    // turn into a storm of probes.
+                    if let Some(gap) = last_probe.and_then(|l| WOKEN_PROBE_GAP.checked_sub(l.elapsed())) {
+                        tokio::time::sleep(gap).await;
+                    }
+                }
             }
         }
+        last_probe = Some(Instant::now());
         let queued = Instant::now();
         let Ok(permit) = slots.acquire().await else {
             return;

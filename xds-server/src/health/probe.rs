@@ -24,8 +24,11 @@ pub const CLIENT_NAME: &str = "toolgate-prober";
 
 /// One instance's prober: what it asks, and for MCP the client holding the session.
 pub enum Prober {
-    Http { url: String },
-    Mcp(Box<McpClient>),
+    Http {
+        url: String,
+        addr: std::net::SocketAddr,
+    },
+    Mcp(Box<McpClient>, std::net::SocketAddr),
     Tcp(std::net::SocketAddr),
 }
 
@@ -34,43 +37,59 @@ impl Prober {
         match target.kind {
             ProbeKind::Http => Prober::Http {
                 url: toolgate_probe::http::url(target.addr, &target.path),
+                addr: target.addr,
             },
-            ProbeKind::Mcp => Prober::Mcp(Box::new(McpClient::new(
-                http.clone(),
-                toolgate_probe::http::url(target.addr, &target.path),
-                timeout,
-                CLIENT_NAME,
-            ))),
+            ProbeKind::Mcp => Prober::Mcp(
+                Box::new(McpClient::new(
+                    http.clone(),
+                    toolgate_probe::http::url(target.addr, &target.path),
+                    timeout,
+                    CLIENT_NAME,
+                )),
+                target.addr,
+            ),
             ProbeKind::Tcp => Prober::Tcp(target.addr),
         }
     }
 
+    /// Probes once. A failed probe is followed by a bare connect, so the result says whether
+    /// the connection was refused (nothing listens: the process is gone), which the health
+    /// machine takes as certain where a timeout or an error status is not.
     pub async fn probe(&mut self, http: &reqwest::Client, timeout: Duration) -> ProbeResult {
         let started = Instant::now();
         let outcome = match self {
-            Prober::Http { url } => toolgate_probe::http::get(http, url, timeout).await,
-            Prober::Mcp(c) => c
+            Prober::Http { url, .. } => toolgate_probe::http::get(http, url, timeout).await,
+            Prober::Mcp(c, _) => c
                 .probe()
                 .await
                 .map_err(|e| format!("MCP at {}: {e}", toolgate_probe::http::path_of(c.url()))),
             Prober::Tcp(addr) => toolgate_probe::tcp::connect(*addr, timeout).await,
         };
+        let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
         let (ok, detail) = match outcome {
             Ok(d) => (true, d),
             Err(d) => (false, d),
         };
+        let refused = !ok && toolgate_probe::tcp::refused(self.addr(), timeout).await;
         ProbeResult {
             at: SystemTime::now(),
             ok,
-            latency_ms: started.elapsed().as_secs_f64() * 1000.0,
+            latency_ms,
             detail,
+            refused,
+        }
+    }
+
+    fn addr(&self) -> std::net::SocketAddr {
+        match self {
+            Prober::Http { addr, .. } | Prober::Mcp(_, addr) | Prober::Tcp(addr) => *addr,
         }
     }
 
     pub fn kind(&self) -> ProbeKind {
         match self {
             Prober::Http { .. } => ProbeKind::Http,
-            Prober::Mcp(_) => ProbeKind::Mcp,
+            Prober::Mcp(..) => ProbeKind::Mcp,
             Prober::Tcp(_) => ProbeKind::Tcp,
         }
     }
@@ -78,7 +97,7 @@ impl Prober {
     /// The server session this prober holds, if any.
     pub fn session(&self) -> Option<OpenSession> {
         match self {
-            Prober::Mcp(c) => c.open_session(),
+            Prober::Mcp(c, _) => c.open_session(),
             _ => None,
         }
     }
@@ -186,6 +205,7 @@ mod tests {
             let r = Prober::new(&target, &c, t).probe(&c, t).await;
             assert!(!r.ok);
             assert!(r.detail.contains("connect failed"), "{kind}: {}", r.detail);
+            assert!(r.refused, "{kind}: a closed port is a refusal");
         }
 
         // A server that accepts and never answers (a frozen process looks like this).
@@ -203,6 +223,7 @@ mod tests {
             assert!(!r.ok);
             assert!(r.detail.ends_with("no answer within 300ms"), "{}", r.detail);
             assert!(r.latency_ms >= 290.0);
+            assert!(!r.refused, "a silent server is not a refusal");
         }
         // TCP alone cannot tell: the kernel accepts for the frozen process.
         let target = target(addr, ProbeKind::Tcp);

@@ -1583,6 +1583,7 @@ mod tests {
             ok: true,
             latency_ms: 1.0,
             detail: "HTTP 200".into(),
+            refused: false,
         };
         let now = Instant::now();
         let k1 = ServiceKey {
