@@ -60,15 +60,21 @@ fuzz: setup
 # killed, crash, restart and freeze, toolgate-xds is cut off from etcd (and etcd compacted
 # meanwhile) and restarted, Envoy hot-restarts and the etcd leader is killed. Prints the
 # invariants and exits non-zero if one failed; logs and report.json in tests/logs/chaos/.
-# make chaos runs 10 minutes; make chaos-quick 2 (CI runs it). CHAOS_ARGS adds flags, e.g.
+# make chaos runs 10 minutes; make chaos-quick 2 (CI runs it, and chaos-quick-sotw for 1 under
+# state-of-the-world ADS). CHAOS_ARGS adds flags, e.g.
 # CHAOS_ARGS="--seed 42" to repeat a run's fault schedule.
-.PHONY: chaos chaos-quick
+.PHONY: chaos chaos-quick chaos-quick-sotw
 
 chaos: build
 	target/release/toolgate-chaos --duration 10m $(CHAOS_ARGS)
 
 chaos-quick: build
 	target/release/toolgate-chaos --duration 2m $(CHAOS_ARGS)
+
+# The chaos run's shortest form with Envoy speaking state-of-the-world ADS (CI runs it after
+# chaos-quick, which uses the default, delta).
+chaos-quick-sotw: build
+	TOOLGATE_TEST_XDS_PROTOCOL=sotw target/release/toolgate-chaos --duration 1m $(CHAOS_ARGS)
 
 # make abuse: the hostile-agent tests (tests/tests/abuse.rs) alone, against real etcd,
 # toolgate-xds, Envoy and an official Python SDK server: duplicate keys, non-finite numbers,

@@ -73,6 +73,10 @@ struct Args {
     /// Instance counts for the propagation suite [default: 1000,10000; quick: 200].
     #[arg(long, value_delimiter = ',')]
     instances: Option<Vec<usize>>,
+    /// Scale suite: instance counts, ten per service, comma-separated [default: 10000,100000;
+    /// quick: 1000].
+    #[arg(long, value_delimiter = ',')]
+    scale_instances: Option<Vec<usize>>,
     /// Single changes measured per instance count [default: 200; quick: 50].
     #[arg(long)]
     changes: Option<usize>,
@@ -180,6 +184,11 @@ async fn main() -> anyhow::Result<()> {
             r.unhealthy.p50_ms, r.unhealthy.p99_ms, r.unhealthy.max_ms, r.unhealthy.n,
         );
         println!(
+            "revoke -> out of Envoy p99 {:.1} ms: goal <= {REVOKE_GOAL_MS:.0} ms {}\n",
+            r.revoke.p99_ms,
+            verdict(r.revoke.p99_ms <= REVOKE_GOAL_MS)
+        );
+        println!(
             "| crash (SIGKILL, lease alive) -> out of rotation | p50 / p99 / max (n) | goal p99 <= {:.0} s |\n| --- | ---: | --- |\n| registrar watching its server (default) | {:.0} / {:.0} / {:.0} ms ({}) | {} |\n| registrar not watching: probes alone (2 s interval) | {:.0} / {:.0} / {:.0} ms ({}) | {} |\n",
             r.crash_goal_ms / 1e3,
             r.crash.p50_ms, r.crash.p99_ms, r.crash.max_ms, r.crash.n,
@@ -236,20 +245,31 @@ async fn main() -> anyhow::Result<()> {
     }
 
     if args.suites.contains(&Suite::Scale) {
-        let (instances, churn_secs) = if args.quick { (1000, 3) } else { (10_000, 10) };
-        eprintln!("control plane at scale: {instances} instances ...");
-        let env = TestEnv::new("bench_scale");
-        let r = scale::run(&env, instances, churn_secs).await?;
-        println!("{}", r.markdown());
-        report["scale"] = serde_json::to_value(&r)?;
-        draw(
-            "scale",
-            &format!("propagation under churn, {} instances", r.instances),
-            &[(
-                "etcd write -> Envoy applied".to_string(),
-                r.churn_propagation.samples_ms.clone(),
-            )],
-        );
+        let churn_secs = if args.quick { 3 } else { 10 };
+        let sizes = args.scale_instances.clone().unwrap_or_else(|| {
+            if args.quick {
+                vec![1000]
+            } else {
+                vec![10_000, 100_000]
+            }
+        });
+        let mut results = Vec::new();
+        for instances in sizes {
+            eprintln!("control plane at scale: {instances} instances ...");
+            let env = TestEnv::new(&format!("bench_scale_{instances}"));
+            let r = scale::run(&env, instances, churn_secs).await?;
+            println!("{}", r.markdown());
+            draw(
+                &format!("scale-{instances}"),
+                &format!("propagation under churn, {} instances", r.instances),
+                &[(
+                    "etcd write -> Envoy applied".to_string(),
+                    r.churn_propagation.samples_ms.clone(),
+                )],
+            );
+            results.push(r);
+        }
+        report["scale"] = serde_json::to_value(&results)?;
     }
 
     if args.suites.contains(&Suite::ProbeCost) {
@@ -322,11 +342,12 @@ async fn main() -> anyhow::Result<()> {
         let env = TestEnv::new("bench_fleet");
         let r = fleet::run(&env, trials).await?;
         println!(
-            "| suite | trials | A open -> B rejects p50 / p99 / max |\n| --- | ---: | ---: |\n| fleet sync | {} | {:.1} / {:.1} / {:.1} ms |\n",
+            "| suite | trials | A open -> B rejects p50 / p99 / max | goal p99 <= {FLEET_SYNC_GOAL_MS:.0} ms |\n| --- | ---: | ---: | --- |\n| fleet sync | {} | {:.1} / {:.1} / {:.1} ms | {} |\n",
             r.a_open_to_b_rejects.n,
             r.a_open_to_b_rejects.p50_ms,
             r.a_open_to_b_rejects.p99_ms,
-            r.a_open_to_b_rejects.max_ms
+            r.a_open_to_b_rejects.max_ms,
+            verdict(r.a_open_to_b_rejects.p99_ms <= FLEET_SYNC_GOAL_MS),
         );
         report["fleet"] = serde_json::to_value(&r)?;
         draw(
@@ -469,14 +490,41 @@ fn removal_by_probe_table(r: &removal::Removal) -> String {
     )
 }
 
+/// Issue 22's control-plane goals (make bench, one run).
+const FLEET_SYNC_GOAL_MS: f64 = 50.0;
+const REVOKE_GOAL_MS: f64 = 10.0;
+/// etcd write -> Envoy applied: p99 at 1,000 instances, p50 at 10,000.
+const WRITE_APPLIED_P99_AT_1K_MS: f64 = 10.0;
+const WRITE_APPLIED_P50_AT_10K_MS: f64 = 5.0;
+/// A new service (the burst of 45) at 10,000 instances -> routed.
+const NEW_SERVICE_AT_10K_MS: f64 = 50.0;
+
+/// The goals a propagation run at this size is held to, with verdicts; empty for sizes that
+/// have none.
+fn propagation_goals(r: &Propagation) -> String {
+    let worst = |f: fn(&crate::stats::Summary) -> f64| f(&r.add).max(f(&r.remove));
+    match r.instances {
+        1000 => format!(
+            "add/remove p99 <= {WRITE_APPLIED_P99_AT_1K_MS:.0} ms: {}",
+            verdict(worst(|s| s.p99_ms) <= WRITE_APPLIED_P99_AT_1K_MS)
+        ),
+        10_000 => format!(
+            "add/remove p50 <= {WRITE_APPLIED_P50_AT_10K_MS:.0} ms: {}; new service <= {NEW_SERVICE_AT_10K_MS:.0} ms: {}",
+            verdict(worst(|s| s.p50_ms) <= WRITE_APPLIED_P50_AT_10K_MS),
+            verdict(r.burst_45_ms <= NEW_SERVICE_AT_10K_MS)
+        ),
+        _ => String::new(),
+    }
+}
+
 fn propagation_table(results: &[Propagation]) -> String {
     let mut out = String::from(
-        "| suite | instances | etcd put->watch p50 / p99 (floor) | add p50 / p99 / max | remove p50 / p99 / max | burst of 45 |\n\
-         | --- | ---: | ---: | ---: | ---: | ---: |\n",
+        "| suite | instances | etcd put->watch p50 / p99 (floor) | add p50 / p99 / max | remove p50 / p99 / max | new service (burst of 45) | goals |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | --- |\n",
     );
     for r in results {
         out.push_str(&format!(
-            "| propagation | {} | {:.2} / {:.2} ms | {:.2} / {:.2} / {:.2} ms | {:.2} / {:.2} / {:.2} ms | {:.1} ms |\n",
+            "| propagation | {} | {:.2} / {:.2} ms | {:.2} / {:.2} / {:.2} ms | {:.2} / {:.2} / {:.2} ms | {:.1} ms | {} |\n",
             r.instances,
             r.etcd_floor.p50_ms,
             r.etcd_floor.p99_ms,
@@ -486,7 +534,8 @@ fn propagation_table(results: &[Propagation]) -> String {
             r.remove.p50_ms,
             r.remove.p99_ms,
             r.remove.max_ms,
-            r.burst_45_ms
+            r.burst_45_ms,
+            propagation_goals(r),
         ));
     }
     out

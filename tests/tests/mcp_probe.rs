@@ -206,6 +206,8 @@ async fn mcp_probed_lab(
         .arg("--instance-id", id)
         .arg("--probe", "mcp")
         .arg("--ttl", "30")
+        // The probes must find the kill: the registrar does not watch its server.
+        .arg("--watch-interval", "0")
         .spawn(env, &format!("{id}.registrar"));
     (server, registrar)
 }
@@ -295,6 +297,8 @@ async fn legacy_beside(env: &TestEnv, stack: &Stack, name: &str) -> (ServerComma
         .arg("--probe", "mcp")
         .arg("--tools", "echo")
         .arg("--wait-healthy", "true")
+        // A restart must reach the prober, not a registrar that deregisters in between.
+        .arg("--watch-interval", "0")
         .spawn(env, "ev.registrar");
     stack
         .wait_state("ev", "ev-1", "UP", Duration::from_secs(30))
@@ -425,6 +429,7 @@ async fn a_tcp_probe_sees_a_crash_but_not_a_freeze_as_documented() {
                 .arg("--instance-id", &server.instance_id)
                 .arg("--probe", "tcp")
                 .arg("--tools", "echo")
+                .arg("--watch-interval", "0")
                 .spawn(&env, &format!("{}.registrar", server.instance_id)),
         );
     }

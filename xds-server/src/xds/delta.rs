@@ -318,7 +318,7 @@ impl DeltaStream {
                     .unwrap_or_default();
                 warn!(node = %node, r#type = ty.short_name(), %version,
                     nonce = %request.response_nonce, resources = ?names,
-                    error = %error.message, "Envoy rejected an xDS response (delta NACK)");
+                    error = %error.message, protocol = "delta", "Envoy rejected an xDS response (NACK)");
                 self.metrics
                     .nacks
                     .get_or_create(&TypeLabel {
