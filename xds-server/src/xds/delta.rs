@@ -347,6 +347,18 @@ impl DeltaStream {
         let current = Arc::clone(current);
         let deferred = self.answer(ty, &current, true).await?;
         debug_assert!(deferred.is_empty());
+        // Clusters sent in answer to a request (a reconnect, a resent suspect) warm until their
+        // assignment comes, as after a push: it goes now, not with the next EDS change.
+        let refresh_due = self
+            .types
+            .get(&ResourceType::Endpoint)
+            .is_some_and(|eds| !eds.refresh.is_empty());
+        if ty == ResourceType::Cluster && refresh_due {
+            if let Some(eds) = view.and_then(|v| v.get(ResourceType::Endpoint)) {
+                let eds = Arc::clone(eds);
+                self.answer(ResourceType::Endpoint, &eds, true).await?;
+            }
+        }
         Ok(())
     }
 
@@ -760,6 +772,43 @@ mod tests {
         assert_eq!(names(cds[0]), ["mcp.b"]);
         assert_eq!(eds.len(), 1);
         assert_eq!(names(eds[0]), ["mcp.b"]);
+    }
+
+    #[tokio::test]
+    async fn a_cluster_resent_in_answer_to_a_request_brings_its_assignment_along() {
+        let mut h = subscribed(&[("a", &[1]), ("b", &[2])]).await;
+        let mut changed = routing(2, &[("a", &[1]), ("b", &[2])]);
+        if let Some(b) = changed.services.get_mut("b") {
+            Arc::make_mut(b).limits.max_connections = 65;
+        }
+        h.publish(changed).await;
+        let sent = h.sent();
+        let cds = sent.iter().find(|r| of(CDS, r)).expect("a CDS response");
+        // Envoy rejects it alone; the assignment that followed was accepted.
+        h.request(nack(cds)).await;
+        for r in sent.iter().filter(|r| of(EDS, r)) {
+            h.request(ack(r)).await;
+        }
+        assert!(h.sent().is_empty());
+        // The same cluster, accepted this time (another change), answering a CDS request:
+        // its assignment follows in the same turn.
+        let mut again = routing(3, &[("a", &[1]), ("b", &[2])]);
+        if let Some(b) = again.services.get_mut("b") {
+            Arc::make_mut(b).limits.max_connections = 66;
+        }
+        h.cache.update(&again);
+        h.request(DeltaDiscoveryRequest {
+            type_url: CDS.type_url().into(),
+            ..Default::default()
+        })
+        .await;
+        let sent = h.sent();
+        let kinds: Vec<(bool, Vec<&str>)> = sent.iter().map(|r| (of(CDS, r), names(r))).collect();
+        assert_eq!(
+            kinds,
+            [(true, vec!["mcp.b"]), (false, vec!["mcp.b"])],
+            "{sent:?}"
+        );
     }
 
     #[tokio::test]
