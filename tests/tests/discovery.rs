@@ -1097,3 +1097,105 @@ async fn a_change_just_before_a_stop_is_in_the_state_dir() {
         saved_keys()
     );
 }
+
+#[tokio::test]
+async fn envoys_sharded_by_service_get_only_their_services() {
+    let env = TestEnv::new("envoys_sharded_by_service_get_only_their_services");
+    let stack = stack(&env).await;
+    let ep = stack.etcd.endpoint();
+    let alpha = Member::start(&env, &ep, "alpha", "alpha-1", &[], TTL).await;
+    let beta = Member::start(&env, &ep, "beta", "beta-1", &[], TTL).await;
+    // One shard with the filter (its catalog is cut too), one without; the stack's Envoy
+    // serves every service.
+    let shard_a =
+        Envoy::start_with_filter(&env, "envoy-a", &stack.xds, 1, &["--services", "alpha*"]).await;
+    let shard_b = Envoy::start_with(
+        &env,
+        "envoy-b",
+        &stack.xds,
+        1,
+        &["--services", "beta,gamma"],
+    )
+    .await;
+    for (envoy, services) in [
+        (&shard_a, &[("alpha", &alpha)][..]),
+        (&shard_b, &[("beta", &beta)][..]),
+        (&stack.envoy, &[("alpha", &alpha), ("beta", &beta)][..]),
+    ] {
+        for (service, member) in services {
+            envoy
+                .wait_addresses(service, &endpoints(&[member]), Duration::from_secs(20))
+                .await;
+            let mut s = McpSession::connect(&envoy.url(service)).await;
+            let r = s.call_tool("echo", json!({"x": 1})).await;
+            assert_eq!(r.status, StatusCode::OK, "{service}: {}", r.body);
+        }
+    }
+
+    // A shard has no cluster, no route and no catalog entry of another shard's service.
+    for (envoy, foreign) in [(&shard_a, "beta"), (&shard_b, "alpha")] {
+        let clusters: Vec<String> = envoy.hosts().await.into_keys().collect();
+        assert!(
+            !clusters.iter().any(|c| c == foreign),
+            "{foreign} is not this shard's: {clusters:?}"
+        );
+        let r = McpSession::unconnected(&envoy.url(foreign))
+            .initialize()
+            .await;
+        assert_eq!(r.status, StatusCode::NOT_FOUND, "{foreign}: {}", r.body);
+    }
+    let catalog = |config: Option<serde_json::Value>| -> Vec<String> {
+        config
+            .and_then(|c| c["catalog"].as_object().cloned())
+            .map(|c| c.keys().cloned().collect())
+            .unwrap_or_default()
+    };
+    assert_eq!(catalog(shard_a.filter_config().await), ["alpha"]);
+
+    // A new service reaches its shard (and the unsharded Envoy); the other shard's route
+    // configuration is not even reloaded.
+    let rds_reloads = "http.toolgate.rds.toolgate_routes.config_reload";
+    let b_reloads = shard_b.stat(rds_reloads).await;
+    assert!(b_reloads >= 1, "shard b loaded its routes once at least");
+    let alpha2 = Member::start(&env, &ep, "alpha2", "alpha2-1", &[], TTL).await;
+    for envoy in [&shard_a, &stack.envoy] {
+        envoy
+            .wait_addresses("alpha2", &endpoints(&[&alpha2]), Duration::from_secs(20))
+            .await;
+        let mut s = McpSession::connect(&envoy.url("alpha2")).await;
+        assert_eq!(s.call_tool("echo", json!({})).await.status, StatusCode::OK);
+    }
+    wait_until(
+        "shard a's catalog lists alpha2",
+        Duration::from_secs(10),
+        || async { catalog(shard_a.filter_config().await) == ["alpha", "alpha2"] },
+    )
+    .await;
+    assert!(!shard_b.hosts().await.contains_key("alpha2"));
+    assert_eq!(shard_b.stat(rds_reloads).await, b_reloads);
+
+    // The operator sees which Envoy serves what.
+    let envoys: serde_json::Value = reqwest::get(format!("{}/v1/envoys", stack.xds.admin_url()))
+        .await
+        .expect("GET /v1/envoys")
+        .json()
+        .await
+        .expect("JSON");
+    let services_of = |node: &str| {
+        envoys["envoys"]
+            .as_array()
+            .and_then(|a| a.iter().find(|e| e["node"] == node))
+            .map(|e| e["services"].clone())
+    };
+    assert_eq!(services_of("envoy-a"), Some(json!("alpha*")), "{envoys}");
+    assert_eq!(
+        services_of("envoy-b"),
+        Some(json!("beta,gamma")),
+        "{envoys}"
+    );
+    assert_eq!(
+        services_of("envoy"),
+        Some(serde_json::Value::Null),
+        "{envoys}"
+    );
+}

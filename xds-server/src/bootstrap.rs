@@ -95,6 +95,8 @@ pub struct BootstrapOptions {
     /// Where Envoy writes its access log, one JSON object per request (see
     /// [`access_log_format`]); `None`: no access log.
     pub access_log: Option<PathBuf>,
+    /// A shard's services (node metadata `toolgate.services`); `None`: every service.
+    pub services: Option<crate::xds::shard::ServiceSelector>,
     /// What one client may hold at the MCP listener.
     pub edge: EdgeLimits,
 }
@@ -268,8 +270,8 @@ pub fn render(opts: &BootstrapOptions) -> String {
 }
 
 /// The node; its metadata tells toolgate-xds where this Envoy finds the wasm filter, since only
-/// the Envoy's own filesystem knows, and tells the filter whether an access log reads its
-/// fields.
+/// the Envoy's own filesystem knows, whether an access log reads the filter's fields, and,
+/// for a shard, which services this Envoy serves.
 fn node(opts: &BootstrapOptions) -> Value {
     let mut node = json!({ "id": opts.node_id, "cluster": opts.cluster });
     if let Some(path) = &opts.filter {
@@ -286,6 +288,10 @@ fn node(opts: &BootstrapOptions) -> Value {
             toolgate[ecds::NODE_ACCESS_LOG_FIELD] = json!(log.display().to_string());
         }
         node["metadata"] = json!({ ecds::NODE_METADATA_KEY: toolgate });
+    }
+    if let Some(services) = &opts.services {
+        node["metadata"][ecds::NODE_METADATA_KEY][crate::xds::shard::NODE_SERVICES_FIELD] =
+            json!(services.patterns());
     }
     node
 }
@@ -782,12 +788,42 @@ mod tests {
             native_mcp_filter: false,
             xds_tls: None,
             access_log: None,
+            services: None,
             edge: EdgeLimits::default(),
         }
     }
 
     fn parsed() -> Value {
         serde_json::from_str(&render(&options())).expect("render prints valid JSON")
+    }
+
+    #[test]
+    fn a_shard_names_its_services_in_the_node_metadata() {
+        let shard = |filter: Option<&str>| {
+            let b: Value = serde_json::from_str(&render(&BootstrapOptions {
+                filter: filter.map(Into::into),
+                services: Some(
+                    crate::xds::shard::ServiceSelector::parse_list("billing-*,search")
+                        .expect("patterns"),
+                ),
+                ..options()
+            }))
+            .expect("JSON");
+            b["node"]["metadata"][ecds::NODE_METADATA_KEY].clone()
+        };
+        for filter in [None, Some("/f.wasm")] {
+            let toolgate = shard(filter);
+            assert_eq!(
+                toolgate[crate::xds::shard::NODE_SERVICES_FIELD],
+                json!(["billing-*", "search"])
+            );
+            assert_eq!(
+                toolgate[ecds::NODE_FILTER_PATH_FIELD].as_str(),
+                filter,
+                "the filter path is there exactly when a filter is"
+            );
+        }
+        assert!(parsed()["node"].get("metadata").is_none());
     }
 
     #[test]

@@ -279,8 +279,18 @@ struct BootstrapArgs {
     /// instance and the W3C `traceparent`.
     #[arg(long, value_name = "PATH")]
     access_log: Option<PathBuf>,
+    /// Shard: this Envoy serves only these services (comma-separated; a name, or a name
+    /// prefix ending in `*`, e.g. `billing-*,search`). toolgate-xds sends it their clusters,
+    /// assignments, routes and catalog entries only; whatever routes agents to this Envoy
+    /// must send it only their `/mcp/<service>` paths. Default: every service.
+    #[arg(long, value_name = "PATTERNS", value_parser = parse_services)]
+    services: Option<toolgate_xds::xds::shard::ServiceSelector>,
     #[command(flatten)]
     edge: EdgeArgs,
+}
+
+fn parse_services(list: &str) -> Result<toolgate_xds::xds::shard::ServiceSelector, String> {
+    toolgate_xds::xds::shard::ServiceSelector::parse_list(list).map_err(|e| e.to_string())
 }
 
 /// What one client may hold at Envoy's MCP listener. None of these cut a response once its
@@ -342,6 +352,7 @@ fn main() -> ExitCode {
                 filter: args.filter,
                 native_mcp_filter: args.native_mcp_filter,
                 access_log: args.access_log,
+                services: args.services,
                 edge: args.edge.limits(),
                 xds_tls: match (args.xds_tls_ca, args.xds_tls_cert, args.xds_tls_key) {
                     (Some(ca), Some(cert), Some(key)) => Some(bootstrap::XdsClientTls {

@@ -441,6 +441,7 @@ fn rendered_bootstrap_passes_envoy_validation() {
         native_mcp_filter: false,
         xds_tls: None,
         access_log: None,
+        services: None,
         edge: Default::default(),
     };
     // Addresses, then names Envoy resolves itself (as in Compose and Kubernetes), with the
@@ -452,6 +453,11 @@ fn rendered_bootstrap_passes_envoy_validation() {
         control: "toolgate-xds:19000".parse().expect("a name"),
         filter: Some(dir.join("toolgate_filter.wasm")),
         access_log: Some(dir.join("access.log")),
+        // A shard: its node metadata lists its services.
+        services: Some(
+            toolgate_xds::xds::shard::ServiceSelector::parse_list("billing-*,search")
+                .expect("patterns"),
+        ),
         ..opts.clone()
     };
     // Envoy's own MCP filter in the toolgate filter's place (the data-plane bench's reference).
@@ -543,6 +549,7 @@ async fn follows_snapshots(protocol: XdsProtocol) {
         native_mcp_filter: false,
         xds_tls: None,
         access_log: None,
+        services: None,
         edge: Default::default(),
     };
     let dir = |name: &str| scratch_dir(&format!("{name}-{protocol:?}"));
@@ -939,6 +946,7 @@ impl Rig {
             native_mcp_filter: false,
             xds_tls: None,
             access_log: None,
+            services: None,
             edge: Default::default(),
         };
         let envoy = Envoy::start(&scratch_dir(test), &opts);

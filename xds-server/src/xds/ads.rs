@@ -24,6 +24,7 @@ use tracing::{debug, info, warn};
 
 use super::cache::{CacheSnapshot, SnapshotCache, TypeSnapshot};
 use super::connections::Connections;
+use super::node::NodeView;
 use super::resources::{ResourceOptions, ResourceType};
 use crate::metrics::{Metrics, TypeLabel};
 use crate::routing::RoutingSnapshot;
@@ -133,8 +134,7 @@ impl AggregatedDiscoveryService for AdsService {
             id,
             connections: Arc::clone(&self.connections),
             peer,
-            node: String::new(),
-            filter: None,
+            node: NodeView::default(),
             report_token: self.report_token.clone(),
             started: Instant::now(),
             nonce: 0,
@@ -324,13 +324,20 @@ impl TypeState {
     /// EDS: the assignments to send for `current`, with their hashes: every subscribed one
     /// toolgate has when `full`, else those not delivered in their current form; never one
     /// Envoy rejected in its current form.
-    fn eds_wanted(&self, current: &TypeSnapshot, full: bool) -> Vec<(String, u64)> {
+    /// Only `node`'s: a shard gets no other service's assignment.
+    fn eds_wanted(
+        &self,
+        current: &TypeSnapshot,
+        full: bool,
+        node: &NodeView,
+    ) -> Vec<(String, u64)> {
         let names: Vec<&String> = match &self.subscription {
             Subscription::Wildcard => current.names().collect(),
             Subscription::Names(names) => names.iter().collect(),
         };
         names
             .into_iter()
+            .filter(|name| node.serves(ResourceType::Endpoint, name))
             .filter_map(|name| {
                 let hash = current.hash(name)?;
                 let wanted = self.rejected.get(name) != Some(&hash)
@@ -370,9 +377,7 @@ struct AdsStream {
     connections: Arc<Connections>,
     peer: Option<SocketAddr>,
     /// From the first request (`set_node_on_first_message_only`).
-    node: String,
-    /// Where this Envoy finds the wasm filter (node metadata), for its ECDS resource.
-    filter: Option<super::ecds::NodeFilter>,
+    node: NodeView,
     report_token: Option<Arc<str>>,
     started: Instant,
     nonce: u64,
@@ -453,7 +458,7 @@ impl AdsStream {
             .iter()
             .map(|(t, s)| format!("{}={}", t.short_name(), s.acked.as_deref().unwrap_or("-")))
             .collect();
-        log_end(end, &self.node, self.id, self.peer, &acked.join(" "));
+        log_end(end, &self.node.id, self.id, self.peer, &acked.join(" "));
     }
 
     /// Handles one DiscoveryRequest: ACK, NACK, or (re)subscription, and answers it if the
@@ -463,14 +468,9 @@ impl AdsStream {
         request: DiscoveryRequest,
         view: Option<&CacheSnapshot>,
     ) -> Result<(), Closed> {
-        if self.node.is_empty() {
+        if !self.node.is_identified() {
             if let Some(node) = &request.node {
-                self.node = node.id.clone();
-                self.filter = super::ecds::node_filter(node.metadata.as_ref());
-                self.connections
-                    .identified(self.id, &node.id, &node.cluster);
-                info!(node = %self.node, cluster = %node.cluster, stream = self.id,
-                    peer = ?self.peer, "Envoy connected");
+                self.node = NodeView::identify(node, self.id, self.peer, "sotw", &self.connections);
             }
         }
         let Some(ty) = ResourceType::from_type_url(&request.type_url) else {
@@ -478,7 +478,7 @@ impl AdsStream {
                 "request for a type toolgate does not serve; ignored");
             return Ok(());
         };
-        let node = self.node.clone();
+        let node = self.node.id.clone();
         let state = self.types.entry(ty).or_insert_with(|| TypeState::new(ty));
 
         // A request written before Envoy saw our latest response: the subscription it carries
@@ -540,7 +540,7 @@ impl AdsStream {
             match &state.sent {
                 None => !stale,
                 Some(sent) => {
-                    !state.eds_wanted(current, false).is_empty()
+                    !state.eds_wanted(current, false, &self.node).is_empty()
                         || (!stale
                             && (state.answer_next
                                 || !sent.subscription.covers(&state.subscription)))
@@ -581,7 +581,7 @@ impl AdsStream {
                 Some(sent) if ty == ResourceType::Endpoint => {
                     sent.version != current.version
                         || state.answer_next
-                        || !state.eds_wanted(current, false).is_empty()
+                        || !state.eds_wanted(current, false, &self.node).is_empty()
                 }
                 Some(_) if state.nacked.as_deref() == Some(current.version.as_str()) => false,
                 Some(sent) => sent.version != current.version || state.answer_next,
@@ -598,7 +598,7 @@ impl AdsStream {
     /// this Envoy lacks (everything after CDS), in one response, except that each suspect of
     /// an earlier rejection goes in a response of its own.
     async fn send(&mut self, ty: ResourceType, current: &Arc<TypeSnapshot>) -> Result<(), Closed> {
-        if ty == ResourceType::ExtensionConfig && self.filter.is_none() {
+        if ty == ResourceType::ExtensionConfig && self.node.filter.is_none() {
             warn!(node = %self.node, "Envoy asked for the filter configuration but its bootstrap names no filter path (node metadata toolgate.filter_path); not answering");
             return Ok(());
         }
@@ -606,24 +606,23 @@ impl AdsStream {
             return Ok(());
         };
         if ty != ResourceType::Endpoint {
-            let resources = match &state.subscription {
-                Subscription::Wildcard => current.all(),
-                Subscription::Names(names) => current.select(names),
+            let names: Vec<&String> = match &state.subscription {
+                Subscription::Wildcard => current.names().collect(),
+                Subscription::Names(names) => names.iter().collect(),
             };
-            let resources = match (&self.filter, ty) {
-                (Some(filter), ResourceType::ExtensionConfig) => resources
-                    .iter()
-                    .map(|r| {
-                        super::ecds::for_node(r, filter, &self.node, self.report_token.as_deref())
-                    })
-                    .collect(),
-                _ => resources,
-            };
+            let node = &self.node;
+            let token = self.report_token.as_deref();
+            let resources = names
+                .into_iter()
+                .filter(|name| node.serves(ty, name))
+                .filter_map(|name| current.entry(name))
+                .map(|(any, _)| node.tailor(ty, any, token).unwrap_or_else(|| any.clone()))
+                .collect();
             return self.respond(ty, current, resources, Vec::new()).await;
         }
         // After CDS, re-created clusters warm until they get an assignment, changed or not:
         // then (and on a fresh stream, where `delivered` is empty) EDS goes out in full.
-        let wanted = state.eds_wanted(current, state.answer_next);
+        let wanted = state.eds_wanted(current, state.answer_next, &self.node);
         state.eds_forget_unsubscribed(current);
         let (alone, together): (Vec<_>, Vec<_>) = wanted
             .into_iter()
@@ -702,7 +701,7 @@ impl AdsStream {
             &self.metrics,
             &self.connections,
             self.id,
-            &self.node,
+            &self.node.id,
             self.started,
             ty,
             current,
@@ -841,8 +840,7 @@ pub(super) mod tests {
                     connections: Arc::default(),
                     id: 1,
                     peer: None,
-                    node: String::new(),
-                    filter: None,
+                    node: NodeView::default(),
                     report_token: None,
                     started: Instant::now(),
                     nonce: 0,
@@ -946,7 +944,7 @@ pub(super) mod tests {
         assert_eq!(sent.len(), 1);
         assert_eq!(sent[0].type_url, CDS.type_url());
         assert_eq!(resource_count(&sent[0]), 1);
-        assert_eq!(h.stream.node, "envoy-1");
+        assert_eq!(h.stream.node.id, "envoy-1");
 
         h.request(ack(&sent[0], &[])).await;
         assert!(

@@ -23,6 +23,9 @@ pub struct Connection {
     /// Empty until the first request names the node.
     pub node: String,
     pub cluster: String,
+    /// The services of a sharded Envoy (its bootstrap's `--services`); absent: every service.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub services: Option<String>,
     pub peer: Option<SocketAddr>,
     #[serde(serialize_with = "rfc3339")]
     pub connected_at: SystemTime,
@@ -66,6 +69,7 @@ impl Connections {
                     stream,
                     node: String::new(),
                     cluster: String::new(),
+                    services: None,
                     peer,
                     connected_at: SystemTime::now(),
                     types: BTreeMap::new(),
@@ -78,11 +82,12 @@ impl Connections {
         }
     }
 
-    pub fn identified(&self, stream: u64, node: &str, cluster: &str) {
+    pub fn identified(&self, stream: u64, node: &str, cluster: &str, services: Option<String>) {
         self.with(|s| {
             if let Some(c) = s.get_mut(&stream) {
                 c.node = node.to_string();
                 c.cluster = cluster.to_string();
+                c.services = services;
             }
         })
     }
@@ -139,7 +144,7 @@ mod tests {
     fn a_stream_is_listed_while_open_with_what_it_was_sent() {
         let table = Arc::new(Connections::default());
         let guard = table.open(7, None);
-        table.identified(7, "gw-1", "gateways");
+        table.identified(7, "gw-1", "gateways", None);
         table.sent(7, ResourceType::Endpoint, "v1");
         table.acked(7, ResourceType::Endpoint, "v1");
         table.sent(7, ResourceType::Endpoint, "v2");

@@ -23,11 +23,12 @@ use envoy_types::pb::google::protobuf::Any;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tonic::{Status, Streaming};
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use super::ads::{log_end, record_push, CacheView, Closed, ConnectedGuard, End, CONTROL_PLANE_ID};
 use super::cache::{resource_hash, CacheSnapshot, TypeSnapshot};
 use super::connections::Connections;
+use super::node::NodeView;
 use super::resources::ResourceType;
 use crate::metrics::{Metrics, TypeLabel};
 
@@ -182,6 +183,14 @@ impl TypeState {
     }
 }
 
+/// A resource as made for one Envoy, and the hash of what it was made from.
+#[derive(Debug)]
+struct Tailored {
+    source: u64,
+    any: Any,
+    version: Version,
+}
+
 /// What a type owes an Envoy: resources to send and names to remove.
 #[derive(Debug, Default)]
 struct Pending {
@@ -194,12 +203,13 @@ pub(super) struct DeltaStream {
     id: u64,
     connections: Arc<Connections>,
     peer: Option<SocketAddr>,
-    node: String,
-    filter: Option<super::ecds::NodeFilter>,
+    node: NodeView,
     report_token: Option<Arc<str>>,
     started: Instant,
     nonce: u64,
     types: BTreeMap<ResourceType, TypeState>,
+    /// Resources made for this Envoy, by type and name (see [`NodeView::tailor`]).
+    tailored: HashMap<(ResourceType, String), Tailored>,
     metrics: Arc<Metrics>,
     tx: mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>,
     shutdown: CancellationToken,
@@ -219,12 +229,12 @@ impl DeltaStream {
             id,
             connections,
             peer,
-            node: String::new(),
-            filter: None,
+            node: NodeView::default(),
             report_token,
             started: Instant::now(),
             nonce: 0,
             types: BTreeMap::new(),
+            tailored: HashMap::new(),
             metrics,
             tx,
             shutdown,
@@ -278,7 +288,7 @@ impl DeltaStream {
             .iter()
             .map(|(t, s)| format!("{}={}", t.short_name(), s.acked.as_deref().unwrap_or("-")))
             .collect();
-        log_end(end, &self.node, self.id, self.peer, &acked.join(" "));
+        log_end(end, &self.node.id, self.id, self.peer, &acked.join(" "));
     }
 
     /// Handles one request: subscription changes, the ACK or NACK of an earlier response, and
@@ -288,14 +298,10 @@ impl DeltaStream {
         request: DeltaDiscoveryRequest,
         view: Option<&CacheSnapshot>,
     ) -> Result<(), Closed> {
-        if self.node.is_empty() {
+        if !self.node.is_identified() {
             if let Some(node) = &request.node {
-                self.node = node.id.clone();
-                self.filter = super::ecds::node_filter(node.metadata.as_ref());
-                self.connections
-                    .identified(self.id, &node.id, &node.cluster);
-                info!(node = %self.node, cluster = %node.cluster, stream = self.id,
-                    peer = ?self.peer, protocol = "delta", "Envoy connected");
+                self.node =
+                    NodeView::identify(node, self.id, self.peer, "delta", &self.connections);
             }
         }
         let Some(ty) = ResourceType::from_type_url(&request.type_url) else {
@@ -303,7 +309,7 @@ impl DeltaStream {
                 "request for a type toolgate does not serve; ignored");
             return Ok(());
         };
-        let node = self.node.clone();
+        let node = self.node.id.clone();
         let first = !self.types.contains_key(&ty);
         let state = self.types.entry(ty).or_default();
         state.subscribe(ty, &request, first);
@@ -386,8 +392,15 @@ impl DeltaStream {
     }
 
     /// What `ty` owes this Envoy against `current`.
-    fn pending(&self, ty: ResourceType, current: &TypeSnapshot) -> Pending {
-        let Some(state) = self.types.get(&ty) else {
+    fn pending(&mut self, ty: ResourceType, current: &TypeSnapshot) -> Pending {
+        let DeltaStream {
+            types,
+            node,
+            tailored,
+            report_token,
+            ..
+        } = self;
+        let Some(state) = types.get(&ty) else {
             return Pending::default();
         };
         let names: Box<dyn Iterator<Item = &String>> = if state.wildcard {
@@ -397,23 +410,32 @@ impl DeltaStream {
         };
         let mut pending = Pending::default();
         for name in names {
+            if !node.serves(ty, name) {
+                continue;
+            }
             let Some((any, hash)) = current.entry(name) else {
                 continue;
             };
-            let (any, version) = match (&self.filter, ty) {
-                // The filter's configuration is made for each Envoy: its version is that of
-                // the bytes this Envoy gets.
-                (Some(filter), ResourceType::ExtensionConfig) => {
-                    let any = super::ecds::for_node(
-                        any,
-                        filter,
-                        &self.node,
-                        self.report_token.as_deref(),
-                    );
-                    let version = version_of(resource_hash(&any));
-                    (any, version)
-                }
-                _ => (any.clone(), version_of(hash)),
+            // A resource made for this Envoy (its filter configuration, a shard's routes) has
+            // the version of the bytes it gets: a change elsewhere that leaves them alone is
+            // not sent. Made again only when its source changes, not on every push.
+            let (any, version) = match tailored.get(&(ty, name.clone())) {
+                Some(t) if t.source == hash => (t.any.clone(), t.version.clone()),
+                _ => match node.tailor(ty, any, report_token.as_deref()) {
+                    Some(made) => {
+                        let version = version_of(resource_hash(&made));
+                        tailored.insert(
+                            (ty, name.clone()),
+                            Tailored {
+                                source: hash,
+                                any: made.clone(),
+                                version: version.clone(),
+                            },
+                        );
+                        (made, version)
+                    }
+                    None => (any.clone(), version_of(hash)),
+                },
             };
             if state.rejected.get(name) == Some(&version) {
                 continue;
@@ -429,7 +451,9 @@ impl DeltaStream {
         pending.removals = state
             .holds
             .keys()
-            .filter(|name| state.subscribed(name) && current.entry(name).is_none())
+            .filter(|name| {
+                state.subscribed(name) && (current.entry(name).is_none() || !node.serves(ty, name))
+            })
             .cloned()
             .collect();
         pending.removals.sort();
@@ -445,15 +469,15 @@ impl DeltaStream {
         current: &Arc<TypeSnapshot>,
         with_removals: bool,
     ) -> Result<Vec<String>, Closed> {
-        if ty == ResourceType::ExtensionConfig && self.filter.is_none() {
+        if ty == ResourceType::ExtensionConfig && self.node.filter.is_none() {
             warn!(node = %self.node, "Envoy asked for the filter configuration but its bootstrap names no filter path (node metadata toolgate.filter_path); not answering");
             return Ok(Vec::new());
         }
+        let Pending { updates, removals } = self.pending(ty, current);
         let Some(state) = self.types.get(&ty) else {
             return Ok(Vec::new());
         };
         let owes_first = state.owes_first;
-        let Pending { updates, removals } = self.pending(ty, current);
         let (alone, together): (Vec<_>, Vec<_>) = updates
             .into_iter()
             .partition(|u| state.suspects.contains(&u.name));
@@ -553,7 +577,7 @@ impl DeltaStream {
             &self.metrics,
             &self.connections,
             self.id,
-            &self.node,
+            &self.node.id,
             self.started,
             ty,
             current,

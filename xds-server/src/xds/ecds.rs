@@ -56,12 +56,14 @@ pub fn extension_config(plugin_json: &str) -> Any {
 /// Fills the node's filter path into a resource made by [`extension_config`], its node id
 /// into the plugin configuration's `gateway` (the filter names itself with it in its breaker
 /// events; Envoy does not show the node id to wasm reliably), the token its reports must
-/// carry, if toolgate-xds requires one, and whether it writes an access log.
+/// carry, if toolgate-xds requires one, and whether it writes an access log. A shard's
+/// catalog lists only its services.
 pub fn for_node(
     resource: &Any,
     node: &NodeFilter,
     node_id: &str,
     report_token: Option<&str>,
+    services: Option<&super::shard::ServiceSelector>,
 ) -> Any {
     match TypedExtensionConfig::decode(resource.value.as_slice()) {
         // Only the wasm filter's resource is the node's own; `jwt_authn`'s is the same for all.
@@ -94,6 +96,9 @@ pub fn for_node(
                             }
                         }
                         drop_own_openings(&mut map, node_id);
+                        if let Some(services) = services {
+                            services.plugin_config(&mut map);
+                        }
                         serde_json::Value::Object(map).to_string()
                     }
                     _ => plugin_json,
@@ -196,7 +201,13 @@ mod tests {
     #[test]
     fn the_path_is_filled_in_and_the_configuration_kept() {
         let any = extension_config(r#"{"x":1}"#);
-        let filled = for_node(&any, &node("/opt/toolgate/filter.wasm"), "envoy-1", None);
+        let filled = for_node(
+            &any,
+            &node("/opt/toolgate/filter.wasm"),
+            "envoy-1",
+            None,
+            None,
+        );
         let tec = TypedExtensionConfig::decode(filled.value.as_slice()).unwrap();
         assert_eq!(tec.name, FILTER_CONFIG_NAME);
         let wasm = Wasm::decode(tec.typed_config.unwrap().value.as_slice()).unwrap();
@@ -220,7 +231,7 @@ mod tests {
         let any = extension_config(
             r#"{"fleet_open":{"s":{"a":{"opened_by":"envoy-1","until_ms":9},"b":{"opened_by":"envoy-2","until_ms":9}},"t":{"c":{"opened_by":"envoy-1","until_ms":9}}}}"#,
         );
-        let filled = for_node(&any, &node("/f.wasm"), "envoy-1", None);
+        let filled = for_node(&any, &node("/f.wasm"), "envoy-1", None, None);
         assert_eq!(
             plugin_json(&filled),
             r#"{"fleet_open":{"s":{"b":{"opened_by":"envoy-2","until_ms":9}}},"gateway":"envoy-1"}"#
@@ -232,6 +243,7 @@ mod tests {
             &node("/f.wasm"),
             "envoy-1",
             Some("s3cret"),
+            None,
         );
         assert_eq!(
             plugin_json(&filled),
@@ -252,7 +264,7 @@ mod tests {
             access_log: true,
             ..node("/f.wasm")
         };
-        let filled = for_node(&extension_config("{}"), &logged, "envoy-1", None);
+        let filled = for_node(&extension_config("{}"), &logged, "envoy-1", None, None);
         assert_eq!(
             plugin_json(&filled),
             r#"{"access_log":true,"gateway":"envoy-1"}"#
@@ -269,6 +281,7 @@ mod tests {
             &old,
             "e",
             None,
+            None,
         );
         assert_eq!(
             plugin_json(&filled),
@@ -279,10 +292,25 @@ mod tests {
             &node("/f.wasm"),
             "e",
             None,
+            None,
         );
         assert_eq!(
             plugin_json(&filled),
             r#"{"auth":{"resource":"http://gw"},"gateway":"e"}"#
+        );
+
+        // A shard's catalog lists its services only.
+        let shard = crate::xds::shard::ServiceSelector::parse_list("a*").unwrap();
+        let filled = for_node(
+            &extension_config(r#"{"catalog":{"alpha":["t"],"beta":["u"]}}"#),
+            &node("/f.wasm"),
+            "e",
+            None,
+            Some(&shard),
+        );
+        assert_eq!(
+            plugin_json(&filled),
+            r#"{"catalog":{"alpha":["t"]},"gateway":"e"}"#
         );
     }
 

@@ -10,7 +10,9 @@ pub mod cache;
 pub mod connections;
 mod delta;
 pub mod ecds;
+mod node;
 pub mod resources;
+pub mod shard;
 
 use std::future::Future;
 use std::sync::Arc;
