@@ -5,6 +5,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use etcd_client::{EventType, GetOptions, PutOptions, WatchOptions};
+use futures::StreamExt;
 use nix::sys::signal::Signal;
 use reqwest::StatusCode;
 use serde_json::json;
@@ -1144,6 +1145,28 @@ async fn envoys_sharded_by_service_get_only_their_services() {
             .await;
         assert_eq!(r.status, StatusCode::NOT_FOUND, "{foreign}: {}", r.body);
     }
+    // The aggregate endpoint is not sharded: a shard's `/mcp` reaches its own services'
+    // tools, and another shard's get Envoy's 404.
+    let base = shard_a.url("").trim_end_matches("/mcp/").to_string();
+    for name in ["alpha__echo", "beta__echo"] {
+        let resp = reqwest::Client::new()
+            .post(format!("{base}/mcp"))
+            .header("accept", "application/json, text/event-stream")
+            .json(&json!({"jsonrpc": "2.0", "id": 41, "method": "tools/call",
+                "params": {"name": name, "arguments": {}}}))
+            .send()
+            .await
+            .expect("the gateway answers");
+        let status = resp.status();
+        let text = resp.text().await.unwrap_or_default();
+        // Its own service's tool reaches the server (which asks for a session: the lab
+        // speaks a revision with sessions); the other shard's has no route here.
+        if name.starts_with("beta") {
+            assert_eq!(status, StatusCode::NOT_FOUND, "{name}: {text}");
+        } else {
+            assert_ne!(status, StatusCode::NOT_FOUND, "{name}: {text}");
+        }
+    }
     let catalog = |config: Option<serde_json::Value>| -> Vec<String> {
         config
             .and_then(|c| c["catalog"].as_object().cloned())
@@ -1197,5 +1220,63 @@ async fn envoys_sharded_by_service_get_only_their_services() {
         services_of("envoy"),
         Some(serde_json::Value::Null),
         "{envoys}"
+    );
+}
+
+#[tokio::test]
+async fn a_registry_of_many_pages_is_read_whole_and_inspected() {
+    let env = TestEnv::new("a_registry_of_many_pages_is_read_whole_and_inspected");
+    let etcd = Etcd::start(&env).await;
+    let mut client = etcd.client().await;
+    let lease = client.lease_grant(120, None).await.expect("lease").id();
+    // More than two pages of the paged read (1,000 keys each), registered before
+    // toolgate-xds starts: its first read is the paged Get, then an inspection reads them
+    // all again at the registry's revision.
+    const N: usize = 2_500;
+    futures::stream::iter(0..N)
+        .map(|i| {
+            let mut c = client.clone();
+            async move {
+                let value = json!({
+                    "instance_id": format!("i-{i}"),
+                    "endpoint": format!("127.0.{}.{}:{}", 1 + i / 250, 1 + i % 250, 10_000 + i),
+                    "tools": ["t"],
+                });
+                c.put(
+                    format!("/mcp/services/s{}/i-{i}", i / 10),
+                    value.to_string(),
+                    Some(PutOptions::new().with_lease(lease)),
+                )
+                .await
+            }
+        })
+        .buffer_unordered(32)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()
+        .expect("registrations");
+    let xds = Xds::start(
+        &env,
+        "xds",
+        &etcd.endpoint(),
+        &["--no-probes", "--inspect-interval", "1s"],
+    )
+    .await;
+    wait_until(
+        "every registration read",
+        Duration::from_secs(20),
+        || async { xds.metric("toolgate_registry_instances", "").await == N as f64 },
+    )
+    .await;
+    wait_until(
+        "an inspection found the registry equal to etcd",
+        Duration::from_secs(20),
+        || async { xds.log().contains("inspection: registry matches etcd") },
+    )
+    .await;
+    assert!(
+        !xds.log().contains("differs from etcd"),
+        "the paged reads agree"
     );
 }

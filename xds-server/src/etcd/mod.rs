@@ -1,6 +1,7 @@
 //! The etcd side: one Get of the prefix, then a Watch from the next revision, resumed after a
 //! break and rebuilt after a compaction. Nothing here polls.
 
+pub mod read;
 pub mod watch;
 
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -5,7 +5,7 @@
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use etcd_client::{Client, EventType, GetOptions, WatchOptions, WatchResponse};
+use etcd_client::{Client, EventType, WatchOptions, WatchResponse};
 use futures::FutureExt;
 use tokio::sync::Notify;
 use toolgate_model::Backoff;
@@ -238,18 +238,11 @@ impl Watcher {
             .prefix()
             .to_string();
         let started = Instant::now();
-        let mut kv = client.kv_client();
-        let resp = tokio::time::timeout(
-            self.config.request_timeout,
-            kv.get(prefix.as_str(), Some(GetOptions::new().with_prefix())),
-        )
-        .await
-        .map_err(|_| "the Get of the prefix timed out".to_string())?
-        .map_err(|e| format!("the Get of the prefix failed: {e}"))?;
-        let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+        let (kvs, revision) =
+            super::read::get_prefix(client, &prefix, None, self.config.request_timeout).await?;
         let (read, instances) = {
             let mut reg = self.registry.write().unwrap_or_else(|p| p.into_inner());
-            let kvs = crate::etcd::kv_tuples(resp.kvs());
+            let kvs = crate::etcd::kv_tuples(&kvs);
             (reg.reset(kvs, revision), reg.instance_count())
         };
         self.warm_up().await;
@@ -285,7 +278,11 @@ impl Watcher {
             .with_start_revision(revision + 1)
             .with_prev_key()
             .with_progress_notify();
-        let mut watch_client = client.watch_client();
+        // One revision can delete a great many keys (a lease of many registrations revoked):
+        // its events come in one message, far above tonic's 4 MiB default.
+        let mut watch_client = client
+            .watch_client()
+            .max_decoding_message_size(super::read::MAX_WATCH_MESSAGE_BYTES);
         let mut stream = match tokio::time::timeout(
             self.config.request_timeout,
             watch_client.watch(prefix.as_str(), Some(opts)),

@@ -5,7 +5,6 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use etcd_client::GetOptions;
 use tokio::sync::{Notify, Semaphore};
 use tokio::task::JoinHandle;
 use toolgate_model::ServiceKey;
@@ -282,17 +281,19 @@ async fn inspect(hub: Hub, etcd: EtcdConfig, resync: Arc<Notify>) {
         let verdict = if revision <= 0 {
             "skipped (no revision from etcd yet)".to_string()
         } else {
-            let mut kv = client.kv_client();
-            let opts = GetOptions::new().with_prefix().with_revision(revision);
-            match tokio::time::timeout(etcd.request_timeout, kv.get(prefix.as_str(), Some(opts)))
-                .await
-            {
-                Err(_) => "skipped (etcd did not answer in time)".to_string(),
+            let read = crate::etcd::read::get_prefix(
+                &client,
+                &prefix,
+                Some(revision),
+                etcd.request_timeout,
+            )
+            .await;
+            match read {
                 // Compacted past our revision, or etcd away: the watcher handles both.
-                Ok(Err(e)) => format!("skipped ({e})"),
-                Ok(Ok(resp)) => {
+                Err(e) => format!("skipped ({e})"),
+                Ok((kvs, _)) => {
                     let mut fresh = scratch;
-                    let kvs = crate::etcd::kv_tuples(resp.kvs());
+                    let kvs = crate::etcd::kv_tuples(&kvs);
                     let read = fresh.reset(kvs, revision);
                     let differing = differing_keys(&ours, &fresh.fingerprint(), &read.rejected);
                     if differing.is_empty() {
