@@ -141,11 +141,17 @@ impl<'a> Inputs<'a> {
         catalog: &'a BTreeMap<String, ServiceCatalog>,
         now_ms: u64,
     ) -> Self {
-        let serving = reg
-            .instances()
-            .filter(|(_, i)| matches!(i.health.state(), State::Up | State::Unhealthy))
-            .map(|(k, _)| k.service.clone())
-            .collect();
+        // Instances come ordered by service: one name per service, not one copy per instance.
+        let mut serving = BTreeSet::new();
+        let mut last: Option<&str> = None;
+        for (k, i) in reg.instances() {
+            if last != Some(k.service.as_str())
+                && matches!(i.health.state(), State::Up | State::Unhealthy)
+            {
+                serving.insert(k.service.clone());
+                last = Some(k.service.as_str());
+            }
+        }
         let definitions = catalog
             .iter()
             .map(|(service, entry)| {

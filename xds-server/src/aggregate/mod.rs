@@ -39,6 +39,12 @@ const EXPIRY_CHECK: Duration = Duration::from_millis(200);
 /// churn over thousands of instances) share the next one, which stays well within the second
 /// clients are promised.
 const COALESCE: Duration = Duration::from_millis(50);
+/// A refresh reads every service and instance; at 10,000 services one takes tens of
+/// milliseconds, and churn would have them back to back. The pause after one is this many
+/// times as long as it took, up to [`COALESCE_MAX`].
+const COALESCE_FACTOR: u32 = 5;
+/// The longest pause between refreshes: a listing stays well within the promised second.
+const COALESCE_MAX: Duration = Duration::from_millis(400);
 /// How often idle sessions are swept.
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
 
@@ -223,7 +229,9 @@ pub async fn run(aggregate: Arc<Aggregate>, mut snapshots: watch::Receiver<Arc<R
                 continue;
             }
         }
+        let started = std::time::Instant::now();
         aggregate.refresh();
-        tokio::time::sleep(COALESCE).await;
+        let pause = (started.elapsed() * COALESCE_FACTOR).clamp(COALESCE, COALESCE_MAX);
+        tokio::time::sleep(pause).await;
     }
 }

@@ -11,7 +11,7 @@ pub mod publish;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
 
 use serde::Serialize;
@@ -185,6 +185,37 @@ pub struct Registry {
     /// Whether the last publish had rule sets but no configuration to apply them with, so
     /// that this is logged once, when it starts, not at every push.
     auth_rules_unused: bool,
+    /// The last [`virtual_routes`](Self::virtual_routes) and what it was made from.
+    virtual_memo: VirtualMemo,
+}
+
+/// What [`Registry::virtual_routes`] computes from: the catalog, the services' ages and the
+/// virtual servers' definitions.
+type VirtualInputs = (
+    BTreeMap<String, BTreeSet<String>>,
+    BTreeMap<String, i64>,
+    BTreeMap<String, VirtualServer>,
+);
+type VirtualOutput = (BTreeMap<String, VirtualRoutes>, Vec<(String, Unnamed)>);
+
+/// Resolving every virtual server over every tool was most of a publish at 10,000 services
+/// (and of each aggregate listing refresh), and an instance coming or going changes none of
+/// its inputs: the result is kept with a copy of them and made again only when they differ.
+/// Comparing the inputs costs a fraction of resolving them.
+#[derive(Default)]
+struct VirtualMemo(Mutex<Option<(VirtualInputs, VirtualOutput)>>);
+
+impl Clone for VirtualMemo {
+    /// A copy of the registry starts without: its inputs may change apart from ours.
+    fn clone(&self) -> Self {
+        VirtualMemo::default()
+    }
+}
+
+impl std::fmt::Debug for VirtualMemo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("VirtualMemo")
+    }
 }
 
 impl Registry {
@@ -225,6 +256,7 @@ impl Registry {
             legacy_revisions: BTreeMap::new(),
             auth: auth::AuthStore::default(),
             auth_rules_unused: false,
+            virtual_memo: VirtualMemo::default(),
         }
     }
 
@@ -759,7 +791,34 @@ impl Registry {
 
     /// The names each virtual server offers and what they call, and the tools that could not
     /// be named (with why).
-    pub fn virtual_routes(&self) -> (BTreeMap<String, VirtualRoutes>, Vec<(String, Unnamed)>) {
+    pub fn virtual_routes(&self) -> VirtualOutput {
+        let definitions = self.virtual_servers();
+        let mut memo = self
+            .virtual_memo
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(((catalog, ages, defs), output)) = memo.as_ref() {
+            if *catalog == self.catalog && *ages == self.since_revision && *defs == definitions {
+                return output.clone();
+            }
+        }
+        let output = self.resolve_virtual_routes(&definitions);
+        *memo = Some((
+            (
+                self.catalog.clone(),
+                self.since_revision.clone(),
+                definitions,
+            ),
+            output.clone(),
+        ));
+        output
+    }
+
+    fn resolve_virtual_routes(
+        &self,
+        definitions: &BTreeMap<String, VirtualServer>,
+    ) -> VirtualOutput {
         let services: Vec<ServiceTools<'_>> = self
             .catalog
             .iter()
@@ -775,10 +834,10 @@ impl Registry {
             .collect();
         let mut routes = BTreeMap::new();
         let mut unnamed = Vec::new();
-        for (name, vs) in self.virtual_servers() {
-            let (r, u) = resolve(&vs, &services);
+        for (name, vs) in definitions {
+            let (r, u) = resolve(vs, &services);
             unnamed.extend(u.into_iter().map(|u| (name.clone(), u)));
-            routes.insert(name, r);
+            routes.insert(name.clone(), r);
         }
         (routes, unnamed)
     }
