@@ -3,17 +3,32 @@
 //! compaction, and propagation while 500 registrations and revocations a second churn the
 //! registry; Envoy's own memory and CPU with every endpoint. Probes are off: the instances are
 //! fake endpoints.
+//!
+//! Beyond 1,000 services the Envoys are shards (`toolgate-xds bootstrap --services`): one Envoy
+//! rebuilds its whole route configuration for each new service and cannot follow 10,000 of
+//! them, so the bench's Envoys serve [`SHARD`], about a ninth of the services, as one Envoy of
+//! a sharded fleet would. toolgate-xds still holds and watches every instance.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use etcd_client::PutOptions;
+use etcd_client::{Client, PutOptions};
 use futures::StreamExt;
 use serde::Serialize;
 use toolgate_tests::{cpu_ticks, rss_kib, Envoy, Etcd, FaultProxy, McpServer, TestEnv, Xds};
 
 use crate::propagation::{wait_hosts, wait_status};
 use crate::stats::{summarize, Summary};
+
+/// The services of the bench's Envoys when there are more than [`SHARD_ABOVE_SERVICES`]: `s1`,
+/// `s10`-`s19`, `s100`-`s199`, `s1000`-`s1999` (1,111 of 10,000), the probe and the churn.
+const SHARD: &str = "s1*,probe,churn*";
+const SHARD_ABOVE_SERVICES: usize = 1_000;
+
+/// Whether a service of this suite is in [`SHARD`] (what toolgate-xds's selector decides).
+fn in_shard(service: &str) -> bool {
+    service.starts_with("s1") || service == "probe" || service.starts_with("churn")
+}
 
 #[derive(Debug, Serialize)]
 pub struct Scale {
@@ -32,6 +47,10 @@ pub struct Scale {
     pub churn_propagation: Summary,
     pub envoy_rss_mib: f64,
     pub envoy_cpu_percent_during_churn: f64,
+    /// The Envoys' services when they are shards (`--services`); `None`: every service.
+    pub envoy_services: Option<String>,
+    /// The endpoints each Envoy holds (all, or its shard's).
+    pub envoy_endpoints: usize,
 }
 
 /// Issue 22's goals at one size; `None` where that size has none.
@@ -133,19 +152,17 @@ fn fake(i: usize) -> String {
     )
 }
 
-pub async fn run(env: &TestEnv, instances: usize, churn_secs: u64) -> anyhow::Result<Scale> {
-    let services = instances / 10;
-    let etcd = Etcd::start(env).await;
-    let proxy = FaultProxy::start(format!("127.0.0.1:{}", etcd.port()).parse()?);
-    let mut xds = Xds::start(env, "xds", &proxy.endpoint(), &["--no-probes"]).await;
-    let envoy = Envoy::start(env, "envoy", &xds).await;
-    let lab = McpServer::lab(env, "scale-lab", &["--stateless", "--json-response"]).await;
-    let mut client = etcd.client().await;
-    let lease = client.lease_grant(600, None).await?.id();
-    let opts = PutOptions::new().with_lease(lease);
+/// Registrations per lease: real instances hold one each; etcd's puts slow down as one
+/// lease gathers tens of thousands of keys (about 110 puts/s at 40,000).
+const KEYS_PER_LEASE: usize = 1_000;
+
+/// `instances` fake registrations in services of ten, `s<i / 10>/i-<i>`, on `leases` in turn
+/// ([`KEYS_PER_LEASE`] each).
+async fn register(client: &Client, instances: usize, leases: &[i64]) -> anyhow::Result<()> {
     futures::stream::iter(0..instances)
         .map(|i| {
-            let (mut c, opts) = (client.clone(), opts.clone());
+            let mut c = client.clone();
+            let opts = PutOptions::new().with_lease(leases[i / KEYS_PER_LEASE % leases.len()]);
             async move {
                 c.put(
                     format!("/mcp/services/s{}/i-{i}", i / 10),
@@ -160,6 +177,55 @@ pub async fn run(env: &TestEnv, instances: usize, churn_secs: u64) -> anyhow::Re
         .await
         .into_iter()
         .collect::<Result<Vec<_>, _>>()?;
+    Ok(())
+}
+
+pub async fn run(env: &TestEnv, instances: usize, churn_secs: u64) -> anyhow::Result<Scale> {
+    let services = instances / 10;
+    let etcd = Etcd::start(env).await;
+    let proxy = FaultProxy::start(format!("127.0.0.1:{}", etcd.port()).parse()?);
+    let sharded = services > SHARD_ABOVE_SERVICES;
+    let shard_flags: &[&str] = if sharded { &["--services", SHARD] } else { &[] };
+    let lab = McpServer::lab(env, "scale-lab", &["--stateless", "--json-response"]).await;
+    let mut client = etcd.client().await;
+    let mut leases = Vec::new();
+    for _ in 0..instances.div_ceil(KEYS_PER_LEASE).max(1) {
+        leases.push(client.lease_grant(600, None).await?.id());
+    }
+    // The probe, the churn and the extra keys use the first.
+    let lease = leases[0];
+    // Kept alive: at 100,000 instances the suite outlasts the leases' TTL.
+    let mut keepers = Vec::new();
+    for &l in &leases {
+        keepers.push(client.lease_keep_alive(l).await?);
+    }
+    let keepalive = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(20)).await;
+            for (keeper, stream) in &mut keepers {
+                if keeper.keep_alive().await.is_err() || stream.message().await.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    let opts = PutOptions::new().with_lease(lease);
+    // Up to 1,000 services the instances register with toolgate-xds watching, one new
+    // service after another. Beyond, they are in etcd before toolgate-xds starts (its read
+    // of them all is then the figures' starting point): each new service costs toolgate-xds
+    // work in proportion to the services it has (the route configuration, the filter's
+    // catalog, the aggregate listing), so 10,000 services registered one by one take minutes.
+    let (mut xds, envoy) = if sharded {
+        register(&client, instances, &leases).await?;
+        let xds = Xds::start(env, "xds", &proxy.endpoint(), &["--no-probes"]).await;
+        let envoy = Envoy::start_with(env, "envoy", &xds, 1, shard_flags).await;
+        (xds, envoy)
+    } else {
+        let xds = Xds::start(env, "xds", &proxy.endpoint(), &["--no-probes"]).await;
+        let envoy = Envoy::start_with(env, "envoy", &xds, 1, shard_flags).await;
+        register(&client, instances, &leases).await?;
+        (xds, envoy)
+    };
     // The probe service: the lab's /health through Envoy answers 200 while it is routed.
     let probe_value = format!(
         r#"{{"instance_id":"p","endpoint":"{}","mcp_path":"/health","tools":["t"]}}"#,
@@ -174,21 +240,33 @@ pub async fn run(env: &TestEnv, instances: usize, churn_secs: u64) -> anyhow::Re
         .await?;
     let total = instances + 1;
     wait_hosts(&xds, total, Duration::from_secs(120)).await?;
+    // What each Envoy holds: every instance and the probe, or its shard's.
+    let in_envoy = if sharded {
+        (0..instances)
+            .filter(|i| in_shard(&format!("s{}", i / 10)))
+            .count()
+            + 1
+    } else {
+        total
+    };
     let http = reqwest::Client::builder()
         .no_proxy()
         .timeout(Duration::from_secs(10))
         .build()?;
     let t0 = Instant::now();
-    while envoy_endpoints(&http, &envoy).await < total as u64 {
+    while envoy_endpoints(&http, &envoy).await < in_envoy as u64 {
         if t0.elapsed() > Duration::from_secs(120) {
-            bail!("Envoy never got all {total} endpoints");
+            bail!("Envoy never got all {in_envoy} endpoints");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let xds_rss_mib = rss_mib(xds.pid());
     let envoy_pid = envoy.proc.as_ref().map_or(0, |p| p.pid());
     let envoy_rss_mib = rss_mib(envoy_pid);
-    eprintln!("  {total} instances in Envoy; toolgate-xds RSS {xds_rss_mib:.0} MiB");
+    eprintln!(
+        "  {in_envoy} of {total} instances in Envoy{}; toolgate-xds RSS {xds_rss_mib:.0} MiB",
+        if sharded { " (a shard)" } else { "" }
+    );
 
     // Cold start.
     xds.kill();
@@ -198,10 +276,10 @@ pub async fn run(env: &TestEnv, instances: usize, churn_secs: u64) -> anyhow::Re
     let cold_start_ms = t0.elapsed().as_secs_f64() * 1e3;
     let cold_read_ms = last_read_ms(&xds.log()).context("no full read logged")?;
     let t0 = Instant::now();
-    let fresh = Envoy::start(env, "envoy-fresh", &xds).await;
-    while envoy_endpoints(&http, &fresh).await < total as u64 {
+    let fresh = Envoy::start_with(env, "envoy-fresh", &xds, 1, shard_flags).await;
+    while envoy_endpoints(&http, &fresh).await < in_envoy as u64 {
         if t0.elapsed() > Duration::from_secs(60) {
-            bail!("the fresh Envoy never got all {total} endpoints");
+            bail!("the fresh Envoy never got all {in_envoy} endpoints");
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -302,7 +380,10 @@ pub async fn run(env: &TestEnv, instances: usize, churn_secs: u64) -> anyhow::Re
     let secs = t_churn.elapsed().as_secs_f64();
     let ops = churn.await?;
     let envoy_cpu_percent_during_churn = (cpu_ticks(envoy_pid) - cpu0) as f64 / secs;
-    let _ = client.lease_revoke(lease).await;
+    keepalive.abort();
+    for l in leases {
+        let _ = client.lease_revoke(l).await;
+    }
     Ok(Scale {
         instances,
         services,
@@ -315,6 +396,8 @@ pub async fn run(env: &TestEnv, instances: usize, churn_secs: u64) -> anyhow::Re
         churn_propagation: summarize(&samples),
         envoy_rss_mib,
         envoy_cpu_percent_during_churn,
+        envoy_services: sharded.then(|| SHARD.to_string()),
+        envoy_endpoints: in_envoy,
     })
 }
 
@@ -329,10 +412,10 @@ impl Scale {
             "| control plane at scale ({} instances, {} services) | figure | goal |\n| --- | ---: | --- |\n\
              | toolgate-xds resident memory | {:.0} MiB | {} |\n\
              | cold start: process start -> registry read and served | {:.0} ms (Get + build + publish {:.0} ms) | {} |\n\
-             | a fresh Envoy: start -> every endpoint applied | {:.0} ms | {} |\n\
+             | a fresh Envoy: start -> every endpoint it serves applied | {:.0} ms | {} |\n\
              | full resync after a compaction | {:.0} ms | {} |\n\
              | propagation under churn ({:.0} registrations + revocations/s) p50 / p99 / max | {:.1} / {:.1} / {:.1} ms ({} changes) | {} |\n\
-             | Envoy with every endpoint: RSS, CPU during churn | {:.0} MiB, {:.0}% of a core | |\n",
+             | Envoy with {}: RSS, CPU during churn | {:.0} MiB, {:.0}% of a core | |\n",
             self.instances,
             self.services,
             self.xds_rss_mib,
@@ -354,6 +437,13 @@ impl Scale {
                 self.churn_propagation.p99_ms,
                 "ms (p99)"
             ),
+            match &self.envoy_services {
+                Some(shard) => format!(
+                    "its shard's {} endpoints (--services {shard})",
+                    self.envoy_endpoints
+                ),
+                None => "every endpoint".to_string(),
+            },
             self.envoy_rss_mib,
             self.envoy_cpu_percent_during_churn,
         )
