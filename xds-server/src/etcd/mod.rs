@@ -1,4 +1,4 @@
-//! The etcd side: one Get of the prefix, then a Watch from the next revision, resumed after a
+//! The etcd side: one Get of the prefix (in pages), then a Watch from the next revision, resumed after a
 //! break and rebuilt after a compaction. Nothing here polls.
 
 pub mod read;

@@ -41,8 +41,8 @@ pub async fn get_prefix(
         }
         let mut resp = tokio::time::timeout(timeout, kv.get(from.clone(), Some(opts)))
             .await
-            .map_err(|_| format!("page {page} of the Get of {prefix} timed out"))?
-            .map_err(|e| format!("page {page} of the Get of {prefix} failed: {e}"))?;
+            .map_err(|_| format!("the Get of the prefix {prefix} timed out (page {page})"))?
+            .map_err(|e| format!("the Get of the prefix {prefix} failed (page {page}): {e}"))?;
         // The first page's revision pins the rest: later writes do not tear the read.
         let read_at = *revision.get_or_insert_with(|| resp.header().map_or(0, |h| h.revision()));
         let more = resp.more();

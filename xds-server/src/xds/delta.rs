@@ -419,23 +419,27 @@ impl DeltaStream {
             // A resource made for this Envoy (its filter configuration, a shard's routes) has
             // the version of the bytes it gets: a change elsewhere that leaves them alone is
             // not sent. Made again only when its source changes, not on every push.
-            let (any, version) = match tailored.get(&(ty, name.clone())) {
-                Some(t) if t.source == hash => (t.any.clone(), t.version.clone()),
-                _ => match node.tailor(ty, any, report_token.as_deref()) {
-                    Some(made) => {
-                        let version = version_of(resource_hash(&made));
-                        tailored.insert(
-                            (ty, name.clone()),
-                            Tailored {
+            let made_per_envoy = matches!(ty, ResourceType::Route | ResourceType::ExtensionConfig);
+            let (any, version) = if !made_per_envoy {
+                (any.clone(), version_of(hash))
+            } else {
+                let key = (ty, name.clone());
+                match tailored.get(&key) {
+                    Some(t) if t.source == hash => (t.any.clone(), t.version.clone()),
+                    _ => match node.tailor(ty, any, report_token.as_deref()) {
+                        Some(made) => {
+                            let version = version_of(resource_hash(&made));
+                            let entry = Tailored {
                                 source: hash,
                                 any: made.clone(),
                                 version: version.clone(),
-                            },
-                        );
-                        (made, version)
-                    }
-                    None => (any.clone(), version_of(hash)),
-                },
+                            };
+                            tailored.insert(key, entry);
+                            (made, version)
+                        }
+                        None => (any.clone(), version_of(hash)),
+                    },
+                }
             };
             if state.rejected.get(name) == Some(&version) {
                 continue;
