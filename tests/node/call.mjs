@@ -12,8 +12,9 @@
 //   `initialize` and pins 2026-era ones through `server/discover`; 1.x always offers its
 //   latest in Client.connect, so for another version this script runs the same handshake
 //   itself. Without it each SDK does what it does by default.
-//   The pseudo-step toolgate/wait-file '{"path": P}' sends nothing: it waits until the file P
-//   exists, so a test can act (kill an instance) between two calls of one session.
+//   The pseudo-step toolgate/wait-file '{"path": P}' sends nothing: it writes the file
+//   P.waiting (every step before it is done) and waits until the file P exists, so a test can
+//   act (kill an instance) between two calls of one session.
 //
 // stdout: {"sdk", "sdkVersion", "protocolVersion", "sessionId", "steps": [{"method", "ok",
 // "result"} | {"method", "ok": false, "error": {"name", "message", "code", "status", "data"}}]}
@@ -192,8 +193,11 @@ function describeError(e) {
 }
 
 async function waitFile(path) {
-    const { existsSync } = await import('node:fs');
+    const { existsSync, writeFileSync } = await import('node:fs');
     if (!path) throw new Error('toolgate/wait-file needs {"path": ...}');
+    // Tells the test that every step before this one is done, its answer received: a server
+    // killed only then cannot cut off a call still in flight.
+    writeFileSync(`${path}.waiting`, '');
     while (!existsSync(path)) await new Promise(r => setTimeout(r, 50));
 }
 

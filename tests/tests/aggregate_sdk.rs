@@ -246,6 +246,15 @@ async fn a_restarted_stateful_server_costs_a_client_of_mcp_nothing() {
         lab.server.calls("echo").await == 1
     })
     .await;
+    // And its answer is back: killing the server while it is on the wire would cut the call
+    // off, which is not what this test is about.
+    let waiting = env.path("go.waiting");
+    wait_until(
+        "the client waits for the go file",
+        Duration::from_secs(20),
+        || async { waiting.exists() },
+    )
+    .await;
     // The server restarts on the same address: every session it held is gone.
     let port = lab.server.port;
     lab.server.proc.kill();

@@ -90,6 +90,15 @@ async fn rescued(route: Route) {
             a.server.calls(ECHO).await + b.server.calls(ECHO).await == 1
         })
         .await;
+        // And its answer is back: killing the server while it is on the wire would cut the call
+        // off, which is not what this test is about.
+        let waiting = env.path("go.waiting");
+        wait_until(
+            "the client waits for the go file",
+            Duration::from_secs(20),
+            || async { waiting.exists() },
+        )
+        .await;
         let a_took_it = a.server.calls(ECHO).await == 1;
         let (dead, survivor) = if a_took_it {
             (&mut a, &mut b)
