@@ -283,6 +283,52 @@ pub struct Unnamed {
     pub reason: String,
 }
 
+/// The names a tool of a service may get on `vs`, in the order they are tried.
+fn candidates(vs: &VirtualServer, service: &str, tool: &str) -> Vec<String> {
+    let prefixed = format!("{service}{SEPARATOR}{tool}");
+    match vs.naming {
+        Naming::Prefixed => vec![prefixed],
+        Naming::Bare => vec![tool.to_string(), prefixed],
+    }
+}
+
+/// The services whose age can change what [`resolve`] gives for `vs`: those with a tool that
+/// could be named what another tool could (a contest the older service wins), or that
+/// cannot be named at all (its place in the list of unnamed tools follows the ages). The
+/// ages of the others decide nothing: toolgate-xds resolves again only when an age among
+/// these changes, not whenever an instance replaces a service's oldest one.
+pub fn order_sensitive<'a>(
+    vs: &VirtualServer,
+    services: impl IntoIterator<Item = (&'a str, &'a [&'a str])>,
+) -> BTreeSet<&'a str> {
+    let mut claims: BTreeMap<String, BTreeSet<(&'a str, &'a str)>> = BTreeMap::new();
+    let mut sensitive = BTreeSet::new();
+    for (service, tools) in services {
+        if !vs.offers_service(service) {
+            continue;
+        }
+        for tool in tools.iter().copied() {
+            if !vs.offers(service, tool) {
+                continue;
+            }
+            let names: Vec<String> = candidates(vs, service, tool)
+                .into_iter()
+                .filter(|n| n.len() <= MAX_NAME_LEN)
+                .collect();
+            if names.is_empty() {
+                sensitive.insert(service);
+            }
+            for name in names {
+                claims.entry(name).or_default().insert((service, tool));
+            }
+        }
+    }
+    for claimants in claims.values().filter(|c| c.len() > 1) {
+        sensitive.extend(claimants.iter().map(|(service, _)| *service));
+    }
+    sensitive
+}
+
 /// The names of one virtual server's tools. Services are taken oldest first, so a name once
 /// given stays with its tool while the tool's service lives, whatever registers later.
 pub fn resolve(vs: &VirtualServer, services: &[ServiceTools<'_>]) -> (VirtualRoutes, Vec<Unnamed>) {
@@ -298,11 +344,7 @@ pub fn resolve(vs: &VirtualServer, services: &[ServiceTools<'_>]) -> (VirtualRou
             if !vs.offers(s.service, tool) {
                 continue;
             }
-            let prefixed = format!("{}{SEPARATOR}{}", s.service, tool);
-            let candidates: Vec<String> = match vs.naming {
-                Naming::Prefixed => vec![prefixed],
-                Naming::Bare => vec![tool.to_string(), prefixed],
-            };
+            let candidates = candidates(vs, s.service, tool);
             let entry = VirtualTool {
                 service: s.service.to_string(),
                 tool: tool.to_string(),
@@ -351,6 +393,43 @@ mod tests {
             since_revision: since,
             tools: tools.to_vec(),
         }
+    }
+
+    #[test]
+    fn only_contested_or_unnameable_services_are_order_sensitive() {
+        let long = "x".repeat(MAX_NAME_LEN + 1);
+        let tools: Vec<(&str, Vec<&str>)> = vec![
+            ("inv", vec!["read", "write"]),
+            ("pay", vec!["read", "charge"]),
+            ("solo", vec!["unique"]),
+            ("a__b", vec!["c"]),
+            ("a", vec!["b__c"]),
+            ("big", vec![long.as_str()]),
+        ];
+        let of = |vs: &VirtualServer| -> Vec<&str> {
+            order_sensitive(vs, tools.iter().map(|(s, t)| (*s, t.as_slice())))
+                .into_iter()
+                .collect()
+        };
+        let bare: VirtualServer = serde_json::from_str(r#"{"naming":"bare"}"#).unwrap();
+        assert_eq!(of(&bare), ["a", "a__b", "big", "inv", "pay"]);
+        assert_eq!(of(&VirtualServer::everything()), ["a", "a__b", "big"]);
+        // Whatever the ages of the others, the result is the same.
+        let with = |solo: i64, inv: i64| {
+            let services: Vec<ServiceTools<'_>> = tools
+                .iter()
+                .map(|(s, t)| {
+                    let since = match *s {
+                        "solo" => solo,
+                        "inv" => inv,
+                        _ => 5,
+                    };
+                    svc(s, since, t)
+                })
+                .collect();
+            resolve(&VirtualServer::everything(), &services)
+        };
+        assert_eq!(with(1, 1), with(9, 9));
     }
 
     #[test]

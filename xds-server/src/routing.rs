@@ -8,6 +8,9 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+/// Every service's route, by name.
+pub type ServiceRoutes = BTreeMap<String, Arc<ServiceRoute>>;
+
 /// Everything Envoy must know, at one moment. Published through a `tokio::sync::watch`.
 #[derive(Debug, Clone)]
 pub struct RoutingSnapshot {
@@ -23,9 +26,11 @@ pub struct RoutingSnapshot {
     pub recent: Arc<[Cause]>,
     /// A service whose route did not change shares its `Arc` with the previous snapshot, so
     /// the xDS side finds what changed without comparing contents.
-    pub services: BTreeMap<String, Arc<ServiceRoute>>,
+    /// Shared by the snapshot's readers (the cache keeps the last one to diff against).
+    pub services: Arc<ServiceRoutes>,
     /// The wasm filter's plugin configuration (JSON), delivered over ECDS.
-    pub filter_config: String,
+    /// Shared with the registry's memo: a publish that leaves it alone copies a pointer.
+    pub filter_config: Arc<str>,
     /// The virtual servers offered (issue 19), sorted: each gets its route,
     /// `/virtual/<name>`, and `default` also `/mcp`. Empty means `default` alone.
     pub virtual_servers: Vec<String>,
@@ -131,8 +136,8 @@ impl RoutingSnapshot {
             changed_at: Instant::now(),
             trace: Default::default(),
             recent: Arc::from([]),
-            services: BTreeMap::new(),
-            filter_config: String::from("{}"),
+            services: Arc::default(),
+            filter_config: Arc::from("{}"),
             virtual_servers: Vec::new(),
             max_body_bytes: toolgate_model::RequestLimits::default().max_body_bytes,
             auth: None,

@@ -60,7 +60,8 @@ impl From<VirtualError> for Refusal {
 /// served, the names it offers and what each calls, and the tools it could not name.
 pub async fn list(State(s): State<AdminState>) -> impl IntoResponse {
     let reg = s.registry.read().unwrap_or_else(|p| p.into_inner());
-    let (routes, unnamed) = reg.virtual_routes();
+    let resolved = reg.virtual_routes();
+    let (routes, unnamed) = &*resolved;
     let stored: Vec<&String> = reg.stored_virtual_servers().map(|(n, _)| n).collect();
     let list: Vec<Value> = reg
         .virtual_servers()

@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::Arc;
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
@@ -126,7 +127,7 @@ fn decode_cursor(cursor: &str) -> Option<String> {
 /// What every listing of one refresh reads: taken once, shared by the virtual servers.
 pub struct Inputs<'a> {
     pub servers: BTreeMap<String, VirtualServer>,
-    pub config: FilterConfig,
+    pub config: Arc<FilterConfig>,
     /// Services with at least one instance that takes calls (UP, or UNHEALTHY at a reduced
     /// weight: Envoy still routes to it).
     pub serving: BTreeSet<String>,

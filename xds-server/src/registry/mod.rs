@@ -6,12 +6,13 @@
 
 pub mod admission;
 pub mod auth;
+mod memo;
 pub mod persist;
 pub mod publish;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use serde::Serialize;
@@ -20,9 +21,11 @@ use toolgate_model::auth::{AuthConfig, ToolRules};
 use toolgate_model::fleet::{FleetOpen, Override, MAX_REASON_LEN};
 use toolgate_model::policy::{FilterConfig, PolicyOverrides, RequestLimits, ServicePolicy};
 use toolgate_model::virtual_server::{
-    resolve, ServiceTools, Unnamed, VirtualRoutes, VirtualServer, DEFAULT_VIRTUAL,
+    order_sensitive, resolve, ServiceTools, Unnamed, VirtualRoutes, VirtualServer, DEFAULT_VIRTUAL,
 };
 use toolgate_model::{InstanceMetadata, KeyLayout, ProbeKind, ServiceKey};
+
+use memo::{Memo, Versioned};
 
 use crate::health::machine::{CallCounts, Health, ProbeResult, State};
 use crate::health::HealthConfig;
@@ -160,7 +163,7 @@ pub struct Registry {
     /// The tools each service's registrations list (the union over its instances), for the
     /// filter, which keeps breakers only for these. A service whose last instance left keeps
     /// its last list, as it keeps its route. Refreshed with the routes of stale services.
-    catalog: BTreeMap<String, BTreeSet<String>>,
+    catalog: Versioned<BTreeMap<String, BTreeSet<String>>>,
     /// The key the filters seal `Mcp-Session-Id` with (base64), if any.
     session_key: String,
     /// Virtual servers from `<prefix>virtual/<name>`, as last admitted (issue 19), with the
@@ -185,37 +188,48 @@ pub struct Registry {
     /// Whether the last publish had rule sets but no configuration to apply them with, so
     /// that this is logged once, when it starts, not at every push.
     auth_rules_unused: bool,
-    /// The last [`virtual_routes`](Self::virtual_routes) and what it was made from.
-    virtual_memo: VirtualMemo,
+    /// The last [`virtual_routes`](Self::virtual_routes), keyed on what it was made from.
+    virtual_memo: Memo<VirtualKey, Arc<VirtualOutput>>,
+    order_memo: Memo<OrderKey, Arc<BTreeSet<String>>>,
+    /// The last filters' configuration, keyed on what it was made from.
+    filter_memo: Memo<FilterKey, FilterMade>,
 }
 
-/// What [`Registry::virtual_routes`] computes from: the catalog, the services' ages and the
+/// What [`Registry::virtual_routes`] computes from: the catalog's version, the ages of the
+/// services whose age can decide a name (see `order_sensitive`), in name order, and the
 /// virtual servers' definitions.
-type VirtualInputs = (
-    BTreeMap<String, BTreeSet<String>>,
-    BTreeMap<String, i64>,
-    BTreeMap<String, VirtualServer>,
-);
-type VirtualOutput = (BTreeMap<String, VirtualRoutes>, Vec<(String, Unnamed)>);
+type VirtualKey = (u64, Vec<i64>, BTreeMap<String, VirtualServer>);
+/// The catalog's version and the definitions → the services whose age can decide a name.
+type OrderKey = (u64, BTreeMap<String, VirtualServer>);
+pub type VirtualOutput = (BTreeMap<String, VirtualRoutes>, Vec<(String, Unnamed)>);
 
-/// Resolving every virtual server over every tool was most of a publish at 10,000 services
-/// (and of each aggregate listing refresh), and an instance coming or going changes none of
-/// its inputs: the result is kept with a copy of them and made again only when they differ.
-/// Comparing the inputs costs a fraction of resolving them.
-#[derive(Default)]
-struct VirtualMemo(Mutex<Option<(VirtualInputs, VirtualOutput)>>);
+/// What the filters' configuration is made from: the catalog's version (the large input,
+/// compared by version), the virtual servers' names (compared by pointer: the memo of
+/// [`Registry::virtual_routes`] keeps its `Arc` while they come out the same, as they do
+/// when a service's age moves without deciding a contested name), and the configuration
+/// without its catalog and virtual servers (the small inputs, compared whole: policies, fleet
+/// openings, overrides, limits, auth, the session key). The key holds the `Arc`, so its
+/// address cannot be reused while compared.
+struct FilterKey {
+    catalog: u64,
+    virtual_routes: Arc<VirtualOutput>,
+    rest: FilterConfig,
+}
 
-impl Clone for VirtualMemo {
-    /// A copy of the registry starts without: its inputs may change apart from ours.
-    fn clone(&self) -> Self {
-        VirtualMemo::default()
+impl PartialEq for FilterKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.catalog == other.catalog
+            && Arc::ptr_eq(&self.virtual_routes, &other.virtual_routes)
+            && self.rest == other.rest
     }
 }
 
-impl std::fmt::Debug for VirtualMemo {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("VirtualMemo")
-    }
+/// The filters' configuration as a publish sends it, made once per change of its inputs.
+#[derive(Clone)]
+struct FilterMade {
+    config: Arc<FilterConfig>,
+    json: Arc<str>,
+    unnamed: Vec<(String, Unnamed)>,
 }
 
 impl Registry {
@@ -248,7 +262,7 @@ impl Registry {
             all_stale: true,
             endpoints: Arc::default(),
             request_limits: RequestLimits::default(),
-            catalog: BTreeMap::new(),
+            catalog: Versioned::default(),
             session_key: String::new(),
             virtuals: BTreeMap::new(),
             since_revision: BTreeMap::new(),
@@ -256,7 +270,9 @@ impl Registry {
             legacy_revisions: BTreeMap::new(),
             auth: auth::AuthStore::default(),
             auth_rules_unused: false,
-            virtual_memo: VirtualMemo::default(),
+            virtual_memo: Memo::default(),
+            order_memo: Memo::default(),
+            filter_memo: Memo::default(),
         }
     }
 
@@ -754,7 +770,7 @@ impl Registry {
         let overrides: PolicyOverrides =
             serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(value))
                 .map_err(|e| reject("bad_policy", format!("not policy JSON: {e}")))?;
-        let mut candidate = self.filter_config();
+        let mut candidate = FilterConfig::clone(&self.filter_config());
         let entry = candidate.services.entry(service.clone()).or_default();
         match &tool {
             Some(t) => {
@@ -791,28 +807,38 @@ impl Registry {
 
     /// The names each virtual server offers and what they call, and the tools that could not
     /// be named (with why).
-    pub fn virtual_routes(&self) -> VirtualOutput {
+    pub fn virtual_routes(&self) -> Arc<VirtualOutput> {
         let definitions = self.virtual_servers();
-        let mut memo = self
-            .virtual_memo
-            .0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if let Some(((catalog, ages, defs), output)) = memo.as_ref() {
-            if *catalog == self.catalog && *ages == self.since_revision && *defs == definitions {
-                return output.clone();
+        // Ages decide only contests: resolving again for every instance that replaces a
+        // service's oldest one was most of a publish at 100,000 instances.
+        let sensitive =
+            self.order_memo
+                .get_or_make((self.catalog.version(), definitions.clone()), |_| {
+                    let tools: Vec<(&str, Vec<&str>)> = self
+                        .catalog
+                        .iter()
+                        .map(|(s, t)| (s.as_str(), t.iter().map(String::as_str).collect()))
+                        .collect();
+                    let services = || tools.iter().map(|(s, t)| (*s, t.as_slice()));
+                    let union: BTreeSet<String> = definitions
+                        .values()
+                        .flat_map(|vs| order_sensitive(vs, services()))
+                        .map(str::to_string)
+                        .collect();
+                    Arc::new(union)
+                });
+        let ages: Vec<i64> = sensitive
+            .iter()
+            .map(|s| self.since_revision.get(s).copied().unwrap_or(i64::MAX))
+            .collect();
+        let key = (self.catalog.version(), ages, definitions.clone());
+        self.virtual_memo.get_or_make(key, |before| {
+            let made = self.resolve_virtual_routes(&definitions);
+            match before {
+                Some(before) if **before == made => Arc::clone(before),
+                _ => Arc::new(made),
             }
-        }
-        let output = self.resolve_virtual_routes(&definitions);
-        *memo = Some((
-            (
-                self.catalog.clone(),
-                self.since_revision.clone(),
-                definitions,
-            ),
-            output.clone(),
-        ));
-        output
+        })
     }
 
     fn resolve_virtual_routes(
@@ -844,20 +870,43 @@ impl Registry {
 
     /// The filter's configuration: the defaults, every admitted policy override, the fleet's
     /// breaker openings, the operator overrides and each virtual server's names.
-    pub fn filter_config(&self) -> FilterConfig {
-        self.filter_config_and_unnamed().0
+    pub fn filter_config(&self) -> Arc<FilterConfig> {
+        self.filter_made().config
     }
 
-    /// [`filter_config`](Self::filter_config), and the tools the virtual servers could not
-    /// name.
-    fn filter_config_and_unnamed(&self) -> (FilterConfig, Vec<(String, Unnamed)>) {
-        let (virtual_servers, unnamed) = self.virtual_routes();
+    /// [`filter_config`](Self::filter_config), its JSON, and the tools the virtual servers
+    /// could not name; made again only when an input changed (see `memo.rs`).
+    fn filter_made(&self) -> FilterMade {
+        let key = FilterKey {
+            catalog: self.catalog.version(),
+            virtual_routes: self.virtual_routes(),
+            rest: self.filter_config_without_catalog(),
+        };
+        let (virtual_routes, rest) = (key.virtual_routes.clone(), key.rest.clone());
+        self.filter_memo.get_or_make(key, |_| {
+            let (virtual_servers, unnamed) = &*virtual_routes;
+            let config = FilterConfig {
+                catalog: BTreeMap::clone(&self.catalog),
+                virtual_servers: virtual_servers.clone(),
+                ..rest
+            };
+            // Serializing plain structs with string keys cannot fail.
+            let json = serde_json::to_string(&config).unwrap_or_default();
+            FilterMade {
+                config: Arc::new(config),
+                json: json.into(),
+                unnamed: unnamed.clone(),
+            }
+        })
+    }
+
+    /// The filter's configuration but for its catalog and virtual servers: what is small
+    /// enough to make and compare on every publish.
+    fn filter_config_without_catalog(&self) -> FilterConfig {
         let mut config = FilterConfig {
             max_body_bytes: self.request_limits.max_body_bytes,
             max_json_depth: self.request_limits.max_json_depth,
-            catalog: self.catalog.clone(),
             session_key: toolgate_model::policy::ReportToken(self.session_key.clone()),
-            virtual_servers,
             legacy_revisions: self
                 .legacy_revisions
                 .iter()
@@ -890,7 +939,7 @@ impl Registry {
                 None => entry.policy = Some(overrides.clone()),
             }
         }
-        (config, unnamed)
+        config
     }
 
     /// Logs the tools no virtual server could name that the last publish could: once per
@@ -1055,14 +1104,21 @@ impl Registry {
         let stale: Vec<String> = if std::mem::take(&mut self.all_stale) {
             self.stale.clear();
             self.routes.retain(|s, _| self.services.contains_key(s));
-            self.catalog.retain(|s, _| self.services.contains_key(s));
+            let services = &self.services;
+            if self.catalog.keys().any(|s| !services.contains_key(s)) {
+                self.catalog
+                    .modify()
+                    .retain(|s, _| services.contains_key(s));
+            }
             self.services.keys().cloned().collect()
         } else {
             std::mem::take(&mut self.stale).into_iter().collect()
         };
         for service in &stale {
             if !self.services.contains_key(service) {
-                self.catalog.remove(service);
+                if self.catalog.contains_key(service) {
+                    self.catalog.modify().remove(service);
+                }
                 continue;
             }
             let mut any = false;
@@ -1074,18 +1130,23 @@ impl Registry {
                 })
                 .collect();
             if any {
-                self.catalog.insert(service.clone(), tools);
-            } else {
+                if self.catalog.get(service) != Some(&tools) {
+                    self.catalog.modify().insert(service.clone(), tools);
+                }
+            } else if !self.catalog.contains_key(service) {
                 // No instance left: the last list stands, as the route does.
-                self.catalog.entry(service.clone()).or_default();
+                self.catalog
+                    .modify()
+                    .insert(service.clone(), BTreeSet::new());
             }
         }
-        let (filter, unnamed) = self.filter_config_and_unnamed();
-        self.log_unnamed(unnamed);
+        let made = self.filter_made();
+        let filter = &made.config;
+        self.log_unnamed(made.unnamed.clone());
         self.log_auth_rules_unused();
         for service in stale {
             if self.services.contains_key(&service) {
-                let route = self.build_route(&service, &filter);
+                let route = self.build_route(&service, filter);
                 match self.routes.get(&service) {
                     Some(old) if **old == route => {}
                     _ => {
@@ -1101,9 +1162,8 @@ impl Registry {
             changed_at,
             trace: Default::default(),
             recent: std::sync::Arc::from([]),
-            services: self.routes.clone(),
-            // Serializing plain structs with string keys cannot fail.
-            filter_config: serde_json::to_string(&filter).unwrap_or_default(),
+            services: Arc::new(self.routes.clone()),
+            filter_config: made.json.clone(),
             virtual_servers: filter.virtual_servers.keys().cloned().collect(),
             max_body_bytes: self.request_limits.max_body_bytes,
             auth: self.auth.config().cloned(),
@@ -1710,6 +1770,110 @@ mod tests {
     }
 
     const BARE: &[u8] = br#"{"naming":"bare"}"#;
+
+    #[test]
+    fn the_kept_filter_configuration_follows_every_input() {
+        let mut r = reg();
+        let mut generation = 0;
+        // After each change: what the publish sends is what a registry without a memo makes.
+        let mut check = |r: &mut Registry, what: &str| -> Arc<str> {
+            generation += 1;
+            let sent = r.routing(generation, Instant::now()).filter_config;
+            let fresh = serde_json::to_string(&*r.clone().filter_config()).unwrap();
+            assert_eq!(&*sent, fresh.as_str(), "after {what}");
+            sent
+        };
+        r.put(
+            "/mcp/services/inv/i-1",
+            &instance("i-1", 9001, &["a"]),
+            7,
+            2,
+            2,
+        )
+        .unwrap();
+        check(&mut r, "a first service");
+        r.put(
+            "/mcp/services/pay/i-1",
+            &instance("i-1", 9101, &["a"]),
+            7,
+            3,
+            3,
+        )
+        .unwrap();
+        let before = check(&mut r, "a second service with a contested name");
+        r.put(
+            "/mcp/services/inv/i-2",
+            &instance("i-2", 9002, &["a"]),
+            7,
+            4,
+            4,
+        )
+        .unwrap();
+        let same = check(&mut r, "an instance that changes no input");
+        assert!(Arc::ptr_eq(&before, &same), "kept, not made again");
+        r.put(
+            "/mcp/services/inv/i-3",
+            &instance("i-3", 9003, &["a", "b"]),
+            7,
+            5,
+            5,
+        )
+        .unwrap();
+        check(&mut r, "a new tool");
+        r.put("/mcp/policies/inv", br#"{"max_requests":7}"#, 0, 6, 6)
+            .unwrap();
+        check(&mut r, "a policy");
+        r.put(
+            "/mcp/overrides/inv/a",
+            br#"{"mode":"force_open","reason":"maintenance"}"#,
+            0,
+            7,
+            7,
+        )
+        .unwrap();
+        check(&mut r, "an override");
+        r.put("/mcp/virtual/ops", BARE, 0, 8, 8).unwrap();
+        check(&mut r, "a virtual server");
+        // inv's oldest instance leaves: pay becomes the older service and keeps the bare name.
+        assert!(r.delete("/mcp/services/inv/i-1"));
+        assert!(r.delete("/mcp/services/inv/i-2"));
+        check(&mut r, "a service growing younger");
+        assert!(r.set_legacy_revision("pay", Some("2025-06-18".into())));
+        check(&mut r, "a legacy revision");
+        assert!(r.delete("/mcp/overrides/inv/a"));
+        check(&mut r, "an override lifted");
+        assert!(r.delete("/mcp/policies/inv"));
+        check(&mut r, "a policy removed");
+        r.put(
+            "/mcp/services/solo/i-1",
+            &instance("i-1", 9201, &["z"]),
+            7,
+            10,
+            10,
+        )
+        .unwrap();
+        let before = check(&mut r, "a service with a tool nobody else has");
+        r.put(
+            "/mcp/services/solo/i-2",
+            &instance("i-2", 9202, &["z"]),
+            7,
+            11,
+            11,
+        )
+        .unwrap();
+        assert!(r.delete("/mcp/services/solo/i-1"));
+        let same = check(&mut r, "an age that decides no name");
+        assert!(Arc::ptr_eq(&before, &same), "kept, not made again");
+        let kvs = [(
+            "/mcp/services/pay/i-1",
+            &instance("i-1", 9101, &["c"])[..],
+            7,
+            3,
+            9,
+        )];
+        r.reset(kvs.iter().map(|(k, v, l, c, m)| (*k, *v, *l, *c, *m)), 9);
+        check(&mut r, "a full resync");
+    }
 
     #[test]
     fn the_filters_learn_the_legacy_services_while_they_exist() {

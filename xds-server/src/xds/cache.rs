@@ -14,7 +14,7 @@ use std::time::Instant;
 use envoy_types::pb::google::protobuf::Any;
 
 use super::resources::{self, ResourceOptions, ResourceType};
-use crate::routing::{RoutingSnapshot, ServiceRoute};
+use crate::routing::{RoutingSnapshot, ServiceRoute, ServiceRoutes};
 
 /// All resources of one type at one version. Immutable: shared by every stream through `Arc`,
 /// and reused as is by the next [`CacheSnapshot`] when the type did not change.
@@ -137,7 +137,7 @@ impl CacheSnapshot {
 #[derive(Debug, Default)]
 pub struct SnapshotCache {
     /// The services and filter configuration of the last applied snapshot.
-    services: Option<(BTreeMap<String, Arc<ServiceRoute>>, String)>,
+    services: Option<(Arc<ServiceRoutes>, Arc<str>)>,
     /// The virtual servers of the last applied snapshot (each has its route).
     virtual_servers: Vec<String>,
     /// The auth configuration of the last applied snapshot (`jwt_authn`, JWKS clusters and
@@ -262,10 +262,9 @@ impl SnapshotCache {
             );
         }
         let mut extension = Patch::new(previous(ResourceType::ExtensionConfig));
-        let same_filter = self
-            .services
-            .as_ref()
-            .is_some_and(|(_, f)| *f == snapshot.filter_config);
+        let same_filter = self.services.as_ref().is_some_and(|(_, f)| {
+            Arc::ptr_eq(f, &snapshot.filter_config) || *f == snapshot.filter_config
+        });
         if !same_filter {
             extension.put_any(
                 super::ecds::FILTER_CONFIG_NAME.to_string(),
@@ -573,8 +572,9 @@ mod tests {
                         .into(),
                     )
                 })
-                .collect(),
-            filter_config: String::from("{}"),
+                .collect::<BTreeMap<_, _>>()
+                .into(),
+            filter_config: Arc::from("{}"),
             virtual_servers: Vec::new(),
             max_body_bytes: 1024 * 1024,
             auth: None,
@@ -615,7 +615,7 @@ mod tests {
         let mut snap = snapshot(1, &[("inventory", &[("a", 1)])]);
         cache.update(&snap);
         snap.generation = 2;
-        snap.filter_config = r#"{"max_body_bytes":10}"#.to_string();
+        snap.filter_config = Arc::from(r#"{"max_body_bytes":10}"#);
         assert_eq!(cache.update(&snap), [ResourceType::ExtensionConfig]);
     }
 
@@ -626,7 +626,7 @@ mod tests {
         cache.update(&snap);
         snap.generation = 2;
         snap.virtual_servers = vec!["default".into(), "ops".into()];
-        snap.filter_config = r#"{"virtual_servers":{"ops":{}}}"#.to_string();
+        snap.filter_config = Arc::from(r#"{"virtual_servers":{"ops":{}}}"#);
         assert_eq!(
             cache.update(&snap),
             [ResourceType::Route, ResourceType::ExtensionConfig]

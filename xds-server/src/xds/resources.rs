@@ -162,7 +162,7 @@ pub type NamedResources = BTreeMap<String, Arc<Any>>;
 pub(crate) fn build(snapshot: &RoutingSnapshot) -> BTreeMap<ResourceType, NamedResources> {
     let mut clusters = NamedResources::new();
     let mut assignments = NamedResources::new();
-    for (service, route) in &snapshot.services {
+    for (service, route) in snapshot.services.iter() {
         let name = cluster_name(service);
         clusters.insert(
             name.clone(),
@@ -430,7 +430,7 @@ pub fn route_configuration(snapshot: &RoutingSnapshot) -> RouteConfiguration {
     let mut routes = Vec::with_capacity(snapshot.services.len() * 2 + 8);
     routes.extend(super::auth::metadata_routes(snapshot));
     routes.extend(virtual_routes(snapshot));
-    for (service, route) in &snapshot.services {
+    for (service, route) in snapshot.services.iter() {
         // Envoy takes the first matching route: the GET route must come before the general one.
         routes.push(service_route(service, route, true));
         routes.push(service_route(service, route, false));
@@ -734,8 +734,9 @@ mod tests {
                     }
                     .into(),
                 ),
-            ]),
-            filter_config: String::from("{}"),
+            ])
+            .into(),
+            filter_config: Arc::from("{}"),
             virtual_servers: Vec::new(),
             max_body_bytes: 1024 * 1024,
             auth: None,
@@ -1042,7 +1043,7 @@ mod tests {
         let mut b = two_services();
         // Another generation and another order of the same instances is the same content.
         b.generation = 7;
-        if let Some(s) = b.services.get_mut("inventory") {
+        if let Some(s) = Arc::make_mut(&mut b.services).get_mut("inventory") {
             Arc::make_mut(s).endpoints.reverse();
         }
         assert_eq!(build(&a), build(&b));
@@ -1172,7 +1173,12 @@ mod tests {
         assert_eq!(d.status, 404);
 
         // A call through a virtual server may last as long as the slowest service allows.
-        Arc::make_mut(snap.services.get_mut("billing").expect("billing")).timeout_ms = 120_000;
+        Arc::make_mut(
+            Arc::make_mut(&mut snap.services)
+                .get_mut("billing")
+                .expect("billing"),
+        )
+        .timeout_ms = 120_000;
         let rc = route_configuration(&snap);
         let mcp = rc.virtual_hosts[0]
             .routes
