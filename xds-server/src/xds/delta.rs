@@ -44,6 +44,17 @@ fn version_of(hash: u64) -> Version {
     format!("{hash:016x}")
 }
 
+/// Whether `version` is [`version_of`]`(hash)`, without allocating.
+fn is_version(version: &str, hash: u64) -> bool {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let bytes = version.as_bytes();
+    bytes.len() == 16
+        && bytes
+            .iter()
+            .enumerate()
+            .all(|(i, b)| *b == HEX[((hash >> (60 - 4 * i)) & 0xf) as usize])
+}
+
 /// One resource a response carries.
 #[derive(Debug, Clone)]
 struct Update {
@@ -420,9 +431,23 @@ impl DeltaStream {
             // the version of the bytes it gets: a change elsewhere that leaves them alone is
             // not sent. Made again only when its source changes, not on every push.
             let made_per_envoy = matches!(ty, ResourceType::Route | ResourceType::ExtensionConfig);
-            let (any, version) = if !made_per_envoy {
-                (any.clone(), version_of(hash))
-            } else {
+            if !made_per_envoy {
+                // Thousands of names per push at scale: compare without copying the resource
+                // or formatting its version unless it goes out.
+                let is = |v: Option<&Version>| v.is_some_and(|v| is_version(v, hash));
+                if is(state.rejected.get(name)) {
+                    continue;
+                }
+                if !is(state.holds.get(name)) || state.refresh.contains(name) {
+                    pending.updates.push(Update {
+                        name: name.clone(),
+                        version: version_of(hash),
+                        any: any.clone(),
+                    });
+                }
+                continue;
+            }
+            let (any, version) = {
                 let key = (ty, name.clone());
                 match tailored.get(&key) {
                     Some(t) if t.source == hash => (t.any.clone(), t.version.clone()),
@@ -597,6 +622,17 @@ impl DeltaStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_version_is_recognized_without_formatting() {
+        for hash in [0, 1, 0xdead_beef, u64::MAX, 0x0123_4567_89ab_cdef] {
+            assert!(is_version(&version_of(hash), hash), "{hash:x}");
+            assert!(!is_version(&version_of(hash ^ 1), hash), "{hash:x}");
+        }
+        assert!(!is_version("", 0));
+        assert!(!is_version("00000000000000000", 0));
+        assert!(!is_version("000000000000000é", 0));
+    }
     use crate::routing::RoutingSnapshot;
     use crate::xds::ads::tests::routing;
     use crate::xds::cache::SnapshotCache;
@@ -789,7 +825,7 @@ mod tests {
         // A cluster change (another connection limit) re-creates the cluster in Envoy: its assignment
         // goes again, unchanged, or the cluster would warm until Envoy's fetch timeout.
         let mut changed = routing(3, &[("a", &[1, 9]), ("b", &[2])]);
-        if let Some(b) = changed.services.get_mut("b") {
+        if let Some(b) = Arc::make_mut(&mut changed.services).get_mut("b") {
             Arc::make_mut(b).limits.max_connections = 65;
         }
         h.publish(changed).await;
@@ -806,7 +842,7 @@ mod tests {
     async fn a_cluster_resent_in_answer_to_a_request_brings_its_assignment_along() {
         let mut h = subscribed(&[("a", &[1]), ("b", &[2])]).await;
         let mut changed = routing(2, &[("a", &[1]), ("b", &[2])]);
-        if let Some(b) = changed.services.get_mut("b") {
+        if let Some(b) = Arc::make_mut(&mut changed.services).get_mut("b") {
             Arc::make_mut(b).limits.max_connections = 65;
         }
         h.publish(changed).await;
@@ -821,7 +857,7 @@ mod tests {
         // The same cluster, accepted this time (another change), answering a CDS request:
         // its assignment follows in the same turn.
         let mut again = routing(3, &[("a", &[1]), ("b", &[2])]);
-        if let Some(b) = again.services.get_mut("b") {
+        if let Some(b) = Arc::make_mut(&mut again.services).get_mut("b") {
             Arc::make_mut(b).limits.max_connections = 66;
         }
         h.cache.update(&again);
@@ -879,7 +915,7 @@ mod tests {
         // toolgate-xds restarts; meanwhile a was changed and b removed.
         let mut h = Harness::new();
         let mut now = routing(1, &[("a", &[1])]);
-        if let Some(a) = now.services.get_mut("a") {
+        if let Some(a) = Arc::make_mut(&mut now.services).get_mut("a") {
             Arc::make_mut(a).limits.max_connections = 65;
         }
         h.publish(now).await;
