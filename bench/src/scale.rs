@@ -121,6 +121,27 @@ fn last_read_ms(log: &str) -> Option<f64> {
         .ok()
 }
 
+/// The clusters Envoy has warmed and uses (`cluster_manager.active_clusters`).
+async fn envoy_active_clusters(http: &reqwest::Client, envoy: &Envoy) -> u64 {
+    let Ok(r) = http
+        .get(format!(
+            "{}/stats?filter=^cluster_manager.active_clusters$",
+            envoy.admin_url()
+        ))
+        .send()
+        .await
+    else {
+        return 0;
+    };
+    r.text()
+        .await
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("cluster_manager.active_clusters: "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 /// Endpoints Envoy holds over all toolgate clusters.
 async fn envoy_endpoints(http: &reqwest::Client, envoy: &Envoy) -> u64 {
     let Ok(r) = http
@@ -151,6 +172,13 @@ fn fake(i: usize) -> String {
         10000 + i % 50000
     )
 }
+
+/// The services the churn registers and revokes in (`churn0` …).
+const CHURN_SERVICES: usize = 100;
+
+/// How many registrations back the churn's revocations reach: each churn service holds
+/// about `CHURN_LAG / CHURN_SERVICES` instances.
+const CHURN_LAG: usize = 300;
 
 /// Registrations per lease: real instances hold one each; etcd's puts slow down as one
 /// lease gathers tens of thousands of keys (about 110 puts/s at 40,000).
@@ -310,6 +338,7 @@ pub async fn run(env: &TestEnv, instances: usize, churn_secs: u64) -> anyhow::Re
     let resync_ms = last_read_ms(&xds.log()).context("no resync logged")?;
 
     // Churn: registrations and revocations at 500/s, while a probe change propagates.
+    let clusters_before = envoy_active_clusters(&http, &envoy).await;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let churn = {
         let (mut c, opts, stop) = (client.clone(), opts.clone(), stop.clone());
@@ -319,30 +348,46 @@ pub async fn run(env: &TestEnv, instances: usize, churn_secs: u64) -> anyhow::Re
             let mut n = 0usize;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 every.tick().await;
-                let key = format!("/mcp/services/churn{}/c{}", n % 100, n / 2);
-                let r = if n.is_multiple_of(2) {
+                // Pair k registers c<k> and revokes c<k - CHURN_LAG>, so every churn service
+                // holds a few instances that come and go (the key of a revocation exists).
+                let k = n / 2;
+                let key = |k: usize| format!("/mcp/services/churn{}/c{k}", k % CHURN_SERVICES);
+                n += 1;
+                let r = if n % 2 == 1 {
                     let v = format!(
-                        r#"{{"instance_id":"c{}","endpoint":"127.0.254.{}:9","tools":["t"]}}"#,
-                        n / 2,
-                        1 + (n / 2) % 250
+                        r#"{{"instance_id":"c{k}","endpoint":"127.0.254.{}:9","tools":["t"]}}"#,
+                        1 + k % 250
                     );
-                    c.put(key, v, Some(opts.clone())).await.map(|_| ())
+                    c.put(key(k), v, Some(opts.clone())).await.map(|_| ())
+                } else if k >= CHURN_LAG {
+                    c.delete(key(k - CHURN_LAG), None).await.map(|_| ())
                 } else {
-                    c.delete(key, None).await.map(|_| ())
+                    continue;
                 };
                 if r.is_ok() {
                     ops += 1;
                 }
-                n += 1;
             }
             ops
         })
     };
     let url = envoy.url("probe");
-    // The churn's first second creates its 100 services (CDS, every cluster sent again); the
-    // figure is the steady state after that, where registrations come and go in services
-    // that exist.
+    // The churn's first second creates its 100 services (each a new cluster, route and
+    // catalog entry); the figure is the steady state after that, where registrations come
+    // and go in services that exist. At 100,000 instances Envoy takes longer than that
+    // second to warm the 100 clusters: wait until it has them.
+    let t_warm = Instant::now();
     tokio::time::sleep(Duration::from_millis(1500)).await;
+    while envoy_active_clusters(&http, &envoy).await < clusters_before + CHURN_SERVICES as u64 {
+        if t_warm.elapsed() > Duration::from_secs(60) {
+            bail!("Envoy never warmed the churn's {CHURN_SERVICES} services");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!(
+        "  the churn's {CHURN_SERVICES} new services were in Envoy after {} ms",
+        t_warm.elapsed().as_millis()
+    );
     let cpu0 = cpu_ticks(envoy_pid);
     let t_churn = Instant::now();
     let mut samples = Vec::new();
