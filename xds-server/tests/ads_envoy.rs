@@ -239,12 +239,10 @@ fn snapshot(
                         limits: LIMITS,
                         timeout_ms: 60_000,
                         endpoints: endpoints.clone(),
-                    }
-                    .into(),
+                    },
                 )
             })
-            .collect::<BTreeMap<_, _>>()
-            .into(),
+            .collect(),
         filter_config: Arc::from("{}"),
         virtual_servers: Vec::new(),
         max_body_bytes: 1024 * 1024,
@@ -807,7 +805,7 @@ async fn follows_snapshots(protocol: XdsProtocol) {
     let before = pushes(&metrics);
     let mut bigger = (*health).clone();
     bigger.generation = 5;
-    if let Some(inventory) = Arc::make_mut(&mut bigger.services).get_mut("inventory") {
+    if let Some(inventory) = bigger.services.get_mut("inventory") {
         Arc::make_mut(inventory).limits.max_connections = 65;
     }
     let bigger = Arc::new(bigger);
@@ -1236,7 +1234,7 @@ async fn a_cluster_recreated_after_an_eds_nack_gets_its_assignment(protocol: Xds
     // ...then a's cluster changes (new limits, same endpoints): Envoy re-creates it, and it
     // warms until it gets an assignment, although the EDS version did not change.
     rig.publish_with(&services, |s| {
-        if let Some(a) = Arc::make_mut(&mut s.services).get_mut("a") {
+        if let Some(a) = s.services.get_mut("a") {
             Arc::make_mut(a).limits.max_connections = 65;
         }
     });

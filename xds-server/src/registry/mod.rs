@@ -155,7 +155,7 @@ pub struct Registry {
     /// Each service's route as last built. A publish rebuilds only the services marked stale
     /// since (all of them after a reset or a policy change): one change among 10,000 instances
     /// costs the work of its own service, not of the registry.
-    routes: BTreeMap<String, Arc<ServiceRoute>>,
+    routes: crate::routing::ServiceRoutes,
     stale: BTreeSet<String>,
     all_stale: bool,
     endpoints: Arc<admission::EndpointPolicy>,
@@ -257,7 +257,7 @@ impl Registry {
             dirty: BTreeSet::new(),
             membership: Arc::new(Notify::new()),
             by_addr: HashMap::new(),
-            routes: BTreeMap::new(),
+            routes: Default::default(),
             stale: BTreeSet::new(),
             all_stale: true,
             endpoints: Arc::default(),
@@ -1103,7 +1103,15 @@ impl Registry {
     pub fn routing(&mut self, generation: u64, changed_at: Instant) -> RoutingSnapshot {
         let stale: Vec<String> = if std::mem::take(&mut self.all_stale) {
             self.stale.clear();
-            self.routes.retain(|s, _| self.services.contains_key(s));
+            let gone: Vec<String> = self
+                .routes
+                .keys()
+                .filter(|s| !self.services.contains_key(*s))
+                .cloned()
+                .collect();
+            for s in gone {
+                self.routes.remove(&s);
+            }
             let services = &self.services;
             if self.catalog.keys().any(|s| !services.contains_key(s)) {
                 self.catalog
@@ -1162,7 +1170,7 @@ impl Registry {
             changed_at,
             trace: Default::default(),
             recent: std::sync::Arc::from([]),
-            services: Arc::new(self.routes.clone()),
+            services: self.routes.clone(),
             filter_config: made.json.clone(),
             virtual_servers: filter.virtual_servers.keys().cloned().collect(),
             max_body_bytes: self.request_limits.max_body_bytes,

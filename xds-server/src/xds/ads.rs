@@ -811,12 +811,10 @@ pub(super) mod tests {
                                     health: EndpointHealth::Healthy,
                                 })
                                 .collect(),
-                        }
-                        .into(),
+                        },
                     )
                 })
-                .collect::<BTreeMap<_, _>>()
-                .into(),
+                .collect(),
             filter_config: Arc::from("{}"),
             virtual_servers: Vec::new(),
             max_body_bytes: 1024 * 1024,
@@ -1127,7 +1125,7 @@ pub(super) mod tests {
         // rejected one, although the EDS version did not change.
         let mut limited = two();
         limited.generation = 3;
-        if let Some(a) = Arc::make_mut(&mut limited.services).get_mut("a") {
+        if let Some(a) = limited.services.get_mut("a") {
             Arc::make_mut(a).limits.max_connections = 7;
         }
         h.publish(limited).await;
@@ -1199,7 +1197,7 @@ pub(super) mod tests {
         // the cluster and it warms until it gets an assignment.
         let limited = |generation| {
             let mut r = routing(generation, &[("a", &[1, 3]), ("b", &[2])]);
-            if let Some(a) = Arc::make_mut(&mut r.services).get_mut("a") {
+            if let Some(a) = r.services.get_mut("a") {
                 Arc::make_mut(a).limits.max_connections = 7;
             }
             r

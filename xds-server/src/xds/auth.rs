@@ -419,7 +419,7 @@ mod tests {
         let auth = config(serde_json::json!({"inline": {"keys": [{"kty": "EC"}]}}));
         assert!(jwks_clusters(&auth).is_empty());
         let mut snapshot = RoutingSnapshot::empty();
-        std::sync::Arc::make_mut(&mut snapshot.services).insert(
+        snapshot.services.insert(
             "orders".into(),
             std::sync::Arc::new(crate::routing::ServiceRoute {
                 mcp_path: "/mcp".into(),

@@ -8,6 +8,8 @@
 //! names (a counter restarting at 1 could name different content with the same string).
 
 use std::collections::BTreeMap;
+
+use imbl::ordmap::DiffItem;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -22,7 +24,7 @@ use crate::routing::{RoutingSnapshot, ServiceRoute, ServiceRoutes};
 pub struct TypeSnapshot {
     /// Changes if and only if the encoded resources change.
     pub version: String,
-    entries: BTreeMap<String, Entry>,
+    entries: Entries,
     /// `changed_at` of the routing snapshot that produced this version: when the oldest etcd
     /// event folded into it reached toolgate-xds. Push latency is measured from here.
     pub changed_at: Instant,
@@ -58,7 +60,7 @@ pub fn resource_hash(any: &Any) -> u64 {
 
 impl TypeSnapshot {
     fn new(
-        entries: BTreeMap<String, Entry>,
+        entries: Entries,
         changed_at: Instant,
         traces: Arc<[crate::trace::TraceParent]>,
     ) -> TypeSnapshot {
@@ -137,7 +139,7 @@ impl CacheSnapshot {
 #[derive(Debug, Default)]
 pub struct SnapshotCache {
     /// The services and filter configuration of the last applied snapshot.
-    services: Option<(Arc<ServiceRoutes>, Arc<str>)>,
+    services: Option<(ServiceRoutes, Arc<str>)>,
     /// The virtual servers of the last applied snapshot (each has its route).
     virtual_servers: Vec<String>,
     /// The auth configuration of the last applied snapshot (`jwt_authn`, JWKS clusters and
@@ -212,7 +214,7 @@ impl SnapshotCache {
     /// only when its text changed. One change among 10,000 instances costs its own service
     /// plus a copy of the name → resource maps, not an encoding of the registry.
     fn build(&self, snapshot: &RoutingSnapshot) -> BTreeMap<ResourceType, Option<Entries>> {
-        let empty = BTreeMap::new();
+        let empty = ServiceRoutes::new();
         let previous_routes = self.services.as_ref().map_or(&empty, |(s, _)| s);
         let previous = |ty| self.current.as_ref().and_then(|c| c.types.get(&ty));
         let mut clusters = Patch::new(previous(ResourceType::Cluster));
@@ -286,7 +288,9 @@ impl SnapshotCache {
     }
 }
 
-type Entries = BTreeMap<String, Entry>;
+/// Persistent, like [`ServiceRoutes`]: the next version of a type copies its 10,000 entries
+/// in O(1) and shares all but the changed ones.
+type Entries = imbl::OrdMap<String, Entry>;
 
 /// How a service's route differs between two snapshots.
 enum Change<'a> {
@@ -295,46 +299,21 @@ enum Change<'a> {
     Set(&'a str, Option<&'a ServiceRoute>, &'a ServiceRoute),
 }
 
-/// The services that came, went or changed, by walking both (sorted) maps once. A route kept
-/// from one snapshot to the next is the same `Arc`, so most services cost a pointer compare.
-fn diff<'a>(
-    old: &'a BTreeMap<String, Arc<ServiceRoute>>,
-    new: &'a BTreeMap<String, Arc<ServiceRoute>>,
-) -> Vec<Change<'a>> {
-    let mut changes = Vec::new();
-    let (mut old, mut new) = (old.iter().peekable(), new.iter().peekable());
-    loop {
-        match (old.peek(), new.peek()) {
-            (None, None) => break,
-            (Some((o, _)), None) => {
-                changes.push(Change::Gone(o.as_str()));
-                old.next();
-            }
-            (None, Some((n, r))) => {
-                changes.push(Change::Set(n.as_str(), None, r));
-                new.next();
-            }
-            (Some((o, or)), Some((n, nr))) => match o.cmp(n) {
-                std::cmp::Ordering::Less => {
-                    changes.push(Change::Gone(o.as_str()));
-                    old.next();
-                }
-                std::cmp::Ordering::Greater => {
-                    changes.push(Change::Set(n.as_str(), None, nr));
-                    new.next();
-                }
-                std::cmp::Ordering::Equal => {
-                    // `Arc`'s `==` compares pointers first.
-                    if or != nr {
-                        changes.push(Change::Set(n.as_str(), Some(or), nr));
-                    }
-                    old.next();
-                    new.next();
-                }
-            },
-        }
-    }
-    changes
+/// The services that came, went or changed. The maps share every route that did not change
+/// (the registry rebuilds only stale services), and the persistent map's diff skips what two
+/// maps share, so a change costs its own services, not a walk of all of them.
+fn diff<'a>(old: &'a ServiceRoutes, new: &'a ServiceRoutes) -> Vec<Change<'a>> {
+    old.diff(new)
+        .filter_map(|item| match item {
+            DiffItem::Add(name, route) => Some(Change::Set(name.as_str(), None, route)),
+            // `Arc`'s `==` compares pointers first; an equal route rebuilt is no change.
+            DiffItem::Update {
+                old: (_, before),
+                new: (name, after),
+            } => (before != after).then_some(Change::Set(name.as_str(), Some(before), after)),
+            DiffItem::Remove(name, _) => Some(Change::Gone(name.as_str())),
+        })
+        .collect()
 }
 
 /// A type's previous resources with some replaced or removed, copied on the first change;
@@ -568,12 +547,10 @@ mod tests {
                                     health: EndpointHealth::Healthy,
                                 })
                                 .collect(),
-                        }
-                        .into(),
+                        },
                     )
                 })
-                .collect::<BTreeMap<_, _>>()
-                .into(),
+                .collect(),
             filter_config: Arc::from("{}"),
             virtual_servers: Vec::new(),
             max_body_bytes: 1024 * 1024,

@@ -825,7 +825,7 @@ mod tests {
         // A cluster change (another connection limit) re-creates the cluster in Envoy: its assignment
         // goes again, unchanged, or the cluster would warm until Envoy's fetch timeout.
         let mut changed = routing(3, &[("a", &[1, 9]), ("b", &[2])]);
-        if let Some(b) = Arc::make_mut(&mut changed.services).get_mut("b") {
+        if let Some(b) = changed.services.get_mut("b") {
             Arc::make_mut(b).limits.max_connections = 65;
         }
         h.publish(changed).await;
@@ -842,7 +842,7 @@ mod tests {
     async fn a_cluster_resent_in_answer_to_a_request_brings_its_assignment_along() {
         let mut h = subscribed(&[("a", &[1]), ("b", &[2])]).await;
         let mut changed = routing(2, &[("a", &[1]), ("b", &[2])]);
-        if let Some(b) = Arc::make_mut(&mut changed.services).get_mut("b") {
+        if let Some(b) = changed.services.get_mut("b") {
             Arc::make_mut(b).limits.max_connections = 65;
         }
         h.publish(changed).await;
@@ -857,7 +857,7 @@ mod tests {
         // The same cluster, accepted this time (another change), answering a CDS request:
         // its assignment follows in the same turn.
         let mut again = routing(3, &[("a", &[1]), ("b", &[2])]);
-        if let Some(b) = Arc::make_mut(&mut again.services).get_mut("b") {
+        if let Some(b) = again.services.get_mut("b") {
             Arc::make_mut(b).limits.max_connections = 66;
         }
         h.cache.update(&again);
@@ -915,7 +915,7 @@ mod tests {
         // toolgate-xds restarts; meanwhile a was changed and b removed.
         let mut h = Harness::new();
         let mut now = routing(1, &[("a", &[1])]);
-        if let Some(a) = Arc::make_mut(&mut now.services).get_mut("a") {
+        if let Some(a) = now.services.get_mut("a") {
             Arc::make_mut(a).limits.max_connections = 65;
         }
         h.publish(now).await;

@@ -709,7 +709,7 @@ mod tests {
             changed_at: Instant::now(),
             trace: Default::default(),
             recent: std::sync::Arc::from([]),
-            services: BTreeMap::from([
+            services: [
                 (
                     "inventory".to_string(),
                     ServiceRoute {
@@ -721,8 +721,7 @@ mod tests {
                             endpoint("inv-a", 1, 10, EndpointHealth::Healthy),
                             endpoint("inv-b", 2, 0, EndpointHealth::Draining),
                         ],
-                    }
-                    .into(),
+                    },
                 ),
                 (
                     "billing".to_string(),
@@ -731,11 +730,11 @@ mod tests {
                         limits: Bulkhead::default(),
                         timeout_ms: 60_000,
                         endpoints: Vec::new(),
-                    }
-                    .into(),
+                    },
                 ),
-            ])
-            .into(),
+            ]
+            .into_iter()
+            .collect(),
             filter_config: Arc::from("{}"),
             virtual_servers: Vec::new(),
             max_body_bytes: 1024 * 1024,
@@ -1043,7 +1042,7 @@ mod tests {
         let mut b = two_services();
         // Another generation and another order of the same instances is the same content.
         b.generation = 7;
-        if let Some(s) = Arc::make_mut(&mut b.services).get_mut("inventory") {
+        if let Some(s) = b.services.get_mut("inventory") {
             Arc::make_mut(s).endpoints.reverse();
         }
         assert_eq!(build(&a), build(&b));
@@ -1173,12 +1172,7 @@ mod tests {
         assert_eq!(d.status, 404);
 
         // A call through a virtual server may last as long as the slowest service allows.
-        Arc::make_mut(
-            Arc::make_mut(&mut snap.services)
-                .get_mut("billing")
-                .expect("billing"),
-        )
-        .timeout_ms = 120_000;
+        Arc::make_mut(snap.services.get_mut("billing").expect("billing")).timeout_ms = 120_000;
         let rc = route_configuration(&snap);
         let mcp = rc.virtual_hosts[0]
             .routes

@@ -216,7 +216,7 @@ mod tests {
                 timeout_ms: 1_000,
                 endpoints: Vec::new(),
             };
-            std::sync::Arc::make_mut(&mut snapshot.services).insert(name.to_string(), route.into());
+            snapshot.services.insert(name.to_string(), route.into());
         }
         let full = super::super::resources::route_configuration(&snapshot);
         let any = to_any(&full);
