@@ -24,9 +24,8 @@ pub struct RoutingSnapshot {
     /// (a `watch` keeps only the latest) still measures from, and traces to, the earliest
     /// change it had not applied yet.
     pub recent: Arc<[Cause]>,
-    /// A service whose route did not change shares its `Arc` with the previous snapshot, so
-    /// the xDS side finds what changed without comparing contents.
-    /// Shared by the snapshot's readers (the cache keeps the last one to diff against).
+    /// A service whose route did not change shares its `Arc` (and the map its subtree) with
+    /// the previous snapshot, so the xDS side finds what changed without comparing contents.
     pub services: ServiceRoutes,
     /// The wasm filter's plugin configuration (JSON), delivered over ECDS.
     /// Shared with the registry's memo: a publish that leaves it alone copies a pointer.

@@ -1,8 +1,8 @@
 //! Hands each new state of the registry to its readers: the xDS side (a routing snapshot on a
 //! `watch` channel) and the state-dir writer.
 //!
-//! Building a snapshot costs time in proportion to the services that changed (plus a copy of
-//! the per-service `Arc`s), and it is still not done once per change: changes only ask for a
+//! Building a snapshot costs time in proportion to the services that changed (the route map
+//! is persistent: the snapshot shares it), and it is still not done once per change: changes only ask for a
 //! publish, and one task builds the latest state each time it gets to it. A single change still goes out at once; under churn (hundreds of changes a
 //! second over 10,000 instances) the changes that arrive during one build share the next one,
 //! so latency stays at about two builds instead of growing with a backlog.
