@@ -247,9 +247,12 @@ pub(crate) async fn wait_status(
     }
 }
 
+/// Until toolgate-xds has published `n` instances. Read from the gauge the publisher sets, not
+/// from `/v1/registry`: at 100,000 instances that is 30 MB of JSON per poll, whose making
+/// would be measured as toolgate-xds's own memory and time.
 pub(crate) async fn wait_hosts(xds: &Xds, n: usize, timeout: Duration) -> anyhow::Result<()> {
     let t0 = Instant::now();
-    while xds.registry().await["instances"].as_u64().unwrap_or(0) < n as u64 {
+    while xds.metric("toolgate_registry_instances", "").await < n as f64 {
         if t0.elapsed() > timeout {
             bail!("toolgate-xds did not reach {n} instances");
         }

@@ -169,14 +169,21 @@ async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
     )
 }
 
+/// `GET /v1/registry`: every instance with its health. Serialized straight from the view: a
+/// `json!` tree of 100,000 instances took 350 MB on its way out, which the allocator then
+/// kept as the process's RSS.
 async fn registry(State(s): State<AdminState>) -> impl IntoResponse {
+    #[derive(serde::Serialize)]
+    struct Body {
+        etcd_up: bool,
+        #[serde(flatten)]
+        view: crate::registry::RegistryView,
+    }
     let view = s.registry.read().unwrap_or_else(|p| p.into_inner()).view();
-    Json(json!({
-        "etcd_up": s.etcd.is_up(),
-        "revision": view.revision,
-        "instances": view.instances,
-        "services": view.services,
-    }))
+    Json(Body {
+        etcd_up: s.etcd.is_up(),
+        view,
+    })
 }
 
 async fn catalog(State(s): State<AdminState>) -> impl IntoResponse {
