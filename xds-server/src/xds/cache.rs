@@ -22,8 +22,11 @@ use crate::routing::{RoutingSnapshot, ServiceRoute, ServiceRoutes};
 /// and reused as is by the next [`CacheSnapshot`] when the type did not change.
 #[derive(Debug)]
 pub struct TypeSnapshot {
-    /// Changes if and only if the encoded resources change.
+    /// Changes if and only if the encoded resources change: [`digest`](Self::digest) in hex.
     pub version: String,
+    /// The sum of every entry's [`entry_digest`]: kept up to date by each change instead of
+    /// hashing 10,000 entries again for every new version.
+    digest: u64,
     entries: Entries,
     /// `changed_at` of the routing snapshot that produced this version: when the oldest etcd
     /// event folded into it reached toolgate-xds. Push latency is measured from here.
@@ -60,12 +63,13 @@ pub fn resource_hash(any: &Any) -> u64 {
 
 impl TypeSnapshot {
     fn new(
-        entries: Entries,
+        (entries, digest): (Entries, u64),
         changed_at: Instant,
         traces: Arc<[crate::trace::TraceParent]>,
     ) -> TypeSnapshot {
         TypeSnapshot {
-            version: content_version(&entries),
+            version: format!("{digest:016x}"),
+            digest,
             entries,
             changed_at,
             traces,
@@ -81,6 +85,25 @@ impl TypeSnapshot {
     /// The resource `name` and its content hash, if the type has it.
     pub fn entry(&self, name: &str) -> Option<(&Any, u64)> {
         self.entries.get(name).map(|e| (&*e.any, e.hash))
+    }
+
+    /// The names whose resource came, went or changed since `earlier`, in name order. Walks
+    /// only what the two versions do not share: a version made from another by one change
+    /// shares all but a path of its tree.
+    pub fn changed_since<'a>(
+        &'a self,
+        earlier: &'a TypeSnapshot,
+    ) -> impl Iterator<Item = &'a String> {
+        earlier
+            .entries
+            .diff(&self.entries)
+            .filter_map(|item| match item {
+                DiffItem::Add(name, _) | DiffItem::Remove(name, _) => Some(name),
+                DiffItem::Update {
+                    old: (_, before),
+                    new: (name, after),
+                } => (before.hash != after.hash).then_some(name),
+            })
     }
 
     /// The names of the type's resources, in name order.
@@ -214,7 +237,7 @@ impl SnapshotCache {
     /// only when its text changed (a pointer compare while the registry kept it). One change
     /// among 10,000 instances costs its own service and O(log n) in the persistent maps, not
     /// an encoding or a copy of the registry.
-    fn build(&self, snapshot: &RoutingSnapshot) -> BTreeMap<ResourceType, Option<Entries>> {
+    fn build(&self, snapshot: &RoutingSnapshot) -> BTreeMap<ResourceType, Option<(Entries, u64)>> {
         let empty = ServiceRoutes::new();
         let previous_routes = self.services.as_ref().map_or(&empty, |(s, _)| s);
         let previous = |ty| self.current.as_ref().and_then(|c| c.types.get(&ty));
@@ -318,11 +341,12 @@ fn diff<'a>(old: &'a ServiceRoutes, new: &'a ServiceRoutes) -> Vec<Change<'a>> {
 }
 
 /// A type's previous resources with some replaced or removed, copied on the first change;
-/// remembers whether the bytes differ from the previous version's.
+/// remembers whether the bytes differ from the previous version's, and keeps the digest.
 struct Patch<'a> {
     previous: Option<&'a Arc<TypeSnapshot>>,
     /// `None` while nothing changed.
     entries: Option<Entries>,
+    digest: u64,
 }
 
 impl<'a> Patch<'a> {
@@ -330,6 +354,7 @@ impl<'a> Patch<'a> {
         Patch {
             previous,
             entries: None,
+            digest: previous.map_or(0, |p| p.digest),
         }
     }
 
@@ -353,39 +378,42 @@ impl<'a> Patch<'a> {
 
     fn put_any(&mut self, name: String, any: Any) {
         // Compare bytes, not hashes: a hash only says "maybe equal".
-        if self.get(&name).is_some_and(|old| *old.any == any) {
-            return;
-        }
-        self.entries().insert(name, Entry::new(any));
+        let old = match self.get(&name) {
+            Some(old) if *old.any == any => return,
+            Some(old) => entry_digest(&name, old.hash),
+            None => 0,
+        };
+        let entry = Entry::new(any);
+        self.digest = self
+            .digest
+            .wrapping_sub(old)
+            .wrapping_add(entry_digest(&name, entry.hash));
+        self.entries().insert(name, entry);
     }
 
     fn remove(&mut self, name: &str) {
-        if self.get(name).is_some() {
+        if let Some(old) = self.get(name).map(|e| entry_digest(name, e.hash)) {
+            self.digest = self.digest.wrapping_sub(old);
             self.entries().remove(name);
         }
     }
 
-    /// The new entries, or `None` when they are the previous version's.
-    fn finish(self) -> Option<Entries> {
+    /// The new entries and their digest, or `None` when they are the previous version's.
+    fn finish(self) -> Option<(Entries, u64)> {
         match (self.entries, self.previous) {
             (None, Some(_)) => None,
-            (entries, _) => Some(entries.unwrap_or_default()),
+            (entries, _) => Some((entries.unwrap_or_default(), self.digest)),
         }
     }
 }
 
-/// 64-bit FNV-1a over every (name, content hash), each length-prefixed so that no two
-/// different contents concatenate to the same input. Stable across builds and restarts, unlike
-/// `std`'s `DefaultHasher`.
-fn content_version(entries: &Entries) -> String {
-    let encoded: Vec<[u8; 8]> = entries.values().map(|e| e.hash.to_le_bytes()).collect();
-    let hash = fnv1a(
-        entries
-            .keys()
-            .zip(&encoded)
-            .flat_map(|(name, h)| [name.as_bytes(), &h[..]]),
-    );
-    format!("{hash:016x}")
+/// One entry's share of its type's digest: 64-bit FNV-1a over its name and content hash,
+/// length-prefixed so that no two different entries hash the same input. The digest is the
+/// sum of the shares, so it depends on the content only (not on the order of changes, the
+/// build or the process: an Envoy reconnecting to a restarted toolgate-xds with version `v`
+/// holds what `v` names), and a change adjusts it in O(1).
+fn entry_digest(name: &str, hash: u64) -> u64 {
+    fnv1a([name.as_bytes(), &hash.to_le_bytes()[..]])
 }
 
 /// 64-bit FNV-1a over length-prefixed parts.
@@ -664,6 +692,29 @@ mod tests {
         assert_ne!(versions(&cache), first);
         cache.update(&snapshot(3, &[("inventory", &[("a", 1)])]));
         assert_eq!(versions(&cache), first);
+    }
+
+    #[test]
+    fn a_version_kept_through_changes_is_that_of_a_fresh_build() {
+        // The digest is adjusted by each change; after adds, changes and removals it must
+        // equal the one a fresh cache computes for the same content.
+        let steps: [&[(&str, &[(&str, u8)])]; 4] = [
+            &[("a", &[("a-1", 1)]), ("b", &[("b-1", 2)])],
+            &[("a", &[("a-1", 1), ("a-2", 3)]), ("c", &[])],
+            &[
+                ("a", &[("a-2", 3)]),
+                ("b", &[("b-1", 4)]),
+                ("c", &[("c-1", 5)]),
+            ],
+            &[("b", &[("b-1", 4)])],
+        ];
+        let mut kept = SnapshotCache::new();
+        for (i, step) in steps.iter().enumerate() {
+            kept.update(&snapshot(i as u64 + 1, step));
+            let mut fresh = SnapshotCache::new();
+            fresh.update(&snapshot(1, step));
+            assert_eq!(versions(&kept), versions(&fresh), "after step {i}");
+        }
     }
 
     #[test]

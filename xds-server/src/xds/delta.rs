@@ -108,6 +108,13 @@ struct TypeState {
     /// The type version of the last response sent, and of the last one Envoy accepted.
     sent: Option<String>,
     acked: Option<String>,
+    /// The version what this type owes was last worked out against, in full or from an earlier
+    /// one, with nothing since that could change it but the responses of that reckoning. What
+    /// it owes against a later version is then only among the names that changed between the
+    /// two, and the assignments to refresh: a push at 10,000 clusters looks at its own change,
+    /// not at every name. `None` after anything else changed the state (a subscription, a
+    /// rejection): the next reckoning walks every name.
+    reckoned: Option<Arc<TypeSnapshot>>,
 }
 
 impl TypeState {
@@ -118,6 +125,12 @@ impl TypeState {
     /// Applies the subscription changes of a request. The first request of a type brings what
     /// Envoy already holds (a reconnect) and, for CDS, an empty list means a wildcard.
     fn subscribe(&mut self, ty: ResourceType, request: &DeltaDiscoveryRequest, first: bool) {
+        if first
+            || !request.resource_names_subscribe.is_empty()
+            || !request.resource_names_unsubscribe.is_empty()
+        {
+            self.reckoned = None;
+        }
         if first {
             self.owes_first = true;
             self.wildcard =
@@ -169,6 +182,7 @@ impl TypeState {
     /// later response changed it since), and the resources go again one by one, or not at
     /// all in this form if the response carried only one.
     fn rejected_response(&mut self, response: &Unanswered) {
+        self.reckoned = None;
         for c in &response.carried {
             if self.holds.get(&c.name) == Some(&c.version) {
                 match &c.before {
@@ -403,7 +417,7 @@ impl DeltaStream {
     }
 
     /// What `ty` owes this Envoy against `current`.
-    fn pending(&mut self, ty: ResourceType, current: &TypeSnapshot) -> Pending {
+    fn pending(&mut self, ty: ResourceType, current: &Arc<TypeSnapshot>) -> Pending {
         let DeltaStream {
             types,
             node,
@@ -411,13 +425,26 @@ impl DeltaStream {
             report_token,
             ..
         } = self;
-        let Some(state) = types.get(&ty) else {
+        let Some(state) = types.get_mut(&ty) else {
             return Pending::default();
         };
-        let names: Box<dyn Iterator<Item = &String>> = if state.wildcard {
-            Box::new(current.names())
-        } else {
-            Box::new(state.names.iter())
+        let reckoned = state.reckoned.replace(Arc::clone(current));
+        let state = &*state;
+        // Resources made per Envoy are one or two names: always looked at in full.
+        let made_per_envoy = matches!(ty, ResourceType::Route | ResourceType::ExtensionConfig);
+        let candidates: Option<BTreeSet<&String>> = reckoned
+            .as_ref()
+            .filter(|_| !made_per_envoy)
+            .map(|earlier| {
+                current
+                    .changed_since(earlier)
+                    .chain(state.refresh.iter())
+                    .collect()
+            });
+        let names: Box<dyn Iterator<Item = &String>> = match &candidates {
+            Some(changed) => Box::new(changed.iter().copied().filter(|n| state.subscribed(n))),
+            None if state.wildcard => Box::new(current.names()),
+            None => Box::new(state.names.iter()),
         };
         let mut pending = Pending::default();
         for name in names {
@@ -430,7 +457,6 @@ impl DeltaStream {
             // A resource made for this Envoy (its filter configuration, a shard's routes) has
             // the version of the bytes it gets: a change elsewhere that leaves them alone is
             // not sent. Made again only when its source changes, not on every push.
-            let made_per_envoy = matches!(ty, ResourceType::Route | ResourceType::ExtensionConfig);
             if !made_per_envoy {
                 // Thousands of names per push at scale: compare without copying the resource
                 // or formatting its version unless it goes out.
@@ -477,9 +503,16 @@ impl DeltaStream {
                 });
             }
         }
-        pending.removals = state
-            .holds
-            .keys()
+        let held: Box<dyn Iterator<Item = &String>> = match &candidates {
+            Some(changed) => Box::new(
+                changed
+                    .iter()
+                    .copied()
+                    .filter(|n| state.holds.contains_key(*n)),
+            ),
+            None => Box::new(state.holds.keys()),
+        };
+        pending.removals = held
             .filter(|name| {
                 state.subscribed(name) && (current.entry(name).is_none() || !node.serves(ty, name))
             })
@@ -999,5 +1032,73 @@ mod tests {
         h.publish(routing(2, &[("a", &[1])])).await;
         let eds: Vec<_> = h.sent().into_iter().filter(|r| of(EDS, r)).collect();
         assert!(eds.is_empty(), "{eds:?}");
+    }
+
+    /// What `ty` owes, as (name, version) updates and removals.
+    type Owed = (Vec<(String, String)>, Vec<String>);
+
+    /// What the stream owes against the cache's current view, worked out from the names that
+    /// changed (as a push does) and by walking every name; the stream is left as it was.
+    /// Also says whether the first was really the shortcut.
+    fn owed_both_ways(h: &mut Harness, ty: ResourceType) -> (Owed, Owed, bool) {
+        let current = h
+            .cache
+            .current()
+            .and_then(|v| v.get(ty).cloned())
+            .expect("type served");
+        let saved = h.stream.types.get(&ty).and_then(|s| s.reckoned.clone());
+        let owed = |p: Pending| -> Owed {
+            (
+                p.updates.into_iter().map(|u| (u.name, u.version)).collect(),
+                p.removals,
+            )
+        };
+        let quick = owed(h.stream.pending(ty, &current));
+        if let Some(state) = h.stream.types.get_mut(&ty) {
+            state.reckoned = None;
+        }
+        let full = owed(h.stream.pending(ty, &current));
+        if let Some(state) = h.stream.types.get_mut(&ty) {
+            state.reckoned = saved.clone();
+        }
+        (quick, full, saved.is_some())
+    }
+
+    #[tokio::test]
+    async fn what_a_push_owes_from_the_changed_names_is_what_a_full_walk_finds() {
+        let mut h = subscribed(&[("a", &[1]), ("b", &[2]), ("c", &[3])]).await;
+        let steps: [&[(&str, &[u8])]; 5] = [
+            // An endpoint change; a new service (its assignment not subscribed); a service gone;
+            // endpoints back to an earlier form; everything at once.
+            &[("a", &[1]), ("b", &[2, 4]), ("c", &[3])],
+            &[("a", &[1]), ("b", &[2, 4]), ("c", &[3]), ("d", &[5])],
+            &[("a", &[1]), ("b", &[2, 4]), ("d", &[5])],
+            &[("a", &[1]), ("b", &[2]), ("d", &[5])],
+            &[("b", &[6]), ("d", &[]), ("e", &[7])],
+        ];
+        for (i, step) in steps.iter().enumerate() {
+            let rejecting = i == 2;
+            h.cache.update(&routing(i as u64 + 2, step));
+            for ty in [CDS, EDS] {
+                let (quick, full, shortcut) = owed_both_ways(&mut h, ty);
+                assert!(shortcut, "step {i}: {ty:?} walked in full after plain ACKs");
+                assert_eq!(quick, full, "step {i}: {ty:?}");
+            }
+            let view = h.cache.current().expect("a view");
+            assert!(h.stream.push(&view).await.is_ok());
+            for r in h.sent() {
+                // One rejection along the way: the state it leaves is walked in full once.
+                let answer = if rejecting && of(EDS, &r) {
+                    nack(&r)
+                } else {
+                    ack(&r)
+                };
+                h.request(answer).await;
+            }
+            for r in h.sent() {
+                h.request(ack(&r)).await;
+            }
+        }
+        assert_eq!(h.nacks(EDS), 1);
     }
 }
