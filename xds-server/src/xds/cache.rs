@@ -698,7 +698,8 @@ mod tests {
     fn a_version_kept_through_changes_is_that_of_a_fresh_build() {
         // The digest is adjusted by each change; after adds, changes and removals it must
         // equal the one a fresh cache computes for the same content.
-        let steps: [&[(&str, &[(&str, u8)])]; 4] = [
+        type Services<'a> = &'a [(&'a str, &'a [(&'a str, u8)])];
+        let steps: [Services; 4] = [
             &[("a", &[("a-1", 1)]), ("b", &[("b-1", 2)])],
             &[("a", &[("a-1", 1), ("a-2", 3)]), ("c", &[])],
             &[
