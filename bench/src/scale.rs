@@ -391,9 +391,12 @@ pub async fn run(env: &TestEnv, instances: usize, churn_secs: u64) -> anyhow::Re
     let cpu0 = cpu_ticks(envoy_pid);
     let t_churn = Instant::now();
     let mut samples = Vec::new();
+    // When each change began, to find the slowest in the processes' logs.
+    let mut began = Vec::new();
     let mut routed = true;
     while t_churn.elapsed() < Duration::from_secs(churn_secs) {
         let t0 = Instant::now();
+        began.push(std::time::SystemTime::now());
         if routed {
             client.delete("/mcp/services/probe/p", None).await?;
             wait_status(&http, &url, 503, Duration::from_secs(10)).await?;
@@ -415,11 +418,14 @@ pub async fn run(env: &TestEnv, instances: usize, churn_secs: u64) -> anyhow::Re
     let mut worst: Vec<(usize, Duration)> = samples.iter().copied().enumerate().collect();
     worst.sort_by_key(|(_, d)| std::cmp::Reverse(*d));
     eprintln!(
-        "  slowest changes under churn (index, ms): {:?}",
+        "  slowest changes under churn (ms, began at): {:?}",
         worst
             .iter()
             .take(3)
-            .map(|(i, d)| (*i, d.as_millis()))
+            .map(|(i, d)| (
+                d.as_millis(),
+                humantime::format_rfc3339_millis(began[*i]).to_string()
+            ))
             .collect::<Vec<_>>()
     );
     let secs = t_churn.elapsed().as_secs_f64();

@@ -378,6 +378,17 @@ impl Registry {
         self.instances.iter()
     }
 
+    /// The instances whose key comes after `after` (all of them for `None`), in key order: a
+    /// pass over the registry in chunks, letting go of its lock between them.
+    pub fn instances_after(
+        &self,
+        after: Option<&ServiceKey>,
+    ) -> impl Iterator<Item = (&ServiceKey, &Instance)> {
+        use std::ops::Bound;
+        let from = after.map_or(Bound::Unbounded, Bound::Excluded);
+        self.instances.range((from, Bound::Unbounded))
+    }
+
     /// The instance a filter's report names by its upstream address.
     pub fn find_by_addr(&self, service: &str, addr: SocketAddr) -> Option<&ServiceKey> {
         self.by_addr.get(&(service.to_string(), addr))
@@ -1244,12 +1255,43 @@ impl Registry {
     /// The raw (key, value) pairs of every admitted instance, policy, fleet opening, override,
     /// virtual server and auth value, for the state-dir snapshot.
     pub fn raw_values(&self) -> Vec<(String, String)> {
-        let instances = self.instances.iter().map(|(sk, inst)| {
-            (
-                self.layout.instance_key(&sk.service, &sk.instance),
-                inst.json.to_string(),
-            )
-        });
+        let mut values: Vec<(String, String)> = self
+            .raw_instances(None, usize::MAX)
+            .0
+            .into_iter()
+            .map(|(key, value, _)| (key, value))
+            .collect();
+        values.extend(self.raw_values_but_instances());
+        values
+    }
+
+    /// (key, value, create revision) of up to `limit` instances whose key comes after `after`
+    /// (from the first for `None`), in key order, and the last one's key: the state-dir
+    /// snapshot copies the instances in chunks, letting go of the registry's lock between them.
+    pub fn raw_instances(
+        &self,
+        after: Option<&ServiceKey>,
+        limit: usize,
+    ) -> (Vec<(String, String, i64)>, Option<ServiceKey>) {
+        let mut last = None;
+        let values = self
+            .instances_after(after)
+            .take(limit)
+            .map(|(sk, inst)| {
+                last = Some(sk);
+                (
+                    self.layout.instance_key(&sk.service, &sk.instance),
+                    inst.json.to_string(),
+                    inst.create_revision,
+                )
+            })
+            .collect();
+        (values, last.cloned())
+    }
+
+    /// [`raw_values`](Self::raw_values) without the instances: policies, fleet openings,
+    /// overrides, virtual servers and auth values, a few hundred at most.
+    pub fn raw_values_but_instances(&self) -> Vec<(String, String)> {
         let policies = self.policies.iter().map(|((service, tool), (_, raw))| {
             let key = match tool {
                 Some(t) => format!("{}{service}/{t}", self.layout.policies_prefix()),
@@ -1275,8 +1317,7 @@ impl Registry {
                 raw.clone(),
             )
         });
-        instances
-            .chain(policies)
+        policies
             .chain(fleet)
             .chain(overrides)
             .chain(virtuals)
@@ -1463,7 +1504,7 @@ pub struct InstanceView {
 mod tests {
     use super::*;
 
-    fn reg() -> Registry {
+    pub(super) fn reg() -> Registry {
         Registry::new(KeyLayout::default())
     }
 
@@ -1767,7 +1808,7 @@ mod tests {
         );
     }
 
-    fn instance(id: &str, port: u16, tools: &[&str]) -> Vec<u8> {
+    pub(super) fn instance(id: &str, port: u16, tools: &[&str]) -> Vec<u8> {
         serde_json::json!({"instance_id": id, "endpoint": format!("127.0.0.1:{port}"), "tools": tools})
             .to_string()
             .into_bytes()

@@ -7,7 +7,7 @@
 //! second over 10,000 instances) the changes that arrive during one build share the next one,
 //! so latency stays at about two builds instead of growing with a backlog.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -21,6 +21,7 @@ use super::Registry;
 use crate::metrics::Metrics;
 use crate::routing::{Cause, RoutingSnapshot};
 use crate::trace::TraceParent;
+use toolgate_model::ServiceKey;
 
 /// A handle that asks for a publish; cheap to clone and to call under any lock.
 #[derive(Clone)]
@@ -124,16 +125,40 @@ static WRITING: Mutex<()> = Mutex::new(());
 
 fn save_state(dir: &Path, registry: &RwLock<Registry>) -> std::io::Result<()> {
     let _writing = WRITING.lock().unwrap_or_else(|p| p.into_inner());
-    let state = {
+    let mut state = {
         let reg = registry.read().unwrap_or_else(|p| p.into_inner());
         PersistedRegistry {
             revision: reg.revision(),
-            values: reg.raw_values(),
-            created: reg.create_revisions(),
+            values: reg.raw_values_but_instances(),
+            created: BTreeMap::new(),
         }
     };
+    // The instances in chunks: one copy of 100,000 under the read lock kept the publisher
+    // (which takes the write lock) waiting for tens of milliseconds every write. A change
+    // between chunks makes the file a mix of a few milliseconds' states, all newer than its
+    // revision; it is only served while etcd is unreachable at start, and replaced by a full
+    // read as soon as etcd answers.
+    let mut after: Option<ServiceKey> = None;
+    loop {
+        let (chunk, last) = registry
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .raw_instances(after.as_ref(), STATE_CHUNK);
+        let done = chunk.len() < STATE_CHUNK;
+        after = last;
+        for (key, value, created) in chunk {
+            state.created.insert(key.clone(), created);
+            state.values.push((key, value));
+        }
+        if done || after.is_none() {
+            break;
+        }
+    }
     persist::save(dir, &state)
 }
+
+/// Instances copied per hold of the registry's read lock when the state is written.
+const STATE_CHUNK: usize = 1_000;
 
 async fn run(
     inner: Arc<Inner>,
@@ -208,5 +233,47 @@ async fn write_state(dir: PathBuf, registry: Arc<RwLock<Registry>>, wake: Arc<No
         }
         let pause = (started.elapsed() * WRITE_PAUSE_FACTOR).max(Duration::from_millis(250));
         tokio::time::sleep(pause).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::tests::{instance, reg};
+
+    #[test]
+    fn the_state_written_in_chunks_is_the_whole_registry() {
+        let mut r = reg();
+        // Two and a half chunks, in services whose keys interleave with the chunk ends.
+        for i in 0..(STATE_CHUNK * 5 / 2) {
+            let key = format!("/mcp/services/s{}/i-{i}", i % 7);
+            let port = 1000 + (i % 60_000) as u16;
+            r.put(
+                &key,
+                &instance(&format!("i-{i}"), port, &["t"]),
+                1,
+                i as i64 + 1,
+                i as i64 + 1,
+            )
+            .expect("a valid instance");
+        }
+        r.put(
+            "/mcp/virtual/default",
+            br#"{"naming":"bare"}"#,
+            0,
+            9_999,
+            9_999,
+        )
+        .expect("a valid virtual server");
+        let (mut expected, created) = (r.raw_values(), r.create_revisions());
+        let dir = std::env::temp_dir().join(format!("toolgate-chunks-{}", std::process::id()));
+        save_state(&dir, &RwLock::new(r)).expect("written");
+        let mut saved = persist::load(&dir).expect("read back");
+        let _ = std::fs::remove_dir_all(&dir);
+        expected.sort();
+        saved.values.sort();
+        assert_eq!(saved.values.len(), STATE_CHUNK * 5 / 2 + 1);
+        assert_eq!(saved.values, expected);
+        assert_eq!(saved.created, created);
     }
 }
