@@ -496,7 +496,7 @@ const REVOKE_GOAL_MS: f64 = 10.0;
 /// etcd write -> Envoy applied: p99 at 1,000 instances, p50 at 10,000.
 const WRITE_APPLIED_P99_AT_1K_MS: f64 = 10.0;
 const WRITE_APPLIED_P50_AT_10K_MS: f64 = 5.0;
-/// A new service (the burst of 45) at 10,000 instances -> routed.
+/// A new service at 10,000 instances -> routed (p99 of single new services).
 const NEW_SERVICE_AT_10K_MS: f64 = 50.0;
 
 /// The goals a propagation run at this size is held to, with verdicts; empty for sizes that
@@ -509,9 +509,9 @@ fn propagation_goals(r: &Propagation) -> String {
             verdict(worst(|s| s.p99_ms) <= WRITE_APPLIED_P99_AT_1K_MS)
         ),
         10_000 => format!(
-            "add/remove p50 <= {WRITE_APPLIED_P50_AT_10K_MS:.0} ms: {}; new service <= {NEW_SERVICE_AT_10K_MS:.0} ms: {}",
+            "add/remove p50 <= {WRITE_APPLIED_P50_AT_10K_MS:.0} ms: {}; new service p99 <= {NEW_SERVICE_AT_10K_MS:.0} ms: {}",
             verdict(worst(|s| s.p50_ms) <= WRITE_APPLIED_P50_AT_10K_MS),
-            verdict(r.burst_45_ms <= NEW_SERVICE_AT_10K_MS)
+            verdict(r.new_service.p99_ms <= NEW_SERVICE_AT_10K_MS)
         ),
         _ => String::new(),
     }
@@ -519,12 +519,12 @@ fn propagation_goals(r: &Propagation) -> String {
 
 fn propagation_table(results: &[Propagation]) -> String {
     let mut out = String::from(
-        "| suite | instances | etcd put->watch p50 / p99 (floor) | add p50 / p99 / max | remove p50 / p99 / max | new service (burst of 45) | goals |\n\
-         | --- | ---: | ---: | ---: | ---: | ---: | --- |\n",
+        "| suite | instances | etcd put->watch p50 / p99 (floor) | add p50 / p99 / max | remove p50 / p99 / max | new service p50 / p99 | burst of 45 in a new service (etcd's part) | goals |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
     );
     for r in results {
         out.push_str(&format!(
-            "| propagation | {} | {:.2} / {:.2} ms | {:.2} / {:.2} / {:.2} ms | {:.2} / {:.2} / {:.2} ms | {:.1} ms | {} |\n",
+            "| propagation | {} | {:.2} / {:.2} ms | {:.2} / {:.2} / {:.2} ms | {:.2} / {:.2} / {:.2} ms | {:.1} / {:.1} ms | {:.1} ms ({:.1} ms) | {} |\n",
             r.instances,
             r.etcd_floor.p50_ms,
             r.etcd_floor.p99_ms,
@@ -534,7 +534,10 @@ fn propagation_table(results: &[Propagation]) -> String {
             r.remove.p50_ms,
             r.remove.p99_ms,
             r.remove.max_ms,
+            r.new_service.p50_ms,
+            r.new_service.p99_ms,
             r.burst_45_ms,
+            r.burst_45_etcd_ms,
             propagation_goals(r),
         ));
     }

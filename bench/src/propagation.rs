@@ -18,11 +18,19 @@ pub struct Propagation {
     pub etcd_floor: Summary,
     pub add: Summary,
     pub remove: Summary,
+    /// A service never seen before, one instance: etcd put -> Envoy routes a request to it
+    /// (its cluster, its assignment and the route table's change applied).
+    pub new_service: Summary,
     /// 45 registrations at once (the 5 -> 50 scale-out) until Envoy has all of them.
     pub burst_45_ms: f64,
+    /// The same burst until etcd had delivered all 45 events to a watcher of its own: the
+    /// part of the burst that is etcd committing 45 concurrent writes on this machine.
+    pub burst_45_etcd_ms: f64,
 }
 
 const PROBES: usize = 10;
+/// New services measured one at a time.
+const NEW_SERVICES: usize = 20;
 
 pub async fn run(env: &TestEnv, instances: usize, changes: usize) -> anyhow::Result<Propagation> {
     let etcd = Etcd::start(env).await;
@@ -155,10 +163,59 @@ pub async fn run(env: &TestEnv, instances: usize, changes: usize) -> anyhow::Res
         .await?;
     }
 
+    // New services, one instance each, under names never registered before: a request
+    // through Envoy is routed (200) once its cluster, assignment and route are applied.
+    let mut new_service = Vec::with_capacity(NEW_SERVICES);
+    for k in 0..NEW_SERVICES {
+        let value = probe_value(k).replace(&format!("\"p{k}\""), &format!("\"n{k}\""));
+        let t0 = Instant::now();
+        client
+            .put(
+                format!("/mcp/services/new-{k}/n{k}"),
+                value,
+                Some(put_opts.clone()),
+            )
+            .await?;
+        wait_status(
+            &http,
+            &envoy.url(&format!("new-{k}")),
+            200,
+            Duration::from_secs(10),
+        )
+        .await
+        .with_context(|| format!("new service new-{k}"))?;
+        new_service.push(t0.elapsed());
+    }
+
     // Burst: 45 instances of a fresh service registered together, until all 45 take traffic
     // (the lab answers for all of them: same endpoint is fine for routing, but Envoy counts
     // hosts by address, so give each its own loopback address and check the host count).
+    // A watcher of the bench's own times etcd's part.
+    let mut burst_watch = client
+        .watch(
+            "/mcp/services/burst/",
+            Some(WatchOptions::new().with_prefix()),
+        )
+        .await?;
+    // The creation response.
+    burst_watch.message().await?;
     let t0 = Instant::now();
+    let etcd_delivered = tokio::spawn(async move {
+        let mut seen = 0;
+        while seen < 45 {
+            match burst_watch.message().await {
+                Ok(Some(resp)) => {
+                    seen += resp
+                        .events()
+                        .iter()
+                        .filter(|e| e.event_type() == EventType::Put)
+                        .count()
+                }
+                _ => return None,
+            }
+        }
+        Some(t0.elapsed())
+    });
     futures::stream::iter(0..45)
         .map(|j| {
             let mut c = client.clone();
@@ -188,6 +245,13 @@ pub async fn run(env: &TestEnv, instances: usize, changes: usize) -> anyhow::Res
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let burst_45_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let burst_45_etcd_ms = tokio::time::timeout(Duration::from_secs(10), etcd_delivered)
+        .await
+        .ok()
+        .and_then(|joined| joined.ok().flatten())
+        .context("the bench's watcher never saw the 45 burst registrations")?
+        .as_secs_f64()
+        * 1e3;
 
     keepalive.abort();
     let _ = client.lease_revoke(lease).await;
@@ -196,7 +260,9 @@ pub async fn run(env: &TestEnv, instances: usize, changes: usize) -> anyhow::Res
         etcd_floor,
         add: summarize(&add),
         remove: summarize(&remove),
+        new_service: summarize(&new_service),
         burst_45_ms,
+        burst_45_etcd_ms,
     })
 }
 
