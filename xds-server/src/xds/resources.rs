@@ -445,6 +445,11 @@ pub fn route_configuration(snapshot: &RoutingSnapshot) -> RouteConfiguration {
             request_body_buffer_limit: Some(UInt64Value {
                 value: request_body_buffer_limit(snapshot.max_body_bytes),
             }),
+            // Once for the virtual host rather than on each of its routes: Envoy shares a
+            // virtual host's policy among its routes but builds a route's own policy (and its
+            // host predicate) per route, on every new route configuration, which is one per new
+            // service. The other routes are direct responses, which never retry.
+            retry_policy: Some(connect_failure_retry()),
             ..Default::default()
         }],
         ..Default::default()
@@ -624,7 +629,6 @@ fn mcp_route_action(
         idle_timeout: Some(idle_timeout),
         max_stream_duration,
         priority: priority as i32,
-        retry_policy: Some(connect_failure_retry()),
         ..Default::default()
     }
 }
@@ -928,6 +932,23 @@ mod tests {
         assert_eq!(rc.virtual_hosts.len(), 1);
         let vh = &rc.virtual_hosts[0];
         assert_eq!(vh.domains, ["*"]);
+        // Connect failures retry on another host, for every route through the virtual host's
+        // policy; a route's own policy would replace it, not add to it.
+        let retry = vh.retry_policy.as_ref().expect("virtual host retry policy");
+        assert_eq!(retry.retry_on, "connect-failure,refused-stream");
+        assert_eq!(
+            retry.retry_host_predicate[0].name,
+            "envoy.retry_host_predicates.previous_hosts"
+        );
+        for r in &vh.routes {
+            if let Some(route::Action::Route(a)) = &r.action {
+                assert_eq!(
+                    a.retry_policy, None,
+                    "route {} has its own retry policy",
+                    r.name
+                );
+            }
+        }
         let summary: Vec<(String, bool, String, String, i64)> = vh
             .routes
             .iter()
