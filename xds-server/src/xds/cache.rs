@@ -16,6 +16,7 @@ use std::time::Instant;
 use envoy_types::pb::google::protobuf::Any;
 
 use super::resources::{self, ResourceOptions, ResourceType};
+use super::route_table::{self, EncodedRoutes};
 use crate::routing::{RoutingSnapshot, ServiceRoute, ServiceRoutes};
 
 /// All resources of one type at one version. Immutable: shared by every stream through `Arc`,
@@ -169,6 +170,9 @@ pub struct SnapshotCache {
     /// metadata routes are made from it).
     auth: Option<Arc<toolgate_model::auth::AuthConfig>>,
     current: Option<Arc<CacheSnapshot>>,
+    /// The routes of the last applied snapshot's services, encoded: a new route configuration
+    /// is assembled from them rather than built and encoded whole.
+    encoded_routes: EncodedRoutes,
     /// How clusters are built; fixed for the life of the cache.
     options: ResourceOptions,
 }
@@ -195,7 +199,8 @@ impl SnapshotCache {
     /// update reports every type. Types that did not change keep their `Arc`, version and
     /// `changed_at`.
     pub fn update(&mut self, snapshot: &RoutingSnapshot) -> Vec<ResourceType> {
-        let built = self.build(snapshot);
+        let (built, encoded_routes) = self.build(snapshot);
+        self.encoded_routes = encoded_routes;
         // A burst coalesces (the `watch` keeps the latest): what changes now was caused by the
         // earliest snapshot this cache skipped, not by the latest alone.
         let applied = self.current.as_ref().map_or(0, |c| c.generation);
@@ -237,7 +242,13 @@ impl SnapshotCache {
     /// only when its text changed (a pointer compare while the registry kept it). One change
     /// among 10,000 instances costs its own service and O(log n) in the persistent maps, not
     /// an encoding or a copy of the registry.
-    fn build(&self, snapshot: &RoutingSnapshot) -> BTreeMap<ResourceType, Option<(Entries, u64)>> {
+    fn build(
+        &self,
+        snapshot: &RoutingSnapshot,
+    ) -> (
+        BTreeMap<ResourceType, Option<(Entries, u64)>>,
+        EncodedRoutes,
+    ) {
         let empty = ServiceRoutes::new();
         let previous_routes = self.services.as_ref().map_or(&empty, |(s, _)| s);
         let previous = |ty| self.current.as_ref().and_then(|c| c.types.get(&ty));
@@ -259,18 +270,24 @@ impl SnapshotCache {
                 clusters.put(name.clone(), cluster);
             }
         }
+        let mut encoded_routes = self.encoded_routes.clone();
         for change in diff(previous_routes, &snapshot.services) {
             match change {
                 Change::Gone(service) => {
                     route_table_changed = true;
+                    encoded_routes.remove(service);
                     let name = resources::cluster_name(service);
                     clusters.remove(&name);
                     assignments.remove(&name);
                 }
                 Change::Set(service, old, route) => {
-                    route_table_changed |= old.is_none_or(|old| {
-                        old.mcp_path != route.mcp_path || old.timeout_ms != route.timeout_ms
-                    });
+                    if route_table::routes_differ(old, route) {
+                        route_table_changed = true;
+                        encoded_routes.insert(
+                            service.to_string(),
+                            route_table::encode_service(service, route),
+                        );
+                    }
                     let name = resources::cluster_name(service);
                     clusters.put(
                         name.clone(),
@@ -282,9 +299,9 @@ impl SnapshotCache {
         }
         let mut routes = Patch::new(previous(ResourceType::Route));
         if route_table_changed {
-            routes.put(
+            routes.put_any(
                 resources::ROUTE_CONFIG_NAME.to_string(),
-                &resources::route_configuration(snapshot),
+                route_table::assemble(snapshot, &encoded_routes),
             );
         }
         let mut extension = Patch::new(previous(ResourceType::ExtensionConfig));
@@ -303,12 +320,13 @@ impl SnapshotCache {
                 super::auth::jwt_extension_config(snapshot.auth.as_deref()),
             );
         }
-        BTreeMap::from([
+        let types = BTreeMap::from([
             (ResourceType::Cluster, clusters.finish()),
             (ResourceType::Endpoint, assignments.finish()),
             (ResourceType::Route, routes.finish()),
             (ResourceType::ExtensionConfig, extension.finish()),
-        ])
+        ]);
+        (types, encoded_routes)
     }
 }
 
@@ -516,6 +534,54 @@ mod tests {
                     "{ty:?} {n}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn the_kept_routes_follow_every_kind_of_service_change() {
+        // The route configuration is assembled from each service's routes encoded when they
+        // changed; after each step it must be the configuration built from scratch.
+        let mut cache = SnapshotCache::new();
+        let mut snap = snapshot(1, &[("a", &[("a-1", 1)]), ("b", &[("b-1", 2)])]);
+        /// A step's name and the change it makes.
+        type Step = (&'static str, fn(&mut RoutingSnapshot));
+        let steps: [Step; 7] = [
+            ("first", |_| {}),
+            ("new service", |s| {
+                let c = s.services.get("a").cloned().expect("a");
+                s.services.insert("c".into(), c);
+            }),
+            ("path", |s| {
+                if let Some(r) = s.services.get_mut("a") {
+                    Arc::make_mut(r).mcp_path = "/".into();
+                }
+            }),
+            ("timeout", |s| {
+                if let Some(r) = s.services.get_mut("b") {
+                    Arc::make_mut(r).timeout_ms = 5_000;
+                }
+            }),
+            ("endpoints only", |s| {
+                if let Some(r) = s.services.get_mut("b") {
+                    Arc::make_mut(r).endpoints.clear();
+                }
+            }),
+            ("virtual server", |s| s.virtual_servers = vec!["ops".into()]),
+            ("removal", |s| {
+                s.services.remove("a");
+            }),
+        ];
+        for (i, (step, change)) in steps.iter().enumerate() {
+            change(&mut snap);
+            snap.generation = i as u64 + 1;
+            cache.update(&snap);
+            let view = cache.current().expect("updated");
+            let routes = &view.get(ResourceType::Route).expect("RDS").entries;
+            let built = resources::to_any(&resources::route_configuration(&snap));
+            assert!(
+                *routes[resources::ROUTE_CONFIG_NAME].any == built,
+                "after {step}: the kept route configuration is not the one built from scratch"
+            );
         }
     }
 

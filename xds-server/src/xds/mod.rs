@@ -12,6 +12,7 @@ mod delta;
 pub mod ecds;
 mod node;
 pub mod resources;
+mod route_table;
 pub mod shard;
 
 use std::future::Future;

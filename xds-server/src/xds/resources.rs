@@ -427,33 +427,49 @@ fn socket_address(ip: IpAddr, port: u16) -> Address {
 /// and get Envoy's own 404, except under `/virtual/`, which get a JSON-RPC error saying no
 /// such virtual server exists.
 pub fn route_configuration(snapshot: &RoutingSnapshot) -> RouteConfiguration {
-    let mut routes = Vec::with_capacity(snapshot.services.len() * 2 + 8);
-    routes.extend(super::auth::metadata_routes(snapshot));
-    routes.extend(virtual_routes(snapshot));
+    let mut host = virtual_host(snapshot);
+    host.routes.reserve(snapshot.services.len() * 2 + 1);
     for (service, route) in snapshot.services.iter() {
-        // Envoy takes the first matching route: the GET route must come before the general one.
-        routes.push(service_route(service, route, true));
-        routes.push(service_route(service, route, false));
+        host.routes.extend(service_routes(service, route));
     }
-    routes.push(unknown_virtual_route());
+    host.routes.push(unknown_virtual_route());
     RouteConfiguration {
         name: ROUTE_CONFIG_NAME.to_string(),
-        virtual_hosts: vec![VirtualHost {
-            name: VIRTUAL_HOST_NAME.to_string(),
-            domains: vec!["*".to_string()],
-            routes,
-            request_body_buffer_limit: Some(UInt64Value {
-                value: request_body_buffer_limit(snapshot.max_body_bytes),
-            }),
-            // Once for the virtual host rather than on each of its routes: Envoy shares a
-            // virtual host's policy among its routes but builds a route's own policy (and its
-            // host predicate) per route, on every new route configuration, which is one per new
-            // service. The other routes are direct responses, which never retry.
-            retry_policy: Some(connect_failure_retry()),
-            ..Default::default()
-        }],
+        virtual_hosts: vec![host],
         ..Default::default()
     }
+}
+
+/// The one virtual host, with the routes that come before the services' (auth metadata and
+/// virtual servers): [`route_configuration`] appends each service's two routes and then
+/// [`unknown_virtual_route`].
+pub(crate) fn virtual_host(snapshot: &RoutingSnapshot) -> VirtualHost {
+    let mut routes = Vec::new();
+    routes.extend(super::auth::metadata_routes(snapshot));
+    routes.extend(virtual_routes(snapshot));
+    VirtualHost {
+        name: VIRTUAL_HOST_NAME.to_string(),
+        domains: vec!["*".to_string()],
+        routes,
+        request_body_buffer_limit: Some(UInt64Value {
+            value: request_body_buffer_limit(snapshot.max_body_bytes),
+        }),
+        // Once for the virtual host rather than on each of its routes: Envoy shares a
+        // virtual host's policy among its routes but builds a route's own policy (and its
+        // host predicate) per route, on every new route configuration, which is one per new
+        // service. The other routes are direct responses, which never retry.
+        retry_policy: Some(connect_failure_retry()),
+        ..Default::default()
+    }
+}
+
+/// A service's routes, in the order Envoy must try them: it takes the first that matches, so
+/// the GET stream's comes before the general one.
+pub(crate) fn service_routes(service: &str, route: &ServiceRoute) -> [Route; 2] {
+    [
+        service_route(service, route, true),
+        service_route(service, route, false),
+    ]
 }
 
 /// How much of a request body Envoy may buffer. Above it Envoy answers with its own bare 413,
@@ -529,7 +545,7 @@ fn virtual_route(path: &str, name: &str, timeout_ms: u64, get_stream: bool) -> R
 }
 
 /// `/virtual/<anything else>`: a JSON-RPC error naming the problem rather than an empty 404.
-fn unknown_virtual_route() -> Route {
+pub(crate) fn unknown_virtual_route() -> Route {
     let body = serde_json::json!({
         "jsonrpc": "2.0",
         "id": null,
@@ -633,6 +649,8 @@ fn mcp_route_action(
     }
 }
 
+/// Reads the service's name, path and timeout only: toolgate-xds keeps a service's routes
+/// encoded until one of those changes (`route_table::routes_differ`).
 fn service_route(service: &str, route: &ServiceRoute, get_stream: bool) -> Route {
     Route {
         name: if get_stream {
