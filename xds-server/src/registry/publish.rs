@@ -182,6 +182,7 @@ async fn run(
         let span = tracing::info_span!(target: crate::trace::TARGET, "xds.publish", generation);
         trace.adopt(&span);
         let _in_span = span.enter();
+        let woke_after = changed_at.elapsed();
         let (mut snapshot, instances, revision) = {
             // Write: the registry keeps the routes it builds for the next publish.
             let mut reg = registry.write().unwrap_or_else(|p| p.into_inner());
@@ -207,7 +208,15 @@ async fn run(
         if let Some(p) = &persist {
             p.notify_one();
         }
-        debug!(generation, revision, "published");
+        // Where a change's time went before it reached the xDS side: waiting for this task,
+        // or building the snapshot.
+        debug!(
+            generation,
+            revision,
+            woke_after_ms = format_args!("{:.2}", woke_after.as_secs_f64() * 1e3),
+            since_change_ms = format_args!("{:.2}", changed_at.elapsed().as_secs_f64() * 1e3),
+            "published"
+        );
     }
 }
 

@@ -646,8 +646,13 @@ impl DeltaStream {
             count,
             first_of_version,
         );
+        // How long after the etcd event that caused the version: with the ACK's time beside
+        // it, an operator (or the bench) sees which side of the wire a slow change spent its
+        // time on.
+        let since_change_ms = current.changed_at.elapsed().as_secs_f64() * 1e3;
         debug!(node = %self.node, r#type = ty.short_name(), version = %current.version,
-            nonce = %nonce, resources = count, removed, "delta xDS response sent");
+            nonce = %nonce, resources = count, removed,
+            since_change_ms = format_args!("{since_change_ms:.2}"), "delta xDS response sent");
         Ok(())
     }
 }
