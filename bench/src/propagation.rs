@@ -248,7 +248,7 @@ pub async fn run(env: &TestEnv, instances: usize, changes: usize) -> anyhow::Res
     let admin = envoy.admin();
     while admin.stat("cluster.mcp.burst.membership_total").await != BURST as u64 {
         if t0.elapsed() > Duration::from_secs(30) {
-            bail!("Envoy did not get the 45 burst instances");
+            bail!("Envoy did not get the {BURST} burst instances");
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::route::v3::{RouteConfiguration, VirtualHost};
 use envoy_types::pb::google::protobuf::Any;
-use prost::encoding::{encode_key, encode_varint, WireType};
+use prost::encoding;
 use prost::{Message, Name};
 
 use super::resources;
@@ -39,11 +39,12 @@ pub fn routes_differ(old: Option<&ServiceRoute>, new: &ServiceRoute) -> bool {
 
 /// A service's routes as records of `VirtualHost.routes`.
 pub fn encode_service(service: &str, route: &ServiceRoute) -> Arc<[u8]> {
-    let routes = resources::service_routes(service, route);
-    let mut buf = Vec::with_capacity(routes.iter().map(|r| r.encoded_len() + 4).sum());
-    for route in &routes {
-        encode_record(ROUTES_TAG, &route.encode_to_vec(), &mut buf);
-    }
+    let mut buf = Vec::new();
+    encoding::message::encode_repeated(
+        ROUTES_TAG,
+        &resources::service_routes(service, route),
+        &mut buf,
+    );
     buf.into()
 }
 
@@ -58,36 +59,24 @@ pub fn assemble(snapshot: &RoutingSnapshot, encoded: &EncodedRoutes) -> Any {
         routes: std::mem::take(&mut rest.routes),
         ..Default::default()
     };
-    let tail = resources::unknown_virtual_route().encode_to_vec();
-    let head = head.encode_to_vec();
-    let rest = rest.encode_to_vec();
-    let services: usize = encoded.values().map(|b| b.len()).sum();
-    let mut host = Vec::with_capacity(head.len() + services + tail.len() + rest.len() + 8);
-    host.extend_from_slice(&head);
+    let mut host = head.encode_to_vec();
+    host.reserve(encoded.values().map(|b| b.len()).sum());
     for routes in encoded.values() {
         host.extend_from_slice(routes);
     }
-    encode_record(ROUTES_TAG, &tail, &mut host);
-    host.extend_from_slice(&rest);
+    encoding::message::encode(ROUTES_TAG, &resources::unknown_virtual_route(), &mut host);
+    host.extend_from_slice(&rest.encode_to_vec());
 
     let mut value = RouteConfiguration {
         name: resources::ROUTE_CONFIG_NAME.to_string(),
         ..Default::default()
     }
     .encode_to_vec();
-    value.reserve(host.len() + 8);
-    encode_record(VIRTUAL_HOSTS_TAG, &host, &mut value);
+    encoding::bytes::encode(VIRTUAL_HOSTS_TAG, &host, &mut value);
     Any {
         type_url: RouteConfiguration::type_url(),
         value,
     }
-}
-
-/// One length-delimited record: the field's key, the length, the bytes.
-fn encode_record(tag: u32, bytes: &[u8], buf: &mut Vec<u8>) {
-    encode_key(tag, WireType::LengthDelimited, buf);
-    encode_varint(bytes.len() as u64, buf);
-    buf.extend_from_slice(bytes);
 }
 
 #[cfg(test)]
