@@ -293,9 +293,17 @@ async fn a_frozen_server_is_a_zombie_down_after_the_window_and_back_on_sigcont()
 #[tokio::test]
 async fn a_killed_server_leaves_rotation_at_its_next_probe_not_the_lease_ttl() {
     let env = TestEnv::new("health_killed");
+    // The crash watch off: the next probe must find the crash by itself.
     let stack = Stack::with(
         &env,
-        Options::default().xds_arg(&["--probe-interval", "1s", "--probe-timeout", "500ms"]),
+        Options::default().xds_arg(&[
+            "--probe-interval",
+            "1s",
+            "--probe-timeout",
+            "500ms",
+            "--probe-watch-limit",
+            "0",
+        ]),
     )
     .await;
     let ep = stack.etcd.endpoint();
@@ -338,6 +346,73 @@ async fn a_killed_server_leaves_rotation_at_its_next_probe_not_the_lease_ttl() {
             .contains("refused"),
         "the cause says the connection was refused: {detail}"
     );
+}
+
+#[tokio::test]
+async fn a_killed_server_leaves_rotation_when_its_kernel_closes_the_held_connection() {
+    let env = TestEnv::new("health_killed_watch");
+    // A probe interval far longer than the bound: only the crash watch can meet it.
+    let stack = Stack::with(
+        &env,
+        Options::default().xds_arg(&["--probe-interval", "30s", "--probe-timeout", "1s"]),
+    )
+    .await;
+    let ep = stack.etcd.endpoint();
+    let stateless = ["--stateless", "--json-response"];
+    let mut a = Member::start_unwatched(&env, &ep, "crash", "crash-a", &stateless, TTL).await;
+    let b = Member::start_unwatched(&env, &ep, "crash", "crash-b", &stateless, TTL).await;
+    stack
+        .wait_healthy("crash", &[&a, &b], Duration::from_secs(20))
+        .await;
+    wait_until(
+        "both instances watched",
+        Duration::from_secs(10),
+        || async { stack.xds.metric("toolgate_health_probe_watches", "").await == 2.0 },
+    )
+    .await;
+    let probes = stack.xds.metric("toolgate_health_probes_total", "").await;
+
+    let killed = Instant::now();
+    a.server.proc.kill();
+    stack
+        .wait_healthy("crash", &[&b], Duration::from_secs(10))
+        .await;
+    let took = killed.elapsed();
+    println!(
+        "SIGKILL (registrar alive, lease TTL {TTL} s, probe interval 30 s) -> out of rotation: {} ms; bound 3000 ms",
+        took.as_millis()
+    );
+    assert!(
+        took < Duration::from_secs(3),
+        "out of rotation after {took:?}: the held connection's close should have been seen at once (the next probe is up to 33 s away)"
+    );
+    assert_eq!(stack.state("crash", "crash-a").await, "SUSPECT");
+    let detail = stack.instance("crash", "crash-a").await;
+    assert!(
+        detail["cause"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("refused"),
+        "the cause says the connection was refused: {detail}"
+    );
+    assert_eq!(
+        stack
+            .xds
+            .metric("toolgate_health_probe_watch_ends_total", "end=\"gone\"")
+            .await,
+        1.0
+    );
+    // One probe, of the killed instance; the live one was left alone, and is still watched.
+    assert_eq!(
+        stack.xds.metric("toolgate_health_probes_total", "").await - probes,
+        1.0,
+        "exactly one early probe"
+    );
+    assert_eq!(
+        stack.xds.metric("toolgate_health_probe_watches", "").await,
+        1.0
+    );
+    assert_eq!(stack.state("crash", "crash-b").await, "UP");
 }
 
 #[tokio::test]
@@ -626,8 +701,9 @@ async fn five_hundred_instances_are_probed_every_interval() {
     let cpu = (cpu_ticks(pid) - cpu0) as f64 / 100.0 / secs;
     let expected = n as f64 * secs / 2.0;
     let rss = rss_kib(pid);
+    let watches = xds.metric("toolgate_health_probe_watches", "").await;
     println!(
-        "500 instances, interval 2 s: {probes} probes in {secs:.1} s ({:.0}% of one round per interval); toolgate-xds CPU {:.1}% of a core, RSS {} MiB",
+        "500 instances, interval 2 s: {probes} probes in {secs:.1} s ({:.0}% of one round per interval); toolgate-xds CPU {:.1}% of a core, RSS {} MiB; {watches} connections held by the crash watch",
         probes / expected * 100.0,
         cpu * 100.0,
         rss / 1024
@@ -635,6 +711,13 @@ async fn five_hundred_instances_are_probed_every_interval() {
     assert!(
         probes >= expected * 0.85,
         "probe rounds fall behind: {probes} of {expected:.0}"
+    );
+    // The crash watch holds one idle connection per instance and adds no probe: none of
+    // these servers closes its connections, so no probe comes early.
+    assert_eq!(watches, n as f64, "one held connection per instance");
+    assert!(
+        probes <= expected * 1.15,
+        "more probes than one round per interval: {probes} of {expected:.0}"
     );
     let failed = xds
         .metric("toolgate_health_probes_total", "result=\"fail\"")

@@ -168,6 +168,12 @@ struct HealthArgs {
     /// Probes in flight at once.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     probe_concurrency: u32,
+    /// Instances the prober holds an idle connection to between probes, at most, so that a
+    /// crashed server (whose kernel closes it) is probed at once instead of at its next
+    /// probe; 0 turns that off. Also bounded by the open-files limit: half of what lies
+    /// beyond 1,024.
+    #[arg(long, default_value_t = 10_000)]
+    probe_watch_limit: usize,
     /// Tolerate one more missed probe before SUSPECT (3 in a row instead of 2), for servers
     /// with GC pauses.
     #[arg(long)]
@@ -203,6 +209,7 @@ impl HealthArgs {
             probe_interval: self.probe_interval,
             probe_timeout: self.probe_timeout,
             probe_concurrency: self.probe_concurrency as usize,
+            probe_watch_limit: self.probe_watch_limit,
             suspect_after: if self.probe_tolerance { 3 } else { 2 },
             down_window: self.down_window,
             call_window: self.call_window,

@@ -48,6 +48,13 @@ pub struct ResultLabel {
     pub result: &'static str,
 }
 
+/// How a watched probe connection ended: `gone` (nothing answers at the address: probed at
+/// once) or `closed` (the server closed it and still accepts connections).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WatchEndLabel {
+    pub end: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FleetLabel {
     /// open, close.
@@ -104,6 +111,8 @@ pub struct Metrics {
     pub routing_errors: Family<RoutingErrorLabel, Counter>,
     pub probes: Family<ResultLabel, Counter>,
     pub probe_wait: Histogram,
+    pub probe_watches: Gauge,
+    pub probe_watch_ends: Family<WatchEndLabel, Counter>,
     pub feedback_unknown: Counter,
     pub reconcile_mismatches: Counter,
     pub inspections: Counter,
@@ -259,6 +268,18 @@ impl Metrics {
             "How long a due probe waited for a slot under --probe-concurrency",
             probe_wait.clone(),
         );
+        let probe_watches = Gauge::default();
+        registry.register(
+            "toolgate_health_probe_watches",
+            "Idle connections the prober holds to instances, to learn of a crash when the kernel closes them",
+            probe_watches.clone(),
+        );
+        let probe_watch_ends = Family::<WatchEndLabel, Counter>::default();
+        registry.register(
+            "toolgate_health_probe_watch_ends",
+            "Held connections the instance's end closed: gone (nothing answers there; probed at once) or closed (the server still accepts)",
+            probe_watch_ends.clone(),
+        );
         let feedback_unknown = Counter::default();
         registry.register(
             "toolgate_health_feedback_unknown_endpoints",
@@ -330,6 +351,8 @@ impl Metrics {
             routing_errors,
             probes,
             probe_wait,
+            probe_watches,
+            probe_watch_ends,
             feedback_unknown,
             reconcile_mismatches,
             inspections,

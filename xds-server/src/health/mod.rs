@@ -2,6 +2,7 @@
 //! heartbeat loss read from the leases, and a periodic inspection, folded into one state
 //! machine per instance ([`machine`]) whose verdict shapes what Envoy routes to.
 
+pub mod crash_watch;
 pub mod feedback;
 pub mod lease;
 pub mod machine;
@@ -29,6 +30,9 @@ pub struct HealthConfig {
     pub probe_timeout: Duration,
     /// Probes in flight at once, so 5,000 instances do not open 5,000 sockets together.
     pub probe_concurrency: usize,
+    /// Idle connections held to instances at once, so a crash is known when the kernel closes
+    /// them (see [`crash_watch`]); 0 turns that off.
+    pub probe_watch_limit: usize,
     /// Failed probes in a row before SUSPECT (2; 3 with the GC-pause tolerance).
     pub suspect_after: u32,
     pub down_window: Duration,
@@ -50,6 +54,7 @@ impl Default for HealthConfig {
             probe_interval: Duration::from_secs(2),
             probe_timeout: Duration::from_secs(1),
             probe_concurrency: 64,
+            probe_watch_limit: 10_000,
             suspect_after: 2,
             down_window: Duration::from_secs(30),
             call_window: Duration::from_secs(10),

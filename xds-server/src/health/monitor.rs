@@ -10,11 +10,12 @@ use tokio::task::JoinHandle;
 use toolgate_model::ServiceKey;
 use tracing::{debug, error, info, warn};
 
+use super::crash_watch::{self, Ended};
 use super::machine::State;
 use super::probe::{self, ProbeSessions, Prober};
 use super::Hub;
 use crate::etcd::EtcdConfig;
-use crate::metrics::ResultLabel;
+use crate::metrics::{ResultLabel, WatchEndLabel};
 use crate::registry::{ProbeTarget, Rejected};
 
 /// Where and how an instance is probed, and what wakes its probe task early.
@@ -72,6 +73,20 @@ async fn supervise_probes(
         .unwrap_or_else(|p| p.into_inner())
         .membership();
     let slots = Arc::new(Semaphore::new(hub.config.probe_concurrency.max(1)));
+    let watches = if hub.config.probes {
+        let (budget, files) = crash_watch::budget(hub.config.probe_watch_limit);
+        if budget == 0 && hub.config.probe_watch_limit > 0 {
+            warn!(open_files_limit = files,
+                "crash watch off: the open-files limit leaves no room for connections held to instances (raise it beyond 1024); a crash is found by the next probe");
+        } else {
+            info!(budget, open_files_limit = files, asked = hub.config.probe_watch_limit,
+                "crash watch: idle connections held to instances, at most (--probe-watch-limit, and half the open-files limit beyond 1024)");
+        }
+        budget
+    } else {
+        0
+    };
+    let watches = Arc::new(Semaphore::new(watches));
     let mut tasks: HashMap<ServiceKey, ProbeTask> = HashMap::new();
     loop {
         membership.notified().await;
@@ -111,7 +126,7 @@ async fn supervise_probes(
                 prober,
                 wake.clone(),
                 client.clone(),
-                slots.clone(),
+                (slots.clone(), watches.clone()),
                 probed.clone(),
                 (id, sessions.clone()),
             ));
@@ -129,11 +144,48 @@ async fn supervise_probes(
     }
 }
 
-/// The least time between two probes of one instance when failed calls wake its prober.
+/// The least time between two probes of one instance when failed calls or a closed
+/// connection wake its prober.
 const WOKEN_PROBE_GAP: Duration = Duration::from_millis(250);
 
+/// A held connection to the instance (see [`crash_watch`]), counted in the gauge while it
+/// lives.
+struct Watch {
+    held: std::pin::Pin<Box<dyn std::future::Future<Output = Ended> + Send>>,
+    gauge: prometheus_client::metrics::gauge::Gauge,
+}
+
+impl Watch {
+    fn new(
+        held: impl std::future::Future<Output = Ended> + Send + 'static,
+        gauge: &prometheus_client::metrics::gauge::Gauge,
+    ) -> Watch {
+        gauge.inc();
+        Watch {
+            held: Box::pin(held),
+            gauge: gauge.clone(),
+        }
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
+}
+
+/// What ended the wait for the next probe.
+enum Due {
+    Scheduled,
+    /// Failed calls reported by the filters.
+    Woken,
+    /// The held connection closed and nothing serves at the address.
+    Gone,
+}
+
 /// Probes one instance at once, then every interval (with ±10% jitter so instances
-/// registered together do not probe in lockstep), or sooner when woken.
+/// registered together do not probe in lockstep), or sooner when woken by failed calls or
+/// when the connection held to it closes with nothing serving behind it.
 #[allow(clippy::too_many_arguments)]
 async fn probe_loop(
     hub: Hub,
@@ -141,7 +193,7 @@ async fn probe_loop(
     mut prober: Prober,
     wake: Arc<Notify>,
     client: reqwest::Client,
-    slots: Arc<Semaphore>,
+    (slots, watches): (Arc<Semaphore>, Arc<Semaphore>),
     probed: Arc<Notify>,
     (id, sessions): (u64, ProbeSessions),
 ) {
@@ -149,17 +201,14 @@ async fn probe_loop(
     let mut delay = Duration::ZERO;
     let mut told_unrouted = false;
     let mut last_probe: Option<Instant> = None;
+    let mut watch: Option<Watch> = None;
     loop {
-        if !delay.is_zero() {
-            tokio::select! {
-                _ = tokio::time::sleep(delay) => {}
-                _ = wake.notified() => {
-                    // Woken by failed calls: probe now, but a storm of failing calls must not
-                    // turn into a storm of probes.
-                    if let Some(gap) = last_probe.and_then(|l| WOKEN_PROBE_GAP.checked_sub(l.elapsed())) {
-                        tokio::time::sleep(gap).await;
-                    }
-                }
+        let due = wait_due(&hub, &key, delay, &wake, &mut watch).await;
+        // A storm of failing calls must not turn into a storm of probes. A closed connection
+        // is not gapped: it comes once per passing probe at most (below).
+        if matches!(due, Due::Woken) {
+            if let Some(gap) = last_probe.and_then(|l| WOKEN_PROBE_GAP.checked_sub(l.elapsed())) {
+                tokio::time::sleep(gap).await;
             }
         }
         last_probe = Some(Instant::now());
@@ -193,6 +242,17 @@ async fn probe_loop(
             sessions.release(id);
             return;
         };
+        // Only a server seen alive is watched: its connection closing is news. Not after a
+        // probe the watch itself asked for, so a server that flaps between closing and
+        // accepting costs one early probe per interval at most.
+        if ok && watch.is_none() && !matches!(due, Due::Gone) {
+            if let Ok(permit) = watches.clone().try_acquire_owned() {
+                watch = Some(Watch::new(
+                    crash_watch::hold(prober.addr(), cfg.probe_timeout, permit),
+                    &hub.metrics.probe_watches,
+                ));
+            }
+        }
         // An instance that never passed a probe is never routed; the operator must learn why
         // once, in the probe's words, without waiting for DOWN.
         if !ok && state == State::Unknown && !told_unrouted {
@@ -202,6 +262,54 @@ async fn probe_loop(
         }
         let jitter = 0.9 + rand::random::<f64>() * 0.2;
         delay = cfg.probe_interval.mul_f64(jitter);
+    }
+}
+
+/// Waits until the next probe is due: `delay` passed, failed calls woke the prober, or the
+/// held connection closed with nothing serving behind it. A connection the server closed
+/// while alive is dropped and the wait goes on (another is opened after the next pass).
+async fn wait_due(
+    hub: &Hub,
+    key: &ServiceKey,
+    delay: Duration,
+    wake: &Notify,
+    watch: &mut Option<Watch>,
+) -> Due {
+    if delay.is_zero() {
+        return Due::Scheduled;
+    }
+    let deadline = tokio::time::Instant::now() + delay;
+    loop {
+        let ended = tokio::select! {
+            _ = tokio::time::sleep_until(deadline) => None,
+            _ = wake.notified() => Some(None),
+            e = async {
+                match watch.as_mut() {
+                    Some(w) => w.held.as_mut().await,
+                    None => std::future::pending().await,
+                }
+            } => Some(Some(e)),
+        };
+        match ended {
+            None => return Due::Scheduled,
+            Some(None) => return Due::Woken,
+            Some(Some(end)) => {
+                *watch = None;
+                if end != Ended::NotOpened {
+                    hub.metrics
+                        .probe_watch_ends
+                        .get_or_create(&WatchEndLabel { end: end.as_str() })
+                        .inc();
+                }
+                if end == Ended::Gone {
+                    info!(service = %key.service, instance = %key.instance,
+                        "the connection held to the instance closed and nothing serves there now: probing at once");
+                    return Due::Gone;
+                }
+                debug!(service = %key.service, instance = %key.instance, end = end.as_str(),
+                    "the connection held to the instance ended; the server still accepts");
+            }
+        }
     }
 }
 

@@ -80,7 +80,7 @@ impl Prober {
         }
     }
 
-    fn addr(&self) -> std::net::SocketAddr {
+    pub fn addr(&self) -> std::net::SocketAddr {
         match self {
             Prober::Http { addr, .. } | Prober::Mcp(_, addr) | Prober::Tcp(addr) => *addr,
         }

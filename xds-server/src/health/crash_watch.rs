@@ -1,0 +1,234 @@
+//! A crashed server's kernel tells the prober long before its next probe could.
+//!
+//! Between two probes an instance whose process died keeps its lease (the registrar or the
+//! keep-alive outlives it for up to the TTL) and stays routed until the next probe: up to one
+//! interval (2 s, +10% jitter). But a process that dies, by SIGKILL, the OOM killer or a
+//! crash, has its sockets closed by the kernel, which sends FIN (or RST) on every connection
+//! it had. So after a probe passes, the prober holds one idle TCP connection to the instance
+//! and waits on it. When the instance's end closes it, one bare connect tells why:
+//! - refused, reset, unreachable or unanswered: nothing serves there any more ([`Ended::Gone`]);
+//!   the caller probes at once, and a refused probe makes the instance SUSPECT;
+//! - accepted: the server is alive and closed an idle connection itself (an idle or header
+//!   timeout, a restart of its listener); [`Ended::Closed`], and the schedule goes on.
+//!
+//! It costs no probe traffic. The connection sends nothing; the server sees one idle
+//! connection per instance. A new one is opened only after a passing probe, so a server that
+//! closes idle connections costs at most one connect per probe interval. The connections held
+//! at once are bounded by a budget of file descriptors ([`budget`]).
+//!
+//! A host that vanishes without closing anything (power loss, a cut network) sends nothing:
+//! the probes find it as before.
+
+use std::io::ErrorKind;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
+use tokio::sync::OwnedSemaphorePermit;
+
+/// How a held connection ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// Its end closed and nothing serves at the address now: probe at once.
+    Gone,
+    /// Its end closed, or wrote to a connection that asked nothing, and the address still
+    /// accepts connections: the server is alive.
+    Closed,
+    /// It could not be opened; nothing is known.
+    NotOpened,
+}
+
+impl Ended {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Ended::Gone => "gone",
+            Ended::Closed => "closed",
+            Ended::NotOpened => "not_opened",
+        }
+    }
+}
+
+/// What a server may write on a connection that never asked anything before the watch gives
+/// it up (an HTTP server may answer 408 before closing; more than this is not a server
+/// behaving as one).
+const MOST_UNASKED_BYTES: usize = 16 * 1024;
+
+/// Opens a connection to `addr` and returns when its other end closes it, having judged why.
+/// Holds `permit` (one file descriptor of the budget) for as long as the connection is open.
+/// Cancel-safe: dropping the future closes the connection and frees the permit.
+pub async fn hold(addr: SocketAddr, timeout: Duration, permit: OwnedSemaphorePermit) -> Ended {
+    let stream = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
+        Ok(Ok(s)) => s,
+        // The probe that just passed connected; a failure here (the descriptor limit, a
+        // listener that went away since) is left to the next probe, which is never late.
+        _ => return Ended::NotOpened,
+    };
+    let chatty = wait_closed(stream).await;
+    drop(permit);
+    if chatty {
+        return Ended::Closed;
+    }
+    if serves(addr, timeout).await {
+        Ended::Closed
+    } else {
+        Ended::Gone
+    }
+}
+
+/// Reads until the other end closes; true when it wrote more than a server ever would to a
+/// connection that asked nothing (then the watch gives the connection up).
+async fn wait_closed(mut stream: TcpStream) -> bool {
+    let mut buf = [0u8; 1024];
+    let mut seen = 0;
+    loop {
+        match stream.read(&mut buf).await {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => {
+                seen += n;
+                if seen > MOST_UNASKED_BYTES {
+                    return true;
+                }
+            }
+        }
+    }
+}
+
+/// Whether something still accepts connections at `addr`. Only an accepted connection says
+/// yes: a refusal, a reset, an unreachable host or no answer within `timeout` all say the
+/// process is gone or cannot be reached, which the probe that follows settles. An error of
+/// this process (no descriptor left) says nothing about the server, and counts as yes, so the
+/// schedule decides.
+async fn serves(addr: SocketAddr, timeout: Duration) -> bool {
+    match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
+        Ok(Ok(_)) => true,
+        Ok(Err(e)) => !matches!(
+            e.kind(),
+            ErrorKind::ConnectionRefused
+                | ErrorKind::ConnectionReset
+                | ErrorKind::ConnectionAborted
+                | ErrorKind::HostUnreachable
+                | ErrorKind::NetworkUnreachable
+                | ErrorKind::AddrNotAvailable
+        ),
+        Err(_) => false,
+    }
+}
+
+/// How many connections the watch may hold at once: `limit` (0 turns it off), and never more
+/// than half of the file descriptors this process may open beyond 1,024 kept for everything
+/// else (etcd, Envoys, probes in flight, the admin API). Raises the soft limit on open files
+/// to the hard one first, as a server that holds a connection per instance should. Returns
+/// the budget and the limit on open files it was computed from.
+pub fn budget(limit: usize) -> (usize, u64) {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let files = match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => hard,
+            Err(_) => soft,
+        },
+        Ok((soft, _)) => soft,
+        Err(_) => 1024,
+    };
+    let spare = files.saturating_sub(1024) / 2;
+    (
+        limit.min(usize::try_from(spare).unwrap_or(usize::MAX)),
+        files,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tokio::io::AsyncWriteExt;
+    use tokio::sync::Semaphore;
+
+    use super::*;
+
+    fn permit(s: &Arc<Semaphore>) -> OwnedSemaphorePermit {
+        s.clone().try_acquire_owned().expect("a permit")
+    }
+
+    const T: Duration = Duration::from_millis(500);
+
+    #[tokio::test]
+    async fn a_process_gone_is_gone_and_frees_its_descriptor() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let budget = Arc::new(Semaphore::new(1));
+        let held = tokio::spawn(hold(addr, T, permit(&budget)));
+        let (accepted, _) = listener.accept().await.unwrap();
+        assert_eq!(budget.available_permits(), 0, "held while open");
+        // What the kernel does for a killed process: its listener and connections close.
+        drop(listener);
+        drop(accepted);
+        let ended = tokio::time::timeout(Duration::from_secs(5), held)
+            .await
+            .expect("ended at once")
+            .unwrap();
+        assert_eq!(ended, Ended::Gone);
+        assert_eq!(budget.available_permits(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_live_server_closing_an_idle_connection_is_not_gone() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let budget = Arc::new(Semaphore::new(1));
+        let held = tokio::spawn(hold(addr, T, permit(&budget)));
+        let (mut accepted, _) = listener.accept().await.unwrap();
+        // An idle timeout's goodbye, as some HTTP servers write it.
+        accepted
+            .write_all(b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        drop(accepted);
+        let ended = tokio::time::timeout(Duration::from_secs(5), held)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(ended, Ended::Closed);
+        // The judging connect was accepted by the live listener.
+        assert!(tokio::time::timeout(T, listener.accept()).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_server_that_floods_an_unasked_connection_is_given_up() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let budget = Arc::new(Semaphore::new(1));
+        let held = tokio::spawn(hold(addr, T, permit(&budget)));
+        let (mut accepted, _) = listener.accept().await.unwrap();
+        let flood = tokio::spawn(async move {
+            let chunk = [b'x'; 4096];
+            while accepted.write_all(&chunk).await.is_ok() {}
+        });
+        let ended = tokio::time::timeout(Duration::from_secs(5), held)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(ended, Ended::Closed);
+        assert_eq!(budget.available_permits(), 1);
+        flood.abort();
+    }
+
+    #[tokio::test]
+    async fn nothing_listening_is_not_opened() {
+        let addr = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap()
+        };
+        let budget = Arc::new(Semaphore::new(1));
+        assert_eq!(hold(addr, T, permit(&budget)).await, Ended::NotOpened);
+        assert_eq!(budget.available_permits(), 1);
+    }
+
+    #[test]
+    fn the_budget_keeps_descriptors_for_everything_else() {
+        let (n, files) = budget(usize::MAX);
+        assert_eq!(n as u64, files.saturating_sub(1024) / 2);
+        assert_eq!(budget(7).0, 7.min(n));
+        assert_eq!(budget(0).0, 0);
+    }
+}
