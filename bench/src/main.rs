@@ -189,7 +189,7 @@ async fn main() -> anyhow::Result<()> {
             verdict(r.revoke.p99_ms <= REVOKE_GOAL_MS)
         );
         println!(
-            "| crash (SIGKILL, lease alive) -> out of rotation | p50 / p99 / max (n) | goal p99 <= {:.0} s |\n| --- | ---: | --- |\n| registrar watching its server (default) | {:.0} / {:.0} / {:.0} ms ({}) | {} |\n| registrar not watching: probes alone (2 s interval) | {:.0} / {:.0} / {:.0} ms ({}) | {} |\n",
+            "| crash (SIGKILL, lease alive) -> out of rotation | p50 / p99 / max (n) | goal p99 <= {:.0} s |\n| --- | ---: | --- |\n| registrar watching its server (default) | {:.0} / {:.0} / {:.0} ms ({}) | {} |\n| registrar not watching: the prober alone (crash watch, 2 s probes) | {:.0} / {:.0} / {:.0} ms ({}) | {} |\n",
             r.crash_goal_ms / 1e3,
             r.crash.p50_ms, r.crash.p99_ms, r.crash.max_ms, r.crash.n,
             verdict(r.crash_goal_met),

@@ -1,8 +1,9 @@
 //! Removal: how fast an instance leaves rotation. Revoke (the registrar's SIGTERM revokes its
 //! lease) -> Envoy stops routing to it; crash (SIGKILL of the server, its registrar and lease
 //! alive), twice: with the registrar watching its server (the default: it revokes when the
-//! server refuses connections) and with the watch off (`--watch-interval 0`: the active probes
-//! alone find it, one refused probe being enough); and a failing health check (the server up,
+//! server refuses connections) and with the watch off (`--watch-interval 0`: the prober alone
+//! finds it, either through the idle connection it holds, which the dead process's kernel
+//! closes, or at the next probe; one refused probe is enough); and a failing health check (the server up,
 //! `GET /health` answering 503) -> out of rotation by the active probes (toolgate-xds
 //! defaults: every 2 s, 1 s timeout, two misses). `tests/health.rs` checks these with
 //! generous bounds; these are the real figures.
@@ -28,7 +29,7 @@ pub struct Removal {
     pub revoke: Summary,
     /// Crash, the registrar beside the server watching it (its default).
     pub crash: Summary,
-    /// Crash, the registrar not watching: the probes alone.
+    /// Crash, the registrar not watching: the prober alone (its crash watch, then its probes).
     pub crash_unwatched: Summary,
     /// Issue 22's goal for a crash (lease alive): p99 under this, at the default settings.
     pub crash_goal_ms: f64,
