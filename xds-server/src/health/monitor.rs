@@ -278,39 +278,55 @@ async fn wait_due(
     if delay.is_zero() {
         return Due::Scheduled;
     }
+    enum Event {
+        Elapsed,
+        Woken,
+        WatchEnded(Ended),
+    }
     let deadline = tokio::time::Instant::now() + delay;
     loop {
-        let ended = tokio::select! {
-            _ = tokio::time::sleep_until(deadline) => None,
-            _ = wake.notified() => Some(None),
-            e = async {
+        let event = tokio::select! {
+            _ = tokio::time::sleep_until(deadline) => Event::Elapsed,
+            _ = wake.notified() => Event::Woken,
+            end = async {
                 match watch.as_mut() {
                     Some(w) => w.held.as_mut().await,
                     None => std::future::pending().await,
                 }
-            } => Some(Some(e)),
+            } => Event::WatchEnded(end),
         };
-        match ended {
-            None => return Due::Scheduled,
-            Some(None) => return Due::Woken,
-            Some(Some(end)) => {
-                *watch = None;
-                if end != Ended::NotOpened {
-                    hub.metrics
-                        .probe_watch_ends
-                        .get_or_create(&WatchEndLabel { end: end.as_str() })
-                        .inc();
-                }
-                if end == Ended::Gone {
-                    info!(service = %key.service, instance = %key.instance,
-                        "the connection held to the instance closed and nothing serves there now: probing at once");
-                    return Due::Gone;
-                }
-                debug!(service = %key.service, instance = %key.instance, end = end.as_str(),
+        let end = match event {
+            Event::Elapsed => return Due::Scheduled,
+            Event::Woken => return Due::Woken,
+            Event::WatchEnded(end) => end,
+        };
+        // A finished future is never polled again.
+        *watch = None;
+        match end {
+            Ended::Gone => {
+                count_end(hub, end);
+                info!(service = %key.service, instance = %key.instance,
+                    "the connection held to the instance closed and nothing serves there now: probing at once");
+                return Due::Gone;
+            }
+            Ended::Closed => {
+                count_end(hub, end);
+                debug!(service = %key.service, instance = %key.instance,
                     "the connection held to the instance ended; the server still accepts");
+            }
+            Ended::NotOpened => {
+                debug!(service = %key.service, instance = %key.instance,
+                    "no connection could be held to the instance; its next probe finds a crash");
             }
         }
     }
+}
+
+fn count_end(hub: &Hub, end: Ended) {
+    hub.metrics
+        .probe_watch_ends
+        .get_or_create(&WatchEndLabel { end: end.as_str() })
+        .inc();
 }
 
 /// Lets the failures reported for UNHEALTHY instances age out of the call window: an
