@@ -416,6 +416,95 @@ async fn a_killed_server_leaves_rotation_when_its_kernel_closes_the_held_connect
 }
 
 #[tokio::test]
+async fn a_server_that_serves_one_connection_at_a_time_is_not_blocked_by_the_crash_watch() {
+    use std::io::{Read, Write};
+    let env = TestEnv::new("health_one_at_a_time");
+    let etcd = Etcd::start(&env).await;
+    let xds = Xds::start(
+        &env,
+        "xds",
+        &etcd.endpoint(),
+        &["--probe-interval", "500ms", "--probe-timeout", "300ms"],
+    )
+    .await;
+    // A blocking server loop: one connection at a time, read until the end of the request's
+    // head, answer, close. An idle connection held open would stop it answering anyone.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let served = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let count = served.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") {
+                match conn.read(&mut byte) {
+                    Ok(1) => head.push(byte[0]),
+                    _ => break,
+                }
+            }
+            if head.ends_with(b"\r\n\r\n") {
+                let _ = conn.write_all(
+                    b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok",
+                );
+                count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    });
+    let mut c = etcd.client().await;
+    let lease = c.lease_grant(30, None).await.expect("lease").id();
+    let value = json!({"instance_id": "solo", "endpoint": format!("127.0.0.1:{port}")});
+    c.put(
+        "/mcp/services/solo/solo",
+        value.to_string(),
+        Some(etcd_client::PutOptions::new().with_lease(lease)),
+    )
+    .await
+    .expect("put");
+    wait_until("the instance UP", Duration::from_secs(20), || async {
+        xds.metric("mcp_registry_instances", "service=\"solo\",state=\"UP\"")
+            .await
+            == 1.0
+    })
+    .await;
+    // Eight probe intervals: the watch blocks the server at once, the next probe goes
+    // unanswered, and the watch must let go before a second one does.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let suspect = xds
+        .metric("mcp_registry_state_transitions_total", "to=\"SUSPECT\"")
+        .await;
+    let failed = xds
+        .metric("toolgate_health_probes_total", "result=\"fail\"")
+        .await;
+    let passed = xds
+        .metric("toolgate_health_probes_total", "result=\"pass\"")
+        .await;
+    println!(
+        "one connection at a time: {passed} probes passed, {failed} failed, {} requests served, {suspect} SUSPECT",
+        served.load(std::sync::atomic::Ordering::Relaxed)
+    );
+    assert_eq!(suspect, 0.0, "the held connection made the server SUSPECT");
+    assert!(
+        failed <= 1.0,
+        "{failed} probes failed; one at most, before the watch lets go"
+    );
+    assert!(
+        passed >= 5.0,
+        "{passed} probes passed in 4 s at a 500 ms interval"
+    );
+    assert_eq!(
+        xds.metric("toolgate_health_probe_watches", "").await,
+        0.0,
+        "the instance is no longer watched"
+    );
+    assert!(
+        xds.log().contains("no longer holding one"),
+        "toolgate-xds says why it let go"
+    );
+}
+
+#[tokio::test]
 async fn failing_calls_reported_by_the_filter_make_an_instance_unhealthy_with_a_reduced_share() {
     let env = TestEnv::new("health_call_failures");
     let stack = Stack::with(

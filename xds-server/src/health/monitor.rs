@@ -202,6 +202,9 @@ async fn probe_loop(
     let mut told_unrouted = false;
     let mut last_probe: Option<Instant> = None;
     let mut watch: Option<Watch> = None;
+    // A TCP probe cannot see a server stop answering, so it could not see a held connection
+    // block a server that serves one connection at a time: TCP-probed instances are not watched.
+    let mut watchable = prober.kind() != toolgate_model::ProbeKind::Tcp;
     loop {
         let due = wait_due(&hub, &key, delay, &wake, &mut watch).await;
         // A storm of failing calls must not turn into a storm of probes. A closed connection
@@ -233,6 +236,8 @@ async fn probe_loop(
             debug!(service = %key.service, instance = %key.instance, detail = %result.detail, "probe failed");
         }
         let (ok, detail) = (result.ok, result.detail.clone());
+        // The whole timeout ran out: the server accepted (the kernel does) but answered nothing.
+        let unanswered = !ok && result.latency_ms >= cfg.probe_timeout.as_secs_f64() * 1000.0;
         let applied = hub.update(&key, |h, now, cfg| {
             let t = h.on_probe(result, now, cfg);
             (t, h.state())
@@ -242,10 +247,20 @@ async fn probe_loop(
             sessions.release(id);
             return;
         };
+        // A server that serves one connection at a time (a blocking server loop) would wait
+        // on the held connection for a request that never comes, and answer nobody else: a
+        // probe left unanswered while a connection is held lets that server go, and the
+        // instance is not watched again while its probe task lives. (A frozen or overloaded
+        // server loses its watch too, and falls back to its probes.)
+        if unanswered && watch.take().is_some() {
+            watchable = false;
+            info!(service = %key.service, instance = %key.instance, %detail,
+                "a probe went unanswered while a connection was held to the instance: no longer holding one (a server that serves one connection at a time would wait on it); a crash is found by the next probe");
+        }
         // Only a server seen alive is watched: its connection closing is news. Not after a
         // probe the watch itself asked for, so a server that flaps between closing and
         // accepting costs one early probe per interval at most.
-        if ok && watch.is_none() && !matches!(due, Due::Gone) {
+        if ok && watchable && watch.is_none() && !matches!(due, Due::Gone) {
             if let Ok(permit) = watches.clone().try_acquire_owned() {
                 watch = Some(Watch::new(
                     crash_watch::hold(prober.addr(), cfg.probe_timeout, permit),
