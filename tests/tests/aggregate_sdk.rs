@@ -265,6 +265,12 @@ async fn a_restarted_stateful_server_costs_a_client_of_mcp_nothing() {
         &["--tools", "read_order,write_order,echo"],
     )
     .await;
+    // The gateway saw the crash (the prober's crash watch drains a dead instance within
+    // milliseconds) and routes to the instance again once a probe passes: this test is
+    // about the sessions the restart lost, so the second call waits for that.
+    stack
+        .wait_healthy("orders", &[&lab], Duration::from_secs(20))
+        .await;
     std::fs::write(&go, b"go").expect("write the go file");
     let run = run.await.expect("the node task");
     if run.exit_code != Some(0) {

@@ -257,7 +257,16 @@ async fn a_policy_change_keeps_an_open_breaker_open() {
 #[tokio::test]
 async fn upstream_failures_reach_the_agent_as_tool_results() {
     let env = TestEnv::new("upstream_failures_reach_the_agent_as_tool_results");
-    let gw = Stack::with(&env, Options::default().concurrency(1)).await;
+    // The crash watch off: the killed server below must stay routed until a call meets its
+    // refused connection (as one does when the watch cannot see a crash: a host gone without
+    // closing its connections), so that the filter's reading of that is what is tested.
+    let gw = Stack::with(
+        &env,
+        Options::default()
+            .concurrency(1)
+            .xds_arg(&["--probe-watch-limit", "0"]),
+    )
+    .await;
     gw.policy("hang", json!({"timeout_ms": 300})).await;
     let ep = gw.etcd.endpoint();
     let reset = Member::start(
