@@ -19,13 +19,13 @@
 //! A host that vanishes without closing anything (power loss, a cut network) sends nothing:
 //! the probes find it as before.
 
-use std::io::ErrorKind;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
+use toolgate_probe::tcp::{reach, Unreached};
 
 /// How a held connection ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,11 +58,10 @@ const MOST_UNASKED_BYTES: usize = 16 * 1024;
 /// Holds `permit` (one file descriptor of the budget) for as long as the connection is open.
 /// Cancel-safe: dropping the future closes the connection and frees the permit.
 pub async fn hold(addr: SocketAddr, timeout: Duration, permit: OwnedSemaphorePermit) -> Ended {
-    let stream = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
-        Ok(Ok(s)) => s,
-        // The probe that just passed connected; a failure here (the descriptor limit, a
-        // listener that went away since) is left to the next probe, which is never late.
-        _ => return Ended::NotOpened,
+    // The probe that just passed connected; a failure here (the descriptor limit, a listener
+    // that went away since) is left to the next probe, which is never late.
+    let Ok(stream) = reach(addr, timeout).await else {
+        return Ended::NotOpened;
     };
     let chatty = wait_closed(stream).await;
     drop(permit);
@@ -106,8 +105,8 @@ const SETTLE: Duration = Duration::from_millis(100);
 /// that follows settles. An error of this process (no descriptor left) says nothing about the
 /// server, and counts as yes, so the schedule decides.
 async fn serves(addr: SocketAddr, timeout: Duration) -> bool {
-    match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
-        Ok(Ok(mut s)) => {
+    match reach(addr, timeout).await {
+        Ok(mut s) => {
             let mut byte = [0u8; 1];
             match tokio::time::timeout(SETTLE, s.read(&mut byte)).await {
                 // Open and quiet, as a server waiting for a request is; or it greeted us.
@@ -115,39 +114,32 @@ async fn serves(addr: SocketAddr, timeout: Duration) -> bool {
                 Ok(Ok(0) | Err(_)) => false,
             }
         }
-        Ok(Err(e)) => !matches!(
-            e.kind(),
-            ErrorKind::ConnectionRefused
-                | ErrorKind::ConnectionReset
-                | ErrorKind::ConnectionAborted
-                | ErrorKind::HostUnreachable
-                | ErrorKind::NetworkUnreachable
-                | ErrorKind::AddrNotAvailable
-        ),
-        Err(_) => false,
+        Err(Unreached::TimedOut(_)) => false,
+        Err(e) => !e.nothing_serves(),
     }
 }
 
-/// How many connections the watch may hold at once: `limit` (0 turns it off), and never more
-/// than half of the file descriptors this process may open beyond 1,024 kept for everything
-/// else (etcd, Envoys, probes in flight, the admin API). Raises the soft limit on open files
-/// to the hard one first, as a server that holds a connection per instance should. Returns
-/// the budget and the limit on open files it was computed from.
-pub fn budget(limit: usize) -> (usize, u64) {
+/// Raises the soft limit on open files to the hard one, as a server that holds a connection
+/// per instance should (Go's runtime does the same for every program), and returns the limit
+/// now in force. Process-wide: called once, at the prober's start.
+pub fn raise_open_files_limit() -> u64 {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    let files = match getrlimit(Resource::RLIMIT_NOFILE) {
+    match getrlimit(Resource::RLIMIT_NOFILE) {
         Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
             Ok(()) => hard,
             Err(_) => soft,
         },
         Ok((soft, _)) => soft,
         Err(_) => 1024,
-    };
+    }
+}
+
+/// How many connections the watch may hold at once: `limit` (0 turns it off), and never more
+/// than half of the `files` this process may open beyond 1,024 kept for everything else
+/// (etcd, Envoys, probes in flight, the admin API).
+pub fn budget(limit: usize, files: u64) -> usize {
     let spare = files.saturating_sub(1024) / 2;
-    (
-        limit.min(usize::try_from(spare).unwrap_or(usize::MAX)),
-        files,
-    )
+    limit.min(usize::try_from(spare).unwrap_or(usize::MAX))
 }
 
 #[cfg(test)]
@@ -155,7 +147,9 @@ mod tests {
     use std::sync::Arc;
 
     use tokio::io::AsyncWriteExt;
+    use tokio::net::TcpListener;
     use tokio::sync::Semaphore;
+    use tokio::task::JoinHandle;
 
     use super::*;
 
@@ -165,83 +159,81 @@ mod tests {
 
     const T: Duration = Duration::from_millis(500);
 
-    #[tokio::test]
-    async fn a_process_gone_is_gone_and_frees_its_descriptor() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    /// A server with the watch's connection held to it, from a budget of one.
+    struct Watched {
+        listener: TcpListener,
+        accepted: TcpStream,
+        budget: Arc<Semaphore>,
+        held: JoinHandle<Ended>,
+    }
+
+    async fn watched() -> Watched {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let budget = Arc::new(Semaphore::new(1));
         let held = tokio::spawn(hold(addr, T, permit(&budget)));
         let (accepted, _) = listener.accept().await.unwrap();
         assert_eq!(budget.available_permits(), 0, "held while open");
-        // What the kernel does for a killed process: its listener and connections close.
-        drop(listener);
-        drop(accepted);
-        let ended = tokio::time::timeout(Duration::from_secs(5), held)
+        Watched {
+            listener,
+            accepted,
+            budget,
+            held,
+        }
+    }
+
+    async fn ended(held: JoinHandle<Ended>) -> Ended {
+        tokio::time::timeout(Duration::from_secs(5), held)
             .await
-            .expect("ended at once")
-            .unwrap();
-        assert_eq!(ended, Ended::Gone);
-        assert_eq!(budget.available_permits(), 1);
+            .expect("the watch ends within 5 s")
+            .expect("the watch does not panic")
+    }
+
+    #[tokio::test]
+    async fn a_process_gone_is_gone_and_frees_its_descriptor() {
+        let w = watched().await;
+        // What the kernel does for a killed process: its listener and connections close.
+        drop(w.listener);
+        drop(w.accepted);
+        assert_eq!(ended(w.held).await, Ended::Gone);
+        assert_eq!(w.budget.available_permits(), 1);
     }
 
     #[tokio::test]
     async fn a_listener_closed_just_after_the_connection_is_gone() {
         // A dying process's kernel may close the held connection before the listener: the
         // judging connect then lands in the listener's queue and is reset when it goes.
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let budget = Arc::new(Semaphore::new(1));
-        let held = tokio::spawn(hold(addr, T, permit(&budget)));
-        let (accepted, _) = listener.accept().await.unwrap();
-        drop(accepted);
+        let w = watched().await;
+        drop(w.accepted);
         tokio::time::sleep(Duration::from_millis(20)).await;
-        drop(listener);
-        let ended = tokio::time::timeout(Duration::from_secs(5), held)
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(ended, Ended::Gone);
+        drop(w.listener);
+        assert_eq!(ended(w.held).await, Ended::Gone);
     }
 
     #[tokio::test]
     async fn a_live_server_closing_an_idle_connection_is_not_gone() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let budget = Arc::new(Semaphore::new(1));
-        let held = tokio::spawn(hold(addr, T, permit(&budget)));
-        let (mut accepted, _) = listener.accept().await.unwrap();
+        let mut w = watched().await;
         // An idle timeout's goodbye, as some HTTP servers write it.
-        accepted
+        w.accepted
             .write_all(b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\n\r\n")
             .await
             .unwrap();
-        drop(accepted);
-        let ended = tokio::time::timeout(Duration::from_secs(5), held)
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(ended, Ended::Closed);
+        drop(w.accepted);
+        assert_eq!(ended(w.held).await, Ended::Closed);
         // The judging connect was accepted by the live listener.
-        assert!(tokio::time::timeout(T, listener.accept()).await.is_ok());
+        assert!(tokio::time::timeout(T, w.listener.accept()).await.is_ok());
     }
 
     #[tokio::test]
     async fn a_server_that_floods_an_unasked_connection_is_given_up() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let budget = Arc::new(Semaphore::new(1));
-        let held = tokio::spawn(hold(addr, T, permit(&budget)));
-        let (mut accepted, _) = listener.accept().await.unwrap();
+        let w = watched().await;
+        let mut accepted = w.accepted;
         let flood = tokio::spawn(async move {
             let chunk = [b'x'; 4096];
             while accepted.write_all(&chunk).await.is_ok() {}
         });
-        let ended = tokio::time::timeout(Duration::from_secs(5), held)
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(ended, Ended::Closed);
-        assert_eq!(budget.available_permits(), 1);
+        assert_eq!(ended(w.held).await, Ended::Closed);
+        assert_eq!(w.budget.available_permits(), 1);
         flood.abort();
     }
 
@@ -258,9 +250,15 @@ mod tests {
 
     #[test]
     fn the_budget_keeps_descriptors_for_everything_else() {
-        let (n, files) = budget(usize::MAX);
-        assert_eq!(n as u64, files.saturating_sub(1024) / 2);
-        assert_eq!(budget(7).0, 7.min(n));
-        assert_eq!(budget(0).0, 0);
+        assert_eq!(
+            budget(usize::MAX, 1024),
+            0,
+            "the common default leaves no room"
+        );
+        assert_eq!(budget(usize::MAX, 1000), 0);
+        assert_eq!(budget(usize::MAX, 65_536), 32_256);
+        assert_eq!(budget(10_000, 65_536), 10_000);
+        assert_eq!(budget(10_000, 1_048_576), 10_000);
+        assert_eq!(budget(0, 1_048_576), 0, "0 turns it off");
     }
 }

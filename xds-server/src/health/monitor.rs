@@ -74,7 +74,8 @@ async fn supervise_probes(
         .membership();
     let slots = Arc::new(Semaphore::new(hub.config.probe_concurrency.max(1)));
     let watches = if hub.config.probes {
-        let (budget, files) = crash_watch::budget(hub.config.probe_watch_limit);
+        let files = crash_watch::raise_open_files_limit();
+        let budget = crash_watch::budget(hub.config.probe_watch_limit, files);
         if budget == 0 && hub.config.probe_watch_limit > 0 {
             warn!(open_files_limit = files,
                 "crash watch off: the open-files limit leaves no room for connections held to instances (raise it beyond 1024); a crash is found by the next probe");
