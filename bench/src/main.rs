@@ -196,6 +196,11 @@ async fn main() -> anyhow::Result<()> {
             r.crash_unwatched.p50_ms, r.crash_unwatched.p99_ms, r.crash_unwatched.max_ms, r.crash_unwatched.n,
             verdict(r.crash_unwatched_goal_met),
         );
+        println!(
+            "restarted in place (same address, {:?} ms after the kill in turn) -> routed again, from listening: p50 {:.0} / p99 {:.0} / max {:.0} ms ({}); probes after a refusal 250 ms, 500 ms, 1 s... apart (a whole interval, 2 s, before)\n",
+            r.restart_delays_ms,
+            r.restart_in_place.p50_ms, r.restart_in_place.p99_ms, r.restart_in_place.max_ms, r.restart_in_place.n,
+        );
         println!("{}", removal_by_probe_table(&r));
         report["removal"] = serde_json::to_value(&r)?;
         draw(

@@ -35,6 +35,12 @@ pub struct Removal {
     pub crash_goal_ms: f64,
     pub crash_goal_met: bool,
     pub crash_unwatched_goal_met: bool,
+    /// After each unwatched crash, the server restarted on the same address (a supervisor's
+    /// or a container's restart in place) after `restart_delays_ms`: its listening -> routed
+    /// again. The probes after a refusal come 250 ms, 500 ms, 1 s... apart, not a whole
+    /// interval (2 s) later.
+    pub restart_in_place: Summary,
+    pub restart_delays_ms: Vec<u64>,
     /// Health check failing -> SUSPECT (DRAINING in Envoy: no new calls).
     pub unhealthy: Summary,
     /// Crash (SIGKILL, lease alive) -> out of rotation, the instance probed with `mcp`.
@@ -57,6 +63,9 @@ pub const CRASH_GOAL: Duration = Duration::from_secs(2);
 /// Issue 18: an `mcp`-probed crash is out of rotation within 5 s (p99) at the default probe
 /// interval (2 s, 1 s timeout, two misses).
 pub const CRASH_MCP_GOAL: Duration = Duration::from_secs(5);
+
+/// How long after its kill each unwatched crash's server restarts, in turn.
+const RESTART_DELAYS_MS: [u64; 5] = [0, 200, 400, 600, 800];
 
 /// A lab registered as `id` in `service` with the given probe kind, under `lease`.
 async fn register(
@@ -175,6 +184,7 @@ pub async fn run(
         }
     }
     let mut crash_unwatched = Vec::with_capacity(crashes);
+    let mut restart_in_place = Vec::with_capacity(crashes);
     for i in 0..crashes {
         let mut m = Member::start_unwatched(
             env,
@@ -201,7 +211,20 @@ pub async fn run(
         )
         .await?;
         crash_unwatched.push(t0.elapsed());
-        // Its lease would hold the dead instance (SUSPECT, then DOWN) for the rest of the run.
+        // Restarted in place after a delay that varies by trial, so the figure is not one
+        // point of the probes' schedule.
+        let delay = RESTART_DELAYS_MS[i % RESTART_DELAYS_MS.len()];
+        tokio::time::sleep(Duration::from_millis(delay).saturating_sub(t0.elapsed())).await;
+        m.server = McpServer::lab_on(env, &format!("cu-{i}"), m.server.port, &lab_args).await;
+        let listening = Instant::now();
+        until(
+            "restart in place: routed again",
+            Duration::from_secs(20),
+            async || routed(&envoy, "cu", &addr).await,
+        )
+        .await?;
+        restart_in_place.push(listening.elapsed());
+        // Its lease would hold the instance for the rest of the run.
         m.registrar.signal(Signal::SIGTERM);
     }
     let mut unhealthy = Vec::with_capacity(unhealthy_trials);
@@ -252,6 +275,8 @@ pub async fn run(
         crash_goal_ms,
         crash,
         crash_unwatched,
+        restart_in_place: summarize(&restart_in_place),
+        restart_delays_ms: RESTART_DELAYS_MS.to_vec(),
         unhealthy: summarize(&unhealthy),
         crash_mcp,
         crash_mcp_goal_ms: CRASH_MCP_GOAL.as_secs_f64() * 1e3,

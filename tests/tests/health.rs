@@ -337,8 +337,13 @@ async fn a_killed_server_leaves_rotation_at_its_next_probe_not_the_lease_ttl() {
         a.registrar.is_running(),
         "the registrar still holds the lease"
     );
-    assert_eq!(stack.state("kill", "kill-a").await, "SUSPECT");
-    let detail = stack.instance("kill", "kill-a").await;
+    assert_suspect_refused(&stack, "kill", "kill-a").await;
+}
+
+/// The killed instance is SUSPECT, and its cause says its connection was refused.
+async fn assert_suspect_refused(stack: &Stack, service: &str, id: &str) {
+    let detail = stack.instance(service, id).await;
+    assert_eq!(detail["state"], "SUSPECT", "{detail}");
     assert!(
         detail["cause"]
             .as_str()
@@ -349,9 +354,11 @@ async fn a_killed_server_leaves_rotation_at_its_next_probe_not_the_lease_ttl() {
 }
 
 #[tokio::test]
-async fn a_killed_server_leaves_rotation_when_its_kernel_closes_the_held_connection() {
+async fn a_killed_server_leaves_rotation_when_its_kernel_closes_the_held_connection_and_is_back_soon_after_a_restart(
+) {
     let env = TestEnv::new("health_killed_watch");
-    // A probe interval far longer than the bound: only the crash watch can meet it.
+    // A probe interval far longer than the bounds: only the crash watch can meet the first,
+    // and only the quick probes after a refusal the second.
     let stack = Stack::with(
         &env,
         Options::default().xds_arg(&["--probe-interval", "30s", "--probe-timeout", "1s"]),
@@ -371,6 +378,7 @@ async fn a_killed_server_leaves_rotation_when_its_kernel_closes_the_held_connect
     )
     .await;
     let probes = stack.xds.metric("toolgate_health_probes_total", "").await;
+    let b_probes = stack.instance("crash", "crash-b").await["probes"].clone();
 
     let killed = Instant::now();
     a.server.proc.kill();
@@ -386,15 +394,7 @@ async fn a_killed_server_leaves_rotation_when_its_kernel_closes_the_held_connect
         took < Duration::from_secs(3),
         "out of rotation after {took:?}: the held connection's close should have been seen at once (the next probe is up to 33 s away)"
     );
-    assert_eq!(stack.state("crash", "crash-a").await, "SUSPECT");
-    let detail = stack.instance("crash", "crash-a").await;
-    assert!(
-        detail["cause"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("refused"),
-        "the cause says the connection was refused: {detail}"
-    );
+    assert_suspect_refused(&stack, "crash", "crash-a").await;
     assert_eq!(
         stack
             .xds
@@ -402,17 +402,51 @@ async fn a_killed_server_leaves_rotation_when_its_kernel_closes_the_held_connect
             .await,
         1.0
     );
-    // One probe, of the killed instance; the live one was left alone, and is still watched.
+    // The live instance was left alone (no probe), and is still watched.
     assert_eq!(
-        stack.xds.metric("toolgate_health_probes_total", "").await - probes,
-        1.0,
-        "exactly one early probe"
+        stack.instance("crash", "crash-b").await["probes"],
+        b_probes,
+        "no probe of the live instance"
     );
     assert_eq!(
         stack.xds.metric("toolgate_health_probe_watches", "").await,
         1.0
     );
     assert_eq!(stack.state("crash", "crash-b").await, "UP");
+
+    // Restarted in place, as a supervisor or a container restart in the same pod does: the
+    // probes after the refusal come 250 ms, 500 ms, 1 s... apart, not 30 s.
+    let port = a.server.port;
+    a.server = McpServer::lab_on(&env, "crash-a", port, &stateless).await;
+    let listening = Instant::now();
+    stack
+        .wait_healthy("crash", &[&a, &b], Duration::from_secs(10))
+        .await;
+    let back = listening.elapsed();
+    let spent = stack.xds.metric("toolgate_health_probes_total", "").await - probes;
+    println!(
+        "restarted on the same address {} ms after the kill -> routed again {} ms after it listened ({spent} probes since the kill, all of crash-a); bound 3000 ms",
+        (listening - killed).as_millis(),
+        back.as_millis()
+    );
+    assert!(
+        back < Duration::from_secs(3),
+        "routed again {back:?} after listening: the probes after a refusal should come within a second or two (the interval is 30 s)"
+    );
+    // One early probe from the watch, then a few doubling ones: never a probe per tick.
+    let since_kill = killed.elapsed().as_secs_f64();
+    let most = 2.0 + (since_kill / 0.225).log2().ceil();
+    assert!(
+        spent <= most,
+        "{spent} probes in {since_kill:.1} s since the kill; at most {most} (doubling from 250 ms)"
+    );
+    assert_eq!(stack.state("crash", "crash-a").await, "UP");
+    wait_until(
+        "the restarted instance watched again",
+        Duration::from_secs(10),
+        || async { stack.xds.metric("toolgate_health_probe_watches", "").await == 2.0 },
+    )
+    .await;
 }
 
 #[tokio::test]

@@ -149,6 +149,26 @@ async fn supervise_probes(
 /// connection wake its prober.
 const WOKEN_PROBE_GAP: Duration = Duration::from_millis(250);
 
+/// The first probe after a refused one comes this soon, the next twice as late, and so on up
+/// to the interval (250 ms, 500 ms, 1 s, then 2 s at the default). Nothing listens at the
+/// address, so such a probe is one SYN the instance's kernel answers with a reset, and the
+/// state machine needs no more of them (one refusal is SUSPECT; DOWN counts time, not
+/// probes). What it buys: a server restarted in place (its supervisor, or its container
+/// restarted in the same pod) is routed again within a fraction of a second of listening,
+/// not up to an interval later; so is a server registered before it listens.
+const RECOVERY_FIRST_PROBE: Duration = Duration::from_millis(250);
+
+/// The wait before the next probe, `refused_in_row` probes having been refused in a row
+/// (0: the last was not a refusal), before jitter.
+fn next_probe_delay(interval: Duration, refused_in_row: u32) -> Duration {
+    match refused_in_row {
+        0 => interval,
+        n => RECOVERY_FIRST_PROBE
+            .saturating_mul(1 << (n - 1).min(16))
+            .min(interval),
+    }
+}
+
 /// A held connection to the instance (see [`crash_watch`]), counted in the gauge while it
 /// lives.
 struct Watch {
@@ -206,6 +226,7 @@ async fn probe_loop(
     // A TCP probe cannot see a server stop answering, so it could not see a held connection
     // block a server that serves one connection at a time: TCP-probed instances are not watched.
     let mut watchable = prober.kind() != toolgate_model::ProbeKind::Tcp;
+    let mut refused_in_row: u32 = 0;
     loop {
         let due = wait_due(&hub, &key, delay, &wake, &mut watch).await;
         // A storm of failing calls must not turn into a storm of probes. A closed connection
@@ -237,6 +258,11 @@ async fn probe_loop(
             debug!(service = %key.service, instance = %key.instance, detail = %result.detail, "probe failed");
         }
         let (ok, detail) = (result.ok, result.detail.clone());
+        refused_in_row = if result.refused {
+            refused_in_row.saturating_add(1)
+        } else {
+            0
+        };
         // The whole timeout ran out: the server accepted (the kernel does) but answered nothing.
         let unanswered = !ok && result.latency_ms >= cfg.probe_timeout.as_secs_f64() * 1000.0;
         let applied = hub.update(&key, |h, now, cfg| {
@@ -277,7 +303,7 @@ async fn probe_loop(
             told_unrouted = true;
         }
         let jitter = 0.9 + rand::random::<f64>() * 0.2;
-        delay = cfg.probe_interval.mul_f64(jitter);
+        delay = next_probe_delay(cfg.probe_interval, refused_in_row).mul_f64(jitter);
     }
 }
 
@@ -504,6 +530,24 @@ mod tests {
             reason: "refused_endpoint",
             detail: String::new(),
         }
+    }
+
+    #[test]
+    fn refused_probes_come_back_sooner_doubling_up_to_the_interval() {
+        let ms = Duration::from_millis;
+        let interval = Duration::from_secs(2);
+        let delays: Vec<Duration> = (0..6).map(|n| next_probe_delay(interval, n)).collect();
+        assert_eq!(
+            delays,
+            [ms(2000), ms(250), ms(500), ms(1000), ms(2000), ms(2000)]
+        );
+        // Never beyond the interval, never overflowing however long the refusals go on.
+        assert_eq!(next_probe_delay(ms(100), 1), ms(100));
+        assert_eq!(
+            next_probe_delay(Duration::from_secs(30), u32::MAX),
+            Duration::from_secs(30)
+        );
+        assert_eq!(next_probe_delay(Duration::from_secs(30), 7), ms(16_000));
     }
 
     #[test]
