@@ -104,6 +104,10 @@ impl Aggregate {
     /// inputs is what the last refresh read (the catalog and the clock are the caller's to
     /// judge: it refreshes always when the catalog changed or a breaker's time is up).
     fn refresh_if(&self, always: bool) {
+        // One refresh at a time (the refresh task, and a request for a virtual server defined
+        // a moment ago, can both start one), so an older refresh never stores its listings
+        // over a newer one's.
+        let mut last = self.last_read.lock().unwrap_or_else(|p| p.into_inner());
         let listings: BTreeMap<String, Arc<Listing>> = {
             let catalog = self.catalog.read();
             // The registry's lock only for reading the inputs: the listings of 10,000 services
@@ -117,26 +121,27 @@ impl Aggregate {
                 config: Arc::clone(&inputs.config),
                 serving: inputs.serving.clone(),
             };
-            {
-                let mut last = self.last_read.lock().unwrap_or_else(|p| p.into_inner());
-                if !always && last.as_ref() == Some(&read) {
-                    return;
-                }
-                *last = Some(read);
+            if !always && last.as_ref() == Some(&read) {
+                return;
             }
+            *last = Some(read);
             inputs
                 .servers
                 .keys()
                 .filter_map(|name| Some((name.clone(), Arc::new(inputs.listing(name)?))))
                 .collect()
         };
-        for (name, l) in &listings {
+        let listings = Arc::new(listings);
+        // Stored before any stream is told: a client that lists again as soon as it hears
+        // list_changed must get the listing that changed, or it has the old one and no reason
+        // to ask again.
+        *self.listings.write().unwrap_or_else(|p| p.into_inner()) = Arc::clone(&listings);
+        for (name, l) in listings.iter() {
             if self.streams.announce(name, l.fingerprint) {
                 debug!(virtual_server = %name, tools = l.tools.len(), "tool list changed");
             }
         }
         self.streams.retain(|name| listings.contains_key(name));
-        *self.listings.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(listings);
     }
 
     /// The current listing of a virtual server; `None` when there is no such server.
