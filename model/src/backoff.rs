@@ -4,6 +4,12 @@
 
 use std::time::Duration;
 
+/// The ceiling of the `attempt`th delay (from 0): `base` doubled `attempt` times, at most
+/// `cap`. For callers that jitter on their own terms (the health prober's ±10%).
+pub fn ceiling(base: Duration, cap: Duration, attempt: u32) -> Duration {
+    base.saturating_mul(1u32 << attempt.min(16)).min(cap)
+}
+
 #[derive(Debug, Clone)]
 pub struct Backoff {
     base: Duration,
@@ -32,10 +38,7 @@ impl Backoff {
     /// The next delay: in [ceiling/2, ceiling] at `unit` (0.0..=1.0) of that span, the ceiling
     /// doubling from `base` up to `cap`.
     pub fn next_delay(&mut self, unit: f64) -> Duration {
-        let ceiling = self
-            .base
-            .saturating_mul(1u32 << self.attempt.min(16))
-            .min(self.cap);
+        let ceiling = ceiling(self.base, self.cap, self.attempt);
         self.attempt = self.attempt.saturating_add(1);
         let half = ceiling / 2;
         half + half.mul_f64(unit.clamp(0.0, 1.0))
@@ -57,5 +60,14 @@ mod tests {
         assert!(b.next_delay(0.0) >= Duration::from_secs(1));
         b.reset();
         assert!(b.next_delay(1.0) <= Duration::from_millis(100));
+    }
+
+    #[test]
+    fn the_ceiling_doubles_to_the_cap_without_overflowing() {
+        let ms = Duration::from_millis;
+        assert_eq!(ceiling(ms(250), ms(2000), 0), ms(250));
+        assert_eq!(ceiling(ms(250), ms(2000), 2), ms(1000));
+        assert_eq!(ceiling(ms(250), ms(2000), 3), ms(2000));
+        assert_eq!(ceiling(ms(250), ms(2000), u32::MAX), ms(2000));
     }
 }

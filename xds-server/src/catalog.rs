@@ -58,9 +58,11 @@ pub struct ServiceCatalog {
 
 impl ServiceCatalog {
     fn retry_due(&self) -> bool {
-        let wait = RETRY_AFTER
-            .saturating_mul(1 << self.failures.saturating_sub(1).min(5))
-            .min(RETRY_MAX);
+        let wait = toolgate_model::backoff::ceiling(
+            RETRY_AFTER,
+            RETRY_MAX,
+            self.failures.saturating_sub(1),
+        );
         self.error.is_some() && self.tried.is_none_or(|t| t.elapsed() >= wait)
     }
 }

@@ -163,9 +163,7 @@ const RECOVERY_FIRST_PROBE: Duration = Duration::from_millis(250);
 fn next_probe_delay(interval: Duration, refused_in_row: u32) -> Duration {
     match refused_in_row {
         0 => interval,
-        n => RECOVERY_FIRST_PROBE
-            .saturating_mul(1 << (n - 1).min(16))
-            .min(interval),
+        n => toolgate_model::backoff::ceiling(RECOVERY_FIRST_PROBE, interval, n - 1),
     }
 }
 
