@@ -106,19 +106,42 @@ fn plain(line: &str) -> String {
     out
 }
 
-/// The last `took_ms` toolgate-xds logged for a full read of etcd.
-fn last_read_ms(log: &str) -> Option<f64> {
-    let line = plain(
-        log.lines()
-            .rev()
-            .find(|l| l.contains("read the registry from etcd"))?,
-    );
-    line.split("took_ms=")
-        .nth(1)?
-        .split(|c: char| !c.is_ascii_digit())
-        .next()?
-        .parse()
-        .ok()
+const FULL_READ_LOGGED: &str = "read the registry from etcd";
+
+/// How many full reads of etcd toolgate-xds has logged.
+fn full_reads(xds: &Xds) -> usize {
+    xds.log()
+        .lines()
+        .filter(|l| l.contains(FULL_READ_LOGGED))
+        .count()
+}
+
+/// The `took_ms` of the first full read logged after the first `before`, once it is logged.
+/// Waiting for the line itself: the resync counter ticks when the resync starts, and the
+/// hosts gauge when the read is applied, both before the line, and the previous read's line
+/// (the cold start's) then stood in for the resync's.
+async fn read_ms_after(xds: &Xds, before: usize, timeout: Duration) -> anyhow::Result<f64> {
+    let started = Instant::now();
+    loop {
+        let log = xds.log();
+        if let Some(line) = log
+            .lines()
+            .filter(|l| l.contains(FULL_READ_LOGGED))
+            .nth(before)
+        {
+            let line = plain(line);
+            return line
+                .split("took_ms=")
+                .nth(1)
+                .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+                .and_then(|ms| ms.parse().ok())
+                .with_context(|| format!("no took_ms in {line:?}"));
+        }
+        if started.elapsed() > timeout {
+            bail!("toolgate-xds logged no full read of etcd after the first {before}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// The clusters Envoy has warmed and uses (`cluster_manager.active_clusters`).
@@ -297,12 +320,13 @@ pub async fn run(env: &TestEnv, instances: usize, churn_secs: u64) -> anyhow::Re
     );
 
     // Cold start.
+    let reads = full_reads(&xds);
     xds.kill();
     let t0 = Instant::now();
     xds.restart(env).await;
     wait_hosts(&xds, total, Duration::from_secs(60)).await?;
     let cold_start_ms = t0.elapsed().as_secs_f64() * 1e3;
-    let cold_read_ms = last_read_ms(&xds.log()).context("no full read logged")?;
+    let cold_read_ms = read_ms_after(&xds, reads, Duration::from_secs(10)).await?;
     let t0 = Instant::now();
     let fresh = Envoy::start_with(env, "envoy-fresh", &xds, 1, shard_flags).await;
     while envoy_endpoints(&http, &fresh).await < in_envoy as u64 {
@@ -316,6 +340,7 @@ pub async fn run(env: &TestEnv, instances: usize, churn_secs: u64) -> anyhow::Re
 
     // Resync after a compaction: cut toolgate-xds off, change and compact, let it back.
     let resyncs = xds.metric("toolgate_etcd_full_resyncs_total", "").await;
+    let reads = full_reads(&xds);
     proxy.cut();
     for i in 0..10 {
         client
@@ -335,7 +360,7 @@ pub async fn run(env: &TestEnv, instances: usize, churn_secs: u64) -> anyhow::Re
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let resync_ms = last_read_ms(&xds.log()).context("no resync logged")?;
+    let resync_ms = read_ms_after(&xds, reads, Duration::from_secs(60)).await?;
 
     // Churn: registrations and revocations at 500/s, while a probe change propagates.
     let clusters_before = envoy_active_clusters(&http, &envoy).await;
