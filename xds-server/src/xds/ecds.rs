@@ -178,11 +178,11 @@ fn typed_extension_config(plugin_json: &str, path: &str) -> TypedExtensionConfig
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// The plugin configuration (JSON) inside an ECDS resource.
-    fn plugin_json(resource: &Any) -> String {
+    pub(crate) fn plugin_json(resource: &Any) -> String {
         let tec = TypedExtensionConfig::decode(resource.value.as_slice()).unwrap();
         let wasm = Wasm::decode(tec.typed_config.unwrap().value.as_slice()).unwrap();
         StringValue::decode(wasm.config.unwrap().configuration.unwrap().value.as_slice())
