@@ -32,7 +32,7 @@ const PROBES: usize = 10;
 /// New services measured one at a time.
 const NEW_SERVICES: usize = 20;
 /// Before each new service: services do not arrive 40 ms apart, and a sample taken while
-/// Envoy still applies the previous service's filter configuration (9-16 ms of its main
+/// Envoy still applies the previous service's filter configuration (9-17 ms of its main
 /// thread) measures that one's cost, not its own.
 const NEW_SERVICE_SETTLE: Duration = Duration::from_millis(150);
 /// Instances of the burst, registered at once (the 5 -> 50 scale-out).
