@@ -90,9 +90,8 @@ struct Carried {
 /// A response Envoy has not answered yet.
 #[derive(Debug)]
 struct Unanswered {
-    nonce: String,
-    /// The nonce as a number: sent in increasing order on a stream.
-    number: u64,
+    /// Numbered in increasing order on a stream; a string on the wire.
+    nonce: u64,
     /// The type's version (`system_version_info`) it was computed from.
     version: String,
     carried: Vec<Carried>,
@@ -189,6 +188,9 @@ impl TypeState {
     /// Takes the response `nonce` names off the unanswered list, with every older one; the
     /// named one is last. Empty if the nonce is not known.
     fn answered(&mut self, nonce: &str) -> Vec<Unanswered> {
+        let Ok(nonce) = nonce.parse::<u64>() else {
+            return Vec::new();
+        };
         match self.unanswered.iter().position(|u| u.nonce == nonce) {
             Some(at) => self.unanswered.drain(..=at).collect(),
             None => Vec::new(),
@@ -464,20 +466,21 @@ impl DeltaStream {
 
     /// Whether a CDS or RDS response numbered above `nonce` is unanswered.
     fn routing_unanswered_after(&self, nonce: u64) -> bool {
-        [ResourceType::Cluster, ResourceType::Route]
-            .iter()
-            .filter_map(|ty| self.types.get(ty))
-            .any(|state| state.unanswered.iter().any(|u| u.number > nonce))
+        self.routing_unanswered(|n| n > nonce)
     }
 
     /// Whether the held filter configuration may go: Envoy answered what it waits for.
     fn filter_config_due(&self) -> bool {
-        self.filter_config_after.is_some_and(|(after, _)| {
-            ![ResourceType::Cluster, ResourceType::Route]
-                .iter()
-                .filter_map(|ty| self.types.get(ty))
-                .any(|state| state.unanswered.iter().any(|u| u.number <= after))
-        })
+        self.filter_config_after
+            .is_some_and(|(after, _)| !self.routing_unanswered(|n| n <= after))
+    }
+
+    /// Whether an unanswered CDS or RDS response has a nonce `which` picks.
+    fn routing_unanswered(&self, which: impl Fn(u64) -> bool) -> bool {
+        [ResourceType::Cluster, ResourceType::Route]
+            .iter()
+            .filter_map(|ty| self.types.get(ty))
+            .any(|state| state.unanswered.iter().any(|u| which(u.nonce)))
     }
 
     /// Ends the hold and sends what the filter's configuration owes against the latest view.
@@ -655,8 +658,7 @@ impl DeltaStream {
             return Ok(());
         };
         self.nonce += 1;
-        let number = self.nonce;
-        let nonce = number.to_string();
+        let nonce = self.nonce;
         let count = updates.len();
         let mut carried = Vec::with_capacity(updates.len());
         let mut resources = Vec::with_capacity(updates.len());
@@ -692,8 +694,7 @@ impl DeltaStream {
             Vec::new()
         };
         state.unanswered.push_back(Unanswered {
-            nonce: nonce.clone(),
-            number,
+            nonce,
             version: current.version.clone(),
             carried,
         });
@@ -711,7 +712,7 @@ impl DeltaStream {
             resources,
             type_url: ty.type_url().to_string(),
             removed_resources: removals,
-            nonce: nonce.clone(),
+            nonce: nonce.to_string(),
             control_plane: Some(ControlPlane {
                 identifier: CONTROL_PLANE_ID.to_string(),
             }),
