@@ -13,3 +13,18 @@ pub const CUT_REPLY_PROPERTY: &str = "mcp_cut_reply";
 
 /// [`CUT_REPLY_PROPERTY`] as Envoy names the filter state.
 pub const CUT_REPLY_STATE: &str = "wasm.mcp_cut_reply";
+
+/// Prefix of every service's cluster name: service `inventory` is cluster `mcp.inventory`.
+pub const SERVICE_CLUSTER_PREFIX: &str = "mcp.";
+
+/// The cluster of `service`.
+pub fn service_cluster(service: &str) -> String {
+    format!("{SERVICE_CLUSTER_PREFIX}{service}")
+}
+
+/// The cluster a request to `/mcp/<service>` goes to, set by the filter: the route that every
+/// service without routes of its own shares (toolgate-xds's shared route configuration) picks
+/// its cluster by this header, so a new service needs a cluster and no new route. The filter
+/// takes the client's copy off every request, and sets it only from the path it judges, so the
+/// service it judges is the cluster the call reaches.
+pub const CLUSTER_HEADER: &str = "x-toolgate-cluster";

@@ -56,6 +56,7 @@ use crate::session::{self, Sealer};
 use crate::stats::{MetricHost, Stats, ToolMetrics, TOOLS_LIST_ANNOTATED, TOOLS_LIST_UNREAD};
 use crate::upstream::{verdict, Verdict};
 use toolgate_model::auth::{Caller, FilterAuth, Verdict as AuthVerdict, PAYLOAD_HEADER};
+use toolgate_model::envoy::{service_cluster, CLUSTER_HEADER};
 
 #[cfg(test)]
 mod tests;
@@ -495,6 +496,15 @@ enum Stage {
     Judged,
 }
 
+/// Names `service`'s cluster for the shared routes (toolgate-xds's `shared_service_routes`),
+/// which every service without routes of its own takes. A name no service can have gets none:
+/// Envoy then answers 404, as for a path no route takes.
+fn route_to(host: &impl CallHost, service: &str) {
+    if toolgate_model::validate_name("service", service).is_ok() {
+        host.set_request_header(CLUSTER_HEADER, Some(&service_cluster(service)));
+    }
+}
+
 /// Methods are case-sensitive, but a server's framework may not be: "post" is judged like
 /// "POST" rather than passed on unread.
 fn is_post(host: &impl CallHost) -> bool {
@@ -677,10 +687,18 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
     }
 
     pub fn on_request_headers(&mut self, host: &impl CallHost, end_of_stream: bool) -> Action {
+        // The shared routes go to the cluster this header names: only this filter names it,
+        // from the path it judges, never the client.
+        if host.request_header(CLUSTER_HEADER).is_some() {
+            host.set_request_header(CLUSTER_HEADER, None);
+        }
         let Some(path) = host.request_header(":path") else {
             return Action::Continue;
         };
         let target = aggregate::target_of(&path);
+        if let Some(Target::Service(service)) = target {
+            route_to(host, service);
+        }
         if let Some(target) = target {
             if let Some(refused) = self.authenticate(host, target) {
                 return refused;
@@ -1303,6 +1321,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         // a 404, and the remedy is its foreign function `clear_route_cache`
         // (`hostcalls::call_foreign_function("clear_route_cache", None)`), one host call.
         host.set_request_header(":path", Some(&aggregate::service_path(service, &query)));
+        route_to(host, service);
         let (owner, client) = match gateway_session {
             Some(id) => match held_session::owner_of(held_session::OwnerKind::Gateway, &id) {
                 Some(owner) => (owner, HeldFor::Gateway(id)),

@@ -952,6 +952,38 @@ fn sent_body(f: &Flight) -> String {
 }
 
 #[test]
+fn only_the_filter_names_the_cluster_and_only_from_the_path_it_judges() {
+    let mut w = Worker::new();
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#;
+    let forged = [(CLUSTER_HEADER, "toolgate_control")];
+    let cluster = |path: &str, method: &str, w: &mut Worker| {
+        let f = w.request_to(path, &[forged[0], (":method", method)], body);
+        let h = f.stream.request_headers.borrow();
+        h.get(CLUSTER_HEADER).cloned()
+    };
+    // A service's path, whatever the method: its own cluster, the client's copy replaced.
+    for method in ["POST", "GET", "DELETE"] {
+        assert_eq!(
+            cluster("/mcp/orders/x?y=1", method, &mut w).as_deref(),
+            Some("mcp.orders"),
+            "{method}"
+        );
+    }
+    // Paths that are no service's: the client's copy is gone and nothing takes its place,
+    // so Envoy has no cluster to go to (404).
+    for path in [
+        "/mcp/",
+        "/mcp/bad%20name",
+        "/mcp/a%2Fb",
+        "/v1/registry",
+        "/virtual/ops",
+        "/",
+    ] {
+        assert_eq!(cluster(path, "POST", &mut w), None, "{path}");
+    }
+}
+
+#[test]
 fn a_call_on_mcp_goes_to_its_service_route_with_its_own_name() {
     let mut w = aggregate_worker();
     w.shared.borrow_mut().config.access_log = true;
@@ -980,6 +1012,10 @@ fn a_call_on_mcp_goes_to_its_service_route_with_its_own_name() {
     {
         let h = f.stream.request_headers.borrow();
         assert_eq!(h[":path"], "/mcp/orders?trace=1");
+        assert_eq!(
+            h[CLUSTER_HEADER], "mcp.orders",
+            "the shared routes take it to the service's cluster"
+        );
         assert_eq!(h["mcp-name"], "write_order");
         assert_eq!(h["content-length"], sent.len().to_string());
         assert!(
