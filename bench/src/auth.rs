@@ -192,9 +192,11 @@ async fn measure(
     let noop = match &opts.noop_filter {
         Some(p) => {
             let p = p.to_string_lossy().into_owned();
+            // It names no cluster for the shared routes: routes per service (see dataplane.rs).
+            let flags = ["--filter", &p, "--route-table", "per-service"];
             Some((
-                Envoy::start_with(env, "envoy-noop-open", &xds_open, 1, &["--filter", &p]).await,
-                Envoy::start_with(env, "envoy-noop-auth", &xds_auth, 1, &["--filter", &p]).await,
+                Envoy::start_with(env, "envoy-noop-open", &xds_open, 1, &flags).await,
+                Envoy::start_with(env, "envoy-noop-auth", &xds_auth, 1, &flags).await,
             ))
         }
         None => None,

@@ -94,8 +94,11 @@ pub const MAX_PROTOCOL_VERSIONS: usize = 16;
 fn default_weight() -> u32 {
     1
 }
+/// Where an instance serves MCP unless its metadata says otherwise.
+pub const DEFAULT_MCP_PATH: &str = "/mcp";
+
 fn default_mcp_path() -> String {
-    "/mcp".to_string()
+    DEFAULT_MCP_PATH.to_string()
 }
 fn default_health_path() -> String {
     "/health".to_string()

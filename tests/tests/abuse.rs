@@ -215,6 +215,80 @@ async fn batches_and_method_headers_cannot_carry_a_call_past_the_judge() {
     );
 }
 
+/// The shared routes go to the cluster the filter names in a header. A client's copy of that
+/// header is not obeyed: on a service's path the path's service wins, and where the path names
+/// no service Envoy answers 404 itself, whatever cluster the client named (a service's or
+/// toolgate-xds's own).
+#[tokio::test]
+async fn a_forged_cluster_header_reaches_no_cluster_the_path_does_not_name() {
+    let env = TestEnv::new("a_forged_cluster_header_reaches_no_cluster_the_path_does_not_name");
+    let (stack, member) = gateway(&env).await;
+    honest_calls_behave(&stack, &member).await;
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .expect("client");
+    let call = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"read_order","arguments":{}}}"#;
+    // Envoy's router marks what an upstream answered; its own 404 has no such mark.
+    let post = |url: String, forged: &'static str| {
+        let http = http.clone();
+        async move {
+            let r = http
+                .post(&url)
+                .header("accept", "application/json, text/event-stream")
+                .header("content-type", "application/json")
+                .header(
+                    "mcp-protocol-version",
+                    toolgate_tests::mcp::PROTOCOL_VERSION,
+                )
+                .header(toolgate_model::envoy::CLUSTER_HEADER, forged)
+                .body(call)
+                .send()
+                .await
+                .unwrap_or_else(|e| panic!("POST {url}: {e}"));
+            let upstream = r.headers().contains_key("x-envoy-upstream-service-time");
+            (r.status(), upstream, r.text().await.unwrap_or_default())
+        }
+    };
+    for (path, forged) in [
+        (stack.url("ghost"), "mcp.orders"),
+        (stack.url("ghost"), "toolgate_control"),
+        (stack.url(""), "mcp.orders"),
+        (stack.url("bad%20name"), "mcp.orders"),
+        (
+            format!("{}/elsewhere", stack.url("").trim_end_matches("/mcp/")),
+            "mcp.orders",
+        ),
+    ] {
+        let (status, upstream, body) = post(path.clone(), forged).await;
+        assert_eq!(
+            status,
+            StatusCode::NOT_FOUND,
+            "{path} with {forged}: {body}"
+        );
+        assert!(
+            !upstream,
+            "{path} with {forged} reached an upstream: {body}"
+        );
+    }
+    assert_eq!(
+        member.server.calls("read_order").await,
+        1,
+        "no forged request reached orders (the one call is the honest one)"
+    );
+    // On the service's own path the forged header changes nothing, and the query survives
+    // the shared route's rewrite.
+    let (status, upstream, body) = post(
+        format!("{}?trace=1", stack.url("orders")),
+        "toolgate_control",
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(upstream, "{body}");
+    assert_eq!(member.server.calls("read_order").await, 2);
+}
+
 /// The tool's breaker state as the filter's stats show it (0 closed, 1 open, 2 half-open),
 /// and whether the fleet has an opening in etcd.
 async fn opened(stack: &Stack, tool: &str) -> (u64, bool) {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::xds::resources::ROUTE_CONFIG_NAME;
+use crate::xds::resources::{ROUTE_CONFIG_NAME, SHARED_ROUTE_CONFIG_NAME};
 use crate::xds::{auth, ecds};
 
 /// Name of the static cluster that reaches toolgate-xds.
@@ -56,6 +56,20 @@ pub enum XdsProtocol {
     Sotw,
 }
 
+/// Which route configuration an Envoy with the toolgate filter asks for (without the filter it
+/// is always one route per service: nothing would name the shared routes' cluster).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum RouteTable {
+    // (Plain comments, as for `XdsProtocol`.)
+    // Services with the default MCP path and timeout share two routes whose cluster the
+    // toolgate filter names: a new service changes no route.
+    #[default]
+    Shared,
+    // Two routes per service, as without the filter: for a wasm filter that does not name
+    // clusters (the bench's no-op and probe filters in the toolgate filter's place).
+    PerService,
+}
+
 impl XdsProtocol {
     /// The bootstrap's `ads_config.api_type`.
     pub const fn api_type(self) -> &'static str {
@@ -90,6 +104,8 @@ pub struct BootstrapOptions {
     /// toolgate filter would be: a reference for the data-plane bench, not a way to deploy
     /// toolgate (no breaker, no auth). Ignored when `filter` is set; the CLI refuses both.
     pub native_mcp_filter: bool,
+    /// The route configuration asked for when `filter` is set.
+    pub route_table: RouteTable,
     /// mTLS to toolgate-xds's ADS listener (a toolgate-xds started with `--xds-tls-*`).
     pub xds_tls: Option<XdsClientTls>,
     /// Where Envoy writes its access log, one JSON object per request (see
@@ -627,6 +643,13 @@ fn listener(opts: &BootstrapOptions) -> Value {
     }
     http_filters.push(session_affinity_filter());
     http_filters.push(router_filter());
+    // With the filter, services share routes whose cluster the filter names, so a new service
+    // changes no route; without it every service needs its own (see resources.rs).
+    let route_config_name = if opts.filter.is_some() && opts.route_table == RouteTable::Shared {
+        SHARED_ROUTE_CONFIG_NAME
+    } else {
+        ROUTE_CONFIG_NAME
+    };
     json!({
         "name": LISTENER_NAME,
         "address": socket_address(opts.listen),
@@ -639,7 +662,7 @@ fn listener(opts: &BootstrapOptions) -> Value {
                     "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
                     "stat_prefix": STAT_PREFIX,
                     "codec_type": "AUTO",
-                    "rds": { "config_source": ads_source(), "route_config_name": ROUTE_CONFIG_NAME },
+                    "rds": { "config_source": ads_source(), "route_config_name": route_config_name },
                     // Envoy's default, explicit. Every route sets its own: a call's is its
                     // timeout, MCP's GET stream has its own idle limit (see resources.rs); this
                     // one holds for requests that match no route.
@@ -786,6 +809,7 @@ mod tests {
             control: "127.0.0.1:19000".parse().expect("addr"),
             filter: None,
             native_mcp_filter: false,
+            route_table: RouteTable::default(),
             xds_tls: None,
             access_log: None,
             services: None,
@@ -824,6 +848,36 @@ mod tests {
             );
         }
         assert!(parsed()["node"].get("metadata").is_none());
+    }
+
+    #[test]
+    fn only_an_envoy_with_the_filter_asks_for_the_shared_routes() {
+        let route_config = |filter: Option<&str>, native_mcp_filter, route_table| {
+            let b: Value = serde_json::from_str(&render(&BootstrapOptions {
+                filter: filter.map(Into::into),
+                native_mcp_filter,
+                route_table,
+                ..options()
+            }))
+            .expect("JSON");
+            b["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+                ["rds"]["route_config_name"]
+                .clone()
+        };
+        let (shared, per_service) = (RouteTable::Shared, RouteTable::PerService);
+        assert_eq!(
+            route_config(Some("/f.wasm"), false, shared),
+            SHARED_ROUTE_CONFIG_NAME
+        );
+        // A wasm filter that names no cluster (the bench's no-op filter in toolgate's place).
+        assert_eq!(
+            route_config(Some("/noop.wasm"), false, per_service),
+            ROUTE_CONFIG_NAME
+        );
+        // Without the filter nothing would set the shared routes' cluster, or keep a client
+        // from setting it.
+        assert_eq!(route_config(None, false, shared), ROUTE_CONFIG_NAME);
+        assert_eq!(route_config(None, true, shared), ROUTE_CONFIG_NAME);
     }
 
     #[test]

@@ -267,6 +267,11 @@ struct BootstrapArgs {
     /// `make bench` compares the toolgate filter against it.
     #[arg(long, conflicts_with = "filter")]
     native_mcp_filter: bool,
+    /// With --filter: `shared` (services with the default MCP path and timeout share routes
+    /// whose cluster the filter names, so a new service changes no route) or `per-service`
+    /// (two routes per service, for a wasm filter other than toolgate's).
+    #[arg(long, value_enum, default_value_t = bootstrap::RouteTable::default(), requires = "filter")]
+    route_table: bootstrap::RouteTable,
     /// mTLS to toolgate-xds: the CA that signed its certificate (needs --xds-tls-cert and
     /// --xds-tls-key, Envoy's own certificate and key).
     #[arg(long, value_name = "PEM", requires_all = ["xds_tls_cert", "xds_tls_key"])]
@@ -358,6 +363,7 @@ fn main() -> ExitCode {
                 control: args.control,
                 filter: args.filter,
                 native_mcp_filter: args.native_mcp_filter,
+                route_table: args.route_table,
                 access_log: args.access_log,
                 services: args.services,
                 edge: args.edge.limits(),

@@ -36,6 +36,9 @@ pub struct RoutingSnapshot {
     /// The filter's request body limit: the routes let Envoy buffer more than this, so the
     /// filter, not Envoy's bare 413, answers a larger body.
     pub max_body_bytes: u64,
+    /// The default policy's response timeout: the services with it (and the default MCP path)
+    /// share their routes in the shared route configuration.
+    pub default_timeout_ms: u64,
     /// The auth configuration (issue 20), when `<prefix>auth/config` holds one: Envoy's
     /// `jwt_authn` (over ECDS), the JWKS clusters and the Protected Resource Metadata routes
     /// are made from it.
@@ -139,6 +142,7 @@ impl RoutingSnapshot {
             filter_config: Arc::from("{}"),
             virtual_servers: Vec::new(),
             max_body_bytes: toolgate_model::RequestLimits::default().max_body_bytes,
+            default_timeout_ms: toolgate_model::BreakerPolicy::default().timeout_ms,
             auth: None,
         }
     }

@@ -246,6 +246,7 @@ fn snapshot(
         filter_config: Arc::from("{}"),
         virtual_servers: Vec::new(),
         max_body_bytes: 1024 * 1024,
+        default_timeout_ms: 60_000,
         auth: None,
     })
 }
@@ -438,6 +439,7 @@ fn rendered_bootstrap_passes_envoy_validation() {
         control: Upstream::Ip(SocketAddr::new(LOCALHOST, free_port())),
         filter: None,
         native_mcp_filter: false,
+        route_table: Default::default(),
         xds_tls: None,
         access_log: None,
         services: None,
@@ -546,6 +548,7 @@ async fn follows_snapshots(protocol: XdsProtocol) {
         control: Upstream::Ip(SocketAddr::new(LOCALHOST, free_port())),
         filter: None,
         native_mcp_filter: false,
+        route_table: Default::default(),
         xds_tls: None,
         access_log: None,
         services: None,
@@ -860,6 +863,7 @@ async fn follows_snapshots(protocol: XdsProtocol) {
         filter_config: Arc::from("{}"),
         virtual_servers: Vec::new(),
         max_body_bytes: 1024 * 1024,
+        default_timeout_ms: 60_000,
         auth: None,
     }));
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -943,6 +947,7 @@ impl Rig {
             control: Upstream::Ip(SocketAddr::new(LOCALHOST, free_port())),
             filter: None,
             native_mcp_filter: false,
+            route_table: Default::default(),
             xds_tls: None,
             access_log: None,
             services: None,

@@ -1218,6 +1218,7 @@ impl Registry {
             filter_config: made.json.clone(),
             virtual_servers: filter.virtual_servers.keys().cloned().collect(),
             max_body_bytes: self.request_limits.max_body_bytes,
+            default_timeout_ms: filter.defaults.timeout_ms,
             auth: self.auth.config().cloned(),
         }
     }

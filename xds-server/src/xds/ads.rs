@@ -818,6 +818,7 @@ pub(super) mod tests {
             filter_config: Arc::from("{}"),
             virtual_servers: Vec::new(),
             max_body_bytes: 1024 * 1024,
+            default_timeout_ms: 60_000,
             auth: None,
         }
     }

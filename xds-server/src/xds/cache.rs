@@ -169,6 +169,8 @@ pub struct SnapshotCache {
     /// The auth configuration of the last applied snapshot (`jwt_authn`, JWKS clusters and
     /// metadata routes are made from it).
     auth: Option<Arc<toolgate_model::auth::AuthConfig>>,
+    /// The default timeout of the last applied snapshot (the shared routes wait it).
+    default_timeout_ms: Option<u64>,
     current: Option<Arc<CacheSnapshot>>,
     /// The routes of the last applied snapshot's services, encoded: a new route configuration
     /// is assembled from them rather than built and encoded whole.
@@ -228,6 +230,7 @@ impl SnapshotCache {
         self.services = Some((snapshot.services.clone(), snapshot.filter_config.clone()));
         self.virtual_servers.clone_from(&snapshot.virtual_servers);
         self.auth.clone_from(&snapshot.auth);
+        self.default_timeout_ms = Some(snapshot.default_timeout_ms);
         self.current = Some(Arc::new(CacheSnapshot {
             generation: snapshot.generation,
             types,
@@ -258,6 +261,13 @@ impl SnapshotCache {
         let auth_changed = first || self.auth != snapshot.auth;
         let mut route_table_changed =
             first || auth_changed || self.virtual_servers != snapshot.virtual_servers;
+        let default_timeout = snapshot.default_timeout_ms;
+        // The shared table changes with a service's routes only if the service has routes of
+        // its own there, before or after: a new service with the default path and timeout
+        // changes no route an Envoy with the filter holds.
+        let mut shared_table_changed =
+            route_table_changed || self.default_timeout_ms != Some(default_timeout);
+        let own = |route: &ServiceRoute| resources::has_own_routes(route, default_timeout);
         if auth_changed {
             let old = self.auth.as_deref().map(super::auth::jwks_clusters);
             let new = snapshot.auth.as_deref().map(super::auth::jwks_clusters);
@@ -273,8 +283,9 @@ impl SnapshotCache {
         let mut encoded_routes = self.encoded_routes.clone();
         for change in diff(previous_routes, &snapshot.services) {
             match change {
-                Change::Gone(service) => {
+                Change::Gone(service, old) => {
                     route_table_changed = true;
+                    shared_table_changed |= own(old);
                     encoded_routes.remove(service);
                     let name = resources::cluster_name(service);
                     clusters.remove(&name);
@@ -283,6 +294,7 @@ impl SnapshotCache {
                 Change::Set(service, old, route) => {
                     if route_table::routes_differ(old, route) {
                         route_table_changed = true;
+                        shared_table_changed |= old.is_some_and(own) || own(route);
                         encoded_routes.insert(
                             service.to_string(),
                             route_table::encode_service(service, route),
@@ -301,7 +313,13 @@ impl SnapshotCache {
         if route_table_changed {
             routes.put_any(
                 resources::ROUTE_CONFIG_NAME.to_string(),
-                route_table::assemble(snapshot, &encoded_routes),
+                route_table::assemble(snapshot, &encoded_routes, false),
+            );
+        }
+        if shared_table_changed {
+            routes.put_any(
+                resources::SHARED_ROUTE_CONFIG_NAME.to_string(),
+                route_table::assemble(snapshot, &encoded_routes, true),
             );
         }
         let mut extension = Patch::new(previous(ResourceType::ExtensionConfig));
@@ -336,7 +354,7 @@ type Entries = imbl::OrdMap<String, Entry>;
 
 /// How a service's route differs between two snapshots.
 enum Change<'a> {
-    Gone(&'a str),
+    Gone(&'a str, &'a ServiceRoute),
     /// New (no old route) or changed.
     Set(&'a str, Option<&'a ServiceRoute>, &'a ServiceRoute),
 }
@@ -353,7 +371,7 @@ fn diff<'a>(old: &'a ServiceRoutes, new: &'a ServiceRoutes) -> Vec<Change<'a>> {
                 old: (_, before),
                 new: (name, after),
             } => (before != after).then_some(Change::Set(name.as_str(), Some(before), after)),
-            DiffItem::Remove(name, _) => Some(Change::Gone(name.as_str())),
+            DiffItem::Remove(name, route) => Some(Change::Gone(name.as_str(), route)),
         })
         .collect()
 }
@@ -539,39 +557,93 @@ mod tests {
 
     #[test]
     fn the_kept_routes_follow_every_kind_of_service_change() {
-        // The route configuration is assembled from each service's routes encoded when they
-        // changed; after each step it must be the configuration built from scratch.
+        // Both route configurations are assembled from each service's routes encoded when
+        // they changed; after each step each must be the configuration built from scratch, and
+        // the shared one must change only where a service with routes of its own came, went or
+        // changed (or what every route depends on).
         let mut cache = SnapshotCache::new();
         let mut snap = snapshot(1, &[("a", &[("a-1", 1)]), ("b", &[("b-1", 2)])]);
-        /// A step's name and the change it makes.
-        type Step = (&'static str, fn(&mut RoutingSnapshot));
-        let steps: [Step; 7] = [
-            ("first", |_| {}),
-            ("new service", |s| {
-                let c = s.services.get("a").cloned().expect("a");
-                s.services.insert("c".into(), c);
-            }),
-            ("path", |s| {
-                if let Some(r) = s.services.get_mut("a") {
-                    Arc::make_mut(r).mcp_path = "/".into();
-                }
-            }),
-            ("timeout", |s| {
-                if let Some(r) = s.services.get_mut("b") {
-                    Arc::make_mut(r).timeout_ms = 5_000;
-                }
-            }),
-            ("endpoints only", |s| {
-                if let Some(r) = s.services.get_mut("b") {
-                    Arc::make_mut(r).endpoints.clear();
-                }
-            }),
-            ("virtual server", |s| s.virtual_servers = vec!["ops".into()]),
-            ("removal", |s| {
-                s.services.remove("a");
-            }),
+        /// A step's name, the change it makes, and whether the shared table changes.
+        type Step = (&'static str, fn(&mut RoutingSnapshot), bool);
+        let steps: [Step; 11] = [
+            ("first", |_| {}, true),
+            (
+                "new service",
+                |s| {
+                    let c = s.services.get("a").cloned().expect("a");
+                    s.services.insert("c".into(), c);
+                },
+                false,
+            ),
+            (
+                "path",
+                |s| {
+                    if let Some(r) = s.services.get_mut("a") {
+                        Arc::make_mut(r).mcp_path = "/".into();
+                    }
+                },
+                true,
+            ),
+            (
+                "timeout",
+                |s| {
+                    if let Some(r) = s.services.get_mut("b") {
+                        Arc::make_mut(r).timeout_ms = 5_000;
+                    }
+                },
+                true,
+            ),
+            (
+                "endpoints only",
+                |s| {
+                    if let Some(r) = s.services.get_mut("b") {
+                        Arc::make_mut(r).endpoints.clear();
+                    }
+                },
+                false,
+            ),
+            (
+                "virtual server",
+                |s| s.virtual_servers = vec!["ops".into()],
+                true,
+            ),
+            // b's timeout becomes the default: b shares, c (60 s) gets routes of its own.
+            ("default timeout", |s| s.default_timeout_ms = 5_000, true),
+            (
+                "new service with the default timeout",
+                |s| {
+                    let d = s.services.get("b").cloned().expect("b");
+                    s.services.insert("d".into(), d);
+                },
+                false,
+            ),
+            (
+                "removal of a service that shares",
+                |s| {
+                    s.services.remove("d");
+                },
+                false,
+            ),
+            (
+                "path back to the default",
+                |s| {
+                    if let Some(r) = s.services.get_mut("a") {
+                        Arc::make_mut(r).mcp_path = "/mcp".into();
+                        Arc::make_mut(r).timeout_ms = 5_000;
+                    }
+                },
+                true,
+            ),
+            (
+                "removal of a service with routes of its own",
+                |s| {
+                    s.services.remove("c");
+                },
+                true,
+            ),
         ];
-        for (i, (step, change)) in steps.iter().enumerate() {
+        let mut shared_before = None;
+        for (i, (step, change, shared_changes)) in steps.iter().enumerate() {
             change(&mut snap);
             snap.generation = i as u64 + 1;
             cache.update(&snap);
@@ -582,6 +654,20 @@ mod tests {
                 *routes[resources::ROUTE_CONFIG_NAME].any == built,
                 "after {step}: the kept route configuration is not the one built from scratch"
             );
+            let shared = Arc::clone(&routes[resources::SHARED_ROUTE_CONFIG_NAME].any);
+            let built = resources::to_any(&resources::shared_route_configuration(&snap));
+            assert!(
+                *shared == built,
+                "after {step}: the kept shared route configuration is not the one built from scratch"
+            );
+            let changed = shared_before
+                .as_ref()
+                .is_none_or(|before: &Arc<Any>| !Arc::ptr_eq(before, &shared));
+            assert_eq!(
+                changed, *shared_changes,
+                "after {step}: the shared routes changed"
+            );
+            shared_before = Some(shared);
         }
     }
 
@@ -649,6 +735,7 @@ mod tests {
             filter_config: Arc::from("{}"),
             virtual_servers: Vec::new(),
             max_body_bytes: 1024 * 1024,
+            default_timeout_ms: 60_000,
             auth: None,
         }
     }

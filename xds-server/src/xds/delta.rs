@@ -926,38 +926,38 @@ mod tests {
         let clusters: Vec<&str> = clusters.iter().map(String::as_str).collect();
         let eds = h.request_and_ack(subscribe(EDS, &clusters)).await;
         assert_eq!(names(&eds[0]), clusters);
-        let route = h
-            .cache
-            .current()
-            .and_then(|v| v.get(RDS).map(|t| t.names().cloned().collect::<Vec<_>>()))
-            .expect("routes");
-        let route: Vec<&str> = route.iter().map(String::as_str).collect();
-        let rds = h.request_and_ack(subscribe(RDS, &route)).await;
+        // The table an Envoy with the filter asks for (its bootstrap names it).
+        let rds = h
+            .request_and_ack(subscribe(
+                RDS,
+                &[crate::xds::resources::SHARED_ROUTE_CONFIG_NAME],
+            ))
+            .await;
         assert_eq!(rds.len(), 1);
         h
     }
 
     #[tokio::test]
-    async fn a_new_service_sends_its_cluster_its_assignment_and_the_routes_nothing_else() {
+    async fn a_new_service_sends_its_cluster_and_its_assignment_and_routes_only_of_its_own() {
         let mut h = subscribed(&[("a", &[1]), ("b", &[2])]).await;
+        let summary = |sent: &[DeltaDiscoveryResponse]| -> Vec<(&str, Vec<String>, Vec<String>)> {
+            sent.iter()
+                .map(|r| {
+                    (
+                        ResourceType::from_type_url(&r.type_url)
+                            .expect("known")
+                            .short_name(),
+                        names(r).into_iter().map(String::from).collect(),
+                        r.removed_resources.clone(),
+                    )
+                })
+                .collect()
+        };
+        // The default path and timeout: the shared routes take it, no route changes.
         h.publish(routing(2, &[("a", &[1]), ("b", &[2]), ("c", &[3])]))
             .await;
         let sent = h.sent();
-        let summary: Vec<(&str, Vec<&str>, Vec<&str>)> = sent
-            .iter()
-            .map(|r| {
-                (
-                    ResourceType::from_type_url(&r.type_url)
-                        .expect("known")
-                        .short_name(),
-                    names(r),
-                    r.removed_resources.iter().map(String::as_str).collect(),
-                )
-            })
-            .collect();
-        assert_eq!(summary.len(), 2, "{summary:?}");
-        assert_eq!(summary[0], ("cds", vec!["mcp.c"], vec![]));
-        assert_eq!(summary[1].0, "rds", "{summary:?}");
+        assert_eq!(summary(&sent), [("cds", vec!["mcp.c".to_string()], vec![])]);
         // Envoy subscribes to the new cluster's assignment when it creates the cluster.
         for r in &sent {
             h.request(ack(r)).await;
@@ -969,6 +969,26 @@ mod tests {
         h.publish(routing(3, &[("a", &[1]), ("b", &[2]), ("c", &[3])]))
             .await;
         assert!(h.sent().is_empty());
+        // A path of its own needs routes of its own: the route configuration goes too.
+        let four = [
+            ("a", &[1u8][..]),
+            ("b", &[2][..]),
+            ("c", &[3][..]),
+            ("d", &[4][..]),
+        ];
+        h.publish(own_path(routing(4, &four), "d")).await;
+        let sent = summary(&h.sent());
+        assert_eq!(sent.len(), 2, "{sent:?}");
+        assert_eq!(sent[0], ("cds", vec!["mcp.d".to_string()], vec![]));
+        assert_eq!(sent[1].0, "rds", "{sent:?}");
+    }
+
+    /// `service` serves MCP at a path of its own, so it has routes of its own.
+    fn own_path(mut snapshot: RoutingSnapshot, service: &str) -> RoutingSnapshot {
+        if let Some(route) = snapshot.services.get_mut(service) {
+            Arc::make_mut(route).mcp_path = "/rpc".into();
+        }
+        snapshot
     }
 
     fn with_filter_config(mut snapshot: RoutingSnapshot, json: &str) -> RoutingSnapshot {
@@ -995,10 +1015,10 @@ mod tests {
         assert_eq!(types(&first), ["ecds"]);
 
         // A new service whose tools change the configuration (its catalog): clusters and
-        // routes first.
+        // routes first (a path of its own: routes of its own).
         let two = [("a", &[1u8][..]), ("b", &[2][..])];
         h.publish(with_filter_config(
-            routing(2, &two),
+            own_path(routing(2, &two), "b"),
             r#"{"catalog":{"b":[]}}"#,
         ))
         .await;
@@ -1013,7 +1033,7 @@ mod tests {
         // waits for the first ones only, and then goes in its latest form.
         let three = [("a", &[1u8][..]), ("b", &[2][..]), ("c", &[3][..])];
         h.publish(with_filter_config(
-            routing(3, &three),
+            own_path(own_path(routing(3, &three), "b"), "c"),
             r#"{"catalog":{"c":[]}}"#,
         ))
         .await;
@@ -1033,10 +1053,32 @@ mod tests {
         // A configuration change alone goes at once, the later clusters and routes unanswered
         // or not.
         h.publish(with_filter_config(
-            routing(4, &three),
+            own_path(own_path(routing(4, &three), "b"), "c"),
             r#"{"catalog":{"d":[]}}"#,
         ))
         .await;
+        let alone = h.sent();
+        assert_eq!(types(&alone), ["ecds"]);
+
+        // A new service that shares the routes: its cluster alone, and the configuration once
+        // Envoy answered that.
+        for r in later.iter().chain(&released).chain(&alone) {
+            h.request(ack(r)).await;
+        }
+        let five = [
+            ("a", &[1u8][..]),
+            ("b", &[2][..]),
+            ("c", &[3][..]),
+            ("e", &[5][..]),
+        ];
+        h.publish(with_filter_config(
+            own_path(own_path(routing(5, &five), "b"), "c"),
+            r#"{"catalog":{"e":[]}}"#,
+        ))
+        .await;
+        let sent = h.sent();
+        assert_eq!(types(&sent), ["cds"]);
+        h.request(ack(&sent[0])).await;
         assert_eq!(types(&h.sent()), ["ecds"]);
     }
 
@@ -1122,7 +1164,13 @@ mod tests {
     #[tokio::test]
     async fn removals_go_after_every_update_of_the_push() {
         let mut h = subscribed(&[("a", &[1]), ("b", &[2])]).await;
-        h.publish(routing(2, &[("a", &[1])])).await;
+        // b with routes of its own, which its removal changes.
+        h.publish(own_path(routing(2, &[("a", &[1]), ("b", &[2])]), "b"))
+            .await;
+        for r in h.sent() {
+            h.request(ack(&r)).await;
+        }
+        h.publish(routing(3, &[("a", &[1])])).await;
         let sent = h.sent();
         let kinds: Vec<(&str, bool)> = sent
             .iter()

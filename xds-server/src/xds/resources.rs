@@ -27,7 +27,7 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
 use envoy_types::pb::envoy::config::route::v3::{
     header_matcher::HeaderMatchSpecifier,
     retry_policy, route,
-    route_action::{ClusterSpecifier, MaxStreamDuration},
+    route_action::{ClusterNotFoundResponseCode, ClusterSpecifier, MaxStreamDuration},
     route_match::PathSpecifier,
     DirectResponseAction, HeaderMatcher, RetryPolicy, Route, RouteAction, RouteConfiguration,
     RouteMatch, VirtualHost,
@@ -41,17 +41,26 @@ use envoy_types::pb::envoy::extensions::upstreams::http::v3::{
     },
     HttpProtocolOptions,
 };
-use envoy_types::pb::envoy::r#type::matcher::v3::{string_matcher::MatchPattern, StringMatcher};
+use envoy_types::pb::envoy::r#type::matcher::v3::{
+    string_matcher::MatchPattern, RegexMatchAndSubstitute, RegexMatcher, StringMatcher,
+};
 use envoy_types::pb::envoy::r#type::v3::Percent;
 use envoy_types::pb::google::protobuf::{Any, Duration, UInt32Value, UInt64Value};
 use prost::{Message, Name};
+use toolgate_model::envoy::CLUSTER_HEADER;
+use toolgate_model::instance::DEFAULT_MCP_PATH;
 
 use crate::routing::{EndpointHealth, RouteEndpoint, RoutingSnapshot, ServiceRoute};
 
-/// The one RouteConfiguration; the bootstrap's HTTP connection manager asks for it by this name.
+/// The route configuration with two routes per service, for an Envoy without the toolgate
+/// filter; the bootstrap's HTTP connection manager asks for it by this name.
 pub const ROUTE_CONFIG_NAME: &str = "toolgate_routes";
+/// The route configuration of an Envoy with the toolgate filter: routes of their own only for
+/// the services whose path or timeout differs from the defaults, and two routes all the other
+/// services share (see [`shared_service_routes`]). A new service then changes no route.
+pub const SHARED_ROUTE_CONFIG_NAME: &str = "toolgate_shared_routes";
 /// Prefix of every cluster name: service `inventory` is cluster `mcp.inventory`.
-pub const CLUSTER_PREFIX: &str = "mcp.";
+pub const CLUSTER_PREFIX: &str = toolgate_model::envoy::SERVICE_CLUSTER_PREFIX;
 /// Prefix of the public path of a service: `/mcp/<service>`.
 pub const SERVICE_PATH_PREFIX: &str = "/mcp/";
 /// The aggregate endpoint (issue 19): one MCP server over every service, virtual server
@@ -69,6 +78,9 @@ pub const DEFAULT_VIRTUAL: &str = toolgate_model::virtual_server::DEFAULT_VIRTUA
 const AGGREGATE_MIN_TIMEOUT_MS: u64 = 60_000;
 /// The stateful-session filter's name in the bootstrap, for its per-route configuration.
 pub const STATEFUL_SESSION_FILTER: &str = "envoy.filters.http.stateful_session";
+/// Names of the [`shared_service_routes`].
+const SHARED_ROUTE_NAME: &str = "mcp/*";
+const SHARED_ROUTE_NAME_GET_STREAM: &str = "mcp/*/get-stream";
 /// Name of the only virtual host of [`ROUTE_CONFIG_NAME`].
 const VIRTUAL_HOST_NAME: &str = "toolgate";
 /// An MCP GET stream (server-to-client SSE) that carries nothing for this long is closed;
@@ -175,6 +187,10 @@ pub(crate) fn build(snapshot: &RoutingSnapshot) -> BTreeMap<ResourceType, NamedR
         ROUTE_CONFIG_NAME.to_string(),
         Arc::new(to_any(&route_configuration(snapshot))),
     );
+    routes.insert(
+        SHARED_ROUTE_CONFIG_NAME.to_string(),
+        Arc::new(to_any(&shared_route_configuration(snapshot))),
+    );
     for (name, cluster) in snapshot
         .auth
         .as_deref()
@@ -202,7 +218,7 @@ pub(crate) fn build(snapshot: &RoutingSnapshot) -> BTreeMap<ResourceType, NamedR
 
 /// `mcp.<service>`: the cluster and its load assignment share this name.
 pub fn cluster_name(service: &str) -> String {
-    format!("{CLUSTER_PREFIX}{service}")
+    toolgate_model::envoy::service_cluster(service)
 }
 
 /// The public path prefix of a service, `/mcp/<service>`.
@@ -414,17 +430,89 @@ fn socket_address(ip: IpAddr, port: u16) -> Address {
 /// and get Envoy's own 404, except under `/virtual/`, which get a JSON-RPC error saying no
 /// such virtual server exists.
 pub fn route_configuration(snapshot: &RoutingSnapshot) -> RouteConfiguration {
+    route_table(snapshot, false)
+}
+
+/// [`SHARED_ROUTE_CONFIG_NAME`]: as [`route_configuration`], but only the services with
+/// [`has_own_routes`] have routes of their own; the [`shared_service_routes`] come after them.
+pub fn shared_route_configuration(snapshot: &RoutingSnapshot) -> RouteConfiguration {
+    route_table(snapshot, true)
+}
+
+fn route_table(snapshot: &RoutingSnapshot, shared: bool) -> RouteConfiguration {
     let mut host = virtual_host(snapshot);
-    host.routes.reserve(snapshot.services.len() * 2 + 1);
+    host.routes.reserve(snapshot.services.len() * 2 + 3);
     for (service, route) in snapshot.services.iter() {
-        host.routes.extend(service_routes(service, route));
+        if !shared || has_own_routes(route, snapshot.default_timeout_ms) {
+            host.routes.extend(service_routes(service, route));
+        }
+    }
+    if shared {
+        host.routes
+            .extend(shared_service_routes(snapshot.default_timeout_ms));
     }
     host.routes.push(unknown_virtual_route());
     RouteConfiguration {
-        name: ROUTE_CONFIG_NAME.to_string(),
+        name: if shared {
+            SHARED_ROUTE_CONFIG_NAME
+        } else {
+            ROUTE_CONFIG_NAME
+        }
+        .to_string(),
         virtual_hosts: vec![host],
         ..Default::default()
     }
+}
+
+/// Whether a service needs routes of its own where services can share theirs: the shared
+/// routes rewrite to the default MCP path and wait the default policy's timeout.
+pub fn has_own_routes(route: &ServiceRoute, default_timeout_ms: u64) -> bool {
+    route.mcp_path != DEFAULT_MCP_PATH || route.timeout_ms != default_timeout_ms
+}
+
+/// The two routes every service without routes of its own shares, on `/mcp/<service>` like
+/// [`service_routes`] (the GET stream's first), rewritten to the default MCP path, with the
+/// default policy's timeout. The cluster is the one the toolgate filter names in
+/// [`CLUSTER_HEADER`] from the path it judges; a request without it (the filter judged no
+/// service there) or naming a cluster Envoy does not have gets a 404, as a path no route
+/// takes. Only Envoys with the filter get these routes (their bootstrap asks for
+/// [`SHARED_ROUTE_CONFIG_NAME`]): without it a client could name any cluster.
+pub fn shared_service_routes(default_timeout_ms: u64) -> [Route; 2] {
+    [true, false].map(|get_stream| {
+        let mut action =
+            mcp_route_action(String::new(), String::new(), default_timeout_ms, get_stream);
+        action.cluster_specifier =
+            Some(ClusterSpecifier::ClusterHeader(CLUSTER_HEADER.to_string()));
+        action.cluster_not_found_response_code = ClusterNotFoundResponseCode::NotFound as i32;
+        action.regex_rewrite = Some(RegexMatchAndSubstitute {
+            // The service segment, up to the next `/` (the query is not part of what Envoy
+            // rewrites, and `?` is excluded should that change).
+            pattern: Some(RegexMatcher {
+                regex: format!("^{SERVICE_PATH_PREFIX}[^/?]+"),
+                ..Default::default()
+            }),
+            substitution: DEFAULT_MCP_PATH.to_string(),
+        });
+        Route {
+            name: if get_stream {
+                SHARED_ROUTE_NAME_GET_STREAM
+            } else {
+                SHARED_ROUTE_NAME
+            }
+            .to_string(),
+            r#match: Some(RouteMatch {
+                path_specifier: Some(PathSpecifier::Prefix(SERVICE_PATH_PREFIX.to_string())),
+                headers: if get_stream {
+                    vec![get_method()]
+                } else {
+                    Vec::new()
+                },
+                ..Default::default()
+            }),
+            action: Some(route::Action::Route(action)),
+            ..Default::default()
+        }
+    })
 }
 
 /// The one virtual host, with the routes that come before the services' (auth metadata and
@@ -446,6 +534,8 @@ pub(crate) fn virtual_host(snapshot: &RoutingSnapshot) -> VirtualHost {
         // host predicate) per route, on every new route configuration, which is one per new
         // service. The other routes are direct responses, which never retry.
         retry_policy: Some(connect_failure_retry()),
+        // The filter's word for Envoy (see [`shared_service_routes`]), not for the server.
+        request_headers_to_remove: vec![CLUSTER_HEADER.to_string()],
         ..Default::default()
     }
 }
@@ -747,6 +837,7 @@ mod tests {
             filter_config: Arc::from("{}"),
             virtual_servers: Vec::new(),
             max_body_bytes: 1024 * 1024,
+            default_timeout_ms: 60_000,
             auth: None,
         }
     }
@@ -792,7 +883,10 @@ mod tests {
             names(ResourceType::Endpoint),
             ["mcp.billing", "mcp.inventory"]
         );
-        assert_eq!(names(ResourceType::Route), [ROUTE_CONFIG_NAME]);
+        assert_eq!(
+            names(ResourceType::Route),
+            [ROUTE_CONFIG_NAME, SHARED_ROUTE_CONFIG_NAME]
+        );
 
         let billing: ClusterLoadAssignment = decode(&built[&ResourceType::Endpoint]["mcp.billing"]);
         assert_eq!(billing.cluster_name, "mcp.billing");
@@ -923,6 +1017,94 @@ mod tests {
                     1
                 ),
             ]
+        );
+    }
+
+    #[test]
+    fn services_with_the_default_path_and_timeout_share_routes_whose_cluster_the_filter_names() {
+        let snap = two_services();
+        let built = build(&snap);
+        let rc: RouteConfiguration = decode(&built[&ResourceType::Route][SHARED_ROUTE_CONFIG_NAME]);
+        assert_eq!(rc.name, SHARED_ROUTE_CONFIG_NAME);
+        let vh = &rc.virtual_hosts[0];
+        // The filter's header is for Envoy: taken off before any request goes upstream.
+        assert_eq!(vh.request_headers_to_remove, [CLUSTER_HEADER]);
+        let names: Vec<&str> = vh
+            .routes
+            .iter()
+            .filter(|r| !is_virtual(r))
+            .map(|r| r.name.as_str())
+            .collect();
+        // inventory (MCP path /rpc) keeps its own routes, before the shared ones; billing
+        // (the default path and timeout) has none.
+        assert_eq!(
+            names,
+            [
+                "inventory/get-stream",
+                "inventory",
+                SHARED_ROUTE_NAME_GET_STREAM,
+                SHARED_ROUTE_NAME
+            ]
+        );
+        let shared: Vec<&Route> = vh
+            .routes
+            .iter()
+            .filter(|r| r.name.starts_with(SHARED_ROUTE_NAME))
+            .collect();
+        for (r, get_stream) in shared.into_iter().zip([true, false]) {
+            let m = r.r#match.as_ref().expect("match");
+            assert_eq!(
+                m.path_specifier,
+                Some(PathSpecifier::Prefix("/mcp/".into()))
+            );
+            assert_eq!(m.headers.len(), usize::from(get_stream), "{}", r.name);
+            let Some(route::Action::Route(a)) = &r.action else {
+                panic!("not a route action")
+            };
+            assert_eq!(
+                a.cluster_specifier,
+                Some(ClusterSpecifier::ClusterHeader(CLUSTER_HEADER.into()))
+            );
+            assert_eq!(
+                a.cluster_not_found_response_code,
+                ClusterNotFoundResponseCode::NotFound as i32,
+                "a path no service has is a 404 as before, not a 503"
+            );
+            let rewrite = a.regex_rewrite.as_ref().expect("rewritten");
+            assert_eq!(
+                rewrite.pattern.as_ref().map(|p| p.regex.as_str()),
+                Some("^/mcp/[^/?]+")
+            );
+            assert_eq!(rewrite.substitution, DEFAULT_MCP_PATH);
+            assert!(a.prefix_rewrite.is_empty());
+            let timeout = a.timeout.expect("timeout");
+            assert_eq!(timeout.seconds, if get_stream { 0 } else { 60 });
+        }
+        // Without the filter every service has its routes, and nothing reads the header.
+        let full: RouteConfiguration = decode(&built[&ResourceType::Route][ROUTE_CONFIG_NAME]);
+        assert!(full.virtual_hosts[0]
+            .routes
+            .iter()
+            .all(|r| !r.name.starts_with(SHARED_ROUTE_NAME)));
+        assert_eq!(
+            full.virtual_hosts[0]
+                .routes
+                .iter()
+                .filter(|r| !is_virtual(r))
+                .count(),
+            4
+        );
+        // A service whose timeout is not the default's has routes of its own too.
+        let mut other_default = two_services();
+        other_default.default_timeout_ms = 30_000;
+        let rc = shared_route_configuration(&other_default);
+        assert_eq!(
+            rc.virtual_hosts[0]
+                .routes
+                .iter()
+                .filter(|r| !is_virtual(r) && !r.name.starts_with(SHARED_ROUTE_NAME))
+                .count(),
+            4
         );
     }
 

@@ -1,7 +1,8 @@
-//! The route configuration assembled from each service's routes, encoded once.
+//! The route configurations assembled from each service's routes, encoded once.
 //!
-//! The route configuration is one resource holding two routes per service, so every new
-//! service sends all of it again. Building and encoding 2,000 routes for each new service took
+//! A route configuration is one resource holding two routes per service (in the shared one,
+//! per service with routes of its own), so every new service with routes of its own sends all
+//! of it again. Building and encoding 2,000 routes for each new service took
 //! toolgate-xds 1.7 ms on an idle core and 8-13 ms beside a busy Envoy (the bench's new
 //! service at 10,000 instances), all of it before the first byte went out. A service's routes
 //! depend only on its name, path and timeout, so they are encoded when those change and kept;
@@ -49,8 +50,10 @@ pub fn encode_service(service: &str, route: &ServiceRoute) -> Arc<[u8]> {
 }
 
 /// The route configuration of `snapshot`, with the services' routes taken from `encoded`,
-/// which must hold exactly `snapshot`'s services, each encoded from its current route.
-pub fn assemble(snapshot: &RoutingSnapshot, encoded: &EncodedRoutes) -> Any {
+/// which must hold exactly `snapshot`'s services, each encoded from its current route:
+/// [`resources::route_configuration`], or with `shared` [`resources::shared_route_configuration`]
+/// (only the services with routes of their own, then the shared routes).
+pub fn assemble(snapshot: &RoutingSnapshot, encoded: &EncodedRoutes, shared: bool) -> Any {
     debug_assert_eq!(encoded.len(), snapshot.services.len());
     let mut rest = resources::virtual_host(snapshot);
     let head = VirtualHost {
@@ -60,15 +63,37 @@ pub fn assemble(snapshot: &RoutingSnapshot, encoded: &EncodedRoutes) -> Any {
         ..Default::default()
     };
     let mut host = head.encode_to_vec();
-    host.reserve(encoded.values().map(|b| b.len()).sum());
-    for routes in encoded.values() {
+    // Both maps are ordered by service name and hold the same names.
+    let kept: Vec<&[u8]> = snapshot
+        .services
+        .iter()
+        .zip(encoded.iter())
+        .filter(|((_, route), _)| {
+            !shared || resources::has_own_routes(route, snapshot.default_timeout_ms)
+        })
+        .map(|(_, (_, routes))| &routes[..])
+        .collect();
+    host.reserve(kept.iter().map(|b| b.len()).sum());
+    for routes in kept {
         host.extend_from_slice(routes);
+    }
+    if shared {
+        encoding::message::encode_repeated(
+            ROUTES_TAG,
+            &resources::shared_service_routes(snapshot.default_timeout_ms),
+            &mut host,
+        );
     }
     encoding::message::encode(ROUTES_TAG, &resources::unknown_virtual_route(), &mut host);
     host.extend_from_slice(&rest.encode_to_vec());
 
     let mut value = RouteConfiguration {
-        name: resources::ROUTE_CONFIG_NAME.to_string(),
+        name: if shared {
+            resources::SHARED_ROUTE_CONFIG_NAME
+        } else {
+            resources::ROUTE_CONFIG_NAME
+        }
+        .to_string(),
         ..Default::default()
     }
     .encode_to_vec();
@@ -104,6 +129,7 @@ mod tests {
             filter_config: Arc::from("{}"),
             virtual_servers: virtual_servers.iter().map(|s| s.to_string()).collect(),
             max_body_bytes: 4096,
+            default_timeout_ms: 60_000,
             auth: None,
         }
     }
@@ -128,7 +154,11 @@ mod tests {
         .collect();
         // Enough routes that the virtual host's length takes a three-byte varint.
         let many: ServiceRoutes = (0..1000)
-            .map(|i| (format!("s{i}"), route("/mcp", 1000 + i)))
+            // Every third with the default path and timeout: shared routes in the shared table.
+            .map(|i| {
+                let timeout = if i % 3 == 0 { 60_000 } else { 1000 + i };
+                (format!("s{i}"), route("/mcp", timeout))
+            })
             .collect();
         for snap in [
             none,
@@ -136,14 +166,20 @@ mod tests {
             snapshot(services, &["ops", "default"]),
             snapshot(many, &["ops"]),
         ] {
-            let assembled = assemble(&snap, &encode_all(&snap.services));
-            let built = resources::to_any(&resources::route_configuration(&snap));
-            assert_eq!(assembled.type_url, built.type_url);
-            assert!(
-                assembled.value == built.value,
-                "{} services: assembled bytes differ from the built configuration's",
-                snap.services.len()
-            );
+            let encoded = encode_all(&snap.services);
+            for (shared, built) in [
+                (false, resources::route_configuration(&snap)),
+                (true, resources::shared_route_configuration(&snap)),
+            ] {
+                let assembled = assemble(&snap, &encoded, shared);
+                let built = resources::to_any(&built);
+                assert_eq!(assembled.type_url, built.type_url);
+                assert!(
+                    assembled.value == built.value,
+                    "{} services, shared {shared}: assembled bytes differ from the built configuration's",
+                    snap.services.len()
+                );
+            }
         }
     }
 

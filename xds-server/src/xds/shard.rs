@@ -218,30 +218,42 @@ mod tests {
             };
             snapshot.services.insert(name.to_string(), route.into());
         }
-        let full = super::super::resources::route_configuration(&snapshot);
-        let any = to_any(&full);
-        let only = ServiceSelector::parse_list("alpha").unwrap();
-        let cut =
-            RouteConfiguration::decode(only.route_configuration(&any).unwrap().value.as_slice())
-                .unwrap();
-        let names = |rc: &RouteConfiguration| -> Vec<String> {
-            rc.virtual_hosts[0]
-                .routes
-                .iter()
-                .map(|r| r.name.clone())
-                .collect()
-        };
-        let kept = names(&cut);
-        assert!(kept.contains(&"alpha".to_string()));
-        assert!(kept.contains(&"alpha/get-stream".to_string()));
-        assert!(!kept.iter().any(|n| n.starts_with("beta")));
-        // Everything else (the aggregate endpoint, the unknown virtual server) stays.
-        let others: Vec<String> = names(&full)
-            .into_iter()
-            .filter(|n| !n.starts_with("alpha") && !n.starts_with("beta"))
-            .collect();
-        assert!(!others.is_empty());
-        assert!(others.iter().all(|n| kept.contains(n)));
+        // Both tables; the shared one also has the routes every service without its own
+        // takes (a shard's Envoy holds only its services' clusters, so they reach no other).
+        for full in [
+            super::super::resources::route_configuration(&snapshot),
+            super::super::resources::shared_route_configuration(&snapshot),
+        ] {
+            let any = to_any(&full);
+            let only = ServiceSelector::parse_list("alpha").unwrap();
+            let cut = RouteConfiguration::decode(
+                only.route_configuration(&any).unwrap().value.as_slice(),
+            )
+            .unwrap();
+            let names = |rc: &RouteConfiguration| -> Vec<String> {
+                rc.virtual_hosts[0]
+                    .routes
+                    .iter()
+                    .map(|r| r.name.clone())
+                    .collect()
+            };
+            let kept = names(&cut);
+            assert!(kept.contains(&"alpha".to_string()));
+            assert!(kept.contains(&"alpha/get-stream".to_string()));
+            assert!(!kept.iter().any(|n| n.starts_with("beta")));
+            // Everything else (the aggregate endpoint, the unknown virtual server, the shared
+            // routes) stays.
+            let others: Vec<String> = names(&full)
+                .into_iter()
+                .filter(|n| !n.starts_with("alpha") && !n.starts_with("beta"))
+                .collect();
+            assert!(!others.is_empty());
+            assert!(others.iter().all(|n| kept.contains(n)));
+            assert_eq!(
+                kept.iter().any(|n| n.starts_with("mcp/*")),
+                full.name == super::super::resources::SHARED_ROUTE_CONFIG_NAME
+            );
+        }
     }
 
     #[test]
