@@ -475,7 +475,7 @@ pub fn has_own_routes(route: &ServiceRoute, default_timeout_ms: u64) -> bool {
 /// default policy's timeout. The cluster is the one the toolgate filter names in
 /// [`CLUSTER_HEADER`] from the path it judges; a request without it (the filter judged no
 /// service there) or naming a cluster Envoy does not have gets a 404, as a path no route
-/// takes. Only Envoys with the filter get these routes (their bootstrap asks for
+/// takes. Only Envoys with the filter ask for these routes (their bootstrap names
 /// [`SHARED_ROUTE_CONFIG_NAME`]): without it a client could name any cluster.
 pub fn shared_service_routes(default_timeout_ms: u64) -> [Route; 2] {
     [true, false].map(|get_stream| {
@@ -500,15 +500,10 @@ pub fn shared_service_routes(default_timeout_ms: u64) -> [Route; 2] {
                 SHARED_ROUTE_NAME
             }
             .to_string(),
-            r#match: Some(RouteMatch {
-                path_specifier: Some(PathSpecifier::Prefix(SERVICE_PATH_PREFIX.to_string())),
-                headers: if get_stream {
-                    vec![get_method()]
-                } else {
-                    Vec::new()
-                },
-                ..Default::default()
-            }),
+            r#match: Some(mcp_match(
+                PathSpecifier::Prefix(SERVICE_PATH_PREFIX.to_string()),
+                get_stream,
+            )),
             action: Some(route::Action::Route(action)),
             ..Default::default()
         }
@@ -600,16 +595,8 @@ pub fn virtual_routes(snapshot: &RoutingSnapshot) -> Vec<Route> {
 fn virtual_route(path: &str, name: &str, timeout_ms: u64, get_stream: bool) -> Route {
     Route {
         name: format!("{path}{}", if get_stream { "/get-stream" } else { "" }),
-        r#match: Some(RouteMatch {
-            // The path without its query; `/mcp/…` and `/virtual/x/…` are not this route.
-            path_specifier: Some(PathSpecifier::Path(path.to_string())),
-            headers: if get_stream {
-                vec![get_method()]
-            } else {
-                Vec::new()
-            },
-            ..Default::default()
-        }),
+        // The path without its query; `/mcp/…` and `/virtual/x/…` are not this route.
+        r#match: Some(mcp_match(PathSpecifier::Path(path.to_string()), get_stream)),
         action: Some(route::Action::Route(mcp_route_action(
             crate::bootstrap::CONTROL_CLUSTER.to_string(),
             format!("{AGGREGATE_UPSTREAM_PREFIX}{name}"),
@@ -675,6 +662,20 @@ fn no_session_affinity() -> HashMap<String, Any> {
     )])
 }
 
+/// A route of MCP traffic matches `path`, and its GET stream's route the method too: the GET
+/// stream's route comes first, and Envoy takes the first that matches.
+fn mcp_match(path: PathSpecifier, get_stream: bool) -> RouteMatch {
+    RouteMatch {
+        path_specifier: Some(path),
+        headers: if get_stream {
+            vec![get_method()]
+        } else {
+            Vec::new()
+        },
+        ..Default::default()
+    }
+}
+
 fn get_method() -> HeaderMatcher {
     HeaderMatcher {
         name: ":method".to_string(),
@@ -735,17 +736,12 @@ fn service_route(service: &str, route: &ServiceRoute, get_stream: bool) -> Route
         } else {
             service.to_string()
         },
-        r#match: Some(RouteMatch {
-            // Matches `/mcp/inventory`, `/mcp/inventory/…` and `/mcp/inventory?…` but not
-            // `/mcp/inventoryX`, which a plain prefix would.
-            path_specifier: Some(PathSpecifier::PathSeparatedPrefix(service_path(service))),
-            headers: if get_stream {
-                vec![get_method()]
-            } else {
-                Vec::new()
-            },
-            ..Default::default()
-        }),
+        // Matches `/mcp/inventory`, `/mcp/inventory/…` and `/mcp/inventory?…` but not
+        // `/mcp/inventoryX`, which a plain prefix would.
+        r#match: Some(mcp_match(
+            PathSpecifier::PathSeparatedPrefix(service_path(service)),
+            get_stream,
+        )),
         action: Some(route::Action::Route(mcp_route_action(
             cluster_name(service),
             route.mcp_path.clone(),
