@@ -261,13 +261,6 @@ impl SnapshotCache {
         let auth_changed = first || self.auth != snapshot.auth;
         let mut route_table_changed =
             first || auth_changed || self.virtual_servers != snapshot.virtual_servers;
-        let default_timeout = snapshot.default_timeout_ms;
-        // The shared table changes with a service's routes only if the service has routes of
-        // its own there, before or after: a new service with the default path and timeout
-        // changes no route an Envoy with the filter holds.
-        let mut shared_table_changed =
-            route_table_changed || self.default_timeout_ms != Some(default_timeout);
-        let own = |route: &ServiceRoute| resources::has_own_routes(route, default_timeout);
         if auth_changed {
             let old = self.auth.as_deref().map(super::auth::jwks_clusters);
             let new = snapshot.auth.as_deref().map(super::auth::jwks_clusters);
@@ -283,9 +276,8 @@ impl SnapshotCache {
         let mut encoded_routes = self.encoded_routes.clone();
         for change in diff(previous_routes, &snapshot.services) {
             match change {
-                Change::Gone(service, old) => {
+                Change::Gone(service) => {
                     route_table_changed = true;
-                    shared_table_changed |= own(old);
                     encoded_routes.remove(service);
                     let name = resources::cluster_name(service);
                     clusters.remove(&name);
@@ -294,7 +286,6 @@ impl SnapshotCache {
                 Change::Set(service, old, route) => {
                     if route_table::routes_differ(old, route) {
                         route_table_changed = true;
-                        shared_table_changed |= old.is_some_and(own) || own(route);
                         encoded_routes.insert(
                             service.to_string(),
                             route_table::encode_service(service, route),
@@ -316,7 +307,12 @@ impl SnapshotCache {
                 route_table::assemble(snapshot, &encoded_routes, false),
             );
         }
-        if shared_table_changed {
+        // Whatever changes the routes may change the shared table: the routes before the
+        // services' (a new service's metadata route under auth, the virtual servers' timeout,
+        // the longest of any service's) are in both. It is assembled from the kept bytes of the
+        // few services with routes of their own, and a table equal to the one Envoy holds is
+        // no change (a new service with the default path and timeout, most often).
+        if route_table_changed || self.default_timeout_ms != Some(snapshot.default_timeout_ms) {
             routes.put_any(
                 resources::SHARED_ROUTE_CONFIG_NAME.to_string(),
                 route_table::assemble(snapshot, &encoded_routes, true),
@@ -354,7 +350,7 @@ type Entries = imbl::OrdMap<String, Entry>;
 
 /// How a service's route differs between two snapshots.
 enum Change<'a> {
-    Gone(&'a str, &'a ServiceRoute),
+    Gone(&'a str),
     /// New (no old route) or changed.
     Set(&'a str, Option<&'a ServiceRoute>, &'a ServiceRoute),
 }
@@ -371,7 +367,7 @@ fn diff<'a>(old: &'a ServiceRoutes, new: &'a ServiceRoutes) -> Vec<Change<'a>> {
                 old: (_, before),
                 new: (name, after),
             } => (before != after).then_some(Change::Set(name.as_str(), Some(before), after)),
-            DiffItem::Remove(name, route) => Some(Change::Gone(name.as_str(), route)),
+            DiffItem::Remove(name, _) => Some(Change::Gone(name.as_str())),
         })
         .collect()
 }
@@ -565,7 +561,7 @@ mod tests {
         let mut snap = snapshot(1, &[("a", &[("a-1", 1)]), ("b", &[("b-1", 2)])]);
         /// A step's name, the change it makes, and whether the shared table changes.
         type Step = (&'static str, fn(&mut RoutingSnapshot), bool);
-        let steps: [Step; 11] = [
+        let steps: [Step; 13] = [
             ("first", |_| {}, true),
             (
                 "new service",
@@ -638,6 +634,22 @@ mod tests {
                 "removal of a service with routes of its own",
                 |s| {
                     s.services.remove("c");
+                },
+                true,
+            ),
+            (
+                "a default timeout longer than any",
+                |s| s.default_timeout_ms = 120_000,
+                true,
+            ),
+            // e shares the routes, but the virtual servers' routes now wait its timeout, the
+            // longest of any service: they are in the shared table too.
+            (
+                "new service that shares, with the longest timeout",
+                |s| {
+                    let mut e = ServiceRoute::clone(&s.services["b"]);
+                    e.timeout_ms = 120_000;
+                    s.services.insert("e".into(), Arc::new(e));
                 },
                 true,
             ),
