@@ -18,8 +18,9 @@ pub struct RoutingSnapshot {
     pub generation: u64,
     /// When the oldest etcd event folded into this snapshot arrived (for push latency).
     pub changed_at: Instant,
-    /// That event's trace: the pushes of this snapshot are its children.
-    pub trace: crate::trace::TraceParent,
+    /// The traces of the changes folded into this snapshot, the oldest's first: the pushes of
+    /// this snapshot are children of each (none without an exporter).
+    pub traces: Arc<[crate::trace::TraceParent]>,
     /// The causes of the last few snapshots, this one's last. A reader that skipped some
     /// (a `watch` keeps only the latest) still measures from, and traces to, the earliest
     /// change it had not applied yet.
@@ -98,13 +99,13 @@ impl Default for Bulkhead {
     }
 }
 
-/// What made one snapshot: its generation, when its oldest change arrived, and that change's
-/// trace.
+/// What made one snapshot: its generation, when its oldest change arrived, and the traces of
+/// the changes folded into it.
 #[derive(Debug, Clone)]
 pub struct Cause {
     pub generation: u64,
     pub changed_at: Instant,
-    pub trace: crate::trace::TraceParent,
+    pub traces: Arc<[crate::trace::TraceParent]>,
 }
 
 impl RoutingSnapshot {
@@ -125,7 +126,7 @@ impl RoutingSnapshot {
             vec![Cause {
                 generation: self.generation,
                 changed_at: self.changed_at,
-                trace: self.trace.clone(),
+                traces: self.traces.clone(),
             }]
         } else {
             after
@@ -136,7 +137,7 @@ impl RoutingSnapshot {
         RoutingSnapshot {
             generation: 0,
             changed_at: Instant::now(),
-            trace: Default::default(),
+            traces: Arc::from([]),
             recent: Arc::from([]),
             services: ServiceRoutes::new(),
             filter_config: Arc::from("{}"),

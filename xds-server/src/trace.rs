@@ -8,12 +8,12 @@
 //! - `xds.push`: each xDS response that carries it to an Envoy, a child of that span (node,
 //!   type, version, resources).
 //!
-//! So one trace shows an etcd change, or a health verdict, reaching every Envoy. Events that arrive while a snapshot
-//! is being built share the next one: its spans hang off the earliest of them. Snapshots that
-//! follow each other faster than the xDS side reads them share one version: each of their
-//! traces gets its own `xds.push` span for it. Spans are
-//! created only when an exporter is configured (their target is off for the log output), so
-//! without one they cost nothing on the push path.
+//! So one trace shows an etcd change, or a health verdict, reaching every Envoy. Changes that
+//! arrive while a snapshot is being built share the next one, and snapshots that follow each
+//! other faster than the xDS side reads them share one version: each change's trace (up to 16
+//! per snapshot) gets its own `xds.publish` and `xds.push` spans. Spans are created only when
+//! an exporter is configured (their target is off for the log output), so without one they
+//! cost nothing on the push path.
 
 use std::time::Duration;
 
@@ -68,6 +68,23 @@ impl TraceParent {
         }
     }
 }
+
+#[cfg(test)]
+impl TraceParent {
+    /// A parent told apart by `label`, for tests of what keeps which trace.
+    pub fn labelled(label: u32) -> TraceParent {
+        TraceParent(Some(opentelemetry::Context::new().with_value(Label(label))))
+    }
+
+    /// The label of [`labelled`](Self::labelled)'s parent.
+    pub fn label(&self) -> Option<u32> {
+        self.0.as_ref()?.get::<Label>().map(|l| l.0)
+    }
+}
+
+#[cfg(test)]
+#[derive(Debug)]
+struct Label(u32);
 
 /// Installs the global subscriber: logs to stderr as `RUST_LOG` says (default `info`), and,
 /// with an OTLP endpoint, the propagation spans to it. Must run inside the Tokio runtime (the

@@ -227,7 +227,7 @@ fn snapshot(
     Arc::new(RoutingSnapshot {
         generation,
         changed_at: Instant::now(),
-        trace: Default::default(),
+        traces: Default::default(),
         recent: Arc::from([]),
         services: services
             .iter()
@@ -857,7 +857,7 @@ async fn follows_snapshots(protocol: XdsProtocol) {
     publish.send_replace(Arc::new(RoutingSnapshot {
         generation: 6,
         changed_at: Instant::now(),
-        trace: Default::default(),
+        traces: Default::default(),
         recent: Arc::from([]),
         services: bigger.services.clone(),
         filter_config: Arc::from("{}"),

@@ -396,11 +396,13 @@ async fn age_call_failures(hub: Hub) {
         for (key, t) in &moved {
             hub.record(key, t);
         }
-        drop(reg);
+        // Asked under the registry's lock, as every traced change does: the snapshot that
+        // carries these transitions is the one in their trace.
         let span = tracing::info_span!(target: crate::trace::TARGET, "health.timeouts",
             transitions = moved.len());
         hub.publisher
             .changed_traced(now, crate::trace::TraceParent::of(&span));
+        drop(reg);
     }
 }
 

@@ -1212,7 +1212,7 @@ impl Registry {
         RoutingSnapshot {
             generation,
             changed_at,
-            trace: Default::default(),
+            traces: Default::default(),
             recent: std::sync::Arc::from([]),
             services: self.routes.clone(),
             filter_config: made.json.clone(),

@@ -31,8 +31,8 @@ pub struct Publisher {
 
 struct Inner {
     wake: Notify,
-    /// When the oldest change not yet published arrived, and its trace.
-    pending: Mutex<Option<(Instant, TraceParent)>>,
+    /// The changes not yet published.
+    pending: Mutex<Option<Pending>>,
     /// Publishing has begun (the first full read, or the state-dir snapshot, is in).
     started: AtomicBool,
     generation: AtomicU64,
@@ -71,7 +71,9 @@ impl Publisher {
     }
 
     /// [`publish`](Self::publish) for a change with a trace (an etcd event's span): the
-    /// snapshot and its pushes become its children.
+    /// snapshot and its pushes become its children. Call it while still holding the registry's
+    /// write lock the change was made under, so the snapshot that first carries the change is
+    /// the one in its trace.
     pub fn publish_traced(&self, changed_at: Instant, trace: TraceParent) {
         self.inner.started.store(true, Ordering::Release);
         self.request(changed_at, trace);
@@ -83,7 +85,8 @@ impl Publisher {
         self.changed_traced(changed_at, TraceParent::default());
     }
 
-    /// [`changed`](Self::changed) for a change with a trace (a health transition's span).
+    /// [`changed`](Self::changed) for a change with a trace (a health transition's span),
+    /// under the registry's write lock as for [`publish_traced`](Self::publish_traced).
     pub fn changed_traced(&self, changed_at: Instant, trace: TraceParent) {
         if self.is_started() {
             self.request(changed_at, trace);
@@ -93,11 +96,12 @@ impl Publisher {
     fn request(&self, changed_at: Instant, trace: TraceParent) {
         {
             let mut pending = self.inner.pending.lock().unwrap_or_else(|p| p.into_inner());
-            // The earliest change, and its trace, speak for the snapshot.
-            let keep_old = pending.as_ref().is_some_and(|(at, _)| *at <= changed_at);
-            if !keep_old {
-                *pending = Some((changed_at, trace));
-            }
+            pending
+                .get_or_insert_with(|| Pending {
+                    changed_at,
+                    traces: Vec::new(),
+                })
+                .fold(changed_at, trace);
         }
         self.inner.wake.notify_one();
     }
@@ -116,6 +120,38 @@ impl Publisher {
             return Ok(false);
         }
         save_state(dir, registry).map(|()| true)
+    }
+}
+
+/// The changes that ask for the next snapshot.
+struct Pending {
+    /// When the oldest arrived: the snapshot's latency is measured from it.
+    changed_at: Instant,
+    /// Their traces, the oldest's first. Each gets the snapshot's publish and pushes as
+    /// children: a health verdict that arrives while an etcd event's snapshot is pending is
+    /// still seen reaching Envoy in its own trace.
+    traces: Vec<TraceParent>,
+}
+
+/// The traces one snapshot keeps. Under churn hundreds of changes fold into one snapshot;
+/// beyond this many, the later ones are not traced (each costs a span per Envoy and type).
+const TRACES_PER_SNAPSHOT: usize = 16;
+
+impl Pending {
+    fn fold(&mut self, changed_at: Instant, trace: TraceParent) {
+        let earliest = changed_at < self.changed_at;
+        if earliest {
+            self.changed_at = changed_at;
+        }
+        if !trace.is_some() {
+            return;
+        }
+        if earliest {
+            self.traces.insert(0, trace);
+            self.traces.truncate(TRACES_PER_SNAPSHOT);
+        } else if self.traces.len() < TRACES_PER_SNAPSHOT {
+            self.traces.push(trace);
+        }
     }
 }
 
@@ -170,7 +206,20 @@ async fn run(
     let mut recent = VecDeque::with_capacity(RoutingSnapshot::RECENT_KEPT);
     loop {
         inner.wake.notified().await;
-        let Some((changed_at, trace)) = inner
+        let nothing_pending = inner
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none();
+        if nothing_pending {
+            continue;
+        }
+        // Write: the registry keeps the routes it builds for the next publish.
+        let mut reg = registry.write().unwrap_or_else(|p| p.into_inner());
+        // Taken under the registry's lock, which every traced change still holds when it asks
+        // for a publish: the changes this state holds are exactly the ones taken, so a change
+        // is never carried by a snapshot that bears another's trace.
+        let Some(Pending { changed_at, traces }) = inner
             .pending
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -179,19 +228,25 @@ async fn run(
             continue;
         };
         let generation = inner.generation.load(Ordering::Acquire) + 1;
-        let span = tracing::info_span!(target: crate::trace::TARGET, "xds.publish", generation);
-        trace.adopt(&span);
-        let _in_span = span.enter();
+        // One publish span in each trace folded in, all open while the snapshot is built.
+        let spans: Vec<tracing::Span> = traces
+            .iter()
+            .map(|trace| {
+                let span =
+                    tracing::info_span!(target: crate::trace::TARGET, "xds.publish", generation);
+                trace.adopt(&span);
+                span
+            })
+            .collect();
+        let _in_span = spans.first().map(|span| span.enter());
+        let traces: Arc<[TraceParent]> = traces.into();
         let woke_after = changed_at.elapsed();
-        let (mut snapshot, instances, revision) = {
-            // Write: the registry keeps the routes it builds for the next publish.
-            let mut reg = registry.write().unwrap_or_else(|p| p.into_inner());
-            (
-                reg.routing(generation, changed_at),
-                reg.instance_count(),
-                reg.revision(),
-            )
-        };
+        let (mut snapshot, instances, revision) = (
+            reg.routing(generation, changed_at),
+            reg.instance_count(),
+            reg.revision(),
+        );
+        drop(reg);
         metrics.registered_instances.set(instances as i64);
         if recent.len() == RoutingSnapshot::RECENT_KEPT {
             recent.pop_front();
@@ -199,10 +254,10 @@ async fn run(
         recent.push_back(Cause {
             generation,
             changed_at: snapshot.changed_at,
-            trace: trace.clone(),
+            traces: traces.clone(),
         });
         snapshot.recent = recent.iter().cloned().collect();
-        snapshot.trace = trace;
+        snapshot.traces = traces;
         routing.send_replace(Arc::new(snapshot));
         inner.generation.store(generation, Ordering::Release);
         if let Some(p) = &persist {
@@ -249,6 +304,36 @@ async fn write_state(dir: PathBuf, registry: Arc<RwLock<Registry>>, wake: Arc<No
 mod tests {
     use super::*;
     use crate::registry::tests::{instance, reg};
+
+    #[test]
+    fn every_traced_change_folded_into_a_snapshot_keeps_its_trace_the_oldest_first() {
+        let start = Instant::now();
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        // An etcd event, then a health verdict while its snapshot is pending: both traces.
+        let mut pending = Pending {
+            changed_at: at(10),
+            traces: vec![TraceParent::labelled(1)],
+        };
+        pending.fold(at(12), TraceParent::labelled(2));
+        // A change without a trace (no exporter) dates the snapshot but adds none.
+        pending.fold(at(5), TraceParent::default());
+        assert_eq!(pending.changed_at, at(5));
+        let labels = |p: &Pending| p.traces.iter().map(|t| t.label()).collect::<Vec<_>>();
+        assert_eq!(labels(&pending), [Some(1), Some(2)]);
+        // A change dated earlier than all (a caller's own arrival time) goes first.
+        pending.fold(at(1), TraceParent::labelled(3));
+        assert_eq!(pending.changed_at, at(1));
+        assert_eq!(labels(&pending), [Some(3), Some(1), Some(2)]);
+        // Under churn the count is bounded: later ones go untraced, an earlier one still leads.
+        for i in 0..100 {
+            pending.fold(at(20 + i), TraceParent::labelled(100 + i as u32));
+        }
+        assert_eq!(pending.traces.len(), TRACES_PER_SNAPSHOT);
+        assert_eq!(pending.changed_at, at(1));
+        pending.fold(at(0), TraceParent::labelled(4));
+        assert_eq!(pending.traces.len(), TRACES_PER_SNAPSHOT);
+        assert_eq!(labels(&pending)[..3], [Some(4), Some(3), Some(1)]);
+    }
 
     #[test]
     fn the_state_written_in_chunks_is_the_whole_registry() {

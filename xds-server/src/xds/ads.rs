@@ -790,7 +790,7 @@ pub(super) mod tests {
         RoutingSnapshot {
             generation,
             changed_at: Instant::now(),
-            trace: Default::default(),
+            traces: Default::default(),
             recent: std::sync::Arc::from([]),
             services: services
                 .iter()

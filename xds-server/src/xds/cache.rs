@@ -209,9 +209,10 @@ impl SnapshotCache {
         let causes = snapshot.causes_since(applied);
         let changed_at = causes.first().map_or(snapshot.changed_at, |c| c.changed_at);
         let traces: Arc<[_]> = causes
-            .into_iter()
-            .map(|c| c.trace)
+            .iter()
+            .flat_map(|c| c.traces.iter())
             .filter(|t| t.is_some())
+            .cloned()
             .collect();
         let mut changed = Vec::new();
         let mut types = BTreeMap::new();
@@ -497,7 +498,7 @@ mod tests {
         let cause = |generation, changed_at| crate::routing::Cause {
             generation,
             changed_at,
-            trace: Default::default(),
+            traces: Default::default(),
         };
         second.recent = std::sync::Arc::from([
             cause(1, earlier - std::time::Duration::from_secs(1)),
@@ -719,7 +720,7 @@ mod tests {
         RoutingSnapshot {
             generation,
             changed_at: Instant::now(),
-            trace: Default::default(),
+            traces: Default::default(),
             recent: std::sync::Arc::from([]),
             services: services
                 .iter()

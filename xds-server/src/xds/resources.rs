@@ -802,7 +802,7 @@ mod tests {
         RoutingSnapshot {
             generation: 1,
             changed_at: Instant::now(),
-            trace: Default::default(),
+            traces: Default::default(),
             recent: std::sync::Arc::from([]),
             services: [
                 (

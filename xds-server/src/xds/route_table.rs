@@ -123,7 +123,7 @@ mod tests {
         RoutingSnapshot {
             generation: 1,
             changed_at: Instant::now(),
-            trace: Default::default(),
+            traces: Default::default(),
             recent: Arc::from([]),
             services,
             filter_config: Arc::from("{}"),
