@@ -2,7 +2,8 @@
 //! from `toolgate-xds bootstrap` with the filter) in front of an MCP server built with the
 //! official Python SDK, whose lenient JSON reading executes whatever gets through. Each test
 //! sends what an attacker would, and checks on the server's own call counter that the tool did
-//! not run, and that nothing opened.
+//! not run, and that nothing opened. Where a test must see a request as it arrived, the server
+//! is `toolgate-lab`, which reports it.
 
 use std::time::Duration;
 
@@ -277,8 +278,8 @@ async fn a_forged_cluster_header_reaches_no_cluster_the_path_does_not_name() {
         1,
         "no forged request reached orders (the one call is the honest one)"
     );
-    // On the service's own path the forged header changes nothing, and the query survives
-    // the shared route's rewrite.
+    // On the service's own path the forged header changes nothing: the call runs on the path's
+    // service (what reaches the server is checked on the lab, in the next test).
     let (status, upstream, body) = post(
         format!("{}?trace=1", stack.url("orders")),
         "toolgate_control",
@@ -287,6 +288,57 @@ async fn a_forged_cluster_header_reaches_no_cluster_the_path_does_not_name() {
     assert_eq!(status, StatusCode::OK, "{body}");
     assert!(upstream, "{body}");
     assert_eq!(member.server.calls("read_order").await, 2);
+}
+
+/// What the shared route sends on is what the client asked, minus the service in the path and
+/// the cluster header: `toolgate-lab` reports the request line and headers it received.
+#[tokio::test]
+async fn the_shared_route_keeps_the_query_and_never_passes_the_cluster_header_on() {
+    let env =
+        TestEnv::new("the_shared_route_keeps_the_query_and_never_passes_the_cluster_header_on");
+    let stack = Stack::start(&env).await;
+    let member = Member::start(&env, &stack.etcd.endpoint(), "orders", "orders-1", &[], TTL).await;
+    stack.routes("orders", &[&member]).await;
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .expect("client");
+    let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": toolgate_tests::mcp::PROTOCOL_VERSION, "capabilities": {},
+        "clientInfo": {"name": "abuse", "version": "1"}}});
+    for (query, forged) in [
+        ("?x=1&y=a%2Fb%3F", "mcp.orders"),
+        ("?mcp/orders=1", "toolgate_control"),
+        ("", "mcp.ghost"),
+    ] {
+        let url = format!("{}{query}", stack.url("orders"));
+        let r = http
+            .post(&url)
+            .header("accept", "application/json, text/event-stream")
+            .header("content-type", "application/json")
+            .header(toolgate_model::envoy::CLUSTER_HEADER, forged)
+            .body(initialize.to_string())
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("POST {url}: {e}"));
+        let status = r.status();
+        let body = r.text().await.unwrap_or_default();
+        assert_eq!(status, StatusCode::OK, "POST {url} with {forged}: {body}");
+        let seen = member.server.control().await;
+        assert_eq!(
+            seen["last_request"],
+            format!("POST /mcp{query}"),
+            "POST {url} with {forged}: {seen}"
+        );
+        assert!(
+            seen["headers"]
+                .get(toolgate_model::envoy::CLUSTER_HEADER)
+                .is_none(),
+            "the cluster header reached the server: {seen}"
+        );
+    }
+    assert_eq!(member.server.control().await["initializes"], 3);
 }
 
 /// The tool's breaker state as the filter's stats show it (0 closed, 1 open, 2 half-open),

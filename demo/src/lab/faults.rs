@@ -28,7 +28,7 @@ use crate::http::reset::ResetHandle;
 const MAX_INSPECTED_BODY: usize = 4 * 1024 * 1024;
 
 pub async fn inject(State(lab): State<Arc<LabState>>, request: Request, next: Next) -> Response {
-    lab.record_headers(request.headers());
+    lab.record_request(&request);
     if request.method() == Method::DELETE {
         lab.record_delete();
     }

@@ -38,6 +38,9 @@ pub struct LabState {
     /// the value the last one carried (a test proves what a gateway passed on or kept back,
     /// e.g. that no client's `Authorization` ever reached the server).
     headers: Mutex<BTreeMap<String, (u64, String)>>,
+    /// The method and request target (path and query) of the last request to `/mcp`, as it
+    /// arrived: a test proves what a gateway's path rewrite sent on.
+    last_request: Mutex<Option<String>>,
 }
 
 /// The data behind these locks stays consistent whatever a panicking holder
@@ -66,6 +69,7 @@ impl LabState {
             deletes: AtomicU64::new(0),
             sessions: OnceLock::new(),
             headers: Mutex::new(BTreeMap::new()),
+            last_request: Mutex::new(None),
         }
     }
 
@@ -135,8 +139,14 @@ impl LabState {
         *lock(&self.calls).entry(tool.to_owned()).or_default() += 1;
     }
 
-    /// Records the headers of one request to `/mcp`.
-    pub fn record_headers(&self, headers: &axum::http::HeaderMap) {
+    /// Records the request line and headers of one request to `/mcp`.
+    pub fn record_request(&self, request: &axum::extract::Request) {
+        let target = request.uri().path_and_query().map_or_else(
+            || request.uri().path().to_owned(),
+            |pq| pq.as_str().to_owned(),
+        );
+        *lock(&self.last_request) = Some(format!("{} {target}", request.method()));
+        let headers = request.headers();
         let mut seen = lock(&self.headers);
         for name in headers.keys() {
             let value = headers
@@ -153,6 +163,7 @@ impl LabState {
 
     pub fn reset_counters(&self) {
         lock(&self.headers).clear();
+        *lock(&self.last_request) = None;
         let mut calls = lock(&self.calls);
         calls.retain(|tool, _| self.tools.contains(tool));
         calls.values_mut().for_each(|count| *count = 0);
@@ -179,6 +190,7 @@ impl LabState {
                 .iter()
                 .map(|(name, (count, last))| (name.clone(), json!({"count": count, "last": last})))
                 .collect::<serde_json::Map<_, _>>(),
+            "last_request": *lock(&self.last_request),
         })
     }
 }
