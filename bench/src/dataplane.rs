@@ -406,18 +406,19 @@ async fn measure(env: &TestEnv, pinned: bool, opts: &Options) -> anyhow::Result<
     // A wasm filter other than toolgate's names no cluster for the shared routes: those Envoys
     // route per service, as an Envoy without a filter does. The toolgate filter's figures
     // include its shared routes (the header it sets, Envoy's second route pick).
-    let other_filter = |p: &str| -> [String; 4] {
-        ["--filter", p, "--route-table", "per-service"].map(String::from)
-    };
-    let noop_flags = other_filter(&noop);
-    let noop_flags: Vec<&str> = noop_flags.iter().map(String::as_str).collect();
-    let with_noop = Envoy::start_with(env, "envoy-noop", &xds, 1, &noop_flags).await;
+    let with_noop = Envoy::start_with(
+        env,
+        "envoy-noop",
+        &xds,
+        1,
+        &["--filter", &noop, "--route-table", "per-service"],
+    )
+    .await;
     let with_native =
         Envoy::start_with(env, "envoy-native", &xds, 1, &["--native-mcp-filter"]).await;
     let with_probe = match &opts.probe_filter {
         Some(p) => {
-            let flags = other_filter(&path(p));
-            let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+            let flags = ["--filter", &path(p), "--route-table", "per-service"];
             Some(Envoy::start_with(env, "envoy-probe", &xds, 1, &flags).await)
         }
         None => None,

@@ -70,6 +70,16 @@ pub enum RouteTable {
     PerService,
 }
 
+impl RouteTable {
+    /// The name of the route configuration holding this table.
+    pub const fn config_name(self) -> &'static str {
+        match self {
+            RouteTable::Shared => SHARED_ROUTE_CONFIG_NAME,
+            RouteTable::PerService => ROUTE_CONFIG_NAME,
+        }
+    }
+}
+
 impl XdsProtocol {
     /// The bootstrap's `ads_config.api_type`.
     pub const fn api_type(self) -> &'static str {
@@ -645,11 +655,12 @@ fn listener(opts: &BootstrapOptions) -> Value {
     http_filters.push(router_filter());
     // With the filter, services share routes whose cluster the filter names, so a new service
     // changes no route; without it every service needs its own (see resources.rs).
-    let route_config_name = if opts.filter.is_some() && opts.route_table == RouteTable::Shared {
-        SHARED_ROUTE_CONFIG_NAME
+    let route_config_name = if opts.filter.is_some() {
+        opts.route_table
     } else {
-        ROUTE_CONFIG_NAME
-    };
+        RouteTable::PerService
+    }
+    .config_name();
     json!({
         "name": LISTENER_NAME,
         "address": socket_address(opts.listen),

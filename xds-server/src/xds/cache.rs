@@ -17,6 +17,7 @@ use envoy_types::pb::google::protobuf::Any;
 
 use super::resources::{self, ResourceOptions, ResourceType};
 use super::route_table::{self, EncodedRoutes};
+use crate::bootstrap::RouteTable;
 use crate::routing::{RoutingSnapshot, ServiceRoute, ServiceRoutes};
 
 /// All resources of one type at one version. Immutable: shared by every stream through `Arc`,
@@ -303,9 +304,10 @@ impl SnapshotCache {
         }
         let mut routes = Patch::new(previous(ResourceType::Route));
         if route_table_changed {
+            let table = RouteTable::PerService;
             routes.put_any(
-                resources::ROUTE_CONFIG_NAME.to_string(),
-                route_table::assemble(snapshot, &encoded_routes, false),
+                table.config_name().to_string(),
+                route_table::assemble(snapshot, &encoded_routes, table),
             );
         }
         // Whatever changes the routes may change the shared table: the routes before the
@@ -314,9 +316,10 @@ impl SnapshotCache {
         // few services with routes of their own, and a table equal to the one Envoy holds is
         // no change (a new service with the default path and timeout, most often).
         if route_table_changed || self.default_timeout_ms != Some(snapshot.default_timeout_ms) {
+            let table = RouteTable::Shared;
             routes.put_any(
-                resources::SHARED_ROUTE_CONFIG_NAME.to_string(),
-                route_table::assemble(snapshot, &encoded_routes, true),
+                table.config_name().to_string(),
+                route_table::assemble(snapshot, &encoded_routes, table),
             );
         }
         let mut extension = Patch::new(previous(ResourceType::ExtensionConfig));

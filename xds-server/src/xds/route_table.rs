@@ -22,6 +22,7 @@ use prost::encoding;
 use prost::{Message, Name};
 
 use super::resources;
+use crate::bootstrap::RouteTable;
 use crate::routing::{RoutingSnapshot, ServiceRoute};
 
 /// `RouteConfiguration.virtual_hosts`.
@@ -49,11 +50,13 @@ pub fn encode_service(service: &str, route: &ServiceRoute) -> Arc<[u8]> {
     buf.into()
 }
 
-/// The route configuration of `snapshot`, with the services' routes taken from `encoded`,
-/// which must hold exactly `snapshot`'s services, each encoded from its current route:
-/// [`resources::route_configuration`], or with `shared` [`resources::shared_route_configuration`]
-/// (only the services with routes of their own, then the shared routes).
-pub fn assemble(snapshot: &RoutingSnapshot, encoded: &EncodedRoutes, shared: bool) -> Any {
+/// The route configuration `table` of `snapshot`, with the services' routes taken from
+/// `encoded`, which must hold exactly `snapshot`'s services, each encoded from its current
+/// route: [`resources::route_configuration`], or for the shared table
+/// [`resources::shared_route_configuration`] (only the services with routes of their own, then
+/// the shared routes).
+pub fn assemble(snapshot: &RoutingSnapshot, encoded: &EncodedRoutes, table: RouteTable) -> Any {
+    let shared = table == RouteTable::Shared;
     debug_assert_eq!(encoded.len(), snapshot.services.len());
     let mut rest = resources::virtual_host(snapshot);
     let head = VirtualHost {
@@ -68,7 +71,8 @@ pub fn assemble(snapshot: &RoutingSnapshot, encoded: &EncodedRoutes, shared: boo
         .services
         .iter()
         .zip(encoded.iter())
-        .filter(|((_, route), _)| {
+        .filter(|((name, route), (encoded_name, _))| {
+            debug_assert_eq!(name, encoded_name);
             !shared || resources::has_own_routes(route, snapshot.default_timeout_ms)
         })
         .map(|(_, (_, routes))| &routes[..])
@@ -88,12 +92,7 @@ pub fn assemble(snapshot: &RoutingSnapshot, encoded: &EncodedRoutes, shared: boo
     host.extend_from_slice(&rest.encode_to_vec());
 
     let mut value = RouteConfiguration {
-        name: if shared {
-            resources::SHARED_ROUTE_CONFIG_NAME
-        } else {
-            resources::ROUTE_CONFIG_NAME
-        }
-        .to_string(),
+        name: table.config_name().to_string(),
         ..Default::default()
     }
     .encode_to_vec();
@@ -167,16 +166,22 @@ mod tests {
             snapshot(many, &["ops"]),
         ] {
             let encoded = encode_all(&snap.services);
-            for (shared, built) in [
-                (false, resources::route_configuration(&snap)),
-                (true, resources::shared_route_configuration(&snap)),
+            for (table, built) in [
+                (
+                    RouteTable::PerService,
+                    resources::route_configuration(&snap),
+                ),
+                (
+                    RouteTable::Shared,
+                    resources::shared_route_configuration(&snap),
+                ),
             ] {
-                let assembled = assemble(&snap, &encoded, shared);
+                let assembled = assemble(&snap, &encoded, table);
                 let built = resources::to_any(&built);
                 assert_eq!(assembled.type_url, built.type_url);
                 assert!(
                     assembled.value == built.value,
-                    "{} services, shared {shared}: assembled bytes differ from the built configuration's",
+                    "{} services, {table:?}: assembled bytes differ from the built configuration's",
                     snap.services.len()
                 );
             }
