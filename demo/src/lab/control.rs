@@ -1,5 +1,6 @@
 //! The lab's control API: `GET /control` shows identity, knobs and counts
-//! (tool calls, `initialize`s, DELETEs, live MCP sessions); `POST /control`
+//! (tool calls, `initialize`s, DELETEs, live MCP sessions), the headers `/mcp`
+//! received and the last request line (`last_request`); `POST /control`
 //! changes knobs; `POST /control/reset-counters` zeroes the counts (live
 //! sessions are not a count and stay). Every answer is the full state after
 //! the change.
