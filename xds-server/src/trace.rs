@@ -11,7 +11,7 @@
 //! So one trace shows an etcd change, or a health verdict, reaching every Envoy. Changes that
 //! arrive while a snapshot is being built share the next one, and snapshots that follow each
 //! other faster than the xDS side reads them share one version: each change's trace (up to 16
-//! per snapshot) gets its own `xds.publish` and `xds.push` spans. Spans are created only when
+//! per snapshot, 32 per version) gets its own `xds.publish` and `xds.push` spans. Spans are created only when
 //! an exporter is configured (their target is off for the log output), so without one they
 //! cost nothing on the push path.
 

@@ -20,6 +20,10 @@ use super::route_table::{self, EncodedRoutes};
 use crate::bootstrap::RouteTable;
 use crate::routing::{RoutingSnapshot, ServiceRoute, ServiceRoutes};
 
+/// The traces one version keeps, the oldest changes' first: each costs an `xds.push` span per
+/// Envoy that gets the version, and a burst of skipped snapshots holds up to 16 traces each.
+const TRACES_PER_VERSION: usize = 32;
+
 /// All resources of one type at one version. Immutable: shared by every stream through `Arc`,
 /// and reused as is by the next [`CacheSnapshot`] when the type did not change.
 #[derive(Debug)]
@@ -213,6 +217,7 @@ impl SnapshotCache {
             .iter()
             .flat_map(|c| c.traces.iter())
             .filter(|t| t.is_some())
+            .take(TRACES_PER_VERSION)
             .cloned()
             .collect();
         let mut changed = Vec::new();
