@@ -102,3 +102,22 @@ mod tests {
         assert!(serde_json::from_str::<OverrideMode>(r#""force_shut""#).is_err());
     }
 }
+
+/// Where a filter tells its toolgate-xds how it took a configuration (with its report token,
+/// like `/v1/feedback`).
+pub const FILTER_CONFIG_STATUS_PATH: &str = "/v1/filter-config-status";
+
+/// A filter's word on the configuration it was sent: refused (it keeps judging with the last
+/// one it accepted, or refuses calls when it has none), or accepted again after a refusal. The
+/// operator sees it per Envoy in `/v1/envoys`, as an ECDS NACK would show, since the filter
+/// answers Envoy's configuration callback with success either way: a failed configure would
+/// leave the plugin unusable on that worker.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FilterConfigStatus {
+    /// The Envoy node id.
+    pub gateway: String,
+    pub accepted: bool,
+    /// Why the configuration was refused (the filter's parse or validation error).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}

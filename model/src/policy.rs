@@ -397,6 +397,11 @@ pub struct FilterConfig {
     /// Who may call (issue 20): absent while `<prefix>auth/config` is.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub auth: Option<crate::auth::FilterAuth>,
+    /// Every header name a stored rule set copies a verified claim into (lower case), whether
+    /// or not an auth configuration is on: the filter removes them from every request on an
+    /// MCP path, so that no client can write what a server takes for a verified claim.
+    #[serde(skip_serializing_if = "BTreeSet::is_empty")]
+    pub claim_header_names: BTreeSet<String>,
 }
 
 /// A secret that never shows in a `Debug` print (configurations are logged and asserted on):
@@ -438,6 +443,7 @@ impl Default for FilterConfig {
             virtual_servers: BTreeMap::new(),
             legacy_revisions: BTreeMap::new(),
             auth: None,
+            claim_header_names: BTreeSet::new(),
         }
     }
 }
