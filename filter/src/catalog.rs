@@ -8,18 +8,28 @@
 //!
 //! - A service not in the catalog has no route either (or is about to get one): its calls are
 //!   checked against overrides only, and nothing is created for them.
-//! - A service whose registrations list tools: a call of another tool is refused (the
-//!   registration is the contract; a server would answer "unknown tool" anyway).
-//! - A service whose registrations list no tools: tools get records by name, at most
-//!   [`MAX_UNLISTED_TOOLS`] per service, shared by all workers; past that, calls pass unjudged.
+//! - A service whose registrations list tools: a call of another tool passes to the server,
+//!   which answers for itself (most answer an unknown tool with an error result); it gets no
+//!   breaker and no stats of its own, and is counted.
+//! - A service whose registrations list no tools: a tool gets a breaker once its server has
+//!   answered a call of it as a tool (not with a JSON-RPC error that blames the request, such
+//!   as `-32602` for an unknown tool), at most [`MAX_UNLISTED_TOOLS`] per service, shared by
+//!   all workers. Until then, and past the bound, its calls pass unjudged. A name nobody has
+//!   called for [`UNLISTED_IDLE_MS`] makes room for a new one; a name still in use is never
+//!   pushed out, so made-up names cannot switch a service's breakers off.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::breaker::{SharedStore, CREATE_CAS};
 
 /// Tools with breakers of their own in a service whose registrations list none.
 pub const MAX_UNLISTED_TOOLS: usize = 64;
-/// Attempts at adding a name to a service's shared list before giving up for this call.
+/// A name of an unlisted service not called for this long may give its place to a new one.
+pub const UNLISTED_IDLE_MS: u64 = 10 * 60 * 1000;
+/// How stale this worker lets a name's last use in shared data get before writing it again:
+/// one write per name per interval, not one per call.
+const TOUCH_EVERY_MS: u64 = 60 * 1000;
+/// Attempts at changing a service's shared list before giving up for this call.
 const CAS_ATTEMPTS: usize = 4;
 
 /// What the catalog says about one call.
@@ -46,10 +56,28 @@ pub fn unlisted_key(service: &str) -> String {
     format!("tg/u/{service}")
 }
 
-/// One worker's view of the unlisted tools that have records, per service.
+/// A service's shared list: each name and when it was last used (Unix ms), one per line.
+fn parse(bytes: &[u8]) -> Vec<(String, u64)> {
+    String::from_utf8_lossy(bytes)
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(|line| match line.split_once(' ') {
+            Some((name, at)) => (name.to_string(), at.parse().unwrap_or(0)),
+            // A list written before names carried their last use.
+            None => (line.to_string(), 0),
+        })
+        .collect()
+}
+
+fn render(names: &[(String, u64)]) -> String {
+    names.iter().map(|(n, at)| format!("{n} {at}\n")).collect()
+}
+
+/// One worker's view of the unlisted tools that have records, per service: each name, and
+/// when this worker last wrote its use.
 #[derive(Default)]
 pub struct Unlisted {
-    seen: HashMap<String, HashSet<String>>,
+    seen: HashMap<String, HashMap<String, u64>>,
 }
 
 impl Unlisted {
@@ -57,46 +85,94 @@ impl Unlisted {
         Self::default()
     }
 
-    /// Whether `tool` of the unlisted `service` may have a breaker: it already has one, or
-    /// there is room for it (then it is added to the shared list). `false` when the service's
-    /// list is full or the host fails: the call then passes unjudged.
-    pub fn admit<S: SharedStore>(&mut self, store: &S, service: &str, tool: &str) -> bool {
-        if self.seen.get(service).is_some_and(|s| s.contains(tool)) {
-            return true;
+    /// Whether `tool` of the unlisted `service` has a breaker (its server answered it as a
+    /// tool before). Records its use, now and then, so that it is not taken for idle.
+    pub fn admits<S: SharedStore>(
+        &mut self,
+        store: &S,
+        service: &str,
+        tool: &str,
+        now_ms: u64,
+    ) -> bool {
+        if let Some(&written) = self.seen.get(service).and_then(|s| s.get(tool)) {
+            if now_ms.saturating_sub(written) < TOUCH_EVERY_MS {
+                return true;
+            }
         }
+        self.update(store, service, tool, now_ms, false)
+    }
+
+    /// The server answered a call of `tool` as a tool: it gets a breaker if there is room,
+    /// or a name idle for [`UNLISTED_IDLE_MS`] to take the place of. `false`: the list is
+    /// full of names in use, or the host failed.
+    pub fn learn<S: SharedStore>(
+        &mut self,
+        store: &S,
+        service: &str,
+        tool: &str,
+        now_ms: u64,
+    ) -> bool {
+        self.update(store, service, tool, now_ms, true)
+    }
+
+    /// Marks `tool` used now in the shared list; adds it only when `add`.
+    fn update<S: SharedStore>(
+        &mut self,
+        store: &S,
+        service: &str,
+        tool: &str,
+        now_ms: u64,
+        add: bool,
+    ) -> bool {
         let key = unlisted_key(service);
         for _ in 0..CAS_ATTEMPTS {
             let Ok(record) = store.get(&key) else {
                 return false;
             };
-            let (text, cas) = match &record {
-                Some((bytes, cas)) => (String::from_utf8_lossy(bytes).into_owned(), *cas),
-                None => (String::new(), CREATE_CAS),
+            let (mut names, cas) = match &record {
+                Some((bytes, cas)) => (parse(bytes), *cas),
+                None => (Vec::new(), CREATE_CAS),
             };
-            let names: HashSet<String> = text
-                .split('\n')
-                .filter(|n| !n.is_empty())
-                .map(str::to_owned)
-                .collect();
-            let known = names.contains(tool);
-            let full = names.len() >= MAX_UNLISTED_TOOLS;
-            if known || full {
-                self.seen.insert(service.to_owned(), names);
-                return known;
+            match names.iter().position(|(n, _)| n == tool) {
+                Some(i) => names[i].1 = now_ms,
+                None if !add => {
+                    self.forget(service, tool);
+                    return false;
+                }
+                None if names.len() < MAX_UNLISTED_TOOLS => names.push((tool.to_string(), now_ms)),
+                None => {
+                    let idle = names
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, (_, at))| now_ms.saturating_sub(*at) >= UNLISTED_IDLE_MS)
+                        .min_by_key(|(_, (_, at))| *at)
+                        .map(|(i, _)| i);
+                    let Some(i) = idle else {
+                        return false;
+                    };
+                    let (gone, _) = names.remove(i);
+                    self.forget(service, &gone);
+                    names.push((tool.to_string(), now_ms));
+                }
             }
-            let mut next = text;
-            if !next.is_empty() {
-                next.push('\n');
-            }
-            next.push_str(tool);
-            if store.set(&key, next.as_bytes(), Some(cas)).is_ok() {
-                let mut names = names;
-                names.insert(tool.to_owned());
-                self.seen.insert(service.to_owned(), names);
+            if store
+                .set(&key, render(&names).as_bytes(), Some(cas))
+                .is_ok()
+            {
+                self.seen
+                    .entry(service.to_string())
+                    .or_default()
+                    .insert(tool.to_string(), now_ms);
                 return true;
             }
         }
         false
+    }
+
+    fn forget(&mut self, service: &str, tool: &str) {
+        if let Some(s) = self.seen.get_mut(service) {
+            s.remove(tool);
+        }
     }
 }
 
@@ -126,20 +202,57 @@ mod tests {
     }
 
     #[test]
-    fn unlisted_tools_get_records_up_to_the_bound_shared_by_workers() {
+    fn unlisted_tools_get_records_once_answered_up_to_the_bound_shared_by_workers() {
         let store = MemStore::new();
         let (mut a, mut b) = (Unlisted::new(), Unlisted::new());
+        // Called but never answered as a tool: no record.
+        assert!(!a.admits(&store, "bare", "made_up", 1));
         for i in 0..MAX_UNLISTED_TOOLS {
             let w = if i % 2 == 0 { &mut a } else { &mut b };
-            assert!(w.admit(&store, "bare", &format!("t{i}")), "t{i}");
+            assert!(w.learn(&store, "bare", &format!("t{i}"), 1), "t{i}");
         }
-        assert!(!a.admit(&store, "bare", "one_too_many"));
-        assert!(!b.admit(&store, "bare", "one_too_many"));
+        assert!(!a.learn(&store, "bare", "one_too_many", 2));
+        assert!(!b.admits(&store, "bare", "one_too_many", 2));
         // Names that have a record keep it, on every worker.
-        assert!(b.admit(&store, "bare", "t0"));
-        assert!(a.admit(&store, "bare", "t1"));
+        assert!(b.admits(&store, "bare", "t0", 2));
+        assert!(a.admits(&store, "bare", "t1", 2));
         // Another service has its own room.
-        assert!(a.admit(&store, "other", "t0"));
+        assert!(a.learn(&store, "other", "t0", 2));
+    }
+
+    #[test]
+    fn only_an_idle_name_makes_room_and_names_in_use_stay() {
+        let store = MemStore::new();
+        let mut w = Unlisted::new();
+        for i in 0..MAX_UNLISTED_TOOLS {
+            assert!(w.learn(&store, "bare", &format!("t{i}"), 0));
+        }
+        let later = UNLISTED_IDLE_MS + 5;
+        // Every name but t0 stays in use.
+        for i in 1..MAX_UNLISTED_TOOLS {
+            assert!(w.admits(&store, "bare", &format!("t{i}"), later - 1));
+        }
+        assert!(
+            w.learn(&store, "bare", "failing_tool", later),
+            "t0 was idle"
+        );
+        assert!(!w.admits(&store, "bare", "t0", later));
+        assert!(
+            !w.learn(&store, "bare", "another", later),
+            "no idle name left"
+        );
+        assert!(w.admits(&store, "bare", "failing_tool", later));
+    }
+
+    #[test]
+    fn a_list_written_before_names_carried_their_use_still_reads() {
+        let store = MemStore::new();
+        store
+            .set(&unlisted_key("bare"), b"a\nb", Some(CREATE_CAS))
+            .expect("set");
+        let mut w = Unlisted::new();
+        assert!(w.admits(&store, "bare", "a", 5));
+        assert!(!w.admits(&store, "bare", "c", 5));
     }
 
     #[test]
@@ -147,7 +260,7 @@ mod tests {
         let store = MemStore::new();
         let mut a = Unlisted::new();
         store.fail_next_gets(1);
-        assert!(!a.admit(&store, "bare", "x"));
-        assert!(a.admit(&store, "bare", "x"));
+        assert!(!a.learn(&store, "bare", "x", 1));
+        assert!(a.learn(&store, "bare", "x", 1));
     }
 }

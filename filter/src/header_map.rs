@@ -36,6 +36,17 @@ impl HeaderMap {
         })
     }
 
+    /// Whether header `name` is present, whatever its value holds: a value that is not UTF-8
+    /// is invisible to [`HeaderMap::get`], but a server may still read it.
+    pub fn contains(&self, name: &str) -> bool {
+        let name = name.as_bytes();
+        self.spans.iter().any(|&(k, kl, _, _)| {
+            self.bytes
+                .get(k as usize..(k + kl) as usize)
+                .is_some_and(|key| key.eq_ignore_ascii_case(name))
+        })
+    }
+
     /// Records a change the filter made through another host call, so that later reads in
     /// the same callback see it (`None`: removed).
     pub fn set(&mut self, name: &str, value: Option<&str>) {
@@ -120,6 +131,18 @@ mod tests {
         assert_eq!(m.get("empty"), Some(""));
         assert_eq!(m.get("missing"), None);
         assert_eq!(m.get("x-du"), None);
+    }
+
+    #[test]
+    fn a_value_that_is_not_text_is_present_but_unread() {
+        let mut bytes = serialize(&[("x-toolgate-cluster", "ab")]);
+        // The value's first byte becomes 0xff: no longer UTF-8.
+        let at = bytes.len() - 3;
+        bytes[at] = 0xff;
+        let m = HeaderMap::parse(bytes);
+        assert_eq!(m.get("x-toolgate-cluster"), None);
+        assert!(m.contains("X-Toolgate-Cluster"));
+        assert!(!m.contains("x-toolgate"));
     }
 
     #[test]

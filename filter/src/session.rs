@@ -7,15 +7,24 @@
 //! encrypts the whole value on the way out (`tgs1.` and base64url of nonce, ciphertext and tag,
 //! XChaCha20-Poly1305 under a key toolgate-xds hands out) and restores it on the way in.
 //!
-//! A value that does not open under the key (forged, from another fleet, or from before
-//! sealing was turned on) is made undecodable for the envelope, so that no client can pick an
-//! instance by writing an address itself; the server then does not know the session and answers
-//! 404, and the client initializes again, as the MCP specification says it must.
+//! - Nonces are 24 random bytes from the host's CSPRNG (WASI `random_get`): with 192 bits,
+//!   random nonces never repeat in practice, across VMs, restarts and gateways. When the host
+//!   has no randomness to give, nothing is sealed (the id is dropped), never sealed under a
+//!   guessable nonce.
+//! - The associated data is `tgs1.` and the service: an id sealed for one service does not
+//!   open on another's route, and no `tgs1.` id opens as one of toolgate-xds's `tgv1.`
+//!   gateway sessions (sealed with the same key, associated data `tgv1`), nor the reverse.
+//!
+//! A value that does not open under the key (forged, from another fleet, for another service,
+//! or from before sealing was turned on) is made undecodable for the envelope, so that no
+//! client can pick an instance by writing an address itself; the server then does not know the
+//! session and answers 404, and the client initializes again, as the MCP specification says it
+//! must.
 
 use base64::engine::general_purpose::STANDARD;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
-use chacha20poly1305::aead::{Aead, KeyInit};
+use chacha20poly1305::aead::{Aead, KeyInit, Payload};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 
 /// Prefix of a sealed value (and of its format).
@@ -26,42 +35,45 @@ const NONCE_BYTES: usize = 24;
 /// [`crate::held_session::MAX_PARAMS_BYTES`].
 pub const MAX_VALUE_BYTES: usize = 3072;
 
-/// The sealing key and this VM's nonce sequence.
+/// The sealing key.
 pub struct Sealer {
     cipher: XChaCha20Poly1305,
-    /// Unique per VM: the time the VM started, then a counter. XChaCha's 192-bit nonces make
-    /// uniqueness the only requirement, and VMs never share a prefix.
-    prefix: [u8; 16],
-    counter: u64,
+}
+
+/// What binds a sealed id: its format and the service whose route issued it.
+fn associated_data(service: &str) -> Vec<u8> {
+    [PREFIX.as_bytes(), service.as_bytes()].concat()
 }
 
 impl Sealer {
     /// A sealer for the key (32 bytes, standard base64); `None` if it is not one.
-    pub fn new(key_b64: &str, vm_seed: u128) -> Option<Sealer> {
+    pub fn new(key_b64: &str) -> Option<Sealer> {
         let key = STANDARD.decode(key_b64.trim()).ok()?;
         if key.len() != 32 {
             return None;
         }
         let cipher = XChaCha20Poly1305::new_from_slice(&key).ok()?;
-        Some(Sealer {
-            cipher,
-            prefix: vm_seed.to_le_bytes(),
-            counter: 0,
-        })
+        Some(Sealer { cipher })
     }
 
-    /// The sealed form of a session id.
-    pub fn seal(&mut self, value: &str) -> Option<String> {
+    /// The sealed form of a session id of `service`; `None` when it is too long, or the host
+    /// gave no random nonce.
+    pub fn seal(&self, value: &str, service: &str) -> Option<String> {
         if value.len() > MAX_VALUE_BYTES {
             return None;
         }
-        self.counter = self.counter.wrapping_add(1);
         let mut nonce = [0u8; NONCE_BYTES];
-        nonce[..16].copy_from_slice(&self.prefix);
-        nonce[16..].copy_from_slice(&self.counter.to_le_bytes());
+        getrandom::fill(&mut nonce).ok()?;
+        let aad = associated_data(service);
         let sealed = self
             .cipher
-            .encrypt(XNonce::from_slice(&nonce), value.as_bytes())
+            .encrypt(
+                XNonce::from_slice(&nonce),
+                Payload {
+                    msg: value.as_bytes(),
+                    aad: &aad,
+                },
+            )
             .ok()?;
         let mut raw = Vec::with_capacity(NONCE_BYTES + sealed.len());
         raw.extend_from_slice(&nonce);
@@ -69,8 +81,9 @@ impl Sealer {
         Some(format!("{PREFIX}{}", URL_SAFE_NO_PAD.encode(raw)))
     }
 
-    /// The session id a sealed value carries; `None` for anything this key did not seal.
-    pub fn open(&self, sealed: &str) -> Option<String> {
+    /// The session id a sealed value carries; `None` for anything this key did not seal for
+    /// `service`.
+    pub fn open(&self, sealed: &str, service: &str) -> Option<String> {
         let encoded = sealed.strip_prefix(PREFIX)?;
         if encoded.len() > 2 * MAX_VALUE_BYTES {
             return None;
@@ -80,9 +93,16 @@ impl Sealer {
             return None;
         }
         let (nonce, sealed) = raw.split_at(NONCE_BYTES);
+        let aad = associated_data(service);
         let plain = self
             .cipher
-            .decrypt(XNonce::from_slice(nonce), sealed)
+            .decrypt(
+                XNonce::from_slice(nonce),
+                Payload {
+                    msg: sealed,
+                    aad: &aad,
+                },
+            )
             .ok()?;
         String::from_utf8(plain).ok()
     }
@@ -102,28 +122,29 @@ mod tests {
 
     #[test]
     fn a_sealed_id_opens_and_shows_no_address() {
-        let mut s = Sealer::new(KEY, 7).expect("key");
+        let s = Sealer::new(KEY).expect("key");
         let envelope = "MTI3LjAuMC4xOjQ0MTE3;8c1f3a";
-        let sealed = s.seal(envelope).expect("sealed");
+        let sealed = s.seal(envelope, "orders").expect("sealed");
         assert!(sealed.starts_with(PREFIX));
         assert!(!sealed.contains("MTI3"), "{sealed}");
-        assert_eq!(s.open(&sealed).as_deref(), Some(envelope));
+        assert_eq!(s.open(&sealed, "orders").as_deref(), Some(envelope));
+        assert_eq!(s.open(&sealed, "billing"), None, "bound to its service");
         // Header-safe: no `;`, `,`, spaces or padding.
         assert!(sealed
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)));
-        let again = s.seal(envelope).expect("sealed");
+        let again = s.seal(envelope, "orders").expect("sealed");
         assert_ne!(again, sealed, "a fresh nonce each time");
     }
 
     #[test]
     fn forged_tampered_and_foreign_ids_do_not_open() {
-        let mut s = Sealer::new(KEY, 7).expect("key");
-        let sealed = s.seal("MTI3LjAuMC4xOjQ0MTE3;x").expect("sealed");
+        let s = Sealer::new(KEY).expect("key");
+        let sealed = s.seal("MTI3LjAuMC4xOjQ0MTE3;x", "orders").expect("sealed");
         let mut tampered = sealed.clone().into_bytes();
         let last = tampered.len() - 1;
         tampered[last] = if tampered[last] == b'A' { b'B' } else { b'A' };
-        let other = Sealer::new("HwECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=", 7).expect("key");
+        let other = Sealer::new("HwECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=").expect("key");
         for bad in [
             "MTI3LjAuMC4xOjQ0MTE3;x",
             "tgs1.",
@@ -131,9 +152,9 @@ mod tests {
             "tgs1.!!!",
             std::str::from_utf8(&tampered).expect("ascii"),
         ] {
-            assert_eq!(s.open(bad), None, "{bad}");
+            assert_eq!(s.open(bad, "orders"), None, "{bad}");
         }
-        assert_eq!(other.open(&sealed), None, "another fleet's key");
+        assert_eq!(other.open(&sealed, "orders"), None, "another fleet's key");
         assert_eq!(
             unusable("MTI3LjAuMC4xOjQ0MTE3;x"),
             "!MTI3LjAuMC4xOjQ0MTE3;x"
@@ -141,9 +162,35 @@ mod tests {
     }
 
     #[test]
+    fn a_gateway_session_sealed_with_the_same_key_never_opens_here() {
+        // toolgate-xds seals its `tgv1.` ids with the same key and associated data `tgv1`.
+        let cipher =
+            XChaCha20Poly1305::new_from_slice(&STANDARD.decode(KEY).expect("key")).expect("cipher");
+        let nonce = [9u8; NONCE_BYTES];
+        let value = "MTI3LjAuMC4xOjQ0MTE3;x";
+        let sealed = cipher
+            .encrypt(
+                XNonce::from_slice(&nonce),
+                Payload {
+                    msg: value.as_bytes(),
+                    aad: b"tgv1",
+                },
+            )
+            .expect("sealed");
+        let forged = format!(
+            "{PREFIX}{}",
+            URL_SAFE_NO_PAD.encode([nonce.as_slice(), &sealed].concat())
+        );
+        let s = Sealer::new(KEY).expect("key");
+        for service in ["orders", "", "tgv1"] {
+            assert_eq!(s.open(&forged, service), None, "{service}");
+        }
+    }
+
+    #[test]
     fn keys_must_be_32_bytes_of_base64() {
-        assert!(Sealer::new("", 1).is_none());
-        assert!(Sealer::new("AAEC", 1).is_none());
-        assert!(Sealer::new("not base64 at all", 1).is_none());
+        assert!(Sealer::new("").is_none());
+        assert!(Sealer::new("AAEC").is_none());
+        assert!(Sealer::new("not base64 at all").is_none());
     }
 }

@@ -47,6 +47,12 @@ pub const STATE: &str = "state";
 /// be read (too large to hold, not JSON, not a listing).
 pub const TOOLS_LIST_ANNOTATED: &str = "toolgate.tools_list.annotated";
 pub const TOOLS_LIST_UNREAD: &str = "toolgate.tools_list.unread";
+/// Answers to judged requests the filter could not read (compressed although it asked for
+/// none): passed on unjudged, counted for nothing.
+pub const RESPONSES_UNREAD: &str = "toolgate.responses.unread";
+/// `tools/call`s of names the catalog does not list for their service: passed to the server
+/// (which answers for itself) with no breaker, counted here.
+pub const CALLS_UNLISTED: &str = "toolgate.calls.unlisted";
 
 /// Values of the `state` gauge: what the gateway does with a call now.
 pub const STATE_CLOSED: u64 = 0;

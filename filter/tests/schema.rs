@@ -10,8 +10,8 @@ use toolgate_filter::mcp::headers::Mismatch;
 use toolgate_filter::mcp::jsonrpc::RawId;
 use toolgate_filter::mcp::reply::{
     batch_refused, body_too_large, header_mismatch, refused, service_unavailable, too_deep,
-    tool_unavailable, unknown_tool, BatchAnswer, Framing, OpenCause, ProtocolVersion, Reply,
-    Unavailable, UnavailableKind, UpstreamFailure, INTERNAL_ERROR,
+    tool_unavailable, BatchAnswer, Framing, OpenCause, ProtocolVersion, Reply, Unavailable,
+    UnavailableKind, UpstreamFailure, INTERNAL_ERROR,
 };
 use toolgate_filter::mcp::request::Refusal;
 
@@ -181,6 +181,7 @@ fn kinds() -> Vec<UnavailableKind<'static>> {
             cause: OpenCause::Unknown,
         },
         UnavailableKind::Probing,
+        UnavailableKind::Unconfigured,
         UnavailableKind::ForcedOpen {
             reason: "maintenance until 14:00 \"UTC\"\n\\ \u{0} \u{2028}",
         },
@@ -265,7 +266,7 @@ fn service_unavailable_errors_are_json_rpc_errors_in_every_version() {
     }
 }
 
-/// Refusals of bodies the gateway cannot judge, unknown tools and too-deep bodies are
+/// Refusals of requests the gateway cannot judge and too-deep bodies are
 /// JSON-RPC errors, with the request's id when it could be read.
 #[test]
 fn refusals_are_json_rpc_errors_in_every_version() {
@@ -285,6 +286,9 @@ fn refusals_are_json_rpc_errors_in_every_version() {
         Refusal::ToolNameAbsent,
         Refusal::ToolNameInvalid,
         Refusal::Encoded,
+        Refusal::MethodNotAllowed,
+        Refusal::BodyNotAllowed,
+        Refusal::HeaderNotText("mcp-session-id"),
     ];
     for mut schema in schemas() {
         let error = schema.error_response();
@@ -298,12 +302,6 @@ fn refusals_are_json_rpc_errors_in_every_version() {
                 schema.assert_valid(error, &m);
                 assert_eq!(m["error"]["code"], refusal.code());
             }
-            let id = RawId::from_json("\"x\"").expect("id");
-            let m = message(
-                &unknown_tool(schema.version, &id, "orders", "drop_tables", framing),
-                framing,
-            );
-            schema.assert_valid(error, &m);
             if schema.version >= ProtocolVersion::V2025_11_25 {
                 let m = message(&too_deep(schema.version, 64, framing), framing);
                 schema.assert_valid(error, &m);

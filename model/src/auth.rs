@@ -671,6 +671,19 @@ impl FilterAuth {
         requires(&self.required, name)
     }
 
+    /// Whether every request to `service` needs a valid token: it is in `required`, or it has
+    /// a rule set. Rules name tools, but a service's other methods (`initialize`,
+    /// `resources/read`, `prompts/get`, its GET stream) reach the same server: a service
+    /// whose tools are guarded must not leave the rest of it open.
+    pub fn requires_service(&self, service: &str) -> bool {
+        self.requires(service) || self.services.contains_key(service)
+    }
+
+    /// The same for a virtual server (its name as `/virtual/<name>` shows it).
+    pub fn requires_virtual(&self, server: &str) -> bool {
+        self.requires(server) || self.virtual_servers.contains_key(server)
+    }
+
     /// Whether `caller` (`None`: no valid token) may call `tool` of `service`: a service
     /// that requires a token refuses a caller without one, and one with a rule set refuses
     /// what no rule grants.

@@ -35,6 +35,7 @@ use crate::auth::{self, Denial};
 use crate::breaker::{
     breaker_key, Admission, Breakers, Cause, Force, Outcome, SharedStore, State, Transition,
 };
+use crate::cancel;
 use crate::catalog::{self, Known, Unlisted};
 use crate::feedback::{Feedback, Kind};
 use crate::fleet;
@@ -53,7 +54,10 @@ use crate::mcp::request::{
 use crate::mcp::response::{classify_response, is_client_fault, ResponseClass};
 use crate::mcp::sse::SseScanner;
 use crate::session::{self, Sealer};
-use crate::stats::{MetricHost, Stats, ToolMetrics, TOOLS_LIST_ANNOTATED, TOOLS_LIST_UNREAD};
+use crate::stats::{
+    MetricHost, Stats, ToolMetrics, CALLS_UNLISTED, RESPONSES_UNREAD, TOOLS_LIST_ANNOTATED,
+    TOOLS_LIST_UNREAD,
+};
 use crate::upstream::{verdict, Verdict};
 use toolgate_model::auth::{Caller, FilterAuth, Verdict as AuthVerdict, PAYLOAD_HEADER};
 use toolgate_model::envoy::{service_cluster, CLUSTER_HEADER};
@@ -86,6 +90,9 @@ pub enum Level {
 pub trait CallHost {
     fn now_ms(&self) -> u64;
     fn request_header(&self, name: &str) -> Option<String>;
+    /// Whether the request has header `name` at all, even with a value that is not UTF-8
+    /// (which [`CallHost::request_header`] cannot return).
+    fn request_header_present(&self, name: &str) -> bool;
     fn set_request_header(&self, name: &str, value: Option<&str>);
     /// The buffered request body, `len` bytes from the start.
     fn request_body(&self, len: usize) -> Option<Vec<u8>>;
@@ -143,12 +150,14 @@ pub struct Shared<S, M> {
     pub sealer: Option<Sealer>,
     /// The names the virtual servers of `config` show, by (service, tool).
     pub visible: VisibleNames,
+    /// No configuration was ever accepted by this VM (see [`crate::keeper`]): every request
+    /// on an MCP path is refused.
+    pub unconfigured: bool,
     /// Verified payloads read lately (agents send one token many times).
     callers: auth::CallerCache,
     /// The reply for a held answer cut off upstream, by (tool as the agent sees it, its
     /// fallback, revision): set on every call whose answer is held.
     cut_replies: reply::ById<(String, Option<String>, ProtocolVersion)>,
-    seed: u64,
 }
 
 impl<S: SharedStore, M: MetricHost> Shared<S, M> {
@@ -161,9 +170,9 @@ impl<S: SharedStore, M: MetricHost> Shared<S, M> {
             unlisted: Unlisted::new(),
             sealer: None,
             visible: VisibleNames::default(),
+            unconfigured: false,
             callers: auth::CallerCache::default(),
             cut_replies: reply::ById::default(),
-            seed,
         }
     }
 
@@ -176,15 +185,12 @@ impl<S: SharedStore, M: MetricHost> Shared<S, M> {
         self.callers = auth::CallerCache::default();
         self.cut_replies = reply::ById::default();
         self.config = config;
+        self.unconfigured = false;
         if key.is_empty() {
             self.sealer = None;
             return true;
         }
-        // Each configuration's root has its own nonce prefix (seed), so a new sealer never
-        // repeats a nonce of the old one.
-        self.seed = self.seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let vm_seed = (u128::from(self.seed) << 64) | u128::from(self.seed.rotate_left(17));
-        self.sealer = Sealer::new(&key, vm_seed);
+        self.sealer = Sealer::new(&key);
         self.sealer.is_some()
     }
 
@@ -288,10 +294,6 @@ enum Judgement {
 #[derive(Debug, Clone)]
 enum Refused {
     Plain(Refusal),
-    UnknownTool {
-        service: String,
-        tool: String,
-    },
     /// A name the aggregate endpoint `endpoint` does not offer.
     NotOffered {
         endpoint: String,
@@ -349,7 +351,6 @@ impl Refused {
                 fallback_tool: fallback.as_deref(),
             }),
             Refused::Plain(_)
-            | Refused::UnknownTool { .. }
             | Refused::NotOffered { .. }
             | Refused::NoVirtualServer(_)
             | Refused::NotPermitted { .. } => None,
@@ -361,9 +362,6 @@ impl Refused {
             return reply::tool_unavailable(version, id, &details, framing);
         }
         match self {
-            Refused::UnknownTool { service, tool } => {
-                reply::unknown_tool(version, id, service, tool, framing)
-            }
             Refused::NotOffered { endpoint, tool } => {
                 reply::tool_not_offered(version, id, endpoint, tool, framing)
             }
@@ -402,12 +400,6 @@ impl Refused {
                 retry_after_secs,
                 fallback: seen(fallback),
             },
-            // The registrations no longer list it (a configuration in flight): to this agent
-            // it is a name the endpoint does not offer.
-            Refused::UnknownTool { .. } => Refused::NotOffered {
-                endpoint: aggregate::endpoint_path(server),
-                tool: visible.to_string(),
-            },
             other => other,
         }
     }
@@ -415,10 +407,6 @@ impl Refused {
     /// The JSON-RPC error of a refusal that is not an unavailability (for batches).
     fn error(&self) -> (i64, String) {
         match self {
-            Refused::UnknownTool { service, tool } => (
-                crate::mcp::request::INVALID_PARAMS,
-                reply::unknown_tool_message(service, tool),
-            ),
             Refused::NotOffered { endpoint, tool } => (
                 crate::mcp::request::INVALID_PARAMS,
                 reply::tool_not_offered_message(endpoint, tool),
@@ -431,6 +419,15 @@ impl Refused {
             _ => (reply::INTERNAL_ERROR, String::new()),
         }
     }
+}
+
+/// The words of every refusal made for want of a configuration.
+fn unconfigured_message() -> String {
+    format!(
+        "This MCP gateway cannot serve requests now: {}. Nothing was sent to a server; an \
+         operator must look at the gateway.",
+        reply::UNCONFIGURED
+    )
 }
 
 /// Whether Envoy's details for a stream that ended before its response was complete blame the
@@ -460,6 +457,9 @@ struct Admitted {
     started_ms: u64,
     metrics: Option<ToolMetrics>,
     endpoint: Endpoint,
+    /// A tool of a service whose registrations list none, without a breaker yet: its
+    /// outcome counts for nothing, but an answer as a tool gives the name one.
+    learning: bool,
 }
 
 /// What the filter is doing with the response.
@@ -494,6 +494,18 @@ enum Stage {
     Reading,
     /// The body was judged; the request went upstream (or was answered).
     Judged,
+    /// A POST this VM cannot judge (it has no configuration): its body is read only for the
+    /// id of the refusal.
+    Unconfigured,
+}
+
+/// Response headers for a body the filter writes in place of the server's (set before the
+/// body comes): its status and type, and no length or encoding of the server's body.
+fn replacing(host: &impl CallHost, status: &str, content_type: &str) {
+    host.set_response_header(":status", Some(status));
+    host.set_response_header("content-type", Some(content_type));
+    host.set_response_header("content-length", None);
+    host.set_response_header("content-encoding", None);
 }
 
 /// Names `service`'s cluster for the shared routes (toolgate-xds's `shared_service_routes`),
@@ -504,6 +516,28 @@ fn route_to(host: &impl CallHost, service: &str) {
         host.set_request_header(CLUSTER_HEADER, Some(&service_cluster(service)));
     }
 }
+
+/// The HTTP methods of MCP's transport. Methods are case-sensitive, but a server's framework
+/// may not be: "post" is judged like "POST" rather than passed on unread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HttpMethod {
+    Post,
+    Get,
+    Delete,
+}
+
+/// Request headers the filter reads: each must be text when present, or the filter would not
+/// see what a server may.
+const READ_HEADERS: [&str; 8] = [
+    "mcp-protocol-version",
+    "mcp-method",
+    "mcp-name",
+    SESSION_HEADER,
+    "accept",
+    "authorization",
+    "content-encoding",
+    "content-length",
+];
 
 /// Methods are case-sensitive, but a server's framework may not be: "post" is judged like
 /// "POST" rather than passed on unread.
@@ -544,6 +578,11 @@ pub struct Call<S, M> {
     completing: bool,
     /// Who is calling, when the auth configuration is on (issue 20).
     auth: AuthState,
+    /// A GET or DELETE whose headers wait until it is clear no body follows.
+    no_body: bool,
+    /// `Mcp-Session-Id` as the client sent it (before unsealing): what its cancellations
+    /// name.
+    client_session: Option<String>,
 }
 
 impl AuthState {
@@ -671,6 +710,8 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             declared_length: false,
             completing: false,
             auth: AuthState::default(),
+            no_body: false,
+            client_session: None,
         }
     }
 
@@ -687,31 +728,42 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
     }
 
     pub fn on_request_headers(&mut self, host: &impl CallHost, end_of_stream: bool) -> Action {
-        // The shared routes go to the cluster this header names: only this filter names it,
-        // from the path it judges, never the client.
-        if host.request_header(CLUSTER_HEADER).is_some() {
-            host.set_request_header(CLUSTER_HEADER, None);
+        // Headers only this filter writes: the shared routes go to the cluster the first one
+        // names (from the path it judges), the local-reply mapping reads the second. Removed
+        // by name, whatever the value holds: one that is not UTF-8 is invisible to a lookup.
+        for owned in [CLUSTER_HEADER, HELD_HEADER] {
+            if host.request_header_present(owned) {
+                host.set_request_header(owned, None);
+            }
         }
         let Some(path) = host.request_header(":path") else {
             return Action::Continue;
         };
-        let target = aggregate::target_of(&path);
-        if let Some(Target::Service(service)) = target {
+        let Some(target) = aggregate::target_of(&path) else {
+            return Action::Continue;
+        };
+        if self.shared.borrow().unconfigured {
+            return self.refuse_unconfigured(host, end_of_stream);
+        }
+        let method = match self.admit_headers(host) {
+            Ok(method) => method,
+            Err(refused) => return refused,
+        };
+        if let Target::Service(service) = target {
             route_to(host, service);
         }
-        if let Some(target) = target {
-            if let Some(refused) = self.authenticate(host, target) {
-                return refused;
-            }
+        if let Some(refused) = self.authenticate(host, target) {
+            return refused;
         }
+        // The session as the client names it: what its cancellations are keyed by.
+        self.client_session = host.request_header(SESSION_HEADER);
         let service = match target {
-            None => return Action::Continue,
-            Some(Target::Service(service)) => service,
-            Some(Target::Virtual { server, query }) => {
+            Target::Service(service) => service,
+            Target::Virtual { server, query } => {
                 // GET streams and DELETE are toolgate-xds's, with its own session ids: passed
                 // untouched, never unsealed.
-                if !is_post(host) {
-                    return Action::Continue;
+                if method != HttpMethod::Post {
+                    return self.without_body(end_of_stream);
                 }
                 self.on_virtual = Some(OnVirtual {
                     server: server.to_string(),
@@ -722,21 +774,100 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             }
         };
         self.open_session(host, service);
-        let method = host.request_header(":method").unwrap_or_default();
-        match method.to_ascii_uppercase().as_str() {
-            "POST" => {}
-            "GET" => {
+        match method {
+            HttpMethod::Post => {}
+            HttpMethod::Get => {
                 self.service = Some(service.to_string());
                 self.version = ProtocolVersion::from_header(
                     host.request_header("mcp-protocol-version").as_deref(),
                 );
                 self.stage = Stage::Stream;
-                return Action::Continue;
+                return self.without_body(end_of_stream);
             }
-            _ => return Action::Continue,
+            HttpMethod::Delete => return self.without_body(end_of_stream),
         }
         self.service = Some(service.to_string());
         self.hold_body(host, end_of_stream)
+    }
+
+    /// What every request on an MCP path must be before anything else is read: one of the
+    /// transport's methods, headers the gateway reads in text, no claim header a client wrote,
+    /// and no compression the filter could not read in the answer. `Err` is the refusal sent.
+    fn admit_headers(&mut self, host: &impl CallHost) -> Result<HttpMethod, Action> {
+        let version =
+            ProtocolVersion::from_header(host.request_header("mcp-protocol-version").as_deref());
+        let method = host.request_header(":method").unwrap_or_default();
+        let method = if method.eq_ignore_ascii_case("POST") {
+            HttpMethod::Post
+        } else if method.eq_ignore_ascii_case("GET") {
+            HttpMethod::Get
+        } else if method.eq_ignore_ascii_case("DELETE") {
+            HttpMethod::Delete
+        } else {
+            self.version = version;
+            self.stage = Stage::Judged;
+            let reply = reply::refused(version, None, Refusal::MethodNotAllowed, Framing::Json);
+            host.send_reply(405, &reply, &[("allow", "GET, POST, DELETE")]);
+            return Err(Action::Pause);
+        };
+        if let Some(name) = READ_HEADERS
+            .iter()
+            .find(|name| host.request_header(name).is_none() && host.request_header_present(name))
+        {
+            self.version = version;
+            return Err(self.refuse(host, 400, None, Refusal::HeaderNotText(name)));
+        }
+        // Headers a rule set copies verified claims into: whatever a client wrote there is
+        // gone before a server could take it for the gateway's word, auth configuration or
+        // not (the one a service asked for is put back from the verified token).
+        {
+            let shared = self.shared.borrow();
+            for name in &shared.config.claim_header_names {
+                if host.request_header_present(name) {
+                    host.set_request_header(name, None);
+                }
+            }
+        }
+        // The filter reads every answer it judges: a compressed one it cannot, and would
+        // then have to pass unjudged. Servers answer uncompressed when not asked otherwise.
+        if host.request_header_present("accept-encoding") {
+            host.set_request_header("accept-encoding", None);
+        }
+        Ok(method)
+    }
+
+    /// A GET or DELETE: its headers go on once it is clear no body follows them (a server
+    /// that read a body there like a POST's would run a call nobody judged).
+    fn without_body(&mut self, end_of_stream: bool) -> Action {
+        if end_of_stream {
+            return Action::Continue;
+        }
+        self.no_body = true;
+        Action::Pause
+    }
+
+    /// The body of a GET or DELETE: refused if it has a byte; the request goes on once it has
+    /// ended empty.
+    fn no_body_allowed(
+        &mut self,
+        host: &impl CallHost,
+        body_size: usize,
+        end_of_stream: bool,
+    ) -> Action {
+        if body_size > 0 {
+            self.no_body = false;
+            self.version = ProtocolVersion::from_header(
+                host.request_header("mcp-protocol-version").as_deref(),
+            );
+            // The stream is refused, not judged: no breaker outcome, no stream watch.
+            self.stage = Stage::Judged;
+            return self.refuse(host, 400, None, Refusal::BodyNotAllowed);
+        }
+        if !end_of_stream {
+            return Action::Pause;
+        }
+        self.no_body = false;
+        Action::Continue
     }
 
     /// Reads who is calling (issue 20), when an auth configuration is on: the payload Envoy
@@ -775,8 +906,8 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             self.auth.refused = verified.is_none()
                 && (came || authorization.as_deref().is_some_and(auth::is_bearer));
             let required = match target {
-                Target::Service(s) => auth.requires(s),
-                Target::Virtual { server, .. } => auth.requires(server),
+                Target::Service(s) => auth.requires_service(s),
+                Target::Virtual { server, .. } => auth.requires_virtual(server),
             };
             (required, verified)
         };
@@ -1020,6 +1151,12 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         body_size: usize,
         end_of_stream: bool,
     ) -> Action {
+        if self.no_body {
+            return self.no_body_allowed(host, body_size, end_of_stream);
+        }
+        if self.stage == Stage::Unconfigured {
+            return self.unconfigured_body(host, body_size, end_of_stream);
+        }
         if self.stage != Stage::Reading {
             return Action::Continue;
         }
@@ -1038,10 +1175,95 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
     /// HTTP/2 trailers end the request without an end-of-stream body callback: the body is
     /// complete now, and must be judged before Envoy forwards it.
     pub fn on_request_trailers(&mut self, host: &impl CallHost) -> Action {
+        if self.no_body {
+            // Trailers end the request: whatever body came was seen by the body callbacks.
+            self.no_body = false;
+            return Action::Continue;
+        }
+        if self.stage == Stage::Unconfigured {
+            return self.unconfigured_body(host, self.body_len, true);
+        }
         if self.stage != Stage::Reading {
             return Action::Continue;
         }
         self.judge(host)
+    }
+
+    /// A request on an MCP path while this VM has no configuration it accepted: nothing can
+    /// be judged (no overrides, rules, catalog or session key), so nothing goes upstream. A
+    /// POST's body is read for its id; anything else is answered at once.
+    fn refuse_unconfigured(&mut self, host: &impl CallHost, end_of_stream: bool) -> Action {
+        self.version =
+            ProtocolVersion::from_header(host.request_header("mcp-protocol-version").as_deref());
+        self.framing = Framing::from_accept(host.request_header("accept").as_deref());
+        if is_post(host) && !end_of_stream {
+            self.stage = Stage::Unconfigured;
+            return Action::Pause;
+        }
+        self.stage = Stage::Judged;
+        let reply = reply::error(
+            self.version,
+            None,
+            reply::INTERNAL_ERROR,
+            &unconfigured_message(),
+            None::<()>,
+            Framing::Json,
+        );
+        host.send_reply(503, &reply, &[("retry-after", STREAM_RETRY_AFTER_SECS)]);
+        Action::Pause
+    }
+
+    /// The body of a POST refused for want of a configuration: answered with its id once
+    /// complete (a `tools/call` with a tool result the model can act on).
+    fn unconfigured_body(
+        &mut self,
+        host: &impl CallHost,
+        body_size: usize,
+        end_of_stream: bool,
+    ) -> Action {
+        self.body_len = body_size;
+        let limit = self.shared.borrow().config.max_body_bytes;
+        if !end_of_stream && body_size as u64 <= limit {
+            return Action::Pause;
+        }
+        self.stage = Stage::Judged;
+        let bytes = if body_size as u64 <= limit {
+            host.request_body(body_size).unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        let request = match read_body(&bytes) {
+            Ok(Body::Request(r)) => Some((r.id.clone(), r.method == TOOLS_CALL)),
+            _ => None,
+        };
+        let reply = match &request {
+            Some((id, true)) => {
+                let details = Unavailable {
+                    kind: UnavailableKind::Unconfigured,
+                    tool: None,
+                    retry_after_secs: None,
+                    fallback_tool: None,
+                };
+                reply::tool_unavailable(self.version, id, &details, self.framing)
+            }
+            Some((id, false)) => reply::error(
+                self.version,
+                Some(id),
+                reply::INTERNAL_ERROR,
+                &unconfigured_message(),
+                None::<()>,
+                self.framing,
+            ),
+            None => reply::error(
+                self.version,
+                None,
+                reply::INTERNAL_ERROR,
+                &unconfigured_message(),
+                None::<()>,
+                Framing::Json,
+            ),
+        };
+        self.answer(host, 200, &reply)
     }
 
     /// Restores the session id the agent sent from its sealed form (see [`crate::session`]),
@@ -1058,7 +1280,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             let Some(sent) = host.request_header(SESSION_HEADER) else {
                 return;
             };
-            match sealer.open(&sent) {
+            match sealer.open(&sent, service) {
                 Some(value) => Some((sent, value)),
                 None => {
                     host.set_request_header(SESSION_HEADER, Some(&session::unusable(&sent)));
@@ -1125,8 +1347,9 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             return;
         };
         let value = held_session::join(&value, self.client_params());
-        let sealed = match self.shared.borrow_mut().sealer.as_mut() {
-            Some(sealer) => sealer.seal(&value),
+        let service = self.service.as_deref().unwrap_or_default();
+        let sealed = match &self.shared.borrow().sealer {
+            Some(sealer) => sealer.seal(&value, service),
             None => return,
         };
         // A value too long to seal is dropped rather than passed with an address in it.
@@ -1200,10 +1423,23 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             (Body::Batch(elements), None) => self.judge_virtual_batch(host, &elements),
             (Body::Notification { method }, _) => {
                 self.log_field(host, log_field::METHOD, &method);
+                if method == cancel::METHOD {
+                    self.note_cancellation(host, &bytes);
+                }
                 Action::Continue
             }
             (Body::Response, _) => Action::Continue,
         }
+    }
+
+    /// A client cancelled one of its calls: noted for every worker, so the call's end is
+    /// not held against its tool.
+    fn note_cancellation(&self, host: &impl CallHost, body: &[u8]) {
+        let (Some(session), Some(id)) = (&self.client_session, cancel::request_id(body)) else {
+            return;
+        };
+        let shared = self.shared.borrow();
+        cancel::mark(shared.breakers.store(), session, &id, host.now_ms());
     }
 
     /// A request on the aggregate endpoint. Only `tools/call` is the filter's: the name is
@@ -1493,10 +1729,10 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                             (HeldFor::Route(params), Some(envelope)) => {
                                 let value = held_session::join(envelope, Some(params));
                                 self.shared
-                                    .borrow_mut()
+                                    .borrow()
                                     .sealer
-                                    .as_mut()
-                                    .and_then(|s| s.seal(&value))
+                                    .as_ref()
+                                    .and_then(|s| s.seal(&value, &held.service))
                             }
                             _ => None,
                         };
@@ -1690,22 +1926,38 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             self.log_field(host, log_field::BREAKER, "forced_open");
             return Judgement::Refuse(refused);
         }
+        let mut learning = false;
         match catalog::lookup(&config.catalog, service, tool) {
             Known::Listed => {}
+            // The server answers for a name the gateway holds no state for: no breaker, no
+            // stats of its own (a request cannot create either by naming things).
             Known::NotListed => {
-                return Judgement::Refuse(Refused::UnknownTool {
-                    service: service.to_string(),
-                    tool: tool.to_string(),
-                })
+                stats.count(CALLS_UNLISTED);
+                return Judgement::Pass;
             }
             Known::UnknownService => return Judgement::Pass,
             Known::Unlisted => {
-                if !unlisted.admit(breakers.store(), service, tool) {
-                    return Judgement::Pass;
+                if !unlisted.admits(breakers.store(), service, tool, now) {
+                    // Watched like an admitted call, without a breaker: if the server answers
+                    // it as a tool, the name gets one.
+                    learning = true;
                 }
             }
         }
         let policy = config.policy_for(service, tool);
+        if learning {
+            drop(guard);
+            return Judgement::Admit(Admitted {
+                key,
+                tool: tool.to_string(),
+                policy,
+                admission: Admission::Allow,
+                started_ms: now,
+                metrics: None,
+                endpoint: Endpoint::Unread,
+                learning: true,
+            });
+        }
         let (admission, transition) = breakers.admit(&key, &policy, now);
         let metrics = stats.admitted(&key, service, tool, &admission, now);
         if let Some(t) = &transition {
@@ -1758,6 +2010,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 started_ms: now,
                 metrics,
                 endpoint: Endpoint::Unread,
+                learning: false,
             }),
         }
     }
@@ -1845,13 +2098,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             });
         }
         match catalog::lookup(&config.catalog, service, tool) {
-            Known::NotListed => {
-                return Some(Refused::UnknownTool {
-                    service: service.to_string(),
-                    tool: tool.to_string(),
-                })
-            }
-            Known::UnknownService | Known::Unlisted => return None,
+            Known::NotListed | Known::UnknownService | Known::Unlisted => return None,
             Known::Listed => {}
         }
         let key = breaker_key(service, tool);
@@ -1887,11 +2134,18 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         if let Some(action) = self.replay_lost_session(host) {
             return action;
         }
-        if self.held.as_ref().is_some_and(|h| {
-            h.phase == HeldPhase::Sent && matches!(h.client, HeldFor::Stateless(_))
-        }) && host
-            .response_header(":status")
-            .is_some_and(|s| s.starts_with('2'))
+        // The filter asks servers for uncompressed answers; one compressed anyway cannot be
+        // read, so it is neither judged nor edited: it passes as its headers say it is.
+        let encoded = host
+            .response_header("content-encoding")
+            .is_some_and(|e| !e.trim().eq_ignore_ascii_case("identity"));
+        if !encoded
+            && self.held.as_ref().is_some_and(|h| {
+                h.phase == HeldPhase::Sent && matches!(h.client, HeldFor::Stateless(_))
+            })
+            && host
+                .response_header(":status")
+                .is_some_and(|s| s.starts_with('2'))
         {
             self.completing = true;
             // The completed answer is longer.
@@ -1921,6 +2175,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             self.read_endpoint(host);
         }
         match v {
+            Verdict::Answered if encoded => self.unread_answer(host, end_of_stream),
             Verdict::Answered => {
                 if self.admitted.is_none() {
                     let listing = self.request.as_ref().is_some_and(|j| j.list);
@@ -1991,13 +2246,31 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 if end_of_stream {
                     return self.replace_now(host, reply);
                 }
-                host.set_response_header(":status", Some("200"));
-                host.set_response_header("content-type", Some(reply.content_type));
-                host.set_response_header("content-length", None);
+                replacing(host, "200", reply.content_type);
                 self.watch = Watch::Replace(reply);
                 Action::Continue
             }
         }
+    }
+
+    /// A successful answer the filter cannot read (compressed): no evidence for or against
+    /// the tool, so the call counts for nothing; a listing that must be filtered for this
+    /// caller is not shown; anything else passes untouched.
+    fn unread_answer(&mut self, host: &impl CallHost, end_of_stream: bool) -> Action {
+        self.shared.borrow_mut().stats.count(RESPONSES_UNREAD);
+        self.record(host, Outcome::Ignored, Some(Kind::Ok));
+        let listing = self.request.as_ref().is_some_and(|j| j.list);
+        if !(listing && self.listing_filtered()) {
+            return Action::Continue;
+        }
+        self.shared.borrow_mut().stats.count(TOOLS_LIST_UNREAD);
+        let reply = self.unfilterable_reply();
+        if end_of_stream {
+            return self.replace_now(host, reply);
+        }
+        replacing(host, "200", reply.content_type);
+        self.watch = Watch::Replace(reply);
+        Action::Continue
     }
 
     /// A server's answer to a `tools/list` on its route: held to be annotated, as long as it
@@ -2008,6 +2281,11 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             // An annotated event is longer than the server's: a declared length would cut it.
             host.set_response_header("content-length", None);
             self.watch = Watch::Listing { sse: true };
+            if self.listing_filtered() {
+                // Held with its headers: should the stream prove unreadable, it is replaced
+                // whole, as a JSON listing is, rather than shown unfiltered.
+                return Action::Pause;
+            }
             return Action::Continue;
         }
         let declared = host
@@ -2117,33 +2395,48 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             Listed::Unchanged => {}
             Listed::Unread | Listed::NotTheResponse => {
                 self.shared.borrow_mut().stats.count(TOOLS_LIST_UNREAD);
+                // A listing that must be filtered for this caller but cannot be read is not
+                // shown: names of tools the caller may not use are not disclosed.
                 if filtered && !sse {
-                    // A listing that must be filtered for this caller but cannot be read is
-                    // not shown: names of tools the caller may not use are not disclosed.
                     return self.unfilterable_listing(host, body_size);
+                }
+                if filtered {
+                    // The stream's headers were held for this: it is replaced whole.
+                    let reply = self.unfilterable_reply();
+                    replacing(host, "200", reply.content_type);
+                    if end_of_stream {
+                        host.set_response_body(body_size, &reply.body);
+                        return Action::Continue;
+                    }
+                    self.watch = Watch::Replace(reply);
+                    return Action::Pause;
                 }
             }
         }
         Action::Continue
     }
 
-    /// Replaces a listing that could not be filtered with a JSON-RPC error.
+    /// Replaces a listing that could not be filtered with a JSON-RPC error (its headers are
+    /// still held).
     fn unfilterable_listing(&mut self, host: &impl CallHost, body_size: usize) -> Action {
-        let Some(judged) = &self.request else {
-            return Action::Continue;
-        };
-        let reply = reply::error(
+        let reply = self.unfilterable_reply();
+        host.set_response_header("content-type", Some(reply.content_type));
+        host.set_response_header("content-length", Some(&reply.body.len().to_string()));
+        host.set_response_header("content-encoding", None);
+        host.set_response_body(body_size, &reply.body);
+        Action::Continue
+    }
+
+    /// The error a listing that could not be filtered for its caller is replaced with.
+    fn unfilterable_reply(&self) -> Reply {
+        reply::error(
             self.version,
-            Some(&judged.id),
+            self.request.as_ref().map(|j| &j.id),
             reply::INTERNAL_ERROR,
             "The gateway could not read this tools/list answer to show only the tools you may call, so it is not shown; ask for the next page, or ask an operator.",
             None::<()>,
             Framing::Json,
-        );
-        host.set_response_header("content-type", Some(reply.content_type));
-        host.set_response_header("content-length", Some(&reply.body.len().to_string()));
-        host.set_response_body(body_size, &reply.body);
-        Action::Continue
+        )
     }
 
     /// A GET stream Envoy could not open (no healthy instance, connect failure, full pool):
@@ -2178,9 +2471,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             host.send_reply(503, &reply, &[("retry-after", STREAM_RETRY_AFTER_SECS)]);
             return Action::Pause;
         }
-        host.set_response_header(":status", Some("503"));
-        host.set_response_header("content-type", Some(reply.content_type));
-        host.set_response_header("content-length", None);
+        replacing(host, "503", reply.content_type);
         host.set_response_header("retry-after", Some(STREAM_RETRY_AFTER_SECS));
         self.watch = Watch::Replace(reply);
         Action::Continue
@@ -2363,6 +2654,15 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         };
     }
 
+    /// Whether this call's client cancelled it (`notifications/cancelled` on its session).
+    fn cancelled_by_client(&self, now_ms: u64) -> bool {
+        let (Some(session), Some(judged)) = (&self.client_session, &self.request) else {
+            return false;
+        };
+        let shared = self.shared.borrow();
+        cancel::cancelled(shared.breakers.store(), session, &judged.id, now_ms)
+    }
+
     /// Records the outcome of the admitted call, once; `report` is what the call feedback
     /// says about its upstream instance, if anything.
     fn record(&mut self, host: &impl CallHost, outcome: Outcome, report: Option<Kind>) {
@@ -2370,12 +2670,34 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             return;
         };
         let now = host.now_ms();
+        // Whatever a call the client cancelled ended in is the client's doing.
+        let against = matches!(
+            outcome,
+            Outcome::Failure | Outcome::Slow | Outcome::IsErrorResult
+        );
+        let (outcome, report) = if against && self.cancelled_by_client(now) {
+            (Outcome::Ignored, None)
+        } else {
+            (outcome, report)
+        };
         let transition = {
             let mut shared = self.shared.borrow_mut();
             if let (Some(kind), Endpoint::Known(address), Some(service)) =
                 (report, &a.endpoint, &self.service)
             {
                 shared.feedback.record(service, address, kind);
+            }
+            if a.learning {
+                // The server knew the name: an answer (a result, or an error that does not
+                // blame the request) from a server that was reached.
+                let known = outcome != Outcome::Ignored && report == Some(Kind::Ok);
+                if let (true, Some(service)) = (known, &self.service) {
+                    let Shared {
+                        unlisted, breakers, ..
+                    } = &mut *shared;
+                    unlisted.learn(breakers.store(), service, &a.tool, now);
+                }
+                return;
             }
             if let Some(ids) = &a.metrics {
                 shared.stats.outcome(ids, outcome, a.policy.count_is_error);

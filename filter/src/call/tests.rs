@@ -64,6 +64,8 @@ struct Stream {
     raw_replies: RefCell<Vec<(u32, String, Vec<u8>)>>,
     /// The extra headers of each local reply.
     reply_headers: RefCell<Vec<Vec<(String, String)>>>,
+    /// Request headers whose values are not UTF-8: present, but unreadable as text.
+    binary_request_headers: RefCell<BTreeSet<String>>,
 }
 
 impl CallHost for Stream {
@@ -73,7 +75,12 @@ impl CallHost for Stream {
     fn request_header(&self, name: &str) -> Option<String> {
         self.request_headers.borrow().get(name).cloned()
     }
+    fn request_header_present(&self, name: &str) -> bool {
+        self.request_headers.borrow().contains_key(name)
+            || self.binary_request_headers.borrow().contains(name)
+    }
     fn set_request_header(&self, name: &str, value: Option<&str>) {
+        self.binary_request_headers.borrow_mut().remove(name);
         let mut h = self.request_headers.borrow_mut();
         match value {
             Some(v) => h.insert(name.to_string(), v.to_string()),
@@ -447,15 +454,15 @@ fn a_forced_open_tool_is_refused_with_no_wait_to_honour() {
 #[test]
 fn unknown_tools_and_services_create_no_state() {
     let mut w = Worker::new();
+    // A name the catalog does not list goes to the server, which answers for itself: no
+    // breaker, no stats of its own, only the gateway's count of such calls.
     for i in 0..50 {
-        let f = w.tools_call(&format!("fake_{i}"));
-        let (status, reply) = f.reply();
-        assert_eq!(status, 200);
-        assert_eq!(reply["error"]["code"], -32602);
+        let mut f = w.tools_call(&format!("fake_{i}"));
+        assert!(f.went_upstream(), "fake_{i}");
+        f.json(r#"{"jsonrpc":"2.0","id":7,"error":{"code":-32602,"message":"Unknown tool"}}"#);
     }
-    // A case variant of a listed tool is another name: refused, not judged as unlisted.
-    let (_, reply) = w.tools_call("WRITE_ORDER").reply();
-    assert_eq!(reply["error"]["code"], -32602);
+    // A case variant of a listed tool is another name.
+    assert!(w.tools_call("WRITE_ORDER").went_upstream());
     let long = "x".repeat(40_000);
     let f = w.request(
         "orders",
@@ -464,7 +471,11 @@ fn unknown_tools_and_services_create_no_state() {
             r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"{long}"}}}}"#
         ),
     );
-    assert_eq!(f.reply().1["error"]["code"], -32602);
+    assert_eq!(
+        f.reply().1["error"]["code"],
+        -32602,
+        "no tool has such a name"
+    );
     let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"write_order"}}"#;
     let service = "g".repeat(40_000);
     let f = w.request(&service, &[], body);
@@ -473,22 +484,38 @@ fn unknown_tools_and_services_create_no_state() {
         "Envoy answers an unknown service (no route)"
     );
     assert_eq!(w.store.stats().sets, 0);
-    assert_eq!(w.metrics.names.borrow().len(), 0, "no stats defined");
+    assert_eq!(
+        *w.metrics.names.borrow(),
+        vec![crate::stats::CALLS_UNLISTED.to_string()],
+        "no stats defined but the count of unlisted calls"
+    );
+    assert_eq!(w.metrics.get(crate::stats::CALLS_UNLISTED), 51);
 }
 
 #[test]
-fn unlisted_tools_get_breakers_up_to_a_bound() {
+fn unlisted_tools_get_breakers_once_answered_and_up_to_a_bound() {
     let mut w = Worker::new();
-    let call = |w: &mut Worker, tool: &str| {
+    let call = |w: &mut Worker, tool: &str, answer: &str| {
         let body = format!(
-            r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"{tool}"}}}}"#
+            r#"{{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{{"name":"{tool}"}}}}"#
         );
         let mut f = w.request("bare", &[], &body);
         assert!(f.went_upstream());
-        f.respond(500, &[], None);
+        f.json(answer);
     };
+    let unknown = r#"{"jsonrpc":"2.0","id":7,"error":{"code":-32602,"message":"Unknown tool"}}"#;
+    // Made-up names the server refuses as unknown never get a breaker, however many.
     for i in 0..(crate::catalog::MAX_UNLISTED_TOOLS + 20) {
-        call(&mut w, &format!("t{i}"));
+        call(&mut w, &format!("made_up_{i}"), unknown);
+        call(&mut w, &format!("made_up_{i}"), unknown);
+    }
+    assert_eq!(w.metrics.names.borrow().len(), 0);
+    assert_eq!(w.store.stats().sets, 0);
+    // Names the server answered as tools: the first call teaches the name, the next ones are
+    // judged, up to the bound.
+    for i in 0..(crate::catalog::MAX_UNLISTED_TOOLS + 20) {
+        call(&mut w, &format!("t{i}"), RESULT);
+        call(&mut w, &format!("t{i}"), RESULT);
     }
     let defined = w.metrics.names.borrow().len();
     assert_eq!(
@@ -1980,9 +2007,348 @@ mod auth {
     }
 
     #[test]
+    fn a_service_with_rules_needs_a_token_for_every_request() {
+        let mut w = Worker::new();
+        with_auth(
+            &w,
+            &["billing"],
+            Some(serde_json::json!({"rules": [{"tools": ["read_*"], "roles": ["reader"]}]})),
+        );
+        for body in [
+            r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"x","version":"1"}}}"#,
+            r#"{"jsonrpc":"2.0","id":2,"method":"resources/read","params":{"uri":"secret://x"}}"#,
+            r#"{"jsonrpc":"2.0","id":3,"method":"prompts/get","params":{"name":"p"}}"#,
+            r#"{"jsonrpc":"2.0","id":4,"method":"ping"}"#,
+        ] {
+            let f = w.request("orders", &[], body);
+            assert_eq!(f.reply().0, 401, "{body}");
+        }
+        let stream = Stream::default();
+        {
+            let mut h = stream.request_headers.borrow_mut();
+            h.insert(":path".into(), "/mcp/orders".into());
+            h.insert(":method".into(), "GET".into());
+        }
+        let mut get = Call::new(w.shared.clone());
+        assert_eq!(get.on_request_headers(&stream, true), Action::Pause);
+        assert_eq!(stream.replies.borrow()[0].0, 401, "the GET stream too");
+        // A service with neither rules nor `required` stays open.
+        assert!(w
+            .request("bare", &[], r#"{"jsonrpc":"2.0","id":4,"method":"ping"}"#)
+            .went_upstream());
+    }
+
+    #[test]
+    fn an_sse_listing_that_cannot_be_filtered_is_not_shown() {
+        let mut w = Worker::new();
+        with_auth(
+            &w,
+            &["*"],
+            Some(serde_json::json!({"rules": [{"tools": ["read_*"], "roles": ["reader"]}]})),
+        );
+        let p = reader();
+        let list = r#"{"jsonrpc":"2.0","id":7,"method":"tools/list"}"#;
+        let mut f = w.request("orders", &[(PAYLOAD_HEADER, &p)], list);
+        assert!(f.went_upstream());
+        // A stream that ends without the listing (or with one the filter cannot read).
+        let action = f.respond(
+            200,
+            &[("content-type", "text/event-stream")],
+            Some("event: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/x\"}\n\n"),
+        );
+        assert_eq!(action, Action::Pause, "its headers wait");
+        assert_eq!(
+            f.stream.response_headers.borrow()["content-type"],
+            "application/json"
+        );
+        assert_eq!(
+            f.body_json()["error"]["code"],
+            crate::mcp::reply::INTERNAL_ERROR
+        );
+    }
+
+    #[test]
+    fn an_authorization_that_is_not_text_is_refused() {
+        let mut w = Worker::new();
+        with_auth(&w, &["payments"], None);
+        let stream = Stream::default();
+        {
+            let mut h = stream.request_headers.borrow_mut();
+            h.insert(":path".into(), "/mcp/orders".into());
+            h.insert(":method".into(), "POST".into());
+        }
+        stream
+            .binary_request_headers
+            .borrow_mut()
+            .insert("authorization".into());
+        let mut call = Call::new(w.shared.clone());
+        assert_eq!(call.on_request_headers(&stream, false), Action::Pause);
+        let replies = stream.replies.borrow();
+        assert_eq!(replies[0].0, 400);
+        assert!(json_of(&replies[0].1.body)["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("`authorization`")));
+        drop(replies);
+        let _ = &mut w;
+    }
+
+    #[test]
     fn an_open_service_takes_callers_without_a_token() {
         let mut w = Worker::new();
         with_auth(&w, &["payments"], None);
         assert!(call(&mut w, "read_order", &[]).went_upstream());
     }
+}
+
+/// A request with `method` on `path`, its headers and body as the client sent them.
+fn raw_request(
+    w: &Worker,
+    method: &str,
+    path: &str,
+    body: &str,
+    end_of_stream: bool,
+) -> (Call<&'static MemStore, &'static Metrics>, Stream, Action) {
+    let stream = Stream::default();
+    stream.now.set(w.now);
+    {
+        let mut h = stream.request_headers.borrow_mut();
+        h.insert(":path".into(), path.into());
+        h.insert(":method".into(), method.into());
+    }
+    *stream.request_body.borrow_mut() = body.as_bytes().to_vec();
+    let mut call = Call::new(w.shared.clone());
+    let action = call.on_request_headers(&stream, end_of_stream);
+    (call, stream, action)
+}
+
+#[test]
+fn a_vm_without_an_accepted_configuration_refuses_every_mcp_request() {
+    let mut w = Worker::new();
+    w.shared.borrow_mut().unconfigured = true;
+    // A call: a tool result the model can act on, with its id; nothing went upstream.
+    let f = w.tools_call("write_order");
+    let (status, reply) = f.reply();
+    assert_eq!(status, 200);
+    assert_eq!(reply["id"], 7);
+    assert_eq!(reply["result"]["isError"], true);
+    assert_eq!(
+        reply["result"]["_meta"]["io.toolgate/breaker"]["state"],
+        "unconfigured"
+    );
+    // Any other method: a JSON-RPC error with its id.
+    let f = w.request(
+        "orders",
+        &[],
+        r#"{"jsonrpc":"2.0","id":"i","method":"initialize"}"#,
+    );
+    let (status, reply) = f.reply();
+    assert_eq!((status, reply["id"].clone()), (200, Value::from("i")));
+    assert!(reply["error"]["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("no valid configuration")));
+    // The aggregate endpoint and a GET stream too.
+    let (_, stream, action) = raw_request(&w, "GET", "/mcp", "", true);
+    assert_eq!(action, Action::Pause);
+    assert_eq!(stream.replies.borrow()[0].0, 503);
+    // Another path is not the filter's.
+    let (_, stream, action) = raw_request(&w, "GET", "/healthz", "", true);
+    assert_eq!(action, Action::Continue);
+    assert!(stream.replies.borrow().is_empty());
+    // Once a configuration is accepted, calls are judged again.
+    let config = w.shared.borrow().config.clone();
+    w.shared.borrow_mut().configure(config);
+    assert!(w.tools_call("write_order").went_upstream());
+}
+
+#[test]
+fn only_the_transports_methods_pass_and_get_or_delete_carry_no_body() {
+    let w = Worker::new();
+    w.force_open("write_order", "frozen");
+    let call = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"write_order"}}"#;
+    for method in [
+        "PUT", "PATCH", "OPTIONS", "HEAD", "TRACE", "put", "PROPFIND",
+    ] {
+        for path in ["/mcp/orders", "/mcp", "/virtual/ops"] {
+            let (_, stream, action) = raw_request(&w, method, path, call, false);
+            assert_eq!(action, Action::Pause, "{method} {path}");
+            let replies = stream.replies.borrow();
+            assert_eq!(replies[0].0, 405, "{method} {path}");
+            assert_eq!(json_of(&replies[0].1.body)["error"]["code"], -32600);
+            assert!(stream.reply_headers.borrow()[0]
+                .contains(&("allow".to_string(), "GET, POST, DELETE".to_string())));
+        }
+    }
+    for method in ["GET", "DELETE", "get"] {
+        for path in ["/mcp/orders", "/mcp"] {
+            // With a body: refused once a byte of it shows.
+            let (mut c, stream, action) = raw_request(&w, method, path, call, false);
+            assert_eq!(action, Action::Pause, "{method} {path}: held for the body");
+            assert_eq!(c.on_request_body(&stream, call.len(), true), Action::Pause);
+            assert_eq!(stream.replies.borrow()[0].0, 400, "{method} {path}");
+            // Without: it goes on, whether the headers end the request or an empty body does.
+            let (_, stream, action) = raw_request(&w, method, path, "", true);
+            assert_eq!(action, Action::Continue, "{method} {path}");
+            assert!(stream.replies.borrow().is_empty());
+            let (mut c, stream, action) = raw_request(&w, method, path, "", false);
+            assert_eq!(action, Action::Pause);
+            assert_eq!(c.on_request_body(&stream, 0, true), Action::Continue);
+            assert!(stream.replies.borrow().is_empty());
+        }
+    }
+}
+
+#[test]
+fn headers_that_are_not_text_are_refused_or_taken_off() {
+    let w = Worker::new();
+    let body = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"read_order"}}"#;
+    for name in [
+        SESSION_HEADER,
+        "mcp-method",
+        "mcp-protocol-version",
+        "content-encoding",
+    ] {
+        let stream = Stream::default();
+        {
+            let mut h = stream.request_headers.borrow_mut();
+            h.insert(":path".into(), "/mcp/orders".into());
+            h.insert(":method".into(), "POST".into());
+        }
+        stream
+            .binary_request_headers
+            .borrow_mut()
+            .insert(name.into());
+        let mut c = Call::new(w.shared.clone());
+        assert_eq!(c.on_request_headers(&stream, false), Action::Pause);
+        assert_eq!(stream.replies.borrow()[0].0, 400, "{name}");
+    }
+    // Headers the filter owns go, whatever they hold.
+    let stream = Stream::default();
+    {
+        let mut h = stream.request_headers.borrow_mut();
+        h.insert(":path".into(), "/mcp/orders".into());
+        h.insert(":method".into(), "POST".into());
+    }
+    for owned in [CLUSTER_HEADER, HELD_HEADER] {
+        stream
+            .binary_request_headers
+            .borrow_mut()
+            .insert(owned.into());
+    }
+    *stream.request_body.borrow_mut() = body.as_bytes().to_vec();
+    let mut c = Call::new(w.shared.clone());
+    assert_eq!(c.on_request_headers(&stream, false), Action::Pause);
+    assert!(stream.binary_request_headers.borrow().is_empty());
+    assert_eq!(
+        c.on_request_body(&stream, body.len(), true),
+        Action::Continue
+    );
+    assert_eq!(
+        stream.request_headers.borrow()[CLUSTER_HEADER],
+        "mcp.orders",
+        "the cluster is the filter's word"
+    );
+}
+
+#[test]
+fn claim_headers_are_taken_off_without_an_auth_configuration() {
+    let mut w = Worker::new();
+    w.shared
+        .borrow_mut()
+        .config
+        .claim_header_names
+        .insert("x-caller".into());
+    let f = w.request(
+        "orders",
+        &[("x-caller", "root")],
+        r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"read_order"}}"#,
+    );
+    assert!(f.went_upstream());
+    assert!(!f.stream.request_headers.borrow().contains_key("x-caller"));
+}
+
+#[test]
+fn compressed_answers_are_never_judged_nor_edited() {
+    let mut w = Worker::new();
+    let gzip = [
+        ("content-type", "application/json"),
+        ("content-encoding", "gzip"),
+    ];
+    for _ in 0..12 {
+        let mut f = w.request(
+            "orders",
+            &[("accept-encoding", "gzip, br")],
+            r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"read_order"}}"#,
+        );
+        assert!(f.went_upstream());
+        assert!(
+            !f.stream
+                .request_headers
+                .borrow()
+                .contains_key("accept-encoding"),
+            "the server is asked for what the filter can read"
+        );
+        // A server that compresses anyway: its answer passes as its headers say it is.
+        let compressed = "\u{1f}\u{8b}not json to this filter";
+        assert_eq!(f.respond(200, &gzip, Some(compressed)), Action::Continue);
+        assert_eq!(
+            *f.stream.response_body.borrow(),
+            compressed.as_bytes(),
+            "untouched"
+        );
+        assert_eq!(
+            f.stream.response_headers.borrow()["content-encoding"],
+            "gzip"
+        );
+    }
+    assert_eq!(w.window("read_order").failures, 0, "never a tool failure");
+    assert_eq!(w.metrics.get(RESPONSES_UNREAD), 12);
+    // A failure whose body the filter replaces loses the server's encoding with it.
+    let mut f = w.tools_call("read_order");
+    f.respond(503, &gzip, Some("\u{1f}\u{8b}"));
+    let headers = f.stream.response_headers.borrow();
+    assert!(!headers.contains_key("content-encoding"));
+    drop(headers);
+    assert_eq!(f.body_json()["result"]["isError"], true);
+}
+
+#[test]
+fn a_call_its_client_cancelled_counts_for_nothing() {
+    let mut w = Worker::new();
+    w.shared.borrow_mut().config.defaults.min_calls = 2;
+    let session = [(SESSION_HEADER, "client-session-1")];
+    for i in 0..12 {
+        let call = format!(
+            r#"{{"jsonrpc":"2.0","id":{i},"method":"tools/call","params":{{"name":"slow_order"}}}}"#
+        );
+        let mut f = w.request("orders", &session, &call);
+        assert!(f.went_upstream());
+        let cancel = format!(
+            r#"{{"jsonrpc":"2.0","method":"notifications/cancelled","params":{{"requestId":{i},"reason":"user"}}}}"#
+        );
+        assert!(w.request("orders", &session, &cancel).went_upstream());
+        // The server answers -32800 (or ends its stream, or fails late): never the tool's.
+        match i % 3 {
+            0 => f.json(&format!(
+                r#"{{"jsonrpc":"2.0","id":{i},"error":{{"code":-32800,"message":"Request cancelled"}}}}"#
+            )),
+            1 => f.json(&format!(
+                r#"{{"jsonrpc":"2.0","id":{i},"error":{{"code":-32603,"message":"interrupted"}}}}"#
+            )),
+            _ => f.respond(
+                200,
+                &[("content-type", "text/event-stream")],
+                Some("event: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"x\"}\n\n"),
+            ),
+        };
+    }
+    let window = w.window("slow_order");
+    assert_eq!(window.failures, 0, "{window:?}");
+    // Another session's cancellation of the same id changes nothing for this one.
+    let mut f = w.request(
+        "orders",
+        &[(SESSION_HEADER, "client-session-2")],
+        r#"{"jsonrpc":"2.0","id":0,"method":"tools/call","params":{"name":"slow_order"}}"#,
+    );
+    f.json(r#"{"jsonrpc":"2.0","id":0,"error":{"code":-32603,"message":"broken"}}"#);
+    assert_eq!(w.window("slow_order").failures, 1);
 }

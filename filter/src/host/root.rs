@@ -6,10 +6,11 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
 
+use toolgate_model::fleet::{FilterConfigStatus, FILTER_CONFIG_STATUS_PATH};
+
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{ContextType, LogLevel, MapType};
-use toolgate_model::policy::FilterConfig;
 
 use super::events::{vm_queue_name, Posts, Queue, RESEND_EVERY_MS};
 use super::stream::Stream;
@@ -18,9 +19,20 @@ use crate::breaker::{parse_breaker_key, CasMismatch, Force, Transition};
 use crate::call::{transition_line, Shared};
 use crate::feedback::{self, Answer, Batch, Delivery};
 use crate::fleet;
+use crate::keeper::{Keeper, Taken};
 
 /// How often pending success counts are merged into shared data.
 const TICK: Duration = Duration::from_millis(100);
+/// A configuration-status report toolgate-xds did not acknowledge is sent again this often.
+const STATUS_RESEND_MS: u64 = 5_000;
+/// The gateway counter of configurations this VM refused (`wasmcustom.` before it in Envoy).
+pub(super) const CONFIG_REJECTED: &str = "toolgate.filter_config_rejected";
+
+thread_local! {
+    /// One per VM (a wasm VM runs on one thread): every root context Envoy makes for a new
+    /// configuration finds the last one the VM accepted here.
+    static KEEPER: RefCell<Keeper> = RefCell::new(Keeper::default());
+}
 
 fn log_unapplied(key: &str, what: &str) {
     log(
@@ -58,6 +70,11 @@ pub(super) struct Root {
     /// This Envoy's node id, read once: the `gateway` of the breaker events.
     pub(super) gateway: Option<String>,
     pub(super) posts: Posts,
+    /// A configuration-status report for toolgate-xds, until it acknowledges it; the token of
+    /// the post in flight, and when it was last sent.
+    status: Option<FilterConfigStatus>,
+    status_token: Option<u32>,
+    status_sent_ms: u64,
 }
 
 impl Root {
@@ -69,7 +86,32 @@ impl Root {
             delivery: Delivery::new(),
             gateway: None,
             posts: Posts::new(seed),
+            status: None,
+            status_token: None,
+            status_sent_ms: 0,
         }
+    }
+
+    /// Sends the pending configuration-status report, if one is due.
+    fn post_status(&mut self, now: u64) {
+        let Some(status) = &self.status else { return };
+        if self.status_token.is_some() && now.saturating_sub(self.status_sent_ms) < STATUS_RESEND_MS
+        {
+            return;
+        }
+        // Serializing a plain struct cannot fail.
+        let body = serde_json::to_vec(status).unwrap_or_default();
+        let auth = self.report_authorization();
+        self.status_sent_ms = now;
+        self.status_token = self
+            .dispatch_http_call(
+                feedback::CLUSTER,
+                report_headers(FILTER_CONFIG_STATUS_PATH, &auth),
+                Some(&body),
+                vec![],
+                feedback::TIMEOUT,
+            )
+            .ok();
     }
 
     /// Lays the fleet's state over the shared breakers: operators' overrides first (a
@@ -200,6 +242,13 @@ impl Context for Root {
                 .and_then(|b| std::str::from_utf8(&b).ok()?.parse::<u16>().ok())
         };
         let answer = Answer::of_status(status);
+        if self.status_token == Some(token_id) {
+            self.status_token = None;
+            if answer == Answer::Accepted {
+                self.status = None;
+            }
+            return;
+        }
         if self.events_answered(token_id, answer) {
             return;
         }
@@ -228,10 +277,34 @@ impl Context for Root {
 impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
         let bytes = self.get_plugin_configuration().unwrap_or_default();
-        match FilterConfig::from_json(&bytes) {
+        let taken = KEEPER.with(|k| k.borrow_mut().take(&bytes));
+        let config = match &taken {
+            Taken::Applied(config) => Some(config.clone()),
+            Taken::Kept { config, error } => {
+                log(
+                    LogLevel::Error,
+                    &format!(
+                        "toolgate: refused a filter configuration ({error}); still judging \
+                         with the last one this VM accepted"
+                    ),
+                );
+                Some(config.clone())
+            }
+            Taken::Unconfigured { error } => {
+                log(
+                    LogLevel::Critical,
+                    &format!(
+                        "toolgate: refused a filter configuration ({error}) and has none to \
+                         keep: every request on an MCP path is refused until a valid one arrives"
+                    ),
+                );
+                None
+            }
+        };
+        match config {
             // Breaker state lives in shared data: a new configuration never resets it, only
             // lays the fleet's state over it.
-            Ok(config) => {
+            Some(config) => {
                 if !self.shared.borrow_mut().configure(config) {
                     log(
                         LogLevel::Error,
@@ -241,10 +314,10 @@ impl RootContext for Root {
                 }
                 self.apply_fleet();
             }
-            Err(e) => log(
-                LogLevel::Error,
-                &format!("toolgate: ignoring an invalid filter configuration: {e}"),
-            ),
+            None => self.shared.borrow_mut().unconfigured = true,
+        }
+        if !matches!(taken, Taken::Applied(_)) {
+            self.shared.borrow_mut().stats.count(CONFIG_REJECTED);
         }
         let served_to = self.shared.borrow().config.gateway.clone();
         if !served_to.is_empty() {
@@ -265,6 +338,8 @@ impl RootContext for Root {
         // Envoy calls `on_queue_ready` of a queue's last registrant on its thread right after
         // every enqueue (proxy-wasm-cpp-host `SharedQueue::registerQueue` keeps the queue's
         // data and replaces its consumer). The tick drains it too, as a fallback.
+        let gateway = self.gateway.clone().unwrap_or_default();
+        self.status = KEEPER.with(|k| k.borrow_mut().status(&taken, &gateway));
         let queue = hostcalls::register_shared_queue(vm_queue_name()).ok();
         self.queue.borrow_mut().id = queue;
         self.set_tick_period(TICK);
@@ -300,6 +375,7 @@ impl RootContext for Root {
             self.send_feedback(batch);
         }
         self.post_events(events);
+        self.post_status(now);
         if now.saturating_sub(self.posts.last_resend_ms) >= RESEND_EVERY_MS {
             self.posts.last_resend_ms = now;
             self.resend_unacked(RESEND_EVERY_MS);

@@ -123,6 +123,13 @@ impl CallHost for Envoy {
         cached_header(&self.request_headers, MapType::HttpRequestHeaders, name)
     }
 
+    fn request_header_present(&self, name: &str) -> bool {
+        let mut cache = self.request_headers.borrow_mut();
+        cache
+            .get_or_insert_with(|| header_map(MapType::HttpRequestHeaders))
+            .contains(name)
+    }
+
     fn set_request_header(&self, name: &str, value: Option<&str>) {
         set_header(MapType::HttpRequestHeaders, name, value);
         note_set(&self.request_headers, name, value);

@@ -199,6 +199,9 @@ pub enum UnavailableKind<'a> {
     UpstreamFailure { what: UpstreamFailure },
     /// The service's connection pool is full (its bulkhead): too many calls in flight.
     Overloaded,
+    /// The gateway has no configuration it accepted: it cannot judge the call, so it does not
+    /// make it.
+    Unconfigured,
 }
 
 /// Why a breaker opened, with the figures that tripped it.
@@ -327,6 +330,9 @@ impl OpenCause {
     }
 }
 
+/// Why a gateway without an accepted configuration refuses everything.
+pub const UNCONFIGURED: &str = "the gateway has no valid configuration";
+
 fn plural(n: u64, one: &'static str, many: &'static str) -> &'static str {
     if n == 1 {
         one
@@ -373,6 +379,7 @@ impl UnavailableKind<'_> {
             UnavailableKind::ForcedOpen { .. } => "forced_open",
             UnavailableKind::UpstreamFailure { .. } => "upstream_failure",
             UnavailableKind::Overloaded => "overloaded",
+            UnavailableKind::Unconfigured => "unconfigured",
         }
     }
 
@@ -384,6 +391,7 @@ impl UnavailableKind<'_> {
             UnavailableKind::ForcedOpen { reason } => clean_reason(reason),
             UnavailableKind::UpstreamFailure { what } => what.clause(),
             UnavailableKind::Overloaded => "too many calls to its server are in flight".into(),
+            UnavailableKind::Unconfigured => UNCONFIGURED.into(),
         }
     }
 }
@@ -443,6 +451,13 @@ impl Unavailable<'_> {
                     text,
                     "{subject} is busy: too many calls to its server are in flight. The call \
                      was not made; another try may succeed shortly."
+                );
+            }
+            UnavailableKind::Unconfigured => {
+                let _ = write!(
+                    text,
+                    "{subject} cannot be called: {UNCONFIGURED}, so it judges no call and \
+                     makes none. An operator must look at the gateway."
                 );
             }
         }
@@ -799,34 +814,6 @@ pub fn refused(
 ) -> Reply {
     let message = refusal.to_string();
     error(version, id, refusal.code(), &message, None::<()>, framing)
-}
-
-/// The answer to a `tools/call` of a tool the service's registrations do not list. `tool` is a
-/// valid tool name (the name rule keeps it plain text).
-pub fn unknown_tool(
-    version: ProtocolVersion,
-    id: &RawId,
-    service: &str,
-    tool: &str,
-    framing: Framing,
-) -> Reply {
-    let message = unknown_tool_message(service, tool);
-    error(
-        version,
-        Some(id),
-        INVALID_PARAMS,
-        &message,
-        None::<()>,
-        framing,
-    )
-}
-
-/// The message of [`unknown_tool`].
-pub fn unknown_tool_message(service: &str, tool: &str) -> String {
-    format!(
-        "Unknown tool: the MCP service `{service}` offers no tool `{tool}`. Call tools/list for \
-         the tools it has."
-    )
 }
 
 /// The answer to a `tools/call` on the aggregate endpoint `endpoint` (`/mcp`,
@@ -1288,7 +1275,7 @@ mod tests {
     }
 
     #[test]
-    fn refusals_unknown_tools_and_header_mismatches_are_json_rpc_errors() {
+    fn refusals_and_header_mismatches_are_json_rpc_errors() {
         let v = json(&refused(
             ProtocolVersion::V2025_06_18,
             None,
@@ -1306,17 +1293,6 @@ mod tests {
         ));
         assert_eq!(v["id"], 4);
         assert_eq!(v["error"]["code"], -32700);
-        let v = json(&unknown_tool(
-            ProtocolVersion::V2025_06_18,
-            &id("2"),
-            "orders",
-            "drop_tables",
-            Framing::Json,
-        ));
-        assert_eq!(v["error"]["code"], INVALID_PARAMS);
-        assert!(v["error"]["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("`drop_tables`") && m.contains("`orders`")));
         let v = json(&header_mismatch(
             ProtocolVersion::V2026_07_28,
             Some(&id("1")),

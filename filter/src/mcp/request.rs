@@ -126,6 +126,14 @@ pub enum Refusal {
     ToolNameInvalid,
     /// A request body whose content is compressed (`Content-Encoding`).
     Encoded,
+    /// An HTTP method MCP's transport does not use (`PUT`, `PATCH`, `OPTIONS`, ...): a server
+    /// that read its body like a POST's would run a call nobody judged.
+    MethodNotAllowed,
+    /// A `GET` (the server's stream) or `DELETE` (the session's end) with a body.
+    BodyNotAllowed,
+    /// A header the gateway reads (or owns) whose value is not UTF-8 text: the gateway cannot
+    /// read what a server might.
+    HeaderNotText(&'static str),
 }
 
 impl Refusal {
@@ -182,6 +190,18 @@ impl fmt::Display for Refusal {
             Refusal::Encoded => f.write_str(
                 "The gateway does not accept compressed request bodies (Content-Encoding); \
                  send the JSON as is.",
+            ),
+            Refusal::MethodNotAllowed => f.write_str(
+                "An MCP endpoint takes POST (messages), GET (the server's stream) and DELETE \
+                 (ending a session); the gateway refuses other HTTP methods.",
+            ),
+            Refusal::BodyNotAllowed => f.write_str(
+                "A GET or DELETE on an MCP endpoint carries no body; send JSON-RPC messages \
+                 with POST.",
+            ),
+            Refusal::HeaderNotText(name) => write!(
+                f,
+                "The header `{name}` is not UTF-8 text; the gateway reads it, so it must be."
             ),
         }
     }

@@ -17,13 +17,20 @@ pub const HEADER_MISMATCH: i64 = -32020;
 
 /// Whether a JSON-RPC error code says the request was wrong rather than the tool: parse error
 /// (-32700), invalid request (-32600), method not found (-32601), invalid params (-32602: bad
-/// arguments, an unknown tool) and MCP's header mismatch (-32020). A client can send such
-/// requests at will, so counting them would let any client open a healthy tool's breaker for
-/// the whole fleet; crediting them as successes would let it hide a failing tool. They count
-/// for neither. Every other code (-32603 internal error, server-defined codes) is the tool's.
+/// arguments, an unknown tool), MCP's header mismatch (-32020) and request cancelled (-32800:
+/// the client gave up on its own call). A client can send such requests at will, so counting
+/// them would let any client open a healthy tool's breaker for the whole fleet; crediting them
+/// as successes would let it hide a failing tool. They count for neither. Every other code
+/// (-32603 internal error, server-defined codes) is the tool's.
 pub fn is_client_fault(code: i64) -> bool {
-    matches!(code, -32700 | -32600 | -32601 | -32602 | HEADER_MISMATCH)
+    matches!(
+        code,
+        -32700 | -32600 | -32601 | -32602 | HEADER_MISMATCH | REQUEST_CANCELLED
+    )
 }
+
+/// The error a server answers a request with once its client cancelled it.
+pub const REQUEST_CANCELLED: i64 = -32800;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ResponseClass {
