@@ -169,6 +169,7 @@ pub async fn run(
             let mut reg = registry.write().unwrap_or_else(|p| p.into_inner());
             for s in &gone {
                 reg.set_legacy_revision(s, None);
+                reg.set_discovered_tools(s, None);
             }
         }
         for w in due {
@@ -220,17 +221,39 @@ pub async fn run(
                 }
             }
             let legacy = legacy_revision(&entry.protocol_version);
+            let discovered = discovered_names(&w.registered, entry);
             drop(services);
             catalog.changed();
-            let changed = registry
-                .write()
-                .unwrap_or_else(|p| p.into_inner())
-                .set_legacy_revision(&w.service, legacy);
+            let changed = {
+                let mut reg = registry.write().unwrap_or_else(|p| p.into_inner());
+                let legacy = reg.set_legacy_revision(&w.service, legacy);
+                reg.set_discovered_tools(&w.service, discovered) || legacy
+            };
             if changed {
                 publisher.changed(Instant::now());
             }
         }
     }
+}
+
+/// The names a service's server listed, for a service whose registrations list none, once a
+/// read succeeded (`None` otherwise: the registrations' list is the catalog).
+fn discovered_names(
+    registered: &[String],
+    entry: &ServiceCatalog,
+) -> Option<std::collections::BTreeSet<String>> {
+    if !registered.is_empty() || entry.read_at.is_empty() {
+        return None;
+    }
+    Some(
+        entry
+            .tools
+            .iter()
+            .filter_map(|d| d.get("name")?.as_str())
+            .filter(|n| toolgate_model::validate_name("tool", n).is_ok())
+            .map(str::to_string)
+            .collect(),
+    )
 }
 
 /// The revision a 2026-07-28 client's calls to a server must be made in, on a session the

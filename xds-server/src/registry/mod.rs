@@ -188,6 +188,10 @@ pub struct Registry {
     /// the tool catalog (`crate::catalog`) last found them: the filters hold sessions with
     /// them for 2026-07-28 clients of the aggregate endpoint.
     legacy_revisions: BTreeMap<String, String>,
+    /// The tools the tool catalog read from the server of a service whose registrations list
+    /// none: such a service's catalog for the filters, so that a breaker belongs to a name its
+    /// server lists, never to a name a client made up.
+    discovered: BTreeMap<String, BTreeSet<String>>,
     /// The auth configuration and rule sets from `<prefix>auth/` (issue 20), as last
     /// admitted.
     auth: auth::AuthStore,
@@ -278,6 +282,7 @@ impl Registry {
             since_revision: BTreeMap::new(),
             unnamed: Vec::new(),
             legacy_revisions: BTreeMap::new(),
+            discovered: BTreeMap::new(),
             auth: auth::AuthStore::default(),
             auth_rules_unused: false,
             virtual_memo: Memo::default(),
@@ -296,6 +301,25 @@ impl Registry {
             Some(r) => self.legacy_revisions.insert(service.to_string(), r.clone()) != Some(r),
             None => self.legacy_revisions.remove(service).is_some(),
         }
+    }
+
+    /// The tools the tool catalog read from `service`'s server, for a service whose
+    /// registrations list none (`None`: forget them, the service is gone). Whether its
+    /// catalog may change (a publish is then due).
+    pub fn set_discovered_tools(&mut self, service: &str, tools: Option<BTreeSet<String>>) -> bool {
+        let changed = match tools {
+            Some(t) => {
+                self.discovered.get(service) != Some(&t) && {
+                    self.discovered.insert(service.to_string(), t);
+                    true
+                }
+            }
+            None => self.discovered.remove(service).is_some(),
+        };
+        if changed {
+            self.mark_stale(service);
+        }
+        changed
     }
 
     /// The key the filters seal session ids with (see `session_key.rs`).
@@ -1182,6 +1206,12 @@ impl Registry {
                 })
                 .collect();
             if any {
+                // Registrations that list nothing: the names the server itself listed, once
+                // the tool catalog has read them.
+                let tools = match self.discovered.get(service) {
+                    Some(found) if tools.is_empty() => found.clone(),
+                    _ => tools,
+                };
                 if self.catalog.get(service) != Some(&tools) {
                     self.catalog.modify().insert(service.clone(), tools);
                 }
@@ -2011,6 +2041,40 @@ mod tests {
         assert!(!published(&mut r).legacy_revisions.contains_key("gone"));
         assert!(r.set_legacy_revision("inv", None));
         assert!(published(&mut r).legacy_revisions.is_empty());
+    }
+
+    #[test]
+    fn a_service_registered_without_tools_gets_the_names_its_server_listed() {
+        let mut r = reg();
+        r.put(
+            "/mcp/services/bare/i-1",
+            &instance("i-1", 9001, &[]),
+            7,
+            2,
+            2,
+        )
+        .unwrap();
+        r.put(
+            "/mcp/services/inv/i-1",
+            &instance("i-1", 9002, &["a"]),
+            7,
+            3,
+            3,
+        )
+        .unwrap();
+        assert_eq!(published(&mut r).catalog["bare"], BTreeSet::new());
+        let listed = BTreeSet::from(["fail_order".to_string(), "read_order".to_string()]);
+        assert!(r.set_discovered_tools("bare", Some(listed.clone())));
+        assert!(!r.set_discovered_tools("bare", Some(listed.clone())));
+        assert_eq!(published(&mut r).catalog["bare"], listed);
+        // A service whose registrations list tools keeps its registered list.
+        assert!(r.set_discovered_tools("inv", Some(listed.clone())));
+        assert_eq!(
+            published(&mut r).catalog["inv"],
+            BTreeSet::from(["a".to_string()])
+        );
+        assert!(r.set_discovered_tools("bare", None));
+        assert_eq!(published(&mut r).catalog["bare"], BTreeSet::new());
     }
 
     #[test]
