@@ -1,6 +1,6 @@
 """An MCP server built with the official Python SDK, for end-to-end tests behind the gateway.
 
-usage: server.py PORT [--stateless] [--json-response] [--no-health]
+usage: server.py PORT [--stateless] [--json-response] [--no-health] [--gzip] [--any-method]
 
 It is the server a hostile client would aim at: pydantic's JSON reader is lenient (duplicate keys,
 the last one wins; NaN and Infinity accepted), so whatever the gateway lets through, this server
@@ -9,7 +9,12 @@ tell whether a tool ran. `GET /health` answers 200 for toolgate-xds's probes, un
 leaves the route out (a 404, as on most MCP servers, which only an MCP-level probe can check).
 
 Tools: `read_order`, `write_order` (return text), `fail_order` (raises: an `isError` result),
-`slow_order` (sleeps `seconds`, default 3).
+`slow_order` (sleeps `seconds`, default 3). A resource `secret://report` and a prompt `greeting`,
+each counted under its name.
+
+`--gzip` compresses answers for clients that accept it (Starlette's GZipMiddleware), as many
+deployed servers do; `--any-method` serves a request of any HTTP method that has a body as a
+POST, as a lenient framework might: what a gateway lets through, this server runs.
 """
 
 import argparse
@@ -52,6 +57,18 @@ async def slow_order(seconds: float = 3.0) -> str:
     return f"slept {seconds} s"
 
 
+@server.resource("secret://report")
+def secret_report() -> str:
+    CALLS["secret_report"] += 1
+    return "TOP-SECRET-RESOURCE-CONTENT"
+
+
+@server.prompt()
+def greeting(name: str = "you") -> str:
+    CALLS["greeting"] += 1
+    return f"Say hello to {name}."
+
+
 @server.custom_route("/calls", methods=["GET"])
 async def calls(_: Request) -> JSONResponse:
     return JSONResponse(dict(CALLS))
@@ -62,12 +79,29 @@ async def health(_: Request) -> PlainTextResponse:
     return PlainTextResponse("ok")
 
 
+def any_method_as_post(app):
+    """Serves a request of any method that carries a body as a POST."""
+
+    async def lenient(scope, receive, send):
+        if scope["type"] == "http" and scope["method"] != "POST":
+            headers = dict(scope.get("headers") or [])
+            length = headers.get(b"content-length", b"0")
+            chunked = b"chunked" in headers.get(b"transfer-encoding", b"")
+            if chunked or (length.isdigit() and int(length) > 0):
+                scope = dict(scope, method="POST")
+        await app(scope, receive, send)
+
+    return lenient
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("port", type=int)
     parser.add_argument("--stateless", action="store_true")
     parser.add_argument("--json-response", action="store_true")
     parser.add_argument("--no-health", action="store_true")
+    parser.add_argument("--gzip", action="store_true")
+    parser.add_argument("--any-method", action="store_true")
     args = parser.parse_args()
     if not args.no_health:
         server.custom_route("/health", methods=["GET"])(health)
@@ -77,6 +111,12 @@ def main() -> None:
         # Behind the gateway the Host header is Envoy's listener, not this server's address.
         host="0.0.0.0",
     )
+    if args.gzip:
+        from starlette.middleware.gzip import GZipMiddleware
+
+        app = GZipMiddleware(app, minimum_size=0)
+    if args.any_method:
+        app = any_method_as_post(app)
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
 
 

@@ -66,6 +66,11 @@ pub async fn inject(State(lab): State<Arc<LabState>>, request: Request, next: Ne
     if lab.mcp_wedged() {
         return park(&lab, reset).await;
     }
+    if lab.listing_unreadable() {
+        if let Some(list_id) = jsonrpc::request_id(&bytes, "tools/list") {
+            return unreadable_listing(&list_id, &lab.tools);
+        }
+    }
     let request = Request::from_parts(parts, Body::from(bytes));
     if tools.is_empty() {
         return next.run(request).await;
@@ -143,6 +148,24 @@ pub async fn inject(State(lab): State<Arc<LabState>>, request: Request, next: Ne
             next.run(request).await
         }
     }
+}
+
+/// A `tools/list` answer on an SSE stream whose result has `tools` twice: every tool first,
+/// none second. Readers disagree on which counts, so a strict one cannot read it.
+fn unreadable_listing(id: &str, tools: &[String]) -> Response {
+    let listed: Vec<String> = tools
+        .iter()
+        .map(|t| format!(r#"{{"name":"{t}","inputSchema":{{"type":"object"}}}}"#))
+        .collect();
+    let message = format!(
+        r#"{{"jsonrpc":"2.0","id":{id},"result":{{"tools":[{}],"tools":[]}}}}"#,
+        listed.join(",")
+    );
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .body(Body::from(format!("event: message\ndata: {message}\n\n")))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
 }
 
 /// The connection's reset handle, which `http::serve`'s listener puts on every request.

@@ -28,6 +28,15 @@ pub fn call_id(body: &[u8]) -> Option<String> {
     Some(first.get("id")?.to_string())
 }
 
+/// The id (as JSON) of a single request in `body` that calls `method`.
+pub fn request_id(body: &[u8], method: &str) -> Option<String> {
+    let message = serde_json::from_slice::<Value>(body).ok()?;
+    if message.get("method").and_then(Value::as_str) != Some(method) {
+        return None;
+    }
+    Some(message.get("id")?.to_string())
+}
+
 /// How many requests (with an `id`) in `body` call `method`: a single message
 /// or a batch. The lab counts `initialize`s with it, so a test can see how
 /// many sessions a prober tried to open.

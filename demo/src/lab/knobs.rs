@@ -11,7 +11,8 @@ pub const DEFAULT_TOOLS: &str = "read_order,write_order,echo";
 /// Upper bound for any injected latency, so a typo cannot park a test for hours.
 pub const MAX_LATENCY_MS: u64 = 600_000;
 
-const KNOWN_KNOBS: &str = "latency_ms, tool_latency_ms, fail, fail_rate, health_fail, mcp_wedged";
+const KNOWN_KNOBS: &str =
+    "latency_ms, tool_latency_ms, fail, fail_rate, health_fail, mcp_wedged, listing_unreadable";
 
 /// What a call to a tool does instead of answering normally.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -161,6 +162,10 @@ pub struct Knobs {
     /// only a probe in MCP's own terms can see. A request parked while wedged
     /// stays parked (until its client gives up) after the knob is cleared.
     pub mcp_wedged: bool,
+    /// `tools/list` is answered on an SSE stream with a listing no strict reader can read
+    /// (its `tools` member twice, the first with every tool): a lenient client shows one of
+    /// them, so a gateway that must filter the listing must not pass it on.
+    pub listing_unreadable: bool,
 }
 
 impl Knobs {
@@ -176,6 +181,7 @@ impl Knobs {
             fail_rate: 1.0,
             health_fail: false,
             mcp_wedged: false,
+            listing_unreadable: false,
         }
     }
 
@@ -288,6 +294,14 @@ impl Knobs {
                         return refuse(format!("mcp_wedged: expected true or false, got {value}"));
                     };
                     next.mcp_wedged = flag;
+                }
+                "listing_unreadable" => {
+                    let Some(flag) = value.as_bool() else {
+                        return refuse(format!(
+                            "listing_unreadable: expected true or false, got {value}"
+                        ));
+                    };
+                    next.listing_unreadable = flag;
                 }
                 unknown => {
                     return refuse(format!("unknown knob '{unknown}' (known: {KNOWN_KNOBS})"))

@@ -117,6 +117,10 @@ impl LabState {
         lock(&self.knobs).mcp_wedged
     }
 
+    pub fn listing_unreadable(&self) -> bool {
+        lock(&self.knobs).listing_unreadable
+    }
+
     pub fn latency_for(&self, tool: &str) -> Duration {
         lock(&self.knobs).latency_for(tool)
     }
