@@ -54,6 +54,18 @@ pub const RESPONSES_UNREAD: &str = "toolgate.responses.unread";
 /// (which answers for itself) with no breaker, counted here.
 pub const CALLS_UNLISTED: &str = "toolgate.calls.unlisted";
 
+/// Configurations this filter refused (it judges with the last one it accepted, or refuses
+/// calls when it has none).
+pub const CONFIG_REJECTED: &str = "toolgate.filter_config_rejected";
+/// The gateway's counters defined when a configuration is taken.
+const GATEWAY_COUNTERS: [&str; 5] = [
+    TOOLS_LIST_ANNOTATED,
+    TOOLS_LIST_UNREAD,
+    RESPONSES_UNREAD,
+    CALLS_UNLISTED,
+    CONFIG_REJECTED,
+];
+
 /// Values of the `state` gauge: what the gateway does with a call now.
 pub const STATE_CLOSED: u64 = 0;
 pub const STATE_OPEN: u64 = 1;
@@ -282,17 +294,27 @@ impl<H: MetricHost> Stats<H> {
 
     /// Counts one of the gateway's own counters (`name`, a constant of this module).
     pub fn count(&mut self, name: &'static str) {
-        let id = match self.counters.get(name) {
-            Some(&id) => id,
-            None => {
-                let Some(id) = self.host.define(MetricKind::Counter, name) else {
-                    return;
-                };
-                self.counters.insert(name, id);
-                id
-            }
-        };
-        self.host.increment(id, 1);
+        if let Some(id) = self.counter(name) {
+            self.host.increment(id, 1);
+        }
+    }
+
+    /// Defines the gateway's own counters that alerts watch, so each is a series at 0 from
+    /// the start (an alert on its increase then fires on the first event, and no request
+    /// makes a new series appear).
+    pub fn define_gateway_counters(&mut self) {
+        for name in GATEWAY_COUNTERS {
+            let _ = self.counter(name);
+        }
+    }
+
+    fn counter(&mut self, name: &'static str) -> Option<u32> {
+        if let Some(&id) = self.counters.get(name) {
+            return Some(id);
+        }
+        let id = self.host.define(MetricKind::Counter, name)?;
+        self.counters.insert(name, id);
+        Some(id)
     }
 
     /// Counts a counter named at run time. Bounded like the per-tool stats: past

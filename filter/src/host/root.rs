@@ -20,13 +20,12 @@ use crate::call::{transition_line, Shared};
 use crate::feedback::{self, Answer, Batch, Delivery};
 use crate::fleet;
 use crate::keeper::{Keeper, Taken};
+use crate::stats::CONFIG_REJECTED;
 
 /// How often pending success counts are merged into shared data.
 const TICK: Duration = Duration::from_millis(100);
 /// A configuration-status report toolgate-xds did not acknowledge is sent again this often.
 const STATUS_RESEND_MS: u64 = 5_000;
-/// The gateway counter of configurations this VM refused (`wasmcustom.` before it in Envoy).
-pub(super) const CONFIG_REJECTED: &str = "toolgate.filter_config_rejected";
 
 thread_local! {
     /// One per VM (a wasm VM runs on one thread): every root context Envoy makes for a new
@@ -316,8 +315,12 @@ impl RootContext for Root {
             }
             None => self.shared.borrow_mut().unconfigured = true,
         }
-        if !matches!(taken, Taken::Applied(_)) {
-            self.shared.borrow_mut().stats.count(CONFIG_REJECTED);
+        {
+            let mut shared = self.shared.borrow_mut();
+            shared.stats.define_gateway_counters();
+            if !matches!(taken, Taken::Applied(_)) {
+                shared.stats.count(CONFIG_REJECTED);
+            }
         }
         let served_to = self.shared.borrow().config.gateway.clone();
         if !served_to.is_empty() {
