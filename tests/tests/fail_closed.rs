@@ -684,3 +684,133 @@ async fn a_tool_the_gateway_holds_no_state_for_is_answered_by_its_server() {
         r.body
     );
 }
+
+/// A filter configuration the filter refuses (here: a newer toolgate-xds's value an older
+/// filter does not accept, made with toolgate-xds's `TOOLGATE_FAILPOINT_SKEW_FILTER_CONFIG`,
+/// since toolgate-xds itself never sends one) never leaves the gateway judging nothing: the
+/// filter keeps the last configuration it accepted (the operator's force-open holds), counts
+/// and reports the refusal, and a filter that never accepted one refuses every call in MCP.
+#[tokio::test]
+async fn a_refused_filter_configuration_keeps_the_last_good_one() {
+    use toolgate_tests::{Envoy, Etcd, Xds};
+    let env = TestEnv::new("a_refused_filter_configuration_keeps_the_last_good_one");
+    let skew = env.dir().join("skew.json");
+    let etcd = Etcd::start(&env).await;
+    let skew_path = skew.display().to_string();
+    let xds = Xds::start_with_env(
+        &env,
+        "xds",
+        &etcd.endpoint(),
+        &["--admin-token-env", "TOOLGATE_TEST_ADMIN_TOKEN"],
+        &[
+            ("TOOLGATE_TEST_ADMIN_TOKEN", ADMIN_TOKEN),
+            ("TOOLGATE_FAILPOINT_SKEW_FILTER_CONFIG", &skew_path),
+        ],
+    )
+    .await;
+    let envoy = Envoy::start_with_filter(&env, "envoy", &xds, 2, &[]).await;
+    let stack = Stack { etcd, xds, envoy };
+    let m = Member::python(
+        &env,
+        &stack.etcd.endpoint(),
+        "orders",
+        "orders-1",
+        &["--stateless", "--json-response"],
+        TTL,
+    )
+    .await;
+    stack.routes("orders", &[&m]).await;
+    stack
+        .force("orders", "write_order", "force_open", "frozen for the audit")
+        .await;
+    let forced = |r: &Reply| r.breaker_state().as_deref() == Some("forced_open");
+    let mut s = McpSession::unconnected(&stack.url("orders"));
+    assert!(forced(&s.call_tool("write_order", json!({})).await));
+
+    // From now on every configuration toolgate-xds sends carries a value this filter refuses.
+    std::fs::write(&skew, r#"{"max_body_bytes": 0}"#).expect("write the skew");
+    stack
+        .put("/mcp/policies/orders", r#"{"min_calls": 7}"#)
+        .await;
+    stack
+        .wait_filter_config("the refused configuration", |c| c["max_body_bytes"] == 0)
+        .await;
+    wait_until(
+        "the filter counted the refusal",
+        Duration::from_secs(20),
+        || async {
+            stack
+                .envoy
+                .prometheus()
+                .await
+                .lines()
+                .any(|l| l.starts_with("toolgate_filter_config_rejected") && !l.ends_with(" 0"))
+        },
+    )
+    .await;
+    for _ in 0..5 {
+        let r = s.call_tool("write_order", json!({})).await;
+        assert!(forced(&r), "still forced open: {}", r.body);
+    }
+    assert_eq!(m.server.calls("write_order").await, 0, "the tool never ran");
+    // toolgate-xds shows the Envoy as refusing its configuration.
+    let envoys = || async {
+        reqwest::Client::new()
+            .get(format!("{}/v1/envoys", stack.xds.admin_url()))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .expect("/v1/envoys")
+            .json::<Value>()
+            .await
+            .unwrap_or(Value::Null)
+    };
+    wait_until(
+        "/v1/envoys shows the refusal",
+        Duration::from_secs(20),
+        || async { envoys().await.to_string().contains("rejected") },
+    )
+    .await;
+
+    // An Envoy that never got a configuration its filter accepts refuses every call, in MCP.
+    let fresh = Envoy::start_with_filter(&env, "envoy-fresh", &stack.xds, 1, &[]).await;
+    wait_until(
+        "the fresh Envoy routes orders",
+        Duration::from_secs(20),
+        || async { !fresh.addresses("orders").await.is_empty() },
+    )
+    .await;
+    let mut s2 = McpSession::unconnected(&fresh.url("orders"));
+    let r = s2.call_tool("read_order", json!({})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert_eq!(
+        r.breaker_state().as_deref(),
+        Some("unconfigured"),
+        "{}",
+        r.body
+    );
+    assert_eq!(m.server.calls("read_order").await, 0, "nothing ran unjudged");
+
+    // The skew gone, the next configuration is taken and the Envoy shows healthy again.
+    std::fs::remove_file(&skew).expect("remove the skew");
+    stack
+        .put("/mcp/policies/orders", r#"{"min_calls": 8}"#)
+        .await;
+    wait_until(
+        "a call is judged on the fresh Envoy",
+        Duration::from_secs(20),
+        || async {
+            let r = McpSession::unconnected(&fresh.url("orders"))
+                .call_tool("read_order", json!({}))
+                .await;
+            r.text().contains("order o-1")
+        },
+    )
+    .await;
+    wait_until(
+        "/v1/envoys shows the Envoys accept their configuration again",
+        Duration::from_secs(20),
+        || async { !envoys().await.to_string().contains("rejected") },
+    )
+    .await;
+}
