@@ -1,8 +1,9 @@
 //! A service whose only instance left keeps its tool definitions: `/mcp` on a real Envoy with
 //! the filter still lists the definition the catalog read (description, inputSchema), annotated
-//! `no_instance`, and `/v1/catalog` keeps the service with its state. When an instance is back,
-//! the annotation goes and the state is `serving` again. Real etcd, toolgate-xds, Envoy, the
-//! demo's finance server under toolgate-register.
+//! `no_instance`, `/v1/catalog` keeps the service with its state, and a call gets a tool result
+//! saying no server can take it. When an instance is back, the annotation goes and the state
+//! is `serving` again. Real etcd, toolgate-xds, Envoy, the demo's finance server under
+//! toolgate-register.
 
 use std::time::Duration;
 
@@ -128,6 +129,14 @@ async fn a_service_without_instances_keeps_its_definitions_on_mcp_and_in_the_cat
     assert_eq!(entry["tools"][0]["inputSchema"], read["inputSchema"]);
     let still = listed(&url).await.expect("still listed");
     assert_eq!(still["inputSchema"], read["inputSchema"], "{still}");
+    // A call meanwhile: a tool result saying no server can take it, in MCP.
+    let mut s = McpSession::connect(&url).await;
+    let r = s
+        .call_tool(TOOL, serde_json::json!({"amount": 1, "region": "de"}))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert_eq!(r.result().map(|v| &v["isError"]), Some(&Value::Bool(true)));
+    assert!(r.text().contains("no healthy server"), "{}", r.body);
 
     // An instance is back: serving again, the annotation gone.
     let _second = registrar(&stack, &server).spawn(&env, "fin-1.registrar-2");
