@@ -266,7 +266,7 @@ pub fn render(visible: &str, def: Option<&Value>, avail: Option<&Availability>) 
         _ => {
             let no_instance = avail.is_some_and(|a| a.why == Unavailable::NoInstance);
             let description = if no_instance {
-                "toolgate has not read the definition of this tool yet; it reads it from its \
+                "The definition of this tool is not available yet; toolgate reads it from its \
                  server once the service has a healthy instance."
             } else {
                 "The definition of this tool is not available yet; toolgate reads it from its \
@@ -430,7 +430,8 @@ mod tests {
         );
         let d = l.tools[0].1["description"].as_str().unwrap_or("");
         assert!(
-            d.starts_with("toolgate has not read the definition of this tool yet")
+            d.contains("not available yet")
+                && d.contains("once the service has a healthy")
                 && !d.contains("shortly"),
             "never read, and nothing to read it from: {d}"
         );
