@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # make demo: etcd, toolgate-xds, Envoy and three sample MCP services (two instances each, each
-# under toolgate-register), all on 127.0.0.1. Ctrl-C stops everything.
+# under toolgate-register, which restarts a crashed server), all on 127.0.0.1. Ctrl-C stops
+# everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-BIN=target/release
+# Absolute, so the commands the banner prints work from any directory.
+BIN=$PWD/target/release
 TOOLS=.venv/toolgate-bin
 RUN=.toolgate/demo
 ETCD_PORT=${ETCD_PORT:-23790}
@@ -55,11 +57,14 @@ start toolgate-xds "$BIN/toolgate-xds" serve --etcd "$ETCD" \
   --admin-token-file "$TOKEN_FILE"
 wait_http "http://127.0.0.1:$ADMIN_PORT/healthz" toolgate-xds
 
+# --restart on-failure is the default: a crashed server is deregistered at once and started
+# again. The 5 s delay (jittered down to 2.5 s) leaves the breaker exercise below the time to
+# show the breaker opening before the servers are back.
 port=9101
 for svc in inventory finance code; do
   for n in 1 2; do
     start "$svc-$n" "$BIN/toolgate-register" --etcd "$ETCD" --service "$svc" \
-      --endpoint "127.0.0.1:$port" --instance-id "$svc-$n" \
+      --endpoint "127.0.0.1:$port" --instance-id "$svc-$n" --restart-delay 5s \
       --tools "$(case $svc in inventory) echo query_inventory_db,query_cached_inventory;; finance) echo tax_calc;; code) echo ast_parse;; esac)" \
       -- "$BIN/toolgate-demo" --service "$svc" --listen "127.0.0.1:$port" --instance-id "$svc-$n"
     port=$((port+1))
@@ -80,23 +85,33 @@ done
 cat <<EOT
 
 toolgate demo is running (Ctrl-C stops it):
-  console        http://127.0.0.1:$ADMIN_PORT/ui/   (admin token: $TOKEN_FILE)
-  gateway        http://127.0.0.1:$GATEWAY_PORT/mcp/inventory
+  MCP (one URL)  http://127.0.0.1:$GATEWAY_PORT/mcp   every tool of every service, for your agent
+  per service    http://127.0.0.1:$GATEWAY_PORT/mcp/inventory
                  http://127.0.0.1:$GATEWAY_PORT/mcp/finance
                  http://127.0.0.1:$GATEWAY_PORT/mcp/code
+  etcd           $ETCD
+  console        http://127.0.0.1:$ADMIN_PORT/ui/   (admin token: $TOKEN_FILE)
   registry       http://127.0.0.1:$ADMIN_PORT/v1/registry
   metrics        http://127.0.0.1:$ADMIN_PORT/metrics
   envoy admin    http://127.0.0.1:$ENVOY_ADMIN_PORT/clusters
   logs           $RUN/logs/
 
 Call a tool through the gateway (initialize, then tools/call):
-  scripts/mcp-call.sh http://127.0.0.1:$GATEWAY_PORT/mcp/finance tax_calc '{"amount":100,"region":"de"}'
+  scripts/mcp-call.sh http://127.0.0.1:$GATEWAY_PORT/mcp finance__tax_calc '{"amount":100,"region":"de"}'
 
-See a breaker work: stop both finance servers, then call tax_calc again. The first calls come
-back as tool results explaining the failure; after 10 the breaker opens and the gateway answers
-at once, telling the model not to retry for a while:
-  pkill -f 'toolgate-demo --service finance'
-  for i in \$(seq 12); do scripts/mcp-call.sh http://127.0.0.1:$GATEWAY_PORT/mcp/finance tax_calc '{"amount":1,"region":"de"}'; done
+Put another MCP server behind the demo: run it under toolgate-register, which registers it in
+etcd once it answers (its tools listed over MCP) and restarts it if it crashes. For example a
+lab server, whose tools then appear on /mcp as lab__echo, lab__read_order, lab__write_order:
+  $BIN/toolgate-register --etcd $ETCD --service lab --endpoint 127.0.0.1:9201 -- $BIN/toolgate-lab --listen 127.0.0.1:9201
+Any MCP server that speaks Streamable HTTP joins the same way: its address after --endpoint,
+its own command after --.
+
+See a breaker work: crash both finance servers (SIGKILL), then call tax_calc at once. The first
+calls come back as tool results explaining the failure; after 10 the breaker opens and the
+gateway answers at once, telling the model not to retry for a while. Meanwhile their
+registrars restart the servers (2.5-5 s later) and register them again; once the breaker's
+open time is over, calls reach them again:
+  pkill -KILL -f '^$BIN/toolgate-demo --service finance'; for i in \$(seq 12); do scripts/mcp-call.sh http://127.0.0.1:$GATEWAY_PORT/mcp/finance tax_calc '{"amount":1,"region":"de"}'; done
 
 The fleet as an operator sees it, and a tool cut by hand (everywhere, until lifted):
   $BIN/toolgate-xds status --admin http://127.0.0.1:$ADMIN_PORT

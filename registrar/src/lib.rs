@@ -22,6 +22,7 @@ mod keepalive;
 pub mod liveness;
 pub mod probe_kind;
 pub mod ready;
+pub mod restart;
 pub mod tools;
 
 pub use config::{Registrar, MIN_TTL_SECS};

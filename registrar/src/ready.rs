@@ -31,6 +31,9 @@ pub enum Readiness {
     /// Deregistered because the server refuses connections (crashed or stopped beside a
     /// registrar that runs on); registered again once it accepts them and passes its probe.
     ServerGone { why: String },
+    /// Deregistered because the wrapped server exited; it is started again (`--restart`,
+    /// restart `nth` in a row) and registered once it passes its probe.
+    Restarting { exited: String, nth: u32 },
 }
 
 impl Readiness {
@@ -70,6 +73,10 @@ impl Readiness {
             Readiness::ServerGone { why } => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 json!({"state": "server_gone", "why": why}),
+            ),
+            Readiness::Restarting { exited, nth } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                json!({"state": "restarting", "exited": exited, "restart": nth}),
             ),
         }
     }
@@ -120,5 +127,12 @@ mod tests {
         };
         assert_eq!(gone.answer().0, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(gone.answer().1["state"], "server_gone");
+        let restarting = Readiness::Restarting {
+            exited: "signal: 9 (SIGKILL)".into(),
+            nth: 2,
+        };
+        assert_eq!(restarting.answer().0, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(restarting.answer().1["state"], "restarting");
+        assert_eq!(restarting.answer().1["restart"], 2);
     }
 }

@@ -1,12 +1,18 @@
-//! toolgate-register against a real etcd: join, leave, crash, etcd outages, child supervision,
-//! bad input.
+//! toolgate-register against a real etcd: join, leave, crash, etcd outages, child supervision
+//! (restarts of a crashed server, routed again through a real Envoy; a crash loop), bad input.
 
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, EventType, GetOptions, WatchOptions};
 use nix::sys::signal::Signal;
+use nix::unistd::Pid;
+use reqwest::StatusCode;
+use serde_json::json;
 use toolgate_model::InstanceMetadata;
-use toolgate_tests::{free_port, project_bin, wait_until, Etcd, FaultProxy, Registrant, TestEnv};
+use toolgate_tests::{
+    free_port, project_bin, wait_until, Etcd, FaultProxy, McpSession, Registrant, ServerCommand,
+    Stack, TestEnv,
+};
 
 const KEY: &str = "/mcp/services/inventory/inv-1";
 
@@ -238,8 +244,10 @@ async fn child_exit_revokes_and_passes_the_exit_code_on() {
     let env = TestEnv::new("child_exit_revokes_and_passes_the_exit_code_on");
     let etcd = Etcd::start(&env).await;
     let mut client = etcd.client().await;
+    // `--restart never`: the registrar's life is the server's, as under a pod's restart policy.
     let mut reg = registrant(&etcd.endpoint(), "127.0.0.1:9100", 10)
         .arg("--wait-healthy", "false")
+        .arg("--restart", "never")
         .child(
             std::path::Path::new("/bin/sh"),
             &["-c".into(), "sleep 1.5; exit 7".into()],
@@ -608,4 +616,182 @@ async fn a_sidecar_deregisters_a_crashed_server_at_once_and_registers_it_again_w
     registrar.signal(Signal::SIGTERM);
     assert!(registrar.wait_exit(Duration::from_secs(10)).await.is_some());
     assert!(!key_exists(&mut client, KEY).await);
+}
+
+/// The processes `pid` started (its children, from every thread).
+fn children(pid: i32) -> Vec<i32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|c| {
+            c.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<i32>>()
+        })
+        .collect()
+}
+
+/// One `tools/call` of `echo` through the gateway's route of `orders`: the server's own answer.
+async fn call_succeeds(url: &str) -> bool {
+    let mut s = McpSession::unconnected(url);
+    if s.initialize().await.status != StatusCode::OK {
+        return false;
+    }
+    let r = s.call_tool("echo", json!({"n": 1})).await;
+    r.status == StatusCode::OK && r.breaker_state().is_none() && r.result().is_some()
+}
+
+#[tokio::test]
+async fn a_killed_wrapped_server_is_restarted_deregistered_meanwhile_and_routed_again() {
+    let env = TestEnv::new("registrar_restart_after_sigkill");
+    let stack = Stack::start(&env).await;
+    let mut client = stack.etcd.client().await;
+    let key = "/mcp/services/orders/lab-1";
+    let lab = ServerCommand::lab(free_port(), "lab-1", &[]);
+    let endpoint = lab.endpoint();
+    let mut registrar = Registrant::new(&stack.etcd.endpoint(), "orders", &endpoint)
+        .arg("--instance-id", "lab-1")
+        .arg("--tools", "read_order,write_order,echo")
+        .arg("--ttl", "10")
+        .server(&lab)
+        .spawn(&env, "registrar");
+    stack
+        .wait_healthy_addresses(
+            "orders",
+            std::slice::from_ref(&endpoint),
+            Duration::from_secs(30),
+        )
+        .await;
+    let url = stack.url("orders");
+    assert!(
+        call_succeeds(&url).await,
+        "a call through Envoy before the kill"
+    );
+    let first_lease = lease_of(&mut client, key).await.expect("registered");
+    let first = children(registrar.pid());
+    assert_eq!(first.len(), 1, "the registrar runs one child: {first:?}");
+
+    // SIGKILL of the server alone: the registrar revokes at once (the lease would live 10 s).
+    let deleted = watch_delete(&mut client, key).await;
+    let killed = Instant::now();
+    nix::sys::signal::kill(Pid::from_raw(first[0]), Signal::SIGKILL).expect("kill the server");
+    let seen = tokio::time::timeout(Duration::from_secs(3), deleted)
+        .await
+        .unwrap_or_else(|_| {
+            env.print_failure_logs();
+            panic!("the key outlived its killed server by 3 s")
+        })
+        .expect("watch task");
+    println!(
+        "server SIGKILL -> deregistered: {} ms",
+        seen.duration_since(killed).as_millis()
+    );
+    // Envoy stops routing to it meanwhile (the restart waits at least half a second).
+    wait_until(
+        "Envoy routes orders nowhere while the server restarts",
+        Duration::from_millis(500),
+        || async { stack.healthy("orders").await.is_empty() },
+    )
+    .await;
+
+    // Restarted (a new process), registered again under a new lease, routed, and answering.
+    let (lease, took) = toolgate_tests::wait_for(
+        "the restarted server is registered again",
+        Duration::from_secs(20),
+        || {
+            let mut c = client.clone();
+            async move { lease_of(&mut c, key).await.filter(|l| *l != first_lease) }
+        },
+    )
+    .await;
+    println!(
+        "deregistered -> registered again (lease {lease:x}): {} ms",
+        took.as_millis()
+    );
+    assert!(registrar.is_running(), "the registrar lives on");
+    let again = children(registrar.pid());
+    assert_eq!(again.len(), 1, "{again:?}");
+    assert_ne!(again, first, "a new server process");
+    stack
+        .wait_healthy_addresses(
+            "orders",
+            std::slice::from_ref(&endpoint),
+            Duration::from_secs(20),
+        )
+        .await;
+    wait_until(
+        "a call through Envoy succeeds on the restarted server",
+        Duration::from_secs(10),
+        || call_succeeds(&url),
+    )
+    .await;
+    let log = registrar.log();
+    assert!(log.contains("restarting the server"), "{log}");
+
+    // SIGTERM to the registrar still ends both, deregistered, with no restart.
+    registrar.signal(Signal::SIGTERM);
+    let status = registrar
+        .wait_exit(Duration::from_secs(10))
+        .await
+        .expect("the registrar exits on SIGTERM");
+    assert!(status.success(), "the lab exits 0 on SIGTERM: {status}");
+    assert!(!key_exists(&mut client, key).await);
+    assert!(
+        reqwest::get(format!("http://{endpoint}/health"))
+            .await
+            .is_err(),
+        "the server was stopped, not restarted"
+    );
+}
+
+#[tokio::test]
+async fn a_crash_loop_ends_the_registrar_after_the_limit() {
+    let env = TestEnv::new("registrar_crash_loop");
+    let etcd = Etcd::start(&env).await;
+    let mut client = etcd.client().await;
+    let starts = env.path("starts.txt");
+    let started = Instant::now();
+    let mut reg = registrant(&etcd.endpoint(), &format!("127.0.0.1:{}", free_port()), 10)
+        .arg("--restart-limit", "2")
+        .arg("--restart-delay", "200ms")
+        .child(
+            std::path::Path::new("/bin/sh"),
+            &[
+                "-c".into(),
+                format!("echo start >> {}; exit 1", starts.display()),
+            ],
+        )
+        .spawn(&env, "registrar");
+    let status = reg
+        .wait_exit(Duration::from_secs(20))
+        .await
+        .unwrap_or_else(|| {
+            env.print_failure_logs();
+            panic!("the registrar still runs its crash-looping server after 20 s")
+        });
+    println!(
+        "crash loop -> the registrar gave up after {} ms",
+        started.elapsed().as_millis()
+    );
+    assert_eq!(
+        status.code(),
+        Some(1),
+        "non-zero, the server's code: {status}"
+    );
+    let runs = std::fs::read_to_string(&starts).unwrap_or_default();
+    assert_eq!(
+        runs.lines().count(),
+        3,
+        "the first start and 2 restarts: {runs:?}"
+    );
+    let log = reg.log();
+    assert!(
+        log.contains("giving up: the server exited 3 times in a row")
+            && log.contains("--restart-limit"),
+        "{log}"
+    );
+    assert!(!key_exists(&mut client, KEY).await, "never registered");
 }

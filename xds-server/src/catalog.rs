@@ -8,6 +8,13 @@
 //! transition: a new service's definitions are read as soon as it has an UP instance), and
 //! once a second for the retries (etcd is not read); it talks to instances only when probes
 //! are on, as `--no-probes` promises that toolgate-xds contacts no instance.
+//!
+//! A service keeps its entry while it has no instance that takes calls, also after its last
+//! registration left: its definitions are the last read, and its state says `no_instance`.
+//! The entry lives as long as the registry knows the service (which keeps its cluster, its
+//! route and its tool names on the virtual servers until toolgate-xds restarts: a restarted
+//! one knows only what etcd has), so `/mcp` never lists a tool it once read without its
+//! definition. Each entry is bounded by the read: at most 2,000 tools (`ListLimits`).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock, RwLockReadGuard};
@@ -52,11 +59,65 @@ pub struct ServiceCatalog {
     pub warnings: Vec<String>,
     /// Reads failed in a row.
     pub failures: u32,
+    /// Whether the service can take calls now.
+    pub state: ServiceState,
+    /// The service's registrations now (0: every instance left; the entry stays).
+    pub instances: usize,
+    /// Since when no instance takes calls (RFC 3339); null while serving.
+    pub no_instance_since: Option<String>,
     #[serde(skip)]
     tried: Option<Instant>,
 }
 
+/// A service's state in the catalog, as `/mcp` annotates its tools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ServiceState {
+    /// An instance takes calls (UP, or UNHEALTHY at a reduced weight: Envoy still routes to it).
+    Serving,
+    /// None does (none registered, or none healthy): the definitions are the last read.
+    NoInstance,
+}
+
 impl ServiceCatalog {
+    fn new(presence: &Presence, now: SystemTime) -> Self {
+        let mut entry = ServiceCatalog {
+            registered: Vec::new(),
+            tools: Vec::new(),
+            from_instance: String::new(),
+            protocol_version: String::new(),
+            read_at: String::new(),
+            error: None,
+            warnings: Vec::new(),
+            failures: 0,
+            state: ServiceState::NoInstance,
+            instances: 0,
+            no_instance_since: None,
+            tried: None,
+        };
+        entry.observe(presence, now);
+        entry
+    }
+
+    /// Takes the service's state from the registry; `true` when it changed.
+    fn observe(&mut self, presence: &Presence, now: SystemTime) -> bool {
+        let (state, since) = if presence.serving {
+            (ServiceState::Serving, None)
+        } else if self.state == ServiceState::NoInstance && self.no_instance_since.is_some() {
+            (ServiceState::NoInstance, self.no_instance_since.clone())
+        } else {
+            let now = humantime::format_rfc3339_millis(now).to_string();
+            (ServiceState::NoInstance, Some(now))
+        };
+        let changed = self.state != state
+            || self.instances != presence.instances
+            || self.no_instance_since != since;
+        self.state = state;
+        self.instances = presence.instances;
+        self.no_instance_since = since;
+        changed
+    }
+
     fn retry_due(&self) -> bool {
         let wait = toolgate_model::backoff::ceiling(
             RETRY_AFTER,
@@ -103,6 +164,16 @@ impl Catalog {
     }
 }
 
+/// What the registry says of one service it knows.
+struct Presence {
+    /// Its registrations (instance keys in etcd).
+    instances: usize,
+    /// Whether one of them takes calls (UP or UNHEALTHY).
+    serving: bool,
+    /// What to read, while an instance is UP.
+    read: Option<Wanted>,
+}
+
 /// What a service needs read: the newest registration's tool list and where to read it.
 struct Wanted {
     service: String,
@@ -110,6 +181,8 @@ struct Wanted {
     instance: String,
     url: String,
     warnings: Vec<String>,
+    /// The service's registrations.
+    instances: usize,
 }
 
 /// Keeps the catalog in step with the registry until the process ends: a pass on every state
@@ -135,24 +208,33 @@ pub async fn run(
             }
             _ = every.tick() => {}
         }
-        let wanted = {
+        let present = {
             let reg = registry.read().unwrap_or_else(|p| p.into_inner());
-            wanted(&reg)
+            present(&reg)
         };
+        let now = SystemTime::now();
         let (due, gone): (Vec<Wanted>, Vec<String>) = {
             let mut services = catalog.services.write().unwrap_or_else(|p| p.into_inner());
+            // Only a service the registry forgot leaves the catalog; one without instances
+            // stays, with its last definitions.
             let gone: Vec<String> = services
                 .keys()
-                .filter(|s| !wanted.contains_key(*s))
+                .filter(|s| !present.contains_key(*s))
                 .cloned()
                 .collect();
-            if !gone.is_empty() {
-                services.retain(|s, _| wanted.contains_key(s));
+            let mut changed = !gone.is_empty();
+            services.retain(|s, _| present.contains_key(s));
+            for (service, entry) in services.iter_mut() {
+                if let Some(p) = present.get(service) {
+                    changed |= entry.observe(p, now);
+                }
+            }
+            if changed {
                 catalog.changed();
             }
-            let due = wanted
+            let due = present
                 .into_values()
-                .flatten()
+                .filter_map(|p| p.read)
                 .filter(|w| match services.get(&w.service) {
                     None => true,
                     Some(c) if c.registered != w.registered => true,
@@ -175,19 +257,18 @@ pub async fn run(
         for w in due {
             let read = read_tools(&http, &w, timeout).await;
             let mut services = catalog.services.write().unwrap_or_else(|p| p.into_inner());
-            let entry = services
-                .entry(w.service.clone())
-                .or_insert_with(|| ServiceCatalog {
-                    registered: Vec::new(),
-                    tools: Vec::new(),
-                    from_instance: String::new(),
-                    protocol_version: String::new(),
-                    read_at: String::new(),
-                    error: None,
-                    warnings: Vec::new(),
-                    failures: 0,
-                    tried: None,
-                });
+            // Read from an UP instance: serving, unless the registry said otherwise since (the
+            // next pass corrects it).
+            let entry = services.entry(w.service.clone()).or_insert_with(|| {
+                ServiceCatalog::new(
+                    &Presence {
+                        instances: w.instances,
+                        serving: true,
+                        read: None,
+                    },
+                    SystemTime::now(),
+                )
+            });
             if entry.registered != w.registered {
                 entry.failures = 0;
             }
@@ -264,10 +345,13 @@ fn legacy_revision(agreed: &str) -> Option<String> {
     (!agreed.is_empty() && agreed != STATELESS_REVISION).then(|| agreed.to_string())
 }
 
-/// Per service: what to read, or `None` while no instance is UP (nothing to read from yet,
-/// and the entry read before stays).
-fn wanted(reg: &Registry) -> BTreeMap<String, Option<Wanted>> {
-    let mut by_service: BTreeMap<String, Vec<(&str, &crate::registry::Instance)>> = BTreeMap::new();
+/// Every service the registry knows (also one whose instances all left), with what to read
+/// from it while an instance is UP (the entry read before stays meanwhile).
+fn present(reg: &Registry) -> BTreeMap<String, Presence> {
+    let mut by_service: BTreeMap<String, Vec<(&str, &crate::registry::Instance)>> = reg
+        .service_names()
+        .map(|s| (s.clone(), Vec::new()))
+        .collect();
     for (key, inst) in reg.instances() {
         by_service
             .entry(key.service.clone())
@@ -277,39 +361,50 @@ fn wanted(reg: &Registry) -> BTreeMap<String, Option<Wanted>> {
     by_service
         .into_iter()
         .map(|(service, instances)| {
-            let newest = instances.iter().max_by_key(|(_, i)| i.mod_revision);
-            let Some((newest_id, newest)) = newest else {
-                return (service, None);
-            };
-            let mut warnings = Vec::new();
-            let mut sorted_newest = newest.meta.tools.clone();
-            sorted_newest.sort();
-            for (id, inst) in &instances {
-                let mut theirs = inst.meta.tools.clone();
-                theirs.sort();
-                if theirs != sorted_newest {
-                    warnings.push(format!(
-                        "instances disagree on their tools: {id} registers {:?}, the newest \
-                         registration ({newest_id}) {:?}; the catalog shows the newest's",
-                        inst.meta.tools, newest.meta.tools
-                    ));
-                }
-            }
-            // Read from an UP instance with the newest list, else from any UP one.
-            let source = instances
+            let serving = instances
                 .iter()
-                .filter(|(_, i)| i.health.state() == State::Up)
-                .max_by_key(|(_, i)| (i.meta.tools == newest.meta.tools, i.mod_revision));
-            let wanted = source.map(|(id, inst)| Wanted {
-                service: service.clone(),
-                registered: newest.meta.tools.clone(),
-                instance: id.to_string(),
-                url: toolgate_probe::http::url(inst.addr(), &inst.meta.mcp_path),
-                warnings,
-            });
-            (service, wanted)
+                .any(|(_, i)| matches!(i.health.state(), State::Up | State::Unhealthy));
+            let read = wanted(&service, &instances);
+            let presence = Presence {
+                instances: instances.len(),
+                serving,
+                read,
+            };
+            (service, presence)
         })
         .collect()
+}
+
+/// What to read of one service, or `None` while no instance is UP (nothing to read from).
+fn wanted(service: &str, instances: &[(&str, &crate::registry::Instance)]) -> Option<Wanted> {
+    let (newest_id, newest) = instances.iter().max_by_key(|(_, i)| i.mod_revision)?;
+    let mut warnings = Vec::new();
+    let mut sorted_newest = newest.meta.tools.clone();
+    sorted_newest.sort();
+    for (id, inst) in instances {
+        let mut theirs = inst.meta.tools.clone();
+        theirs.sort();
+        if theirs != sorted_newest {
+            warnings.push(format!(
+                "instances disagree on their tools: {id} registers {:?}, the newest \
+                 registration ({newest_id}) {:?}; the catalog shows the newest's",
+                inst.meta.tools, newest.meta.tools
+            ));
+        }
+    }
+    // Read from an UP instance with the newest list, else from any UP one.
+    let (id, inst) = instances
+        .iter()
+        .filter(|(_, i)| i.health.state() == State::Up)
+        .max_by_key(|(_, i)| (i.meta.tools == newest.meta.tools, i.mod_revision))?;
+    Some(Wanted {
+        service: service.to_string(),
+        registered: newest.meta.tools.clone(),
+        instance: id.to_string(),
+        url: toolgate_probe::http::url(inst.addr(), &inst.meta.mcp_path),
+        warnings,
+        instances: instances.len(),
+    })
 }
 
 /// Lists the tools of one instance and keeps the definitions of the registered ones.
@@ -363,6 +458,70 @@ async fn read_tools(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use toolgate_model::KeyLayout;
+
+    fn serving(instances: usize) -> Presence {
+        Presence {
+            instances,
+            serving: true,
+            read: None,
+        }
+    }
+
+    fn without(instances: usize) -> Presence {
+        Presence {
+            instances,
+            serving: false,
+            read: None,
+        }
+    }
+
+    #[test]
+    fn a_service_whose_instances_left_is_still_present_with_nothing_to_read() {
+        let mut reg = Registry::new(KeyLayout::default());
+        reg.put(
+            "/mcp/services/fin/i-1",
+            br#"{"instance_id":"i-1","endpoint":"127.0.0.1:9002","tools":["pay"]}"#,
+            7,
+            3,
+            3,
+        )
+        .expect("fin");
+        let p = present(&reg);
+        assert_eq!(p["fin"].instances, 1);
+        // Without probes an instance is UP from its registration.
+        assert!(p["fin"].serving);
+        assert_eq!(p["fin"].read.as_ref().map(|w| w.instances), Some(1));
+        assert!(reg.delete("/mcp/services/fin/i-1"));
+        let p = present(&reg);
+        assert_eq!(p["fin"].instances, 0, "known, without instances");
+        assert!(!p["fin"].serving && p["fin"].read.is_none());
+    }
+
+    #[test]
+    fn the_state_follows_the_registry_and_remembers_since_when_nothing_serves() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let later = t0 + Duration::from_secs(60);
+        let mut c = ServiceCatalog::new(&serving(2), t0);
+        assert_eq!(c.state, ServiceState::Serving);
+        assert_eq!((c.instances, c.no_instance_since.as_deref()), (2, None));
+        assert!(!c.observe(&serving(2), later), "nothing changed");
+        assert!(c.observe(&without(1), t0));
+        assert_eq!(c.state, ServiceState::NoInstance);
+        let since = c.no_instance_since.clone();
+        assert_eq!(since.as_deref(), Some("2023-11-14T22:13:20.000Z"));
+        assert!(c.observe(&without(0), later), "the last one left");
+        assert_eq!(c.no_instance_since, since, "still since the first moment");
+        assert!(!c.observe(&without(0), later));
+        assert!(c.observe(&serving(1), later));
+        assert_eq!(
+            (c.state, c.no_instance_since.as_deref()),
+            (ServiceState::Serving, None)
+        );
+        let json = serde_json::to_value(&c).expect("json");
+        assert_eq!(json["state"], "serving");
+        assert!(json["no_instance_since"].is_null());
+    }
 
     #[test]
     fn only_a_server_without_2026_07_28_needs_a_held_session() {
@@ -373,17 +532,8 @@ mod tests {
 
     #[test]
     fn failed_reads_back_off_to_five_minutes() {
-        let mut c = ServiceCatalog {
-            registered: vec![],
-            tools: vec![],
-            from_instance: String::new(),
-            protocol_version: String::new(),
-            read_at: String::new(),
-            error: None,
-            warnings: vec![],
-            failures: 0,
-            tried: Some(Instant::now()),
-        };
+        let mut c = ServiceCatalog::new(&serving(1), SystemTime::now());
+        c.tried = Some(Instant::now());
         assert!(!c.retry_due(), "nothing to retry without an error");
         c.error = Some("tools/list: HTTP 404".into());
         c.failures = 1;

@@ -2,16 +2,17 @@
 //!
 //! With a command after `--` it runs the server as its child: registers once the child answers
 //! its probe (the health endpoint or the MCP endpoint, see `--probe`), revokes before passing
-//! SIGTERM on, and exits with the child's code. Without `--tools` it registers the tools the
-//! server lists and keeps that list current.
+//! SIGTERM on, and exits with the child's code. A child that exits on its own is deregistered
+//! at once and, as `--restart` says, started again and registered once it passes its probe.
+//! Without `--tools` it registers the tools the server lists and keeps that list current.
 
-use std::process::ExitCode;
+use std::process::{ExitCode, ExitStatus};
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
 use tokio::process::{Child, Command};
-use tokio::signal::unix::{signal, SignalKind};
+use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::{oneshot, watch};
 use toolgate_model::ProbeKind;
 use toolgate_probe::mcp::tools::{ListLimits, Listing};
@@ -19,6 +20,7 @@ use toolgate_probe::mcp::McpClient;
 use toolgate_registrar::liveness;
 use toolgate_registrar::probe_kind::{self, Requested, Target};
 use toolgate_registrar::ready::{self, Readiness};
+use toolgate_registrar::restart::{self, Decision, Restarts};
 use toolgate_registrar::tools::{self, Follower};
 use toolgate_registrar::{Endpoint, RegisterError, Registrar, Registration};
 use tracing::{error, info, warn};
@@ -108,6 +110,30 @@ struct Args {
     /// After passing SIGTERM to the child, how long to wait before SIGKILL.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     stop_timeout: Duration,
+    /// With a child: when to start it again after it exits on its own. on-failure: after a
+    /// non-zero exit or a death by signal (a server that exits 0 stopped on purpose); always:
+    /// after any exit; never: deregister and exit with the server's code. At the exit the
+    /// instance is deregistered at once; the restarted server is registered again once it
+    /// passes its probe, as at the first start. SIGTERM or SIGINT to the registrar stops the
+    /// server for good. Under Kubernetes use never, and let the pod's restartPolicy restart the
+    /// container.
+    #[arg(long, default_value = "on-failure")]
+    restart: restart::Policy,
+    /// Restarts allowed in a row: one more exit of a server that ran less than
+    /// --restart-window, and the registrar gives up and exits non-zero (a crash loop).
+    #[arg(long, default_value_t = 5)]
+    restart_limit: u32,
+    /// A server that ran this long before it exited starts a new row: the count and the delay
+    /// start over.
+    #[arg(long, default_value = "1m", value_parser = humantime::parse_duration)]
+    restart_window: Duration,
+    /// The delay before the first restart of a row, doubled for each further one up to
+    /// --restart-delay-max (each jittered down by up to half).
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    restart_delay: Duration,
+    /// The cap of the delay between restarts.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    restart_delay_max: Duration,
     /// The server to run as a child, after `--`.
     #[arg(last = true)]
     command: Vec<String>,
@@ -211,9 +237,22 @@ async fn run(args: Args) -> Result<ExitCode, Failure> {
     }
 
     let mut child = match args.command.split_first() {
-        Some((program, rest)) => Some(spawn_child(program, rest)?),
+        Some((program, rest)) => Some(
+            spawn_child(program, rest)
+                .map_err(|e| Failure::Usage(format!("cannot run {program:?}: {e}")))?,
+        ),
         None => None,
     };
+    let mut started = tokio::time::Instant::now();
+    let mut restarts = Restarts::new(
+        args.restart,
+        restart::Limits {
+            limit: args.restart_limit,
+            window: args.restart_window,
+            delay: args.restart_delay,
+            max_delay: args.restart_delay_max,
+        },
+    );
     let mut sigterm = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
 
@@ -239,8 +278,28 @@ async fn run(args: Args) -> Result<ExitCode, Failure> {
             Err(e) => {
                 if let Some(mut c) = child {
                     if let Ok(Some(status)) = c.try_wait() {
-                        error!(%status, error = %e, "server exited before it answered; not registering");
-                        return Ok(exit_code(status));
+                        error!(%status, error = %e, "server exited before it answered its probe");
+                        let _ = close_session(&mut mcp).await;
+                        let ran = started.elapsed();
+                        match after_exit(
+                            status,
+                            ran,
+                            &mut restarts,
+                            &args.command,
+                            &readiness,
+                            &mut sigterm,
+                            &mut sigint,
+                        )
+                        .await?
+                        {
+                            Next::Started(c) => {
+                                child = Some(c);
+                                started = tokio::time::Instant::now();
+                                mcp = target.mcp_client();
+                                continue;
+                            }
+                            Next::Exit(code) => return Ok(code),
+                        }
                     }
                     child = Some(c);
                 }
@@ -308,15 +367,40 @@ async fn run(args: Args) -> Result<ExitCode, Failure> {
 
         let code = match child.as_mut() {
             Some(c) => {
-                tokio::select! {
-                    status = c.wait() => {
-                        let status = status.context("waiting for the child")?;
-                        warn!(%status, "server exited; deregistering");
-                        stopping.run(false).await;
-                        return Ok(exit_code(status));
+                let exited = tokio::select! {
+                    status = c.wait() => Some(status.context("waiting for the child")?),
+                    _ = sigterm.recv() => {
+                        info!("SIGTERM: deregistering before stopping the server");
+                        None
                     }
-                    _ = sigterm.recv() => info!("SIGTERM: deregistering before stopping the server"),
-                    _ = sigint.recv() => info!("SIGINT: deregistering before stopping the server"),
+                    _ = sigint.recv() => {
+                        info!("SIGINT: deregistering before stopping the server");
+                        None
+                    }
+                };
+                if let Some(status) = exited {
+                    warn!(%status, "server exited; deregistering");
+                    stopping.run(false).await;
+                    let ran = started.elapsed();
+                    match after_exit(
+                        status,
+                        ran,
+                        &mut restarts,
+                        &args.command,
+                        &readiness,
+                        &mut sigterm,
+                        &mut sigint,
+                    )
+                    .await?
+                    {
+                        Next::Started(c) => {
+                            child = Some(c);
+                            started = tokio::time::Instant::now();
+                            mcp = target.mcp_client();
+                            continue;
+                        }
+                        Next::Exit(code) => return Ok(code),
+                    }
                 }
                 stopping.run(true).await;
                 stop_child(child, args.stop_timeout).await
@@ -578,7 +662,79 @@ async fn deregister(registration: Registration, readiness: &watch::Sender<Readin
     }
 }
 
-fn spawn_child(program: &str, args: &[String]) -> Result<Child, Failure> {
+/// What follows a child's exit on its own (its instance deregistered already).
+enum Next {
+    /// The server was started again: register it once it passes its probe.
+    Started(Child),
+    /// The registrar ends with this code.
+    Exit(ExitCode),
+}
+
+/// Starts the server again after its exit when `--restart` says so (after the backoff's delay,
+/// unless a signal ends the registrar meanwhile), or says what the registrar exits with.
+async fn after_exit(
+    status: ExitStatus,
+    ran: Duration,
+    restarts: &mut Restarts,
+    command: &[String],
+    readiness: &watch::Sender<Readiness>,
+    sigterm: &mut Signal,
+    sigint: &mut Signal,
+) -> Result<Next, Failure> {
+    let policy = restarts.policy();
+    match restarts.after_exit(!status.success(), ran, rand::random()) {
+        Decision::Exit => {
+            if policy != restart::Policy::Never && !status.success() {
+                info!(%status, "not restarting the server (--restart {policy})");
+            }
+            Ok(Next::Exit(exit_code(status)))
+        }
+        Decision::GiveUp { exits } => {
+            let limits = restarts.limits();
+            error!(%status,
+                "giving up: the server exited {exits} times in a row, each less than {} after it \
+                 started (--restart-window), and --restart-limit allows {} restarts; not starting \
+                 it again",
+                humantime::format_duration(limits.window), limits.limit);
+            readiness.send_replace(Readiness::Stopping);
+            Ok(Next::Exit(if status.success() {
+                ExitCode::FAILURE
+            } else {
+                exit_code(status)
+            }))
+        }
+        Decision::Restart { delay, nth } => {
+            warn!(%status, restart = nth, limit = restarts.limits().limit,
+                delay_ms = delay.as_millis() as u64,
+                "restarting the server (--restart {policy}); it is registered again once it \
+                 passes its probe");
+            readiness.send_replace(Readiness::Restarting {
+                exited: status.to_string(),
+                nth,
+            });
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                _ = sigterm.recv() => {
+                    info!("SIGTERM while the server waited to restart: exiting");
+                    return Ok(Next::Exit(ExitCode::SUCCESS));
+                }
+                _ = sigint.recv() => {
+                    info!("SIGINT while the server waited to restart: exiting");
+                    return Ok(Next::Exit(ExitCode::SUCCESS));
+                }
+            }
+            let (program, rest) = command
+                .split_first()
+                .ok_or_else(|| anyhow::anyhow!("no server command to restart"))?;
+            let child = spawn_child(program, rest)
+                .with_context(|| format!("restarting the server: cannot run {program:?}"))?;
+            info!(restart = nth, "server started again");
+            Ok(Next::Started(child))
+        }
+    }
+}
+
+fn spawn_child(program: &str, args: &[String]) -> std::io::Result<Child> {
     let mut cmd = Command::new(program);
     cmd.args(args)
         // Its own process group: a terminal's Ctrl-C reaches only us, so we can revoke first.
@@ -593,7 +749,6 @@ fn spawn_child(program: &str, args: &[String]) -> Result<Child, Failure> {
         });
     }
     cmd.spawn()
-        .map_err(|e| Failure::Usage(format!("cannot run {program:?}: {e}")))
 }
 
 /// Passes SIGTERM to the child, waits up to `timeout`, then SIGKILLs it; returns its exit code.

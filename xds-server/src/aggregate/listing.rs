@@ -257,17 +257,23 @@ impl<'a> Inputs<'a> {
     }
 }
 
-/// A tool as shown: its definition from the catalog under its visible name (a minimal valid
-/// one while the definition has not been read), with its availability.
+/// A tool as shown: its definition from the catalog under its visible name (the last one
+/// read, also while its service has no instance; a minimal valid one while none was ever
+/// read), with its availability.
 pub fn render(visible: &str, def: Option<&Value>, avail: Option<&Availability>) -> Value {
     let mut tool = match def {
         Some(Value::Object(m)) => m.clone(),
         _ => {
+            let no_instance = avail.is_some_and(|a| a.why == Unavailable::NoInstance);
+            let description = if no_instance {
+                "The definition of this tool is not available yet; toolgate reads it from its \
+                 server once the service has a healthy instance."
+            } else {
+                "The definition of this tool is not available yet; toolgate reads it from its \
+                 server shortly."
+            };
             let mut m = Map::new();
-            m.insert(
-                "description".into(),
-                json!("The definition of this tool is not available yet; toolgate reads it from its server shortly."),
-            );
+            m.insert("description".into(), json!(description));
             m
         }
     };
@@ -421,6 +427,13 @@ mod tests {
         assert_eq!(
             l.tools[0].1["_meta"][AVAILABILITY_KEY]["state"],
             "no_instance"
+        );
+        let d = l.tools[0].1["description"].as_str().unwrap_or("");
+        assert!(
+            d.contains("not available yet")
+                && d.contains("once the service has a healthy")
+                && !d.contains("shortly"),
+            "never read, and nothing to read it from: {d}"
         );
 
         let mut hiding = Inputs::read(&r, &cat, 0);

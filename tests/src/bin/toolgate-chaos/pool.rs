@@ -68,6 +68,9 @@ impl Pool {
             .arg("--tools", "read_order,write_order,echo")
             .arg("--ttl", &TTL_SECS.to_string())
             .arg("--stop-timeout", "5s")
+            // A pod: its platform, not the registrar, restarts what crashed (here: the run
+            // replaces the pod), so a crashed server ends its registrar.
+            .arg("--restart", "never")
             .child(&project_bin("toolgate-lab"), &lab)
             .spawn(env, &id);
         self.pods.insert(
