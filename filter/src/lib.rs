@@ -23,6 +23,7 @@ pub mod header_map;
 pub mod held_session;
 pub mod keeper;
 pub mod mcp;
+pub mod offline;
 pub mod session;
 pub mod stats;
 pub mod upstream;

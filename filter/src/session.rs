@@ -62,23 +62,23 @@ impl Sealer {
         if value.len() > MAX_VALUE_BYTES {
             return None;
         }
+        self.seal_as(PREFIX, &associated_data(service), value.as_bytes())
+    }
+
+    /// `plain` sealed under this key with a random nonce and `aad`, written as `prefix` and
+    /// base64url of nonce, ciphertext and tag: the format of `tgs1.` ids and of toolgate-xds's
+    /// `tgv1.` gateway sessions alike.
+    pub fn seal_as(&self, prefix: &str, aad: &[u8], plain: &[u8]) -> Option<String> {
         let mut nonce = [0u8; NONCE_BYTES];
         getrandom::fill(&mut nonce).ok()?;
-        let aad = associated_data(service);
         let sealed = self
             .cipher
-            .encrypt(
-                XNonce::from_slice(&nonce),
-                Payload {
-                    msg: value.as_bytes(),
-                    aad: &aad,
-                },
-            )
+            .encrypt(XNonce::from_slice(&nonce), Payload { msg: plain, aad })
             .ok()?;
         let mut raw = Vec::with_capacity(NONCE_BYTES + sealed.len());
         raw.extend_from_slice(&nonce);
         raw.extend_from_slice(&sealed);
-        Some(format!("{PREFIX}{}", URL_SAFE_NO_PAD.encode(raw)))
+        Some(format!("{prefix}{}", URL_SAFE_NO_PAD.encode(raw)))
     }
 
     /// The session id a sealed value carries; `None` for anything this key did not seal for

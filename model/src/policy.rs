@@ -402,6 +402,11 @@ pub struct FilterConfig {
     /// MCP path, so that no client can write what a server takes for a verified claim.
     #[serde(skip_serializing_if = "BTreeSet::is_empty")]
     pub claim_header_names: BTreeSet<String>,
+    /// What each virtual server lists (its tools as shown there, without availability
+    /// annotations), for the filter to answer `/mcp` and `/virtual/<name>` itself when no
+    /// toolgate-xds is reachable.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub offline_listings: BTreeMap<String, Vec<serde_json::Value>>,
 }
 
 /// A secret that never shows in a `Debug` print (configurations are logged and asserted on):
@@ -444,6 +449,7 @@ impl Default for FilterConfig {
             legacy_revisions: BTreeMap::new(),
             auth: None,
             claim_header_names: BTreeSet::new(),
+            offline_listings: BTreeMap::new(),
         }
     }
 }

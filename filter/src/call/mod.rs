@@ -53,10 +53,11 @@ use crate::mcp::request::{
 };
 use crate::mcp::response::{classify_response, is_client_fault, ResponseClass};
 use crate::mcp::sse::SseScanner;
+use crate::offline;
 use crate::session::{self, Sealer};
 use crate::stats::{
-    MetricHost, Stats, ToolMetrics, CALLS_UNLISTED, RESPONSES_UNREAD, TOOLS_LIST_ANNOTATED,
-    TOOLS_LIST_UNREAD,
+    MetricHost, Stats, ToolMetrics, CALLS_UNLISTED, OFFLINE_ANSWERS, RESPONSES_UNREAD,
+    TOOLS_LIST_ANNOTATED, TOOLS_LIST_UNREAD,
 };
 use crate::upstream::{verdict, Verdict};
 use toolgate_model::auth::{Caller, FilterAuth, Verdict as AuthVerdict, PAYLOAD_HEADER};
@@ -679,13 +680,17 @@ impl HeldCall {
     }
 }
 
-/// A POST to a virtual server's path.
+/// A request on a virtual server's path.
 struct OnVirtual {
     server: String,
     /// The query of the agent's path (`?` included), kept on the service's path.
     query: String,
     /// A `tools/call` sent to its service's route.
     routed: bool,
+    method: HttpMethod,
+    /// The body of a POST that goes to toolgate-xds, kept should no toolgate-xds answer
+    /// (see [`crate::offline`]).
+    body: Option<Vec<u8>>,
 }
 
 impl<S: SharedStore, M: MetricHost> Call<S, M> {
@@ -760,16 +765,18 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         let service = match target {
             Target::Service(service) => service,
             Target::Virtual { server, query } => {
+                self.on_virtual = Some(OnVirtual {
+                    server: server.to_string(),
+                    query: query.to_string(),
+                    routed: false,
+                    method,
+                    body: None,
+                });
                 // GET streams and DELETE are toolgate-xds's, with its own session ids: passed
                 // untouched, never unsealed.
                 if method != HttpMethod::Post {
                     return self.without_body(end_of_stream);
                 }
-                self.on_virtual = Some(OnVirtual {
-                    server: server.to_string(),
-                    query: query.to_string(),
-                    routed: false,
-                });
                 return self.hold_body(host, end_of_stream);
             }
         };
@@ -1404,6 +1411,13 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             };
             let reply = reply::header_mismatch(self.version, id, mismatch, self.framing);
             return self.answer(host, 400, &reply);
+        }
+        // What goes on to toolgate-xds (everything but a call) is kept, should no toolgate-xds
+        // answer it.
+        if let Some(on) = self.on_virtual.as_mut() {
+            if !matches!(&body, Body::Request(r) if r.method == TOOLS_CALL) {
+                on.body = Some(bytes.to_vec());
+            }
         }
         if self.sealing && self.on_virtual.is_none() {
             if let Body::Request(r) = &body {
@@ -2134,6 +2148,11 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         if let Some(action) = self.replay_lost_session(host) {
             return action;
         }
+        if self.on_virtual.as_ref().is_some_and(|v| !v.routed) {
+            if let Some(action) = self.control_plane_unreachable(host, end_of_stream) {
+                return action;
+            }
+        }
         // The filter asks servers for uncompressed answers; one compressed anyway cannot be
         // read, so it is neither judged nor edited: it passes as its headers say it is.
         let encoded = host
@@ -2271,6 +2290,99 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         replacing(host, "200", reply.content_type);
         self.watch = Watch::Replace(reply);
         Action::Continue
+    }
+
+    /// A request of the aggregate endpoint that no toolgate-xds answered (Envoy found none
+    /// healthy, or could not connect): answered here, in MCP, from the configuration (see
+    /// [`crate::offline`]), never with Envoy's plain-text 503. A toolgate-xds's own error
+    /// passes as it is.
+    fn control_plane_unreachable(
+        &mut self,
+        host: &impl CallHost,
+        end_of_stream: bool,
+    ) -> Option<Action> {
+        let status = host
+            .response_header(":status")
+            .and_then(|s| s.parse::<u16>().ok())
+            .unwrap_or(0);
+        if status < 500 {
+            return None;
+        }
+        let overloaded = host.response_header("x-envoy-overloaded").is_some();
+        let details = self.code_details(host);
+        match verdict(status, overloaded, &details) {
+            Verdict::Failed(UpstreamFailure::Http5xx(_)) => return None,
+            Verdict::Failed(_) | Verdict::Overloaded => {}
+            Verdict::Answered | Verdict::ClientError => return None,
+        }
+        let on = self.on_virtual.as_mut()?;
+        let (status, reply, session) = match on.method {
+            HttpMethod::Get => {
+                let reply = reply::error(
+                    self.version,
+                    None,
+                    reply::INTERNAL_ERROR,
+                    "The gateway's control plane is unreachable: the stream of changes to the \
+                     tool list cannot be opened now. Tools can still be called.",
+                    None::<()>,
+                    Framing::Json,
+                );
+                return Some(self.unavailable(host, reply, end_of_stream));
+            }
+            // The session ends with the client; toolgate-xds forgets it when idle.
+            HttpMethod::Delete => (
+                200,
+                Reply {
+                    body: Vec::new(),
+                    content_type: "application/json",
+                },
+                None,
+            ),
+            HttpMethod::Post => {
+                let raw = on.body.take().unwrap_or_default();
+                let server = on.server.clone();
+                let body = read_body(&raw).ok()?;
+                let shared = self.shared.borrow();
+                let ctx = offline::Context {
+                    server: &server,
+                    listing: shared
+                        .config
+                        .offline_listings
+                        .get(&server)
+                        .map(Vec::as_slice),
+                    version: self.version,
+                    framing: self.framing,
+                    now_ms: host.now_ms(),
+                };
+                let sealer = shared.sealer.as_ref();
+                match offline::answer(&ctx, &body, &raw, |plain| {
+                    sealer?.seal_as(offline::GATEWAY_PREFIX, offline::GATEWAY_AAD, plain)
+                }) {
+                    offline::Answer::Reply { reply, session } => (200, reply, session),
+                    offline::Answer::Accepted => (
+                        202,
+                        Reply {
+                            body: Vec::new(),
+                            content_type: "application/json",
+                        },
+                        None,
+                    ),
+                }
+            }
+        };
+        self.shared.borrow_mut().stats.count(OFFLINE_ANSWERS);
+        if end_of_stream {
+            let headers: Vec<(&str, &str)> = session
+                .as_deref()
+                .map(|id| vec![(SESSION_HEADER, id)])
+                .unwrap_or_default();
+            host.send_reply(status, &reply, &headers);
+            return Some(Action::Pause);
+        }
+        replacing(host, &status.to_string(), reply.content_type);
+        host.set_response_header(SESSION_HEADER, session.as_deref());
+        self.watch = Watch::Replace(reply);
+        Some(Action::Continue)
     }
 
     /// A server's answer to a `tools/list` on its route: held to be annotated, as long as it

@@ -2352,3 +2352,102 @@ fn a_call_its_client_cancelled_counts_for_nothing() {
     f.json(r#"{"jsonrpc":"2.0","id":0,"error":{"code":-32603,"message":"broken"}}"#);
     assert_eq!(w.window("slow_order").failures, 1);
 }
+
+/// A key, and the listing toolgate-xds last sent for `/mcp`.
+fn offline_worker() -> Worker {
+    let w = aggregate_worker();
+    let mut config = w.shared.borrow().config.clone();
+    config.session_key.0 = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=".into();
+    config.offline_listings.insert(
+        "default".into(),
+        vec![
+            serde_json::json!({"name": "orders__read_order", "description": "Reads.",
+                                "inputSchema": {"type": "object"}}),
+        ],
+    );
+    assert!(w.shared.borrow_mut().configure(config));
+    w
+}
+
+/// Envoy could not reach any toolgate-xds for this request.
+fn no_control_plane(f: &mut Flight, end_of_stream: bool) -> Action {
+    f.stream.properties.borrow_mut().insert(
+        "response.code_details".into(),
+        b"upstream_reset_before_response_started{remote_connection_failure}".to_vec(),
+    );
+    {
+        let mut h = f.stream.response_headers.borrow_mut();
+        h.insert(":status".into(), "503".into());
+        h.insert("content-type".into(), "text/plain".into());
+    }
+    f.call.on_response_headers(&f.stream, end_of_stream)
+}
+
+#[test]
+fn with_no_control_plane_the_filter_answers_mcp_itself() {
+    let mut w = offline_worker();
+    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"py","version":"1"}}}"#;
+    let mut f = w.request_to("/mcp", &[("mcp-protocol-version", "2025-06-18")], init);
+    assert!(f.went_upstream(), "toolgate-xds's to answer first");
+    assert_eq!(no_control_plane(&mut f, true), Action::Pause);
+    let replies = f.stream.replies.borrow();
+    let (status, reply) = &replies[0];
+    assert_eq!(*status, 200);
+    let m = json_of(&reply.body);
+    assert_eq!(m["result"]["protocolVersion"], "2025-06-18");
+    let session = f.stream.reply_headers.borrow()[0]
+        .iter()
+        .find(|(k, _)| k == SESSION_HEADER)
+        .map(|(_, v)| v.clone())
+        .expect("a gateway session");
+    assert!(session.starts_with("tgv1."), "{session}");
+    drop(replies);
+
+    // The listing, from the configuration, with a body still to come (replaced whole).
+    let list = r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#;
+    let mut f = w.request_to("/mcp", &[(SESSION_HEADER, &session)], list);
+    assert_eq!(no_control_plane(&mut f, false), Action::Continue);
+    *f.stream.response_body.borrow_mut() = b"upstream connect error".to_vec();
+    assert_eq!(
+        f.call.on_response_body(&f.stream, 22, true),
+        Action::Continue
+    );
+    assert_eq!(f.stream.response_headers.borrow()[":status"], "200");
+    let m = f.body_json();
+    assert_eq!(m["result"]["tools"][0]["name"], "orders__read_order");
+    assert_eq!(w.metrics.get(OFFLINE_ANSWERS), 2);
+
+    // A toolgate-xds that answered with an error of its own is passed on.
+    let mut f = w.request_to("/mcp", &[], list);
+    f.stream
+        .properties
+        .borrow_mut()
+        .insert("response.code_details".into(), b"via_upstream".to_vec());
+    {
+        let mut h = f.stream.response_headers.borrow_mut();
+        h.insert(":status".into(), "503".into());
+    }
+    assert_eq!(
+        f.call.on_response_headers(&f.stream, true),
+        Action::Continue
+    );
+    assert!(f.stream.replies.borrow().is_empty());
+
+    // The GET stream: an MCP error, not Envoy's text.
+    let (mut c, stream, action) = raw_request(&w, "GET", "/mcp", "", true);
+    assert_eq!(action, Action::Continue);
+    stream.properties.borrow_mut().insert(
+        "response.code_details".into(),
+        b"no_healthy_upstream".to_vec(),
+    );
+    stream
+        .response_headers
+        .borrow_mut()
+        .insert(":status".into(), "503".into());
+    assert_eq!(c.on_response_headers(&stream, true), Action::Pause);
+    let replies = stream.replies.borrow();
+    assert_eq!(replies[0].0, 503);
+    assert!(json_of(&replies[0].1.body)["error"]["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("control plane")));
+}

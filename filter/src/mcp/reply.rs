@@ -743,6 +743,19 @@ pub fn error(
     framed(&message_json, framing, message.len() + 200)
 }
 
+/// A JSON-RPC result with the request's id, in the client's framing.
+pub fn result(id: &RawId, result: &impl Serialize, framing: Framing) -> Reply {
+    framed(
+        &ResultMessage {
+            jsonrpc: "2.0",
+            id: id.as_raw(),
+            result,
+        },
+        framing,
+        512,
+    )
+}
+
 /// The error for a method other than `tools/call` when no server could take it (16.10): says
 /// which service and that no server is available, with the details in `data`.
 pub fn service_unavailable(
