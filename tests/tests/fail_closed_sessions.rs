@@ -147,7 +147,10 @@ fn delete(url: &str, session: &str) -> reqwest::RequestBuilder {
     reqwest::Client::new()
         .delete(url)
         .header("mcp-session-id", session)
-        .header("mcp-protocol-version", toolgate_tests::mcp::PROTOCOL_VERSION)
+        .header(
+            "mcp-protocol-version",
+            toolgate_tests::mcp::PROTOCOL_VERSION,
+        )
 }
 
 #[tokio::test]
@@ -289,7 +292,14 @@ async fn two_users_stating_the_same_client_never_share_a_session() {
     )
     .await;
     assert!(r.text().contains("bob-7"), "{}", r.body);
-    let r = modern_call(&url, Some(&alice), "shared-agent", "notes__recall", json!({})).await;
+    let r = modern_call(
+        &url,
+        Some(&alice),
+        "shared-agent",
+        "notes__recall",
+        json!({}),
+    )
+    .await;
     assert!(
         r.text().contains("alice-secret-42"),
         "bob overwrote alice's value: {}",
@@ -337,8 +347,7 @@ async fn held_sessions_are_bounded_per_caller_and_per_service() {
     .await;
     stack
         .wait_filter_config("both speak only legacy revisions", |c| {
-            c["legacy_revisions"]["notes"].is_string()
-                && c["legacy_revisions"]["tight"].is_string()
+            c["legacy_revisions"]["notes"].is_string() && c["legacy_revisions"]["tight"].is_string()
         })
         .await;
     // Tokens are optional: a caller with one is its subject, one without its address.
@@ -350,9 +359,7 @@ async fn held_sessions_are_bounded_per_caller_and_per_service() {
     let opened_before = notes.initializes().await;
     let recall = |token: Option<String>, client: &'static str| {
         let url = url.clone();
-        async move {
-            modern_call(&url, token.as_deref(), client, "notes__recall", json!({})).await
-        }
+        async move { modern_call(&url, token.as_deref(), client, "notes__recall", json!({})).await }
     };
 
     // Without a token, one address: two sessions, then the bound.
@@ -370,18 +377,22 @@ async fn held_sessions_are_bounded_per_caller_and_per_service() {
         r.body
     );
     // Alice's sessions fill the service's bound; bob is refused until one is idle.
-    wait_until("alice's token is accepted", Duration::from_secs(20), || async {
-        recall(Some(alice.clone()), "a0")
-            .await
-            .text()
-            .contains("holds nothing")
-    })
+    wait_until(
+        "alice's token is accepted",
+        Duration::from_secs(20),
+        || async {
+            recall(Some(alice.clone()), "a0")
+                .await
+                .text()
+                .contains("holds nothing")
+        },
+    )
     .await;
     let r = recall(Some(alice.clone()), "a1").await;
     assert!(r.text().contains("holds nothing"), "{}", r.body);
     let r = recall(Some(bob.clone()), "b0").await;
     assert!(
-        r.text().contains("at most 4") && r.text().contains("service `notes`"),
+        r.text().contains("at most 4") && r.text().contains("for all its callers"),
         "the service's bound: {}",
         r.body
     );
