@@ -336,18 +336,9 @@ async fn held_sessions_are_bounded_per_caller_and_per_service() {
     )
     .await;
     let notes = Notes::start(&env, &stack, "notes", "notes-1", &["--legacy-only"]).await;
-    // A server that allows one session at a time.
-    let tight = Notes::start(
-        &env,
-        &stack,
-        "tight",
-        "tight-1",
-        &["--legacy-only", "--max-sessions", "1"],
-    )
-    .await;
     stack
-        .wait_filter_config("both speak only legacy revisions", |c| {
-            c["legacy_revisions"]["notes"].is_string() && c["legacy_revisions"]["tight"].is_string()
+        .wait_filter_config("notes speaks only legacy revisions", |c| {
+            c["legacy_revisions"]["notes"].is_string()
         })
         .await;
     // Tokens are optional: a caller with one is its subject, one without its address.
@@ -421,19 +412,41 @@ async fn held_sessions_are_bounded_per_caller_and_per_service() {
         1.0
     );
     assert_eq!(notes.initializes().await, opened_before + 5);
+}
 
-    // A server that refuses to open a session is named as such, not as unreachable.
+/// A server that refuses to open a session (the Python SDK's at its `max_sessions`: HTTP 503)
+/// is named as such in the client's error, not as a server the gateway could not reach.
+#[tokio::test]
+async fn a_server_refusing_a_session_is_named_as_such() {
+    let env = TestEnv::new("fail_closed_sessions_refused");
+    let stack = Stack::start(&env).await;
+    let _tight = Notes::start(
+        &env,
+        &stack,
+        "tight",
+        "tight-1",
+        &["--legacy-only", "--max-sessions", "1"],
+    )
+    .await;
+    stack
+        .wait_filter_config("tight speaks only legacy revisions", |c| {
+            c["legacy_revisions"]["tight"].is_string()
+        })
+        .await;
+    let url = mcp_url(&stack);
     let r = recall_on(&url, "t0", "tight__recall").await;
     assert!(r.text().contains("holds nothing"), "{}", r.body);
     let r = recall_on(&url, "t1", "tight__recall").await;
     let text = r.text();
+    if !text.contains("refused to open a session") {
+        env.print_failure_logs();
+    }
     assert!(
         text.contains("refused to open a session") && text.contains("503"),
         "{}",
         r.body
     );
     assert!(!text.contains("could not reach"), "{}", r.body);
-    drop(tight);
 }
 
 async fn recall_on(url: &str, client: &str, tool: &str) -> Reply {
@@ -578,4 +591,80 @@ async fn a_server_restarted_in_place_costs_its_clients_nothing() {
         )
         .await;
     assert!(reopened >= 4.0, "{}", stack.xds.metrics_text().await);
+}
+
+/// A call replayed on a new session keeps the verified claims the filter put on it as headers
+/// (the service's `claim_headers`): the survivor of a killed instance sees who calls.
+#[tokio::test]
+async fn a_replayed_call_keeps_its_claim_headers() {
+    let env = TestEnv::new("fail_closed_sessions_claims");
+    let issuer = Issuer::start().await;
+    let stack = Stack::start(&env).await;
+    let etcd = stack.etcd.endpoint();
+    let mut a = toolgate_tests::Member::start(&env, &etcd, "orders", "a", &[], 30).await;
+    let mut b = toolgate_tests::Member::start(&env, &etcd, "orders", "b", &[], 30).await;
+    stack
+        .wait_healthy("orders", &[&a, &b], Duration::from_secs(20))
+        .await;
+    auth_on(&stack, &issuer, json!(["*"])).await;
+    admin_put(
+        &stack,
+        "/v1/auth/rules/orders",
+        &json!({"rules": [{"tools": ["*"], "subjects": ["*"]}],
+                "claim_headers": {"sub": "x-caller"}}),
+    )
+    .await;
+    stack
+        .wait_filter_config("orders' claim headers", |c| {
+            c["auth"]["services"]["orders"]["claim_headers"]["sub"] == "x-caller"
+        })
+        .await;
+    let token = issuer.token().sub("alice").aud(&base_of(&stack)).sign();
+    let url = stack.url("orders");
+    let mut s = McpSession::unconnected(&url);
+    s.bearer = Some(token.clone());
+    wait_until(
+        "alice's token is accepted (JWKS fetched)",
+        Duration::from_secs(20),
+        || async {
+            let mut probe = McpSession::unconnected(&url);
+            probe.bearer = Some(token.clone());
+            probe.initialize().await.status == StatusCode::OK
+        },
+    )
+    .await;
+    assert_eq!(s.initialize().await.status, StatusCode::OK);
+    let r = s.call_tool("echo", json!({"text": "one"})).await;
+    assert!(r.text().contains("one"), "{}", r.body);
+    let a_took_it = a.server.calls("echo").await == 1;
+    let (dead, survivor) = if a_took_it {
+        (&mut a, &mut b)
+    } else {
+        (&mut b, &mut a)
+    };
+    survivor.server.reset_counters().await;
+    dead.server.proc.kill();
+    let r = s.call_tool("echo", json!({"text": "two"})).await;
+    if !r.text().contains("two") {
+        env.print_failure_logs();
+    }
+    assert!(
+        r.text().contains("two"),
+        "the call was replayed: {}",
+        r.body
+    );
+    let ran_on = r
+        .result()
+        .map(|v| v["structuredContent"]["instance_id"].clone())
+        .unwrap_or_default();
+    assert_eq!(ran_on, survivor.server.instance_id.as_str(), "{}", r.body);
+    // What reached the survivor with the claim: every request through Envoy (the filter puts
+    // it on each), and what toolgate-xds sent there itself, the replayed call among them.
+    let control = survivor.server.control().await;
+    let count = |h: &str| control["headers"][h]["count"].as_u64().unwrap_or(0);
+    assert_eq!(control["headers"]["x-caller"]["last"], "alice", "{control}");
+    assert!(
+        count("x-caller") > count("x-envoy-original-path"),
+        "the replayed call kept its claim: {control}"
+    );
 }
