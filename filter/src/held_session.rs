@@ -460,30 +460,35 @@ pub enum Unopened {
 }
 
 #[derive(Deserialize)]
-struct Refusal<'a> {
-    #[serde(borrow, default)]
-    failure: Option<&'a str>,
+struct Refusal {
+    /// toolgate-xds's words: present in every answer of its own (Envoy's own 503, when it
+    /// cannot reach toolgate-xds, has none).
+    #[serde(default)]
+    error: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    failure: Option<String>,
     #[serde(default)]
     status: Option<u16>,
     #[serde(default)]
     limit: Option<u32>,
-    #[serde(borrow, default)]
-    bound: Option<&'a str>,
+    #[serde(default)]
+    bound: Option<String>,
     #[serde(default)]
     in_call: bool,
 }
 
 pub fn unopened(status: Option<u16>, body: &[u8]) -> Unopened {
-    let r = serde_json::from_slice::<Refusal<'_>>(body).ok();
-    let failure = r.as_ref().and_then(|r| r.failure);
+    let r = serde_json::from_slice::<Refusal>(body).ok();
+    let failure = r.as_ref().and_then(|r| r.failure.as_deref());
     let in_call = r.as_ref().is_some_and(|r| r.in_call);
     match (status, failure) {
         (Some(410), _) => Unopened::Ended,
         (Some(404), _) => Unopened::SessionGone,
         (_, Some("at_bound")) => Unopened::AtBound {
             limit: r.as_ref().and_then(|r| r.limit).unwrap_or(0),
-            per_caller: r.as_ref().and_then(|r| r.bound) == Some("caller"),
+            per_caller: r.as_ref().and_then(|r| r.bound.as_deref()) == Some("caller"),
         },
+        (_, Some("no_instance")) => Unopened::NoInstance,
         (_, Some("overloaded")) => Unopened::Overloaded,
         (_, Some("timeout")) if in_call => Unopened::CallTimeout,
         (_, Some("reset")) if in_call => Unopened::CallReset,
@@ -491,7 +496,7 @@ pub fn unopened(status: Option<u16>, body: &[u8]) -> Unopened {
         (_, Some("refused")) => Unopened::Refused(r.as_ref().and_then(|r| r.status).unwrap_or(502)),
         (_, Some("unreachable")) => Unopened::Unreachable,
         (_, Some("timeout")) => Unopened::Timeout,
-        (Some(503), _) => Unopened::NoInstance,
+        (Some(503), _) if r.as_ref().is_some_and(|r| r.error.is_some()) => Unopened::NoInstance,
         _ => Unopened::Failed,
     }
 }
@@ -599,6 +604,12 @@ mod tests {
             Unopened::Overloaded
         );
         assert_eq!(u(None, ""), Unopened::Failed);
+        // Envoy's own answer when toolgate-xds is away is not toolgate-xds's.
+        assert_eq!(u(Some(503), "no healthy upstream"), Unopened::Failed);
+        assert_eq!(
+            u(Some(503), r#"{"error":"no instance"}"#),
+            Unopened::NoInstance
+        );
     }
 
     #[test]

@@ -1595,11 +1595,19 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                     _ => None,
                 };
                 // An answer asked for a while ago is used still when toolgate-xds does not
-                // answer (or fails); not when it said the session is over or not to be had.
-                let toolgate_failed = matches!(status, None | Some(500..=502) | Some(504..=599));
+                // answer, or could not open another; not when it said the session is over or
+                // not to be had. Kept as asked now, so that calls do not all ask again.
+                let kept = matches!(
+                    held_session::unopened(status, body),
+                    held_session::Unopened::Failed
+                        | held_session::Unopened::Unreachable
+                        | held_session::Unopened::Timeout
+                        | held_session::Unopened::Refused(_)
+                );
                 let answer = match (answer, held.fallback.take()) {
                     (Some(a), _) => Some(a),
-                    (None, Some(old)) if toolgate_failed => {
+                    (None, Some(old)) if kept => {
+                        held.store(&self.shared, &old, host.now_ms());
                         held.use_answer(host, &old);
                         held.phase = HeldPhase::Sent;
                         host.resume_request();
@@ -1683,7 +1691,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
     /// with its instance (re-opened, and the call replayed there) or ended by the client or
     /// the live server (the server's answer goes on). A 404 says so at once; a 400 says so in
     /// its body, which is held and read first ([`HeldPhase::Checking`]).
-    fn replay_lost_session(&mut self, host: &impl CallHost) -> Option<Action> {
+    fn replay_lost_session(&mut self, host: &impl CallHost, end_of_stream: bool) -> Option<Action> {
         let held = self.held.as_mut()?;
         if held.phase != HeldPhase::Sent || held.envelope.is_none() || held.body.is_empty() {
             return None;
@@ -1694,7 +1702,8 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         if toolgate_model::session_loss::session_unknown(status, None) {
             return self.ask_replay(host);
         }
-        if status == 400 {
+        // A 400 without a body cannot say -32000.
+        if status == 400 && !end_of_stream {
             held.phase = HeldPhase::Checking;
             return Some(Action::Pause);
         }
@@ -1754,8 +1763,15 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 host.resume_response();
                 Action::Continue
             }
-            why => {
+            // Told here what happened, when there is a request to answer; a notification's
+            // answer is the server's.
+            why if self.request.is_some() && self.service.is_some() => {
                 self.session_unopened(host, why);
+                Action::Continue
+            }
+            _ => {
+                self.record(host, Outcome::Ignored, None);
+                host.resume_response();
                 Action::Continue
             }
         }
@@ -2117,7 +2133,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             // address wrapped around it by the session affinity) must not replace it.
             host.set_response_header(SESSION_HEADER, None);
         }
-        if let Some(action) = self.replay_lost_session(host) {
+        if let Some(action) = self.replay_lost_session(host, end_of_stream) {
             return action;
         }
         if self.held.as_ref().is_some_and(|h| {

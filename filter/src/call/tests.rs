@@ -1452,6 +1452,37 @@ fn the_typescript_sdks_400_means_session_unknown_and_is_replayed() {
 }
 
 #[test]
+fn a_held_answer_is_used_still_while_toolgate_xds_does_not_answer() {
+    let mut w = aggregate_worker();
+    let f = held_gateway_call(&mut w, "ZW52LTE=;UV:YQ==");
+    drop(f);
+    // Time for a refresh; toolgate-xds is away (Envoy's own 503, no explanation).
+    w.now += crate::held_session::REFRESH_MS + 1;
+    let mut f = gateway_call(&mut w);
+    assert_eq!(f.stream.dispatched.borrow().len(), 1, "asked again");
+    f.call
+        .on_dispatch_response(&f.stream, Some(503), b"no healthy upstream");
+    assert_eq!(f.stream.resumed.get(), 1, "the call goes on");
+    assert_eq!(
+        f.stream.request_headers.borrow()[SESSION_HEADER],
+        "ZW52LTE=;UV:YQ=="
+    );
+    // Kept as asked now: the next call does not ask again at once.
+    let next = gateway_call(&mut w);
+    assert!(next.stream.dispatched.borrow().is_empty());
+    // A 400 with no body says nothing of a session: it goes on.
+    let mut f = held_gateway_call(&mut w, "ZW52LTE=;UV:YQ==");
+    f.stream
+        .response_headers
+        .borrow_mut()
+        .insert(":status".into(), "400".into());
+    assert_eq!(
+        f.call.on_response_headers(&f.stream, true),
+        Action::Continue
+    );
+}
+
+#[test]
 fn a_session_the_client_or_its_live_server_ended_stays_ended() {
     let mut w = aggregate_worker();
     let mut f = held_gateway_call(&mut w, "ZW52LTE=;UV:YQ==");
