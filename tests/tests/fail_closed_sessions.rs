@@ -619,7 +619,7 @@ async fn a_replayed_call_keeps_its_claim_headers() {
             c["auth"]["services"]["orders"]["claim_headers"]["sub"] == "x-caller"
         })
         .await;
-    let token = issuer.token().sub("alice").aud(&base_of(&stack)).sign();
+    let token = issuer.token().sub("alice").aud(base_of(&stack)).sign();
     let url = stack.url("orders");
     let mut s = McpSession::unconnected(&url);
     s.bearer = Some(token.clone());
