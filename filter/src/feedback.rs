@@ -71,6 +71,8 @@ impl Kind {
             UpstreamFailure::BadResponse => Some(Kind::Ok),
             // Its stream ended before the response: as good as a reset.
             UpstreamFailure::NoResponse => Some(Kind::Reset),
+            // Never sent to an instance: nothing to say of one.
+            UpstreamFailure::SessionRefused(_) | UpstreamFailure::SessionLimit { .. } => None,
         }
     }
 }

@@ -19,6 +19,15 @@
 //! so: `FilterConfig::legacy_revisions`), the call goes on a session held for the identity
 //! the request states in its `_meta` ([`stateless_params`]): clients stating the same
 //! identity share that session, and whatever the server keeps in it.
+//!
+//! With a verified token, every owner is also bound to its user ([`identity_tag`]): two users
+//! never share a held session, whatever they state. Held sessions are bounded per caller (that
+//! user, or the client's address: [`caller_key`]) in toolgate-xds.
+//!
+//! When the server answers a call on a held or sealed session with "session unknown"
+//! (`toolgate_model::session_loss`), toolgate-xds decides: re-opened and replayed when the
+//! session was lost with its instance, or ended (the client or the live server ended it), and
+//! then the server's answer reaches the client and the slot says so ([`Slot::Ended`]).
 
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
@@ -33,7 +42,7 @@ pub const REPLAY_PATH: &str = "/v1/upstream-sessions/replay";
 pub const GATEWAY_PREFIX: &str = "tgv1.";
 /// Slots of answers in shared data.
 pub const SLOTS: u64 = 4096;
-pub use toolgate_model::session_owner::{owner_of, owner_of_identity, OwnerKind};
+pub use toolgate_model::session_owner::{bound_to, owner_of, owner_of_identity, OwnerKind};
 
 /// The shared-data key of the slot for (owner, service).
 pub fn slot_key(owner: &str, service: &str) -> String {
@@ -53,39 +62,114 @@ pub struct Held {
     /// `None`: the server keeps no session, calls go without one.
     pub envelope: Option<String>,
     pub protocol_version: String,
+    /// When the session was opened (ms since the Unix epoch): what toolgate-xds compares with
+    /// its instance's restarts should the server no longer know it.
+    #[serde(default)]
+    pub opened_ms: Option<u64>,
 }
 
-/// A gateway session's answer is asked for again after this long, which tells toolgate-xds
-/// the session is in use (it ends gateway sessions idle for 30 minutes).
-pub const REFRESH_MS: u64 = 5 * 60 * 1000;
+/// A held session's answer is asked for again after this long, which tells toolgate-xds the
+/// session is in use (it ends gateway sessions idle for 30 minutes, and under a bound ends the
+/// least recently used of those idle for a while first).
+pub const REFRESH_MS: u64 = 30 * 1000;
 
-/// A slot's value: owner, service, when it was asked, revision and envelope, one per line.
+/// What a slot says of (owner, service).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Slot {
+    /// The session held, and when it was asked for.
+    Held { held: Held, asked_ms: u64 },
+    /// The client or the live server ended the session: it is not used or opened again.
+    Ended,
+}
+
+const SLOT_HELD: &str = "h";
+const SLOT_ENDED: &str = "e";
+
+/// A slot's value: owner, service, state, when it was asked, when opened, revision and
+/// envelope, one per line.
 pub fn encode_slot(owner: &str, service: &str, held: &Held, now_ms: u64) -> Vec<u8> {
     format!(
-        "{owner}\n{service}\n{now_ms}\n{}\n{}",
+        "{owner}\n{service}\n{SLOT_HELD}\n{now_ms}\n{}\n{}\n{}",
+        held.opened_ms.map(|o| o.to_string()).unwrap_or_default(),
         held.protocol_version,
         held.envelope.as_deref().unwrap_or_default()
     )
     .into_bytes()
 }
 
-/// The answer a slot holds for (owner, service), if it holds theirs, and when it was asked.
-pub fn decode_slot(bytes: &[u8], owner: &str, service: &str) -> Option<(Held, u64)> {
+/// A slot's value saying (owner, service)'s session ended.
+pub fn encode_ended(owner: &str, service: &str) -> Vec<u8> {
+    format!("{owner}\n{service}\n{SLOT_ENDED}").into_bytes()
+}
+
+/// What a slot holds for (owner, service), if it holds theirs.
+pub fn decode_slot(bytes: &[u8], owner: &str, service: &str) -> Option<Slot> {
     let text = std::str::from_utf8(bytes).ok()?;
-    let mut lines = text.splitn(5, '\n');
+    let mut lines = text.splitn(7, '\n');
     if lines.next()? != owner || lines.next()? != service {
         return None;
     }
+    match lines.next()? {
+        SLOT_ENDED => return Some(Slot::Ended),
+        SLOT_HELD => {}
+        _ => return None,
+    }
     let asked_ms = lines.next()?.parse().ok()?;
+    let opened_ms = lines.next()?.parse().ok();
     let protocol_version = lines.next()?.to_string();
     let envelope = lines.next().filter(|e| !e.is_empty()).map(str::to_string);
-    Some((
-        Held {
+    Some(Slot::Held {
+        held: Held {
             envelope,
             protocol_version,
+            opened_ms,
         },
         asked_ms,
-    ))
+    })
+}
+
+/// The digest a held session's owner is bound to for a verified token's user: SHA-256 of
+/// its issuer and subject, 128 bits in hex. Chosen subjects cannot make two users' digests
+/// meet (a non-cryptographic hash would let one user aim at another's).
+pub fn identity_tag(issuer: &str, subject: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(issuer.as_bytes());
+    h.update([0]);
+    h.update(subject.as_bytes());
+    h.finalize()
+        .iter()
+        .take(16)
+        .fold(String::with_capacity(32), |mut s, b| {
+            use std::fmt::Write as _;
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+}
+
+/// Whom toolgate-xds counts a held session for under its bounds: the verified user (its
+/// [`identity_tag`]), or without one the client's address as Envoy saw the connection
+/// (`source.address`, port dropped): the one thing about a client without a token that it
+/// cannot change with each request, unlike a header or the `clientInfo` it states.
+pub fn caller_key(identity: Option<&str>, source: Option<&str>) -> String {
+    match (identity, source) {
+        (Some(tag), _) => format!("user:{tag}"),
+        (None, Some(address)) => format!("addr:{}", host_of(address)),
+        (None, None) => "unknown".to_string(),
+    }
+}
+
+/// `ip` of `ip:port` or `[ipv6]:port`.
+fn host_of(address: &str) -> &str {
+    if let Some(rest) = address.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or(rest);
+    }
+    match address.rsplit_once(':') {
+        Some((host, port)) if !host.contains(':') && port.bytes().all(|b| b.is_ascii_digit()) => {
+            host
+        }
+        _ => address,
+    }
 }
 
 /// Whose session it is, as toolgate-xds needs to open one like the client would.
@@ -98,46 +182,60 @@ pub enum Client<'a> {
     Params(&'a str),
 }
 
-fn question(
-    owner: &str,
-    service: &str,
-    client: Client<'_>,
-    stale: Option<&str>,
-) -> serde_json::Value {
-    let mut q = json!({"owner": owner, "service": service, "stale": stale});
-    match client {
-        Client::Gateway(id) => q["gateway_session"] = json!(id),
-        Client::Params(p) => {
-            q["params"] = serde_json::from_str(p).unwrap_or(serde_json::Value::Null);
+/// Whose session, with which service, counted for whom.
+#[derive(Debug, Clone, Copy)]
+pub struct Question<'a> {
+    pub owner: &'a str,
+    pub service: &'a str,
+    pub client: Client<'a>,
+    /// [`caller_key`].
+    pub caller: &'a str,
+}
+
+impl Question<'_> {
+    fn json(&self) -> serde_json::Value {
+        let mut q = json!({"owner": self.owner, "service": self.service, "caller": self.caller});
+        match self.client {
+            Client::Gateway(id) => q["gateway_session"] = json!(id),
+            Client::Params(p) => {
+                q["params"] = serde_json::from_str(p).unwrap_or(serde_json::Value::Null);
+            }
         }
+        q
     }
-    q
 }
 
-/// The body asking toolgate-xds for the session of `owner` with `service`; `stale`: the
-/// envelope that just failed.
-pub fn open_request(
-    owner: &str,
-    service: &str,
-    client: Client<'_>,
-    stale: Option<&str>,
-) -> Vec<u8> {
-    question(owner, service, client, stale)
-        .to_string()
-        .into_bytes()
+/// A session the server answered "session unknown" for.
+#[derive(Debug, Clone, Copy)]
+pub struct LostSession<'a> {
+    /// The envelope the call went with.
+    pub stale: &'a str,
+    /// When it was opened, if known.
+    pub opened_ms: Option<u64>,
+    /// The instance that answered (Envoy's upstream address), if known.
+    pub answered_by: Option<&'a str>,
 }
 
-/// The body asking toolgate-xds to replay `message` on a new session.
+/// The body asking toolgate-xds for the session of the question's owner with its service.
+pub fn open_request(q: &Question<'_>) -> Vec<u8> {
+    q.json().to_string().into_bytes()
+}
+
+/// The body asking toolgate-xds to replay `message` on a new session, should the lost one have
+/// been lost with its instance; `headers`: the claims the filter put on the request.
 pub fn replay_request(
-    owner: &str,
-    service: &str,
-    client: Client<'_>,
-    stale: Option<&str>,
+    q: &Question<'_>,
+    lost: &LostSession<'_>,
     message: &[u8],
+    headers: &[(String, String)],
 ) -> Vec<u8> {
-    let mut q = question(owner, service, client, stale);
-    q["body"] = json!(STANDARD.encode(message));
-    q.to_string().into_bytes()
+    let mut v = q.json();
+    v["stale"] = json!(lost.stale);
+    v["opened_ms"] = json!(lost.opened_ms);
+    v["answered_by"] = json!(lost.answered_by);
+    v["body"] = json!(STANDARD.encode(message));
+    v["headers"] = json!(headers);
+    v.to_string().into_bytes()
 }
 
 /// The most `initialize` parameters kept in a sealed session id (JSON bytes); a client that
@@ -158,20 +256,24 @@ pub fn initialize_params(body: &[u8]) -> Option<String> {
     (text.len() <= MAX_PARAMS_BYTES).then_some(text)
 }
 
-/// A sealed session value: the envelope, and the client's parameters after a newline.
-pub fn join(envelope: &str, params: Option<&str>) -> String {
-    match params {
-        Some(p) => format!("{envelope}\n{p}"),
-        None => envelope.to_string(),
+/// A sealed session value: the envelope, and the client's parameters and when the session was
+/// opened after newlines (compact JSON has none of its own).
+pub fn join(envelope: &str, params: Option<&str>, opened_ms: Option<u64>) -> String {
+    match (params, opened_ms) {
+        (Some(p), Some(at)) => format!("{envelope}\n{p}\n{at}"),
+        (Some(p), None) => format!("{envelope}\n{p}"),
+        (None, _) => envelope.to_string(),
     }
 }
 
-/// The envelope and the parameters of an opened value.
-pub fn split(value: &str) -> (&str, Option<&str>) {
-    match value.split_once('\n') {
-        Some((e, p)) => (e, Some(p)),
-        None => (value, None),
-    }
+/// The envelope, the parameters and the opening time of an opened value (an id sealed before
+/// ids carried the time has none).
+pub fn split(value: &str) -> (&str, Option<&str>, Option<u64>) {
+    let mut parts = value.splitn(3, '\n');
+    let envelope = parts.next().unwrap_or_default();
+    let params = parts.next();
+    let opened_ms = parts.next().and_then(|t| t.parse().ok());
+    (envelope, params, opened_ms)
 }
 
 /// The `clientInfo` a session held for a stateless client is opened with when its request
@@ -325,18 +427,76 @@ pub struct Replayed {
     pub body: String,
 }
 
-/// Why toolgate-xds opened nothing, from its answer.
+/// Why toolgate-xds opened (or replayed) nothing, from its answer (`failure`, see
+/// `xds-server/src/admin/upstream.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Unopened {
-    /// 503: the service has no healthy instance.
+    /// The service has no healthy instance.
     NoInstance,
-    /// Anything else: no answer, a refusal, a failure.
+    /// The gateway holds as many sessions with the service as it allows (`limit`, for this
+    /// caller or for the service), none idle long enough to end.
+    AtBound {
+        limit: u32,
+        per_caller: bool,
+    },
+    /// The server answered the `initialize` with this HTTP status.
+    Refused(u16),
+    /// No instance could be reached.
+    Unreachable,
+    /// No instance answered in time.
+    Timeout,
+    /// As many replays to the service are in flight as its bulkhead allows.
+    Overloaded,
+    /// The client or the live server ended the session: the server's answer is the client's.
+    Ended,
+    /// The gateway session named is not live (ended or expired).
+    SessionGone,
+    /// The replayed call went to a server and failed there.
+    CallTimeout,
+    CallReset,
+    CallBadResponse,
+    /// No answer from toolgate-xds, or one it does not explain.
     Failed,
 }
 
-pub fn unopened(status: Option<u16>) -> Unopened {
-    match status {
-        Some(503) => Unopened::NoInstance,
+#[derive(Deserialize)]
+struct Refusal {
+    /// toolgate-xds's words: present in every answer of its own (Envoy's own 503, when it
+    /// cannot reach toolgate-xds, has none).
+    #[serde(default)]
+    error: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    failure: Option<String>,
+    #[serde(default)]
+    status: Option<u16>,
+    #[serde(default)]
+    limit: Option<u32>,
+    #[serde(default)]
+    bound: Option<String>,
+    #[serde(default)]
+    in_call: bool,
+}
+
+pub fn unopened(status: Option<u16>, body: &[u8]) -> Unopened {
+    let r = serde_json::from_slice::<Refusal>(body).ok();
+    let failure = r.as_ref().and_then(|r| r.failure.as_deref());
+    let in_call = r.as_ref().is_some_and(|r| r.in_call);
+    match (status, failure) {
+        (Some(410), _) => Unopened::Ended,
+        (Some(404), _) => Unopened::SessionGone,
+        (_, Some("at_bound")) => Unopened::AtBound {
+            limit: r.as_ref().and_then(|r| r.limit).unwrap_or(0),
+            per_caller: r.as_ref().and_then(|r| r.bound.as_deref()) == Some("caller"),
+        },
+        (_, Some("no_instance")) => Unopened::NoInstance,
+        (_, Some("overloaded")) => Unopened::Overloaded,
+        (_, Some("timeout")) if in_call => Unopened::CallTimeout,
+        (_, Some("reset")) if in_call => Unopened::CallReset,
+        (_, Some("bad_response")) if in_call => Unopened::CallBadResponse,
+        (_, Some("refused")) => Unopened::Refused(r.as_ref().and_then(|r| r.status).unwrap_or(502)),
+        (_, Some("unreachable")) => Unopened::Unreachable,
+        (_, Some("timeout")) => Unopened::Timeout,
+        (Some(503), _) if r.as_ref().is_some_and(|r| r.error.is_some()) => Unopened::NoInstance,
         _ => Unopened::Failed,
     }
 }
@@ -350,17 +510,106 @@ mod tests {
         let held = Held {
             envelope: Some("MTI3LjAuMC4xOjE=;UV:YQ==".into()),
             protocol_version: "2025-06-18".into(),
+            opened_ms: Some(5),
         };
         let bytes = encode_slot("gabc", "orders", &held, 42);
-        assert_eq!(decode_slot(&bytes, "gabc", "orders"), Some((held, 42)));
+        assert_eq!(
+            decode_slot(&bytes, "gabc", "orders"),
+            Some(Slot::Held { held, asked_ms: 42 })
+        );
         assert_eq!(decode_slot(&bytes, "gabd", "orders"), None);
         assert_eq!(decode_slot(&bytes, "gabc", "billing"), None);
         let none = Held {
             envelope: None,
             protocol_version: "2026-07-28".into(),
+            opened_ms: None,
         };
         let bytes = encode_slot("gabc", "orders", &none, 7);
-        assert_eq!(decode_slot(&bytes, "gabc", "orders"), Some((none, 7)));
+        assert_eq!(
+            decode_slot(&bytes, "gabc", "orders"),
+            Some(Slot::Held {
+                held: none,
+                asked_ms: 7
+            })
+        );
+        let ended = encode_ended("gabc", "orders");
+        assert_eq!(decode_slot(&ended, "gabc", "orders"), Some(Slot::Ended));
+        assert_eq!(decode_slot(&ended, "gabc", "billing"), None);
+        // A slot written before slots had a state is a miss, not a wrong answer.
+        assert_eq!(
+            decode_slot(b"gabc\norders\n42\n2025-06-18\nenv", "gabc", "orders"),
+            None
+        );
+    }
+
+    #[test]
+    fn a_sealed_value_carries_the_parameters_and_the_opening_time() {
+        let v = join("env", Some(r#"{"a":"b\nc"}"#), Some(17));
+        assert_eq!(split(&v), ("env", Some(r#"{"a":"b\nc"}"#), Some(17)));
+        assert_eq!(
+            split(&join("env", Some("{}"), None)),
+            ("env", Some("{}"), None)
+        );
+        assert_eq!(split(&join("env", None, Some(3))), ("env", None, None));
+    }
+
+    #[test]
+    fn a_caller_is_its_user_or_its_address() {
+        let alice = identity_tag("https://issuer", "alice");
+        assert_eq!(alice.len(), 32);
+        assert_ne!(alice, identity_tag("https://issuer", "bob"));
+        assert_ne!(alice, identity_tag("https://other", "alice"));
+        // The separator keeps issuer and subject apart.
+        assert_ne!(identity_tag("ab", "c"), identity_tag("a", "bc"));
+        assert_eq!(
+            caller_key(Some(&alice), Some("10.0.0.1:5")),
+            format!("user:{alice}")
+        );
+        assert_eq!(caller_key(None, Some("10.0.0.1:5")), "addr:10.0.0.1");
+        assert_eq!(caller_key(None, Some("[::1]:5")), "addr:::1");
+        assert_eq!(caller_key(None, Some("10.0.0.1")), "addr:10.0.0.1");
+        assert_eq!(caller_key(None, None), "unknown");
+    }
+
+    #[test]
+    fn toolgate_xds_refusals_are_told_apart() {
+        let u = |status, body: &str| unopened(status, body.as_bytes());
+        assert_eq!(u(Some(410), r#"{"failure":"ended"}"#), Unopened::Ended);
+        assert_eq!(u(Some(404), r#"{"error":"x"}"#), Unopened::SessionGone);
+        assert_eq!(
+            u(
+                Some(429),
+                r#"{"failure":"at_bound","bound":"caller","limit":2}"#
+            ),
+            Unopened::AtBound {
+                limit: 2,
+                per_caller: true
+            }
+        );
+        assert_eq!(
+            u(Some(502), r#"{"failure":"refused","status":503}"#),
+            Unopened::Refused(503)
+        );
+        assert_eq!(u(Some(502), r#"{"failure":"timeout"}"#), Unopened::Timeout);
+        assert_eq!(
+            u(Some(504), r#"{"failure":"timeout","in_call":true}"#),
+            Unopened::CallTimeout
+        );
+        assert_eq!(
+            u(Some(503), r#"{"failure":"no_instance"}"#),
+            Unopened::NoInstance
+        );
+        assert_eq!(
+            u(Some(503), r#"{"failure":"overloaded"}"#),
+            Unopened::Overloaded
+        );
+        assert_eq!(u(None, ""), Unopened::Failed);
+        // Envoy's own answer when toolgate-xds is away is not toolgate-xds's.
+        assert_eq!(u(Some(503), "no healthy upstream"), Unopened::Failed);
+        assert_eq!(
+            u(Some(503), r#"{"error":"no instance"}"#),
+            Unopened::NoInstance
+        );
     }
 
     #[test]

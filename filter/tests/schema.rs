@@ -154,6 +154,11 @@ fn failures() -> Vec<UpstreamFailure> {
         UpstreamFailure::NoHealthyUpstream,
         UpstreamFailure::BadResponse,
         UpstreamFailure::NoResponse,
+        UpstreamFailure::SessionRefused(503),
+        UpstreamFailure::SessionLimit {
+            limit: 16,
+            per_caller: true,
+        },
     ]
 }
 

@@ -12,6 +12,7 @@ pub mod instance;
 pub mod keys;
 pub mod names;
 pub mod policy;
+pub mod session_loss;
 pub mod session_owner;
 pub mod virtual_server;
 

@@ -1,6 +1,11 @@
 //! Who a session the gateway holds with a server belongs to. The filter (its shared-data slots)
 //! and toolgate-xds (its upstream-session table) must name an owner the same way, or a
 //! client's held sessions would be looked up under one name and deleted under another.
+//!
+//! An owner is its kind's letter and what names the client ([`owner_of`], [`owner_of_identity`]),
+//! then, when the caller presented a valid token, [`IDENTITY_SEPARATOR`] and a digest of the
+//! token's issuer and subject ([`bound_to`]; the filter computes the digest): two users never
+//! share a held session, whatever else they state or send.
 
 /// Characters of a sealed session id's tail that make its owner: the authentication tag, which
 /// no two sealed ids share and no client can choose.
@@ -16,7 +21,8 @@ pub enum OwnerKind {
     Route,
     /// A 2026-07-28 client of the aggregate endpoint calling a server that needs a session:
     /// such a client has no session id, so its owner is the identity it states in each
-    /// request's `_meta` ([`owner_of_identity`]). Clients stating the same identity share it.
+    /// request's `_meta` ([`owner_of_identity`]). Clients stating the same identity share it,
+    /// unless they present tokens of different users ([`bound_to`]).
     Stateless,
 }
 
@@ -52,7 +58,9 @@ pub fn owner_of(kind: OwnerKind, session_id: &str) -> Option<String> {
 /// The owner of the sessions held for stateless clients stating `identity` (the compact JSON
 /// of the `initialize` parameters made from it): its kind's letter and a 128-bit hash, so the
 /// owner is short whatever the identity weighs. Not a secret: any client may state any
-/// identity, and then shares that identity's sessions, which is what the owner stands for.
+/// identity, and then shares that identity's sessions, which is what the owner stands for;
+/// with a verified token the owner is also bound to its user ([`bound_to`]), so only clients
+/// of one user stating one identity share.
 pub fn owner_of_identity(identity: &str) -> String {
     // Two FNV-1a passes with different offsets: 128 bits make an accidental collision of two
     // identities practically impossible; a chosen one gains nothing a chosen identity does not.
@@ -69,6 +77,26 @@ pub fn owner_of_identity(identity: &str) -> String {
     )
 }
 
+/// Between an owner and the digest of the verified identity it is bound to.
+pub const IDENTITY_SEPARATOR: char = '~';
+
+/// `owner` bound to a verified identity (`identity`: a digest of the token's issuer and
+/// subject, made of characters other than [`IDENTITY_SEPARATOR`]); `owner` itself without one.
+pub fn bound_to(owner: String, identity: Option<&str>) -> String {
+    match identity {
+        Some(digest) => format!("{owner}{IDENTITY_SEPARATOR}{digest}"),
+        None => owner,
+    }
+}
+
+/// Whether `owner` is `base` (an [`owner_of`] answer), bound to some identity or to none: the
+/// held sessions a client's session ending ends.
+pub fn is_owner_of(owner: &str, base: &str) -> bool {
+    owner
+        .strip_prefix(base)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with(IDENTITY_SEPARATOR))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -82,6 +110,20 @@ mod tests {
         assert_eq!(owner, format!("g{}", "B".repeat(OWNER_CHARS)));
         let route = owner_of(OwnerKind::Route, &id).expect("owner");
         assert_eq!(route, format!("s{}", "B".repeat(OWNER_CHARS)));
+    }
+
+    #[test]
+    fn an_owner_bound_to_a_user_is_that_users_alone() {
+        let base = format!("g{}", "B".repeat(OWNER_CHARS));
+        let alice = bound_to(base.clone(), Some("aaaa"));
+        let bob = bound_to(base.clone(), Some("bbbb"));
+        assert_ne!(alice, bob);
+        assert_eq!(bound_to(base.clone(), None), base);
+        assert!(is_owner_of(&alice, &base) && is_owner_of(&bob, &base));
+        assert!(is_owner_of(&base, &base));
+        assert!(!is_owner_of(&format!("{base}C"), &base));
+        assert!(!is_owner_of("gxyz", &base));
+        assert_eq!(OwnerKind::of(&alice), Some(OwnerKind::Gateway));
     }
 
     #[test]

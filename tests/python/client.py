@@ -1,7 +1,9 @@
 """Drives one MCP session with the official Python SDK and prints what the SDK handed back.
 
 usage: client.py [--mode MODE] URL STEP [STEP ...]
-  STEP: "initialize" | "list" | "call:TOOL[:ARGUMENTS_JSON]" | "ping"
+  STEP: "initialize" | "list" | "call:TOOL[:ARGUMENTS_JSON]" | "ping" | "wait:PATH"
+        ("wait:PATH" sends nothing: it writes PATH.waiting, every step before it done, and
+        waits until PATH exists, so a test can act between two steps of one session)
   MODE: the SDK's `Client(mode=...)`: "auto" (probe `server/discover`, fall back to
         `initialize`) or a 2026-era version such as "2026-07-28". Without it, a
         `ClientSession` does the legacy `initialize` handshake itself (step "initialize").
@@ -19,6 +21,7 @@ itself broke.
 
 import asyncio
 import json
+import os
 import sys
 
 from mcp import Client, ClientSession
@@ -30,7 +33,17 @@ def dump(model) -> dict:
     return model.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
+async def wait_for_file(path: str) -> dict:
+    with open(path + ".waiting", "w"):
+        pass
+    while not os.path.exists(path):
+        await asyncio.sleep(0.05)
+    return {}
+
+
 async def step(session: ClientSession, what: str):
+    if what.startswith("wait:"):
+        return await wait_for_file(what[len("wait:"):])
     if what == "initialize":
         return await session.initialize()
     if what == "list":
@@ -45,6 +58,8 @@ async def step(session: ClientSession, what: str):
 
 
 async def client_step(client: Client, what: str):
+    if what.startswith("wait:"):
+        return await wait_for_file(what[len("wait:"):])
     if what == "initialize":
         info = client.server_info
         return {
@@ -63,7 +78,7 @@ async def client_step(client: Client, what: str):
 async def run_steps(run, steps: list[str]) -> None:
     for what in steps:
         try:
-            result = await asyncio.wait_for(run(what), timeout=20)
+            result = await asyncio.wait_for(run(what), timeout=60 if what.startswith("wait:") else 20)
             print(json.dumps({"step": what, "ok": result if isinstance(result, dict) else dump(result)}), flush=True)
         except MCPError as e:
             print(
@@ -93,6 +108,6 @@ if __name__ == "__main__":
     if args[:1] == ["--mode"]:
         mode, args = args[1], args[2:]
     try:
-        asyncio.run(asyncio.wait_for(main(args[0], args[1:], mode), timeout=60))
+        asyncio.run(asyncio.wait_for(main(args[0], args[1:], mode), timeout=85))
     except BaseException as e:  # noqa: BLE001
         print(json.dumps({"step": "session", "exception": repr(e)}), flush=True)

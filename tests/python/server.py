@@ -1,6 +1,8 @@
 """An MCP server built with the official Python SDK, for end-to-end tests behind the gateway.
 
-usage: server.py PORT [--stateless] [--json-response] [--no-health] [--gzip] [--any-method]
+usage: server.py PORT [--stateless] [--json-response] [--no-health] [--notes] [--legacy-only]
+                      [--session-idle-timeout SECONDS] [--max-sessions N] [--gzip]
+                      [--any-method]
 
 It is the server a hostile client would aim at: pydantic's JSON reader is lenient (duplicate keys,
 the last one wins; NaN and Infinity accepted), so whatever the gateway lets through, this server
@@ -10,7 +12,13 @@ leaves the route out (a 404, as on most MCP servers, which only an MCP-level pro
 
 Tools: `read_order`, `write_order` (return text), `fail_order` (raises: an `isError` result),
 `slow_order` (sleeps `seconds`, default 3). A resource `secret://report` and a prompt `greeting`,
-each counted under its name.
+each counted under its name. With `--notes`, also `remember` (keeps `x` in the MCP session it
+is called on) and `recall` (says what the session keeps): per-session state, so a test sees
+whether two clients share a session. `GET /calls` also counts the sessions the server opened
+(`initialize`). `--session-idle-timeout` ends a session unused that long (the SDK's default is
+30 minutes); `--max-sessions` refuses new ones beyond N with HTTP 503. `--legacy-only` refuses
+requests of the 2026-07-28 revision (which has no sessions), as a server built before it does:
+clients must `initialize` a session.
 
 `--gzip` compresses answers for clients that accept it (Starlette's GZipMiddleware), as many
 deployed servers do; `--any-method` serves a request of any HTTP method that has a body as a
@@ -25,7 +33,7 @@ import uvicorn
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 
 CALLS: collections.Counter = collections.Counter()
 
@@ -74,6 +82,82 @@ async def calls(_: Request) -> JSONResponse:
     return JSONResponse(dict(CALLS))
 
 
+# What each MCP session keeps, by its session id (`--notes`).
+NOTES: dict[str, str] = {}
+
+
+def session_of(ctx: Context) -> str:
+    request = ctx.request_context.request
+    sid = request.headers.get("mcp-session-id") if request is not None else None
+    return sid or f"object-{id(ctx.session)}"
+
+
+# Registered in main() with --notes.
+def remember(x: str, ctx: Context) -> str:
+    CALLS["remember"] += 1
+    sid = session_of(ctx)
+    NOTES[sid] = x
+    return f"session {sid} keeps {x!r}"
+
+
+def recall(ctx: Context) -> str:
+    CALLS["recall"] += 1
+    sid = session_of(ctx)
+    if sid in NOTES:
+        return f"session {sid} holds {NOTES[sid]!r}"
+    return f"session {sid} holds nothing"
+
+
+class CountSessions:
+    """Counts the sessions the server opens: answers to a POST without a session id that
+    carry one (an `initialize` the server accepted)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        opening = (
+            scope["type"] == "http"
+            and scope["method"] == "POST"
+            and not any(k == b"mcp-session-id" for k, _ in scope["headers"])
+        )
+        if not opening:
+            return await self.app(scope, receive, send)
+
+        async def counting(message):
+            if message["type"] == "http.response.start" and any(
+                k.lower() == b"mcp-session-id" for k, _ in message.get("headers", [])
+            ):
+                CALLS["initialize"] += 1
+            await send(message)
+
+        return await self.app(scope, receive, counting)
+
+
+class LegacyOnly:
+    """Refuses requests in a revision without sessions (2026-07-28 on), as an older server
+    would, so that every client initializes a session."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["method"] == "POST":
+            version = dict(scope["headers"]).get(b"mcp-protocol-version", b"")
+            if version >= b"2026":
+                body = b'{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"Bad Request: Unsupported protocol version"}}'
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 400,
+                        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+                    }
+                )
+                await send({"type": "http.response.body", "body": body})
+                return
+        return await self.app(scope, receive, send)
+
+
 # Registered in main(), not by decorator, so that --no-health can leave it out.
 async def health(_: Request) -> PlainTextResponse:
     return PlainTextResponse("ok")
@@ -100,17 +184,33 @@ def main() -> None:
     parser.add_argument("--stateless", action="store_true")
     parser.add_argument("--json-response", action="store_true")
     parser.add_argument("--no-health", action="store_true")
+    parser.add_argument("--notes", action="store_true")
+    parser.add_argument("--legacy-only", action="store_true")
+    parser.add_argument("--session-idle-timeout", type=float, default=None)
+    parser.add_argument("--max-sessions", type=int, default=None)
     parser.add_argument("--gzip", action="store_true")
     parser.add_argument("--any-method", action="store_true")
     args = parser.parse_args()
     if not args.no_health:
         server.custom_route("/health", methods=["GET"])(health)
+    if args.notes:
+        server.tool()(remember)
+        server.tool()(recall)
+    options = {}
+    if args.session_idle_timeout is not None:
+        options["session_idle_timeout"] = args.session_idle_timeout
+    if args.max_sessions is not None:
+        options["max_sessions"] = args.max_sessions
     app = server.streamable_http_app(
         stateless_http=args.stateless,
         json_response=args.json_response,
         # Behind the gateway the Host header is Envoy's listener, not this server's address.
         host="0.0.0.0",
+        **options,
     )
+    app = CountSessions(app)
+    if args.legacy_only:
+        app = LegacyOnly(app)
     if args.gzip:
         from starlette.middleware.gzip import GZipMiddleware
 

@@ -1,7 +1,8 @@
 //! `/v1/upstream-sessions`: toolgate-xds opens sessions with a stateful server on a client's
 //! behalf, with the client's own `initialize` parameters, keeps one per (owner, service),
-//! moves it off an instance that lost it, replays a message there, and deletes them when the
-//! owner's session ends. Real etcd, toolgate-xds and two lab servers (rmcp, stateful).
+//! leaves ended a session its live server no longer knows, moves one lost with its instance,
+//! replays a message there, and deletes them when the owner's session ends. Real etcd,
+//! toolgate-xds and two lab servers (rmcp, stateful).
 
 use std::time::Duration;
 
@@ -52,8 +53,8 @@ async fn sessions_are_opened_for_a_client_moved_when_lost_and_deleted_with_their
     let env = TestEnv::new("upstream_sessions_opened_moved_deleted");
     let etcd = Etcd::start(&env).await;
     let xds = Xds::start(&env, "xds", &etcd.endpoint(), &[]).await;
-    let a = Member::start(&env, &etcd.endpoint(), "orders", "a", &[], 10).await;
-    let b = Member::start(&env, &etcd.endpoint(), "orders", "b", &[], 10).await;
+    let mut a = Member::start(&env, &etcd.endpoint(), "orders", "a", &[], 10).await;
+    let mut b = Member::start(&env, &etcd.endpoint(), "orders", "b", &[], 10).await;
     wait_until("both instances UP", Duration::from_secs(15), || async {
         let r = xds.registry().await;
         r["services"]["orders"]
@@ -70,9 +71,9 @@ async fn sessions_are_opened_for_a_client_moved_when_lost_and_deleted_with_their
         .expect("a stateful server gives a session");
     let holder = address_of(envelope);
     let (holder_member, other) = if holder == a.server.endpoint() {
-        (&a, &b)
+        (&mut a, &mut b)
     } else {
-        (&b, &a)
+        (&mut b, &mut a)
     };
     assert_eq!(holder, holder_member.server.endpoint());
     assert_eq!(
@@ -88,19 +89,27 @@ async fn sessions_are_opened_for_a_client_moved_when_lost_and_deleted_with_their
         1
     );
 
-    // The filter saw it fail: a new session, on the other instance, and the old one deleted.
+    // The filter saw the server answer "session unknown" while the instance lives on,
+    // unchanged: the client or the server ended it, so it is not opened again.
     let mut stale = ask.clone();
     stale["stale"] = json!(envelope);
+    let (status, ended) = post(&xds, "/v1/upstream-sessions", stale.clone()).await;
+    assert_eq!(status, 410, "{ended}");
+    assert_eq!(ended["failure"], "ended", "{ended}");
+    assert_eq!(
+        count(&holder_member.server.control().await, "initializes"),
+        1
+    );
+    // Lost with its instance: a new session, on the other instance.
+    holder_member.server.proc.kill();
     let (status, moved) = post(&xds, "/v1/upstream-sessions", stale).await;
-    assert_eq!(status, 200, "{moved}");
+    assert_eq!(status, 200, "{moved}\n{}", xds.log());
     let moved_envelope = moved["envelope"].as_str().expect("envelope");
     assert_eq!(address_of(moved_envelope), other.server.endpoint());
-    wait_until(
-        "the lost session is deleted",
-        Duration::from_secs(5),
-        || async { count(&holder_member.server.control().await, "deletes") == 1 },
-    )
-    .await;
+    assert!(
+        moved["opened_ms"].as_u64().is_some_and(|t| t > 0),
+        "{moved}"
+    );
 
     // A replayed call runs on the held session and its answer comes back whole.
     let call = json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call",

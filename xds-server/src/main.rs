@@ -151,6 +151,37 @@ struct ServeArgs {
     envoy_outlier_detection: bool,
     #[command(flatten)]
     health: HealthArgs,
+    #[command(flatten)]
+    held: HeldSessionArgs,
+}
+
+/// Sessions the gateway holds with servers for its clients (the aggregate endpoint's, and
+/// those re-opened when an instance is lost).
+#[derive(Args, Debug)]
+struct HeldSessionArgs {
+    /// Sessions held with one service for one caller at most: a verified user (issuer and
+    /// subject), or without a token the client's address. Beyond, the least recently used
+    /// one idle for --held-session-evictable-after is deleted to make room, or the client
+    /// is told the bound.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
+    max_held_sessions_per_caller: u32,
+    /// Sessions held with one service at most, for all callers.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    max_held_sessions_per_service: u32,
+    /// A held session unused this long may be deleted to make room under a bound. Filters
+    /// ask for the sessions they use every 30 s, so keep it above that.
+    #[arg(long, default_value = "2m", value_parser = positive_duration)]
+    held_session_evictable_after: Duration,
+}
+
+impl HeldSessionArgs {
+    fn limits(&self) -> toolgate_xds::upstream::SessionLimits {
+        toolgate_xds::upstream::SessionLimits {
+            per_caller: self.max_held_sessions_per_caller as usize,
+            per_service: self.max_held_sessions_per_service as usize,
+            evictable_after: self.held_session_evictable_after,
+        }
+    }
 }
 
 /// Instance health beyond the lease.
@@ -649,9 +680,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         metrics.clone(),
         &session_key,
     );
-    let upstream = Arc::new(toolgate_xds::upstream::UpstreamSessions::new(
+    let upstream = Arc::new(toolgate_xds::upstream::UpstreamSessions::with_limits(
         registry.clone(),
         metrics.clone(),
+        args.held.limits(),
     ));
     aggregate.hold_upstream_in(upstream.clone());
     tokio::spawn(toolgate_xds::aggregate::run(

@@ -85,6 +85,14 @@ pub struct HeldLabel {
     pub owner: &'static str,
 }
 
+/// Which bound refused a session held for a client: `caller` (per caller and service) or
+/// `service` (per service).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BoundLabel {
+    pub service: String,
+    pub bound: &'static str,
+}
+
 pub type Ratio = Gauge<f64, AtomicU64>;
 
 pub struct Metrics {
@@ -122,6 +130,11 @@ pub struct Metrics {
     pub aggregate_streams: Family<StreamLabel, Gauge>,
     pub upstream_sessions: Family<HeldLabel, Gauge>,
     pub upstream_sessions_opened: Family<HeldLabel, Counter>,
+    pub upstream_sessions_by_service: Family<ServiceLabel, Gauge>,
+    pub upstream_sessions_reopened: Family<ServiceLabel, Counter>,
+    pub upstream_sessions_ended: Family<ServiceLabel, Counter>,
+    pub upstream_sessions_evicted: Family<ServiceLabel, Counter>,
+    pub upstream_sessions_refused: Family<BoundLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -334,9 +347,44 @@ impl Metrics {
             "Sessions opened with servers on clients' behalf, by owner kind",
             upstream_sessions_opened.clone(),
         );
+        let upstream_sessions_by_service = Family::<ServiceLabel, Gauge>::default();
+        registry.register(
+            "toolgate_upstream_sessions_held",
+            "Sessions held with servers on clients' behalf now, by service",
+            upstream_sessions_by_service.clone(),
+        );
+        let upstream_sessions_reopened = Family::<ServiceLabel, Counter>::default();
+        registry.register(
+            "toolgate_upstream_sessions_reopened",
+            "Sessions held for clients opened again because their instance was gone or restarted (the call is replayed once), by service",
+            upstream_sessions_reopened.clone(),
+        );
+        let upstream_sessions_ended = Family::<ServiceLabel, Counter>::default();
+        registry.register(
+            "toolgate_upstream_sessions_ended",
+            "Sessions a client or its live server ended, which the gateway did not open again (the server's answer reached the client), by service",
+            upstream_sessions_ended.clone(),
+        );
+        let upstream_sessions_evicted = Family::<ServiceLabel, Counter>::default();
+        registry.register(
+            "toolgate_upstream_sessions_evicted",
+            "Idle sessions held for clients deleted to make room under a bound, by service",
+            upstream_sessions_evicted.clone(),
+        );
+        let upstream_sessions_refused = Family::<BoundLabel, Counter>::default();
+        registry.register(
+            "toolgate_upstream_sessions_refused",
+            "Sessions not opened for a client because a bound was reached and none was idle, by service and bound (caller, service)",
+            upstream_sessions_refused.clone(),
+        );
         Metrics {
             upstream_sessions,
             upstream_sessions_opened,
+            upstream_sessions_by_service,
+            upstream_sessions_reopened,
+            upstream_sessions_ended,
+            upstream_sessions_evicted,
+            upstream_sessions_refused,
             aggregate_requests,
             aggregate_sessions,
             aggregate_streams,

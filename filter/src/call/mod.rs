@@ -609,7 +609,11 @@ enum HeldPhase {
     Opening,
     /// The call went with the session.
     Sent,
-    /// The server had lost it: toolgate-xds replays the call on a new one.
+    /// The server answered 400: its body is read to see whether it means "session unknown"
+    /// (the TypeScript SDK's servers' -32000).
+    Checking,
+    /// The server no longer knew it: toolgate-xds decides, and replays the call on a new one
+    /// if it was lost with its instance.
     Replaying,
 }
 
@@ -650,9 +654,35 @@ struct HeldCall {
     phase: HeldPhase,
     /// An answer asked for long ago, used should asking again fail.
     fallback: Option<held_session::Held>,
+    /// When the session the call went with was opened, if known.
+    opened_ms: Option<u64>,
 }
 
 impl HeldCall {
+    /// The question to toolgate-xds about this session, counted for `caller`.
+    fn question<'a>(&'a self, caller: &'a str) -> held_session::Question<'a> {
+        held_session::Question {
+            owner: &self.owner,
+            service: &self.service,
+            client: self.client.question(),
+            caller,
+        }
+    }
+
+    /// Remembers for every worker that the client or its live server ended the session: it
+    /// is neither used nor opened again. A stateless client has no session to end, only the
+    /// one held for its identity: the next call opens another.
+    fn ended<S: SharedStore, M>(&self, shared: &Rc<RefCell<Shared<S, M>>>) {
+        let value = match self.client {
+            HeldFor::Stateless(_) => Vec::new(),
+            _ => held_session::encode_ended(&self.owner, &self.service),
+        };
+        let shared = shared.borrow();
+        let store = shared.breakers.store();
+        let cas = store.get(&self.slot).ok().flatten().map(|(_, cas)| cas);
+        let _ = store.set(&self.slot, &value, cas);
+    }
+
     /// Puts the held session on the request.
     fn use_answer(&mut self, host: &impl CallHost, answer: &held_session::Held) {
         if let Some(envelope) = &answer.envelope {
@@ -662,6 +692,7 @@ impl HeldCall {
             host.set_request_header("mcp-protocol-version", Some(&answer.protocol_version));
         }
         self.envelope = answer.envelope.clone();
+        self.opened_ms = answer.opened_ms;
     }
 
     /// Keeps the answer for every worker of this Envoy.
@@ -1298,9 +1329,13 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         let Some((sent, value)) = opened else {
             return;
         };
-        let (envelope, params) = held_session::split(&value);
+        let (envelope, params, opened_ms) = held_session::split(&value);
+        let identity = self.held_identity();
         let held = params.and_then(|p| {
-            let owner = held_session::owner_of(held_session::OwnerKind::Route, &sent)?;
+            let owner = held_session::bound_to(
+                held_session::owner_of(held_session::OwnerKind::Route, &sent)?,
+                identity.as_deref(),
+            );
             let slot = held_session::slot_key(&owner, service);
             Some(HeldCall {
                 owner,
@@ -1311,13 +1346,14 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 body: Vec::new(),
                 phase: HeldPhase::Sent,
                 fallback: None,
+                opened_ms,
             })
         });
         let Some(mut held) = held else {
             host.set_request_header(SESSION_HEADER, Some(envelope));
             return;
         };
-        let moved = {
+        let slot = {
             let shared = self.shared.borrow();
             shared
                 .breakers
@@ -1326,13 +1362,71 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 .ok()
                 .flatten()
                 .and_then(|(bytes, _)| held_session::decode_slot(&bytes, &held.owner, service))
-                .map(|(answer, _)| answer)
         };
-        match moved {
-            Some(answer) if answer.envelope.is_some() => held.use_answer(host, &answer),
+        match slot {
+            Some(held_session::Slot::Held { held: answer, .. }) if answer.envelope.is_some() => {
+                held.use_answer(host, &answer)
+            }
+            Some(held_session::Slot::Ended) => {
+                // Ended by the client or its server: the server says so again (its "session
+                // unknown" reaches the client), and nothing is re-opened.
+                host.set_request_header(SESSION_HEADER, Some(&session::unusable(&sent)));
+                return;
+            }
             _ => host.set_request_header(SESSION_HEADER, Some(envelope)),
         }
         self.held = Some(held);
+    }
+
+    /// The digest of the verified user a held session is bound to, when the caller presented
+    /// a valid token (see [`held_session::identity_tag`]).
+    fn held_identity(&self) -> Option<String> {
+        let verified = self.auth.verified.as_ref()?;
+        let issuer = verified
+            .payload
+            .get("iss")
+            .and_then(|i| i.as_str())
+            .unwrap_or_default();
+        Some(held_session::identity_tag(issuer, &verified.caller.subject))
+    }
+
+    /// Whom toolgate-xds counts this client's held sessions for under its bounds.
+    fn held_caller(&self, host: &impl CallHost) -> String {
+        let identity = self.held_identity();
+        let source = match identity {
+            Some(_) => None,
+            None => host
+                .property(&["source", "address"])
+                .and_then(|a| String::from_utf8(a).ok()),
+        };
+        held_session::caller_key(identity.as_deref(), source.as_deref())
+    }
+
+    /// The verified claims this request carries to `service` as headers (its `claim_headers`),
+    /// which a replay of it keeps.
+    fn held_claims(&self, service: &str) -> Vec<(String, String)> {
+        let shared = self.shared.borrow();
+        let (Some(rules), Some(verified)) = (
+            shared
+                .config
+                .auth
+                .as_ref()
+                .and_then(|a| a.services.get(service)),
+            &self.auth.verified,
+        ) else {
+            return Vec::new();
+        };
+        rules
+            .claim_headers
+            .iter()
+            .filter_map(|(claim, header)| {
+                let value = verified
+                    .payload
+                    .get(claim)
+                    .and_then(auth::claim_header_value)?;
+                Some((header.clone(), value))
+            })
+            .collect()
     }
 
     /// The `initialize` parameters of this client: those of the `initialize` it is sending,
@@ -1353,7 +1447,13 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         let Some(value) = host.response_header(SESSION_HEADER) else {
             return;
         };
-        let value = held_session::join(&value, self.client_params());
+        // The time a session is opened goes with it (an initialize now, or the one it had).
+        let opened_ms = if self.init_params.is_some() {
+            Some(host.now_ms())
+        } else {
+            self.held.as_ref().and_then(|h| h.opened_ms)
+        };
+        let value = held_session::join(&value, self.client_params(), opened_ms);
         let service = self.service.as_deref().unwrap_or_default();
         let sealed = match &self.shared.borrow().sealer {
             Some(sealer) => sealer.seal(&value, service),
@@ -1572,9 +1672,13 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         // (`hostcalls::call_foreign_function("clear_route_cache", None)`), one host call.
         host.set_request_header(":path", Some(&aggregate::service_path(service, &query)));
         route_to(host, service);
+        let identity = self.held_identity();
         let (owner, client) = match gateway_session {
             Some(id) => match held_session::owner_of(held_session::OwnerKind::Gateway, &id) {
-                Some(owner) => (owner, HeldFor::Gateway(id)),
+                Some(owner) => (
+                    held_session::bound_to(owner, identity.as_deref()),
+                    HeldFor::Gateway(id),
+                ),
                 None => return Action::Continue,
             },
             // A 2026-07-28 client calling a server that needs a session: one held for the
@@ -1596,7 +1700,10 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 };
                 let params = held_session::stateless_params(body, &revision);
                 (
-                    held_session::owner_of_identity(&params),
+                    held_session::bound_to(
+                        held_session::owner_of_identity(&params),
+                        identity.as_deref(),
+                    ),
                     HeldFor::Stateless(params),
                 )
             }
@@ -1615,12 +1722,14 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         // An answer asked for long ago is asked for again (toolgate-xds learns the session is
         // in use), and used still should toolgate-xds not answer.
         let (cached, fallback) = match cached {
-            Some((answer, asked))
-                if host.now_ms().saturating_sub(asked) < held_session::REFRESH_MS =>
-            {
+            Some(held_session::Slot::Held {
+                held: answer,
+                asked_ms,
+            }) if host.now_ms().saturating_sub(asked_ms) < held_session::REFRESH_MS => {
                 (Some(answer), None)
             }
-            Some((answer, _)) => (None, Some(answer)),
+            Some(held_session::Slot::Held { held: answer, .. }) => (None, Some(answer)),
+            Some(held_session::Slot::Ended) => return self.session_ended_here(host),
             None => (None, None),
         };
         let mut held = HeldCall {
@@ -1632,14 +1741,15 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             body: body.to_vec(),
             phase: HeldPhase::Sent,
             fallback,
+            opened_ms: None,
         };
         if let Some(answer) = cached {
             held.use_answer(host, &answer);
             self.held = Some(held);
             return Action::Continue;
         }
-        let request =
-            held_session::open_request(&held.owner, &held.service, held.client.question(), None);
+        let caller = self.held_caller(host);
+        let request = held_session::open_request(&held.question(&caller));
         held.phase = HeldPhase::Opening;
         self.held = Some(held);
         if host.dispatch(
@@ -1657,16 +1767,53 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         crate::feedback::authorization(&self.shared.borrow().config.report_token)
     }
 
-    /// No session could be had for the call: it is answered here, and counts for nothing
-    /// against the tool (the service's instances are judged by their probes).
-    fn session_unopened(&mut self, host: &impl CallHost, why: held_session::Unopened) -> Action {
+    /// The session this client's call would go on ended (the client or its live server ended
+    /// it, or its gateway session is over): answered here as the server would, "session not
+    /// found", so the client initializes again.
+    fn session_ended_here(&mut self, host: &impl CallHost) -> Action {
         self.record(host, Outcome::Ignored, None);
+        let id = self.request.as_ref().map(|j| j.id.clone());
+        let reply = reply::error(
+            self.version,
+            id.as_ref(),
+            crate::mcp::request::INVALID_REQUEST,
+            "Session not found: it was ended; initialize a new session",
+            None::<()>,
+            Framing::Json,
+        );
+        self.answer(host, 404, &reply)
+    }
+
+    /// No session could be had for the call: it is answered here, saying what happened, and
+    /// counts for nothing against the tool (the service's instances are judged by their
+    /// probes). A replayed call that failed on its server counts as the failure it is.
+    fn session_unopened(&mut self, host: &impl CallHost, why: held_session::Unopened) -> Action {
+        use held_session::Unopened as U;
+        let failure = match why {
+            U::NoInstance => UpstreamFailure::NoHealthyUpstream,
+            U::AtBound { limit, per_caller } => UpstreamFailure::SessionLimit { limit, per_caller },
+            U::Refused(status) => UpstreamFailure::SessionRefused(status),
+            U::Timeout | U::CallTimeout => UpstreamFailure::Timeout,
+            U::CallReset => UpstreamFailure::Reset,
+            U::CallBadResponse => UpstreamFailure::BadResponse,
+            U::Unreachable | U::Failed => UpstreamFailure::ConnectFailure,
+            U::Overloaded => {
+                if self.admitted.is_some() {
+                    let reply = self.overloaded(host);
+                    return self.answer(host, 200, &reply);
+                }
+                UpstreamFailure::NoHealthyUpstream
+            }
+            U::Ended | U::SessionGone => return self.session_ended_here(host),
+        };
+        match why {
+            U::CallTimeout | U::CallReset | U::CallBadResponse => {
+                self.record(host, Outcome::Failure, None)
+            }
+            _ => self.record(host, Outcome::Ignored, None),
+        }
         let (Some(judged), Some(service)) = (&self.request, &self.service) else {
             return Action::Continue;
-        };
-        let failure = match why {
-            held_session::Unopened::NoInstance => UpstreamFailure::NoHealthyUpstream,
-            held_session::Unopened::Failed => UpstreamFailure::ConnectFailure,
         };
         // An admitted `tools/call` gets the semantic reply, naming its fallback, as it does
         // when Envoy finds no healthy upstream: a client of the aggregate endpoint with a
@@ -1697,10 +1844,20 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                     Some(200) => serde_json::from_slice::<held_session::Held>(body).ok(),
                     _ => None,
                 };
+                // An answer asked for a while ago is used still when toolgate-xds does not
+                // answer, or could not open another; not when it said the session is over or
+                // not to be had. Kept as asked now, so that calls do not all ask again.
+                let kept = matches!(
+                    held_session::unopened(status, body),
+                    held_session::Unopened::Failed
+                        | held_session::Unopened::Unreachable
+                        | held_session::Unopened::Timeout
+                        | held_session::Unopened::Refused(_)
+                );
                 let answer = match (answer, held.fallback.take()) {
                     (Some(a), _) => Some(a),
-                    // A session the gateway ended is not used again.
-                    (None, Some(old)) if status != Some(404) => {
+                    (None, Some(old)) if kept => {
+                        held.store(&self.shared, &old, host.now_ms());
                         held.use_answer(host, &old);
                         held.phase = HeldPhase::Sent;
                         host.resume_request();
@@ -1718,7 +1875,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                         ),
                     );
                     // Answered locally: the paused request is not resumed.
-                    let why = held_session::unopened(status);
+                    let why = held_session::unopened(status, body);
                     return self.session_unopened(host, why);
                 };
                 held.store(&self.shared, &answer, host.now_ms());
@@ -1733,71 +1890,94 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                     _ => None,
                 };
                 held.phase = HeldPhase::Sent;
-                match replayed {
-                    Some(r) => {
-                        held.store(&self.shared, &r.held, host.now_ms());
-                        // A client of a service's route gets its new id (those SDKs that take
-                        // a new id from any response do; the others keep the old one, which
-                        // now leads here too).
-                        let resealed = match (&held.client, &r.held.envelope) {
-                            (HeldFor::Route(params), Some(envelope)) => {
-                                let value = held_session::join(envelope, Some(params));
-                                self.shared
-                                    .borrow()
-                                    .sealer
-                                    .as_ref()
-                                    .and_then(|s| s.seal(&value, &held.service))
-                            }
-                            _ => None,
-                        };
-                        let headers: Vec<(&str, &str)> = resealed
-                            .as_deref()
-                            .map(|id| vec![(SESSION_HEADER, id)])
-                            .unwrap_or_default();
-                        let completed = match &held.client {
-                            HeldFor::Stateless(_) => {
-                                held_session::complete_results(r.body.as_bytes())
-                            }
-                            _ => None,
-                        };
-                        host.send_raw(
-                            u32::from(r.status),
-                            &r.content_type,
-                            completed.as_deref().unwrap_or(r.body.as_bytes()),
-                            &headers,
-                        );
+                let Some(r) = replayed else {
+                    return self.replay_refused(host, status, body);
+                };
+                held.store(&self.shared, &r.held, host.now_ms());
+                held.opened_ms = r.held.opened_ms;
+                // A client of a service's route gets its new id (those SDKs that take a new id
+                // from any response do; the others keep the old one, which now leads here too).
+                let resealed = match (&held.client, &r.held.envelope) {
+                    (HeldFor::Route(params), Some(envelope)) => {
+                        let value = held_session::join(envelope, Some(params), r.held.opened_ms);
+                        self.shared
+                            .borrow()
+                            .sealer
+                            .as_ref()
+                            .and_then(|s| s.seal(&value, &held.service))
                     }
-                    // The server's 404 goes on: the client initializes again, as the
-                    // specification says it must.
-                    None => host.resume_response(),
+                    _ => None,
+                };
+                let stateless = matches!(held.client, HeldFor::Stateless(_));
+                if let Some(what) = self.replayed_outcome(host, &r) {
+                    // Not an answer the client could use: the failure, in MCP terms.
+                    let reply = self.failure_reply(what, self.framing);
+                    host.send_reply(200, &reply, &[]);
+                    return Action::Continue;
                 }
+                let headers: Vec<(&str, &str)> = resealed
+                    .as_deref()
+                    .map(|id| vec![(SESSION_HEADER, id)])
+                    .unwrap_or_default();
+                let completed = if stateless && (200..300).contains(&r.status) {
+                    held_session::complete_results(r.body.as_bytes())
+                } else {
+                    None
+                };
+                host.send_raw(
+                    u32::from(r.status),
+                    &r.content_type,
+                    completed.as_deref().unwrap_or(r.body.as_bytes()),
+                    &headers,
+                );
                 Action::Continue
             }
-            HeldPhase::Sent => Action::Continue,
+            HeldPhase::Sent | HeldPhase::Checking => Action::Continue,
         }
     }
 
-    /// A routed call whose held session the server no longer knows (404): asked again on a
-    /// new session, and answered with that answer.
-    fn replay_lost_session(&mut self, host: &impl CallHost) -> Option<Action> {
+    /// A call on a held or sealed session that the server answered "session unknown"
+    /// (`toolgate_model::session_loss`): toolgate-xds decides whether the session was lost
+    /// with its instance (re-opened, and the call replayed there) or ended by the client or
+    /// the live server (the server's answer goes on). A 404 says so at once; a 400 says so in
+    /// its body, which is held and read first ([`HeldPhase::Checking`]).
+    fn replay_lost_session(&mut self, host: &impl CallHost, end_of_stream: bool) -> Option<Action> {
         let held = self.held.as_mut()?;
         if held.phase != HeldPhase::Sent || held.envelope.is_none() || held.body.is_empty() {
             return None;
         }
-        let status = host.response_header(":status")?;
-        if status != "404" {
-            return None;
+        let status = host
+            .response_header(":status")
+            .and_then(|s| s.parse::<u16>().ok())?;
+        if toolgate_model::session_loss::session_unknown(status, None) {
+            return self.ask_replay(host);
         }
-        let request = held_session::replay_request(
-            &held.owner,
-            &held.service,
-            held.client.question(),
-            held.envelope.as_deref(),
-            &held.body,
-        );
+        // A 400 without a body cannot say -32000.
+        if status == 400 && !end_of_stream {
+            held.phase = HeldPhase::Checking;
+            return Some(Action::Pause);
+        }
+        None
+    }
+
+    /// Asks toolgate-xds to replay the call whose session the server no longer knows; `None`
+    /// when the question could not be sent (the server's answer goes on).
+    fn ask_replay(&mut self, host: &impl CallHost) -> Option<Action> {
+        let caller = self.held_caller(host);
+        let claims = self.held_claims(self.held.as_ref()?.service.as_str());
+        let answered_by = host
+            .property(&["upstream", "address"])
+            .and_then(|a| String::from_utf8(a).ok());
+        let held = self.held.as_mut()?;
+        let stale = held.envelope.clone().unwrap_or_default();
+        let lost = held_session::LostSession {
+            stale: &stale,
+            opened_ms: held.opened_ms,
+            answered_by: answered_by.as_deref(),
+        };
+        let request =
+            held_session::replay_request(&held.question(&caller), &lost, &held.body, &claims);
         held.phase = HeldPhase::Replaying;
-        // The request was not the tool's to fail.
-        self.record(host, Outcome::Ignored, None);
         if host.dispatch(
             held_session::REPLAY_PATH,
             &request,
@@ -1809,6 +1989,75 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 h.phase = HeldPhase::Sent;
             }
             None
+        }
+    }
+
+    /// toolgate-xds replayed nothing. Ended by the client or the live server: the server's
+    /// answer goes on (the client initializes again, as the specification says it must), and
+    /// the slot remembers. Otherwise the client is told what happened.
+    fn replay_refused(&mut self, host: &impl CallHost, status: Option<u16>, body: &[u8]) -> Action {
+        let why = held_session::unopened(status, body);
+        match why {
+            held_session::Unopened::Ended | held_session::Unopened::SessionGone => {
+                if let Some(h) = &self.held {
+                    h.ended(&self.shared);
+                }
+                // The request was not the tool's to fail.
+                self.record(host, Outcome::Ignored, Some(Kind::Ok));
+                host.resume_response();
+                Action::Continue
+            }
+            // No answer from toolgate-xds: the server's goes on.
+            held_session::Unopened::Failed => {
+                self.record(host, Outcome::Ignored, None);
+                host.resume_response();
+                Action::Continue
+            }
+            // Told here what happened, when there is a request to answer; a notification's
+            // answer is the server's.
+            why if self.request.is_some() && self.service.is_some() => {
+                self.session_unopened(host, why);
+                Action::Continue
+            }
+            _ => {
+                self.record(host, Outcome::Ignored, None);
+                host.resume_response();
+                Action::Continue
+            }
+        }
+    }
+
+    /// Records what the server answered a replayed call, as any call's answer counts; the
+    /// failure to answer in its place when it is not an answer the client can use.
+    fn replayed_outcome(
+        &mut self,
+        host: &impl CallHost,
+        r: &held_session::Replayed,
+    ) -> Option<UpstreamFailure> {
+        // Only an admitted call has an outcome to record.
+        self.admitted.as_ref()?;
+        let id = self.request.as_ref().map(|j| j.id.clone())?;
+        match r.status {
+            500..=599 => {
+                self.record(host, Outcome::Failure, None);
+                Some(UpstreamFailure::Http5xx(r.status))
+            }
+            200..=299 => {
+                let class = if r.content_type.starts_with("text/event-stream") {
+                    let mut scanner = SseScanner::new(id);
+                    scanner
+                        .feed(r.body.as_bytes())
+                        .or_else(|| scanner.finish())
+                        .unwrap_or(ResponseClass::Other)
+                } else {
+                    classify_response(r.body.as_bytes(), &id)
+                };
+                self.classified(host, class)
+            }
+            _ => {
+                self.record(host, Outcome::Ignored, Some(Kind::Ok));
+                None
+            }
         }
     }
 
@@ -2145,7 +2394,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             // address wrapped around it by the session affinity) must not replace it.
             host.set_response_header(SESSION_HEADER, None);
         }
-        if let Some(action) = self.replay_lost_session(host) {
+        if let Some(action) = self.replay_lost_session(host, end_of_stream) {
             return action;
         }
         if self.on_virtual.as_ref().is_some_and(|v| !v.routed) {
@@ -2603,12 +2852,12 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
     ) -> Action {
         // A body callback that continued would release the held headers (the server's 404)
         // before the replayed answer is there.
-        if self
-            .held
-            .as_ref()
-            .is_some_and(|h| h.phase == HeldPhase::Replaying)
-        {
-            return Action::Pause;
+        match self.held.as_ref().map(|h| h.phase) {
+            Some(HeldPhase::Replaying) => return Action::Pause,
+            Some(HeldPhase::Checking) => {
+                return self.check_lost_session(host, body_size, end_of_stream)
+            }
+            _ => {}
         }
         let mut body_size = body_size;
         if self.completing {
@@ -2725,6 +2974,36 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 Action::Continue
             }
         }
+    }
+
+    /// A 400 the server answered a call on a held or sealed session: "session unknown" when its
+    /// body says -32000 (the TypeScript SDK's servers), else the request's own fault.
+    fn check_lost_session(
+        &mut self,
+        host: &impl CallHost,
+        body_size: usize,
+        end_of_stream: bool,
+    ) -> Action {
+        let small = body_size <= toolgate_model::session_loss::MAX_ERROR_BODY;
+        if !end_of_stream && small {
+            return Action::Pause;
+        }
+        let unknown = end_of_stream && small && {
+            let body = host.response_body(body_size).unwrap_or_default();
+            let code = toolgate_model::session_loss::rpc_error_code(&body);
+            toolgate_model::session_loss::session_unknown(400, code)
+        };
+        if unknown {
+            if let Some(action) = self.ask_replay(host) {
+                return action;
+            }
+        }
+        if let Some(h) = self.held.as_mut() {
+            h.phase = HeldPhase::Sent;
+        }
+        // The request was at fault (a header the server refused), as any 4xx.
+        self.record(host, Outcome::Ignored, Some(Kind::Ok));
+        Action::Continue
     }
 
     /// The stream ended. An admitted call whose outcome is still open ended without its

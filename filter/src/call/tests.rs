@@ -1418,6 +1418,259 @@ fn a_route_session_whose_instance_is_gone_is_reopened_with_the_clients_parameter
     );
 }
 
+/// A gateway call whose held session toolgate-xds opened on `envelope`, sent.
+fn held_gateway_call(w: &mut Worker, envelope: &str) -> Flight {
+    let mut f = gateway_call(w);
+    let answer = serde_json::json!({"envelope": envelope, "protocol_version": "2025-06-18",
+        "instance": "a", "opened_ms": 1234});
+    f.call
+        .on_dispatch_response(&f.stream, Some(200), answer.to_string().as_bytes());
+    f
+}
+
+#[test]
+fn the_typescript_sdks_400_means_session_unknown_and_is_replayed() {
+    let mut w = aggregate_worker();
+    let mut f = held_gateway_call(&mut w, "ZW52LTE=;UV:YQ==");
+    f.stream
+        .properties
+        .borrow_mut()
+        .insert("upstream.address".into(), b"127.0.0.1:9".to_vec());
+    {
+        let mut h = f.stream.response_headers.borrow_mut();
+        h.insert(":status".into(), "400".into());
+        h.insert("content-type".into(), "application/json".into());
+    }
+    assert_eq!(
+        f.call.on_response_headers(&f.stream, false),
+        Action::Pause,
+        "held to read why"
+    );
+    let body = r#"{"jsonrpc":"2.0","error":{"code":-32000,"message":"Bad Request: No valid session ID provided"},"id":null}"#;
+    *f.stream.response_body.borrow_mut() = body.as_bytes().to_vec();
+    assert_eq!(
+        f.call.on_response_body(&f.stream, body.len(), true),
+        Action::Pause
+    );
+    let (path, question) = f.stream.dispatched.borrow()[1].clone();
+    assert_eq!(path, crate::held_session::REPLAY_PATH);
+    let question = json_of(&question);
+    assert_eq!(question["stale"], "ZW52LTE=;UV:YQ==");
+    assert_eq!(question["opened_ms"], 1234);
+    assert_eq!(question["answered_by"], "127.0.0.1:9");
+    assert!(question["caller"].is_string(), "{question}");
+
+    // Any other 400 is the request's own: it goes on, and nobody is asked.
+    let mut f = held_gateway_call(&mut w, "ZW52LTE=;UV:YQ==");
+    let dispatched = f.stream.dispatched.borrow().len();
+    f.stream
+        .response_headers
+        .borrow_mut()
+        .insert(":status".into(), "400".into());
+    assert_eq!(f.call.on_response_headers(&f.stream, false), Action::Pause);
+    let other = r#"{"jsonrpc":"2.0","id":7,"error":{"code":-32602,"message":"bad"}}"#;
+    *f.stream.response_body.borrow_mut() = other.as_bytes().to_vec();
+    assert_eq!(
+        f.call.on_response_body(&f.stream, other.len(), true),
+        Action::Continue
+    );
+    assert_eq!(f.stream.dispatched.borrow().len(), dispatched);
+    assert_eq!(w.window("read_order").failures, 0);
+}
+
+#[test]
+fn a_held_answer_is_used_still_while_toolgate_xds_does_not_answer() {
+    let mut w = aggregate_worker();
+    let f = held_gateway_call(&mut w, "ZW52LTE=;UV:YQ==");
+    drop(f);
+    // Time for a refresh; toolgate-xds is away (Envoy's own 503, no explanation).
+    w.now += crate::held_session::REFRESH_MS + 1;
+    let mut f = gateway_call(&mut w);
+    assert_eq!(f.stream.dispatched.borrow().len(), 1, "asked again");
+    f.call
+        .on_dispatch_response(&f.stream, Some(503), b"no healthy upstream");
+    assert_eq!(f.stream.resumed.get(), 1, "the call goes on");
+    assert_eq!(
+        f.stream.request_headers.borrow()[SESSION_HEADER],
+        "ZW52LTE=;UV:YQ=="
+    );
+    // Kept as asked now: the next call does not ask again at once.
+    let next = gateway_call(&mut w);
+    assert!(next.stream.dispatched.borrow().is_empty());
+    // A 400 with no body says nothing of a session: it goes on.
+    let mut f = held_gateway_call(&mut w, "ZW52LTE=;UV:YQ==");
+    f.stream
+        .response_headers
+        .borrow_mut()
+        .insert(":status".into(), "400".into());
+    assert_eq!(
+        f.call.on_response_headers(&f.stream, true),
+        Action::Continue
+    );
+}
+
+#[test]
+fn a_session_the_client_or_its_live_server_ended_stays_ended() {
+    let mut w = aggregate_worker();
+    let mut f = held_gateway_call(&mut w, "ZW52LTE=;UV:YQ==");
+    f.stream
+        .response_headers
+        .borrow_mut()
+        .insert(":status".into(), "404".into());
+    assert_eq!(f.call.on_response_headers(&f.stream, false), Action::Pause);
+    // toolgate-xds: the instance is live and unchanged, so the server ended it.
+    f.call.on_dispatch_response(
+        &f.stream,
+        Some(410),
+        br#"{"error":"ended","failure":"ended"}"#,
+    );
+    assert_eq!(f.stream.resumed.get(), 2, "the server's 404 goes on");
+    assert!(f.stream.raw_replies.borrow().is_empty());
+    assert_eq!(w.window("read_order").failures, 0);
+    // The next call of that client is answered here: its session is over.
+    let next = gateway_call(&mut w);
+    assert!(next.stream.dispatched.borrow().is_empty());
+    let (status, reply) = next.reply();
+    assert_eq!(status, 404);
+    assert_eq!(reply["id"], 7);
+    assert!(reply["error"]["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("Session not found")));
+}
+
+#[test]
+fn a_replayed_call_that_fails_counts_as_a_failure() {
+    let mut w = aggregate_worker();
+    let mut f = held_gateway_call(&mut w, "ZW52LTE=;UV:YQ==");
+    f.stream
+        .response_headers
+        .borrow_mut()
+        .insert(":status".into(), "404".into());
+    assert_eq!(f.call.on_response_headers(&f.stream, false), Action::Pause);
+    let replayed = serde_json::json!({
+        "envelope": "ZW52LTI=;UV:Yg==", "protocol_version": "2025-06-18", "instance": "b",
+        "opened_ms": 99, "status": 500, "content_type": "text/plain", "body": "boom",
+    });
+    f.call
+        .on_dispatch_response(&f.stream, Some(200), replayed.to_string().as_bytes());
+    let (status, reply) = f.reply();
+    assert_eq!(status, 200);
+    assert_eq!(
+        reply["result"]["_meta"]["io.toolgate/breaker"]["failure"],
+        "http_5xx"
+    );
+    assert_eq!(
+        w.window("read_order").failures,
+        1,
+        "counted against the tool"
+    );
+
+    // A replay that timed out on the server counts too; a refused session does not.
+    let mut f = held_gateway_call(&mut w, "ZW52LTI=;UV:Yg==");
+    f.stream
+        .response_headers
+        .borrow_mut()
+        .insert(":status".into(), "404".into());
+    f.call.on_response_headers(&f.stream, false);
+    f.call.on_dispatch_response(
+        &f.stream,
+        Some(504),
+        br#"{"failure":"timeout","in_call":true}"#,
+    );
+    assert_eq!(
+        f.reply().1["result"]["_meta"]["io.toolgate/breaker"]["failure"],
+        "timeout"
+    );
+    assert_eq!(w.window("read_order").failures, 2);
+}
+
+#[test]
+fn a_session_refused_or_at_the_bound_says_so() {
+    let mut w = aggregate_worker();
+    let mut f = gateway_call(&mut w);
+    f.call.on_dispatch_response(
+        &f.stream,
+        Some(502),
+        br#"{"error":"initialize: HTTP 503","failure":"refused","status":503}"#,
+    );
+    let (status, reply) = f.reply();
+    assert_eq!(status, 200);
+    let text = reply["result"]["content"][0]["text"].as_str().unwrap_or("");
+    assert!(
+        text.contains("refused to open a session") && text.contains("503"),
+        "{text}"
+    );
+    assert!(!text.contains("could not reach"), "{text}");
+    let meta = &reply["result"]["_meta"]["io.toolgate/breaker"];
+    assert_eq!(meta["failure"], "session_refused");
+    assert_eq!(meta["httpStatus"], 503);
+
+    let mut f = gateway_call(&mut w);
+    f.call.on_dispatch_response(
+        &f.stream,
+        Some(429),
+        br#"{"failure":"at_bound","bound":"caller","limit":2}"#,
+    );
+    let text = f.reply().1["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(
+        text.contains("at most 2 sessions") && text.contains("for this caller"),
+        "{text}"
+    );
+    assert_eq!(w.window("read_order").failures, 0, "neither is the tool's");
+}
+
+#[test]
+fn a_route_session_the_server_ended_is_not_reopened() {
+    let mut w = Worker::new();
+    let mut config = w.shared.borrow().config.clone();
+    config.session_key.0 = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=".into();
+    assert!(w.shared.borrow_mut().configure(config));
+    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"agent","version":"1"}}}"#;
+    let mut f = w.request("orders", &[], init);
+    f.stream
+        .response_headers
+        .borrow_mut()
+        .insert(SESSION_HEADER.into(), "ZW52LTE=;UV:YQ==".into());
+    f.json(r#"{"jsonrpc":"2.0","id":1,"result":{}}"#);
+    let sealed = f.stream.response_headers.borrow()[SESSION_HEADER].clone();
+    let call = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"read_order","arguments":{}}}"#;
+    let mut f = w.request("orders", &[(SESSION_HEADER, &sealed)], call);
+    f.stream
+        .response_headers
+        .borrow_mut()
+        .insert(":status".into(), "404".into());
+    assert_eq!(f.call.on_response_headers(&f.stream, false), Action::Pause);
+    let (_, question) = f.stream.dispatched.borrow()[0].clone();
+    let question = json_of(&question);
+    assert!(
+        question["opened_ms"].is_u64(),
+        "the sealed id says when: {question}"
+    );
+    f.call
+        .on_dispatch_response(&f.stream, Some(410), br#"{"failure":"ended"}"#);
+    assert_eq!(f.stream.resumed.get(), 1);
+    // The same id again: not routed to any session (the server says 404), nobody asked.
+    let f = w.request("orders", &[(SESSION_HEADER, &sealed)], call);
+    assert!(f.went_upstream());
+    assert_ne!(
+        f.stream.request_headers.borrow()[SESSION_HEADER],
+        "ZW52LTE=;UV:YQ=="
+    );
+    let mut f = f;
+    f.stream
+        .response_headers
+        .borrow_mut()
+        .insert(":status".into(), "404".into());
+    assert_eq!(
+        f.call.on_response_headers(&f.stream, false),
+        Action::Continue
+    );
+    assert!(f.stream.dispatched.borrow().is_empty());
+}
+
 const LISTING: &str = r#"{"jsonrpc":"2.0","id":5,"result":{"tools":[{"name":"read_order","description":"Reads an order.","inputSchema":{"type":"object"}},{"name":"write_order","description":"Writes an order.","inputSchema":{"type":"object"}}]}}"#;
 
 fn tools_list(w: &mut Worker) -> Flight {
@@ -1833,6 +2086,42 @@ mod auth {
             w.metrics
                 .get("toolgate.auth.service=orders.reason=invalid_token.denied"),
             1
+        );
+    }
+
+    #[test]
+    fn two_users_stating_one_identity_hold_two_sessions() {
+        let mut w = aggregate_worker();
+        with_auth(&w, &["*"], None);
+        super::legacy_orders(&w);
+        let user = |sub: &str| {
+            payload(serde_json::json!({"iss": "http://idp", "aud": "http://gw", "sub": sub}))
+        };
+        let owner_of = |w: &mut Worker, sub: &str| {
+            let body = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"orders__read_order","arguments":{},"_meta":{"io.modelcontextprotocol/clientInfo":{"name":"shared-agent","version":"1.0"}}}}"#;
+            let p = user(sub);
+            let f = w.request_to(
+                "/mcp",
+                &[("mcp-protocol-version", "2026-07-28"), (PAYLOAD_HEADER, &p)],
+                body,
+            );
+            let (_, question) = f.stream.dispatched.borrow()[0].clone();
+            let q = json_of(&question);
+            (
+                q["owner"].as_str().unwrap_or_default().to_string(),
+                q["caller"].as_str().unwrap_or_default().to_string(),
+            )
+        };
+        let (alice, alice_caller) = owner_of(&mut w, "alice");
+        let (bob, bob_caller) = owner_of(&mut w, "bob");
+        assert_ne!(alice, bob, "one identity stated, two users: two owners");
+        assert!(alice.starts_with('m') && alice.contains('~'), "{alice}");
+        assert_ne!(alice_caller, bob_caller);
+        assert!(alice_caller.starts_with("user:"), "{alice_caller}");
+        assert_eq!(
+            owner_of(&mut w, "alice").0,
+            alice,
+            "the same user, the same owner"
         );
     }
 

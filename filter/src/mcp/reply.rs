@@ -240,6 +240,15 @@ pub enum UpstreamFailure {
     BadResponse,
     /// The server's stream ended before it sent the response.
     NoResponse,
+    /// The server refused to open a session for the call (this HTTP status; 503: it holds as
+    /// many as it allows).
+    SessionRefused(u16),
+    /// The gateway holds as many sessions with the service as it allows, `limit` for this
+    /// caller (`per_caller`) or for all its callers, none idle long enough to end.
+    SessionLimit {
+        limit: u32,
+        per_caller: bool,
+    },
 }
 
 impl UpstreamFailure {
@@ -252,6 +261,8 @@ impl UpstreamFailure {
             UpstreamFailure::NoHealthyUpstream => "no_healthy_upstream",
             UpstreamFailure::BadResponse => "bad_response",
             UpstreamFailure::NoResponse => "no_response",
+            UpstreamFailure::SessionRefused(_) => "session_refused",
+            UpstreamFailure::SessionLimit { .. } => "session_limit",
         }
     }
 
@@ -275,6 +286,21 @@ impl UpstreamFailure {
             UpstreamFailure::NoResponse => {
                 "was cut off: the server ended its answer before the response".into()
             }
+            UpstreamFailure::SessionRefused(status) => format!(
+                "was not made: the server refused to open a session for it (HTTP status {status})"
+            )
+            .into(),
+            UpstreamFailure::SessionLimit { limit, per_caller } => format!(
+                "was not made: the gateway holds at most {limit} {} with this service {}, and \
+                 none has been idle long enough to end",
+                plural(u64::from(limit), "session", "sessions"),
+                if per_caller {
+                    "for this caller"
+                } else {
+                    "for all its callers"
+                }
+            )
+            .into(),
         }
     }
 
@@ -283,7 +309,10 @@ impl UpstreamFailure {
     fn may_have_run(self) -> bool {
         !matches!(
             self,
-            UpstreamFailure::ConnectFailure | UpstreamFailure::NoHealthyUpstream
+            UpstreamFailure::ConnectFailure
+                | UpstreamFailure::NoHealthyUpstream
+                | UpstreamFailure::SessionRefused(_)
+                | UpstreamFailure::SessionLimit { .. }
         )
     }
 }
@@ -440,10 +469,14 @@ impl Unavailable<'_> {
                          that changes something.",
                     );
                 }
-                if what == UpstreamFailure::NoHealthyUpstream {
-                    text.push_str(" Another try may succeed once a server is back.");
-                } else {
-                    text.push_str(" Another try may reach a healthy server.");
+                match what {
+                    UpstreamFailure::NoHealthyUpstream => {
+                        text.push_str(" Another try may succeed once a server is back.")
+                    }
+                    UpstreamFailure::SessionRefused(_) | UpstreamFailure::SessionLimit { .. } => {
+                        text.push_str(" Another try may succeed once a session is free.")
+                    }
+                    _ => text.push_str(" Another try may reach a healthy server."),
                 }
             }
             UnavailableKind::Overloaded => {
@@ -533,8 +566,14 @@ impl Serialize for Details<'_, '_> {
             }
             UnavailableKind::UpstreamFailure { what } => {
                 m.serialize_entry("failure", what.code())?;
-                if let UpstreamFailure::Http5xx(status) = what {
-                    m.serialize_entry("httpStatus", &status)?;
+                match what {
+                    UpstreamFailure::Http5xx(status) | UpstreamFailure::SessionRefused(status) => {
+                        m.serialize_entry("httpStatus", &status)?;
+                    }
+                    UpstreamFailure::SessionLimit { limit, .. } => {
+                        m.serialize_entry("sessionLimit", &limit)?;
+                    }
+                    _ => {}
                 }
                 m.serialize_entry("mayHaveRun", &what.may_have_run())?;
             }
@@ -778,6 +817,19 @@ pub fn service_unavailable(
         ),
         UpstreamFailure::Timeout => format!(
             "The MCP service `{service}` did not answer in time; try again in a few seconds."
+        ),
+        UpstreamFailure::SessionRefused(status) => format!(
+            "The MCP service `{service}` refused to open a session (HTTP status {status}); try \
+             again later."
+        ),
+        UpstreamFailure::SessionLimit { limit, per_caller } => format!(
+            "The gateway holds at most {limit} sessions with the MCP service `{service}` {}, and \
+             none has been idle long enough to end; try again later.",
+            if per_caller {
+                "for this caller"
+            } else {
+                "for all its callers"
+            }
         ),
         _ => format!(
             "The MCP service `{service}` failed to answer this request; try again in a few \
@@ -1162,6 +1214,14 @@ mod tests {
             (UpstreamFailure::Http5xx(500), true),
             (UpstreamFailure::BadResponse, true),
             (UpstreamFailure::NoResponse, true),
+            (UpstreamFailure::SessionRefused(503), false),
+            (
+                UpstreamFailure::SessionLimit {
+                    limit: 2,
+                    per_caller: false,
+                },
+                false,
+            ),
         ] {
             let failed = Unavailable {
                 kind: UnavailableKind::UpstreamFailure { what },

@@ -101,6 +101,17 @@ impl Failure {
         }
     }
 
+    /// The server no longer knows the session the request named.
+    pub fn session_unknown(&self) -> bool {
+        match self {
+            Failure::Http { status, error, .. } => toolgate_model::session_loss::session_unknown(
+                *status,
+                error.as_ref().map(|e| e.code),
+            ),
+            _ => false,
+        }
+    }
+
     /// The server answered, but not in MCP terms the client asked in: another revision may do.
     fn is_refusal(&self) -> bool {
         matches!(
@@ -190,6 +201,8 @@ pub struct McpClient {
     negotiated: Option<Negotiated>,
     capabilities: Value,
     next_id: u64,
+    /// The server forgot the session this client kept (see [`McpClient::take_session_lost`]).
+    session_lost: bool,
 }
 
 impl McpClient {
@@ -210,6 +223,7 @@ impl McpClient {
             negotiated: None,
             capabilities: Value::Null,
             next_id: 1,
+            session_lost: false,
         }
     }
 
@@ -404,6 +418,13 @@ impl McpClient {
         Ok(negotiated)
     }
 
+    /// Whether the server forgot the session this client kept since the last time this was
+    /// asked: a server whose sessions are lost at once (the prober pings its own every probe
+    /// interval, far below any idle expiry) restarted.
+    pub fn take_session_lost(&mut self) -> bool {
+        std::mem::take(&mut self.session_lost)
+    }
+
     /// Takes a negotiation made elsewhere (a session another client of the same server
     /// opened), so that this client sends on it.
     pub fn assume(&mut self, negotiated: Negotiated) {
@@ -424,8 +445,21 @@ impl McpClient {
     /// session for a client whose server forgot the old one.
     /// It accepts JSON and SSE, as every Streamable HTTP client must.
     pub async fn forward(&self, body: Vec<u8>) -> Result<Forwarded, Failure> {
+        self.forward_with(body, &[]).await
+    }
+
+    /// [`forward`](Self::forward) with `headers` besides the session's (the claims the
+    /// gateway put on the client's request, which a replay keeps).
+    pub async fn forward_with(
+        &self,
+        body: Vec<u8>,
+        headers: &[(reqwest::header::HeaderName, HeaderValue)],
+    ) -> Result<Forwarded, Failure> {
         const REQUEST: &str = "forwarded request";
-        let req = self.post(self.negotiated.as_ref(), "").body(body);
+        let mut req = self.post(self.negotiated.as_ref(), "").body(body);
+        for (name, value) in headers {
+            req = req.header(name.clone(), value.clone());
+        }
         let max = self.max_response_bytes;
         let read = async {
             let mut resp = self.send(req, REQUEST).await?;
@@ -490,10 +524,12 @@ impl McpClient {
                 let version = version.clone();
                 match self.request_as(&negotiated, "ping", json!({})).await {
                     Ok(_) => Ok(format!("MCP ping answered ({version}, session kept)")),
-                    // The spec says 404 for a session the server no longer has; servers in
-                    // the wild (the TypeScript SDK's examples) say 400.
-                    Err(e) if matches!(e.status(), Some(400 | 404)) => {
-                        return self.renew_session(e).await
+                    // The spec says 404 for a session the server no longer has; the
+                    // TypeScript SDK's servers say 400 with -32000 (one rule for every part
+                    // of toolgate: `toolgate_model::session_loss`).
+                    Err(e) if e.session_unknown() => {
+                        self.session_lost = true;
+                        return self.renew_session(e).await;
                     }
                     Err(e) => Err(e),
                 }

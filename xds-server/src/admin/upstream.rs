@@ -1,7 +1,14 @@
-//! `/v1/upstream-sessions`: the filters ask toolgate-xds to open (or re-open) a session with a
-//! server on a client's behalf, and to replay a request whose session the server lost (see
+//! `/v1/upstream-sessions`: the filters ask toolgate-xds to open a session with a server on a
+//! client's behalf, and to replay a request whose session the server no longer knows (see
 //! `crate::upstream`). Only filters ask, with their report token: the answer routes to an
 //! instance of the filter's choosing, which no client may pick.
+//!
+//! A refusal names what happened in `failure` (with `status`, `bound` and `limit` where they
+//! apply), for the filter to tell the client: `no_instance` (503), `at_bound` (429), `ended`
+//! (410: the client or the live server ended the session; the server's answer is the
+//! client's), `overloaded` (503), `refused` / `unreachable` / `timeout` / `failed` (502:
+//! opening the session), and for a replayed call that itself failed, `timeout`, `reset` or
+//! `bad_response` with `"in_call": true` (504/502).
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -15,7 +22,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::AdminState;
-use crate::upstream::{InitParams, OpenError};
+use crate::upstream::{HeldFor, InitParams, Lost, OpenError};
 
 /// The largest request a filter may ask to replay (its own `max_body_bytes` is lower).
 const MAX_REPLAY_BYTES: usize = 8 << 20;
@@ -33,15 +40,45 @@ pub fn routes() -> Router<AdminState> {
 struct OpenRequest {
     owner: String,
     service: String,
+    /// Whom the bounds count the session for: the verified user, or the client's address
+    /// (opaque to toolgate-xds). Absent: the owner.
+    #[serde(default)]
+    caller: Option<String>,
     /// The client's `initialize` parameters (a client of a service's route)...
     #[serde(default)]
     params: Option<InitParams>,
     /// ...or the gateway session of a client of the aggregate endpoint, which carries them.
     #[serde(default)]
     gateway_session: Option<String>,
-    /// The envelope the filter saw fail (404), if any: a new session is opened elsewhere.
+    /// The envelope whose session the server no longer knows, if any: it is opened again only
+    /// if it was lost with its instance.
     #[serde(default)]
     stale: Option<String>,
+    /// When that session was opened (ms since the Unix epoch), when the filter knows.
+    #[serde(default)]
+    opened_ms: Option<u64>,
+    /// The instance that answered "session unknown" (`ip:port`), when the filter knows.
+    #[serde(default)]
+    answered_by: Option<String>,
+}
+
+impl OpenRequest {
+    fn lost(&self) -> Option<Lost> {
+        self.stale.as_ref().map(|stale| Lost {
+            stale: Some(stale.clone()),
+            opened_ms: self.opened_ms,
+            answered_by: self.answered_by.as_deref().and_then(|a| a.parse().ok()),
+        })
+    }
+
+    fn held_for<'a>(&'a self, params: &'a InitParams) -> HeldFor<'a> {
+        HeldFor {
+            owner: &self.owner,
+            service: &self.service,
+            caller: self.caller.as_deref().unwrap_or(&self.owner),
+            params,
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -50,6 +87,10 @@ struct ReplayRequest {
     open: OpenRequest,
     /// The client's message, base64 (it is bytes, judged by the filter).
     body: String,
+    /// Headers the filter put on the client's request (the verified claims the service asked
+    /// for), which the replay keeps; only the service's claim headers are sent.
+    #[serde(default)]
+    headers: Vec<(String, String)>,
 }
 
 fn bad(message: String) -> axum::response::Response {
@@ -57,12 +98,31 @@ fn bad(message: String) -> axum::response::Response {
 }
 
 fn failed(e: OpenError) -> axum::response::Response {
-    let status = match e {
+    let status = match &e {
         OpenError::BadRequest(_) => StatusCode::BAD_REQUEST,
-        OpenError::NoInstance(_) => StatusCode::SERVICE_UNAVAILABLE,
-        OpenError::Failed(_) => StatusCode::BAD_GATEWAY,
+        OpenError::NoInstance(_) | OpenError::Overloaded(_) => StatusCode::SERVICE_UNAVAILABLE,
+        OpenError::AtBound { .. } => StatusCode::TOO_MANY_REQUESTS,
+        OpenError::Ended(_) => StatusCode::GONE,
+        OpenError::CallFailed {
+            failure: "timeout", ..
+        } => StatusCode::GATEWAY_TIMEOUT,
+        OpenError::Refused { .. }
+        | OpenError::Unreachable(_)
+        | OpenError::Timeout(_)
+        | OpenError::Failed(_)
+        | OpenError::CallFailed { .. } => StatusCode::BAD_GATEWAY,
     };
-    (status, Json(json!({"error": e.to_string()}))).into_response()
+    let mut body = json!({"error": e.to_string(), "failure": e.code()});
+    match &e {
+        OpenError::Refused { status, .. } => body["status"] = json!(status),
+        OpenError::AtBound { bound, limit } => {
+            body["bound"] = json!(bound.as_str());
+            body["limit"] = json!(limit);
+        }
+        OpenError::CallFailed { .. } => body["in_call"] = json!(true),
+        _ => {}
+    }
+    (status, Json(body)).into_response()
 }
 
 fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, String> {
@@ -123,13 +183,13 @@ async fn open(
         Ok(admitted) => admitted,
         Err(answer) => return *answer,
     };
-    match s
-        .upstream
-        .open(&r.owner, &r.service, &params, r.stale.as_deref())
-        .await
-    {
+    let lost = r.lost();
+    match s.upstream.open(r.held_for(&params), lost.as_ref()).await {
         Ok(opened) => Json(opened).into_response(),
-        Err(e) => failed(e),
+        Err(e) => {
+            end_gateway_session(&s, &r, &e);
+            failed(e)
+        }
     }
 }
 
@@ -155,23 +215,30 @@ async fn replay(
         Ok(_) => return bad(format!("body: larger than {MAX_REPLAY_BYTES} bytes")),
         Err(e) => return bad(format!("body: not base64: {e}")),
     };
+    let lost = r.open.lost().unwrap_or_default();
     match s
         .upstream
-        .replay(
-            &r.open.owner,
-            &r.open.service,
-            &params,
-            r.open.stale.as_deref(),
-            message,
-        )
+        .replay(r.open.held_for(&params), &lost, message, &r.headers)
         .await
     {
         Ok(replayed) => Json(replayed).into_response(),
         Err(e) => {
-            tracing::warn!(service = %r.open.service, error = %e,
-                "replaying a request on a new session for a client failed");
+            if !matches!(e, OpenError::Ended(_)) {
+                tracing::warn!(service = %r.open.service, error = %e,
+                    "replaying a request on a new session for a client failed");
+            }
+            end_gateway_session(&s, &r.open, &e);
             failed(e)
         }
+    }
+}
+
+/// A session held for a gateway session was ended by its live server: the gateway session
+/// ends with it (its client gets the server's 404 and initializes again, as after any 404),
+/// rather than going on without the state that server kept.
+fn end_gateway_session(s: &AdminState, r: &OpenRequest, e: &OpenError) {
+    if let (OpenError::Ended(_), Some(id)) = (e, &r.gateway_session) {
+        s.aggregate.end_session(id);
     }
 }
 

@@ -210,6 +210,17 @@ impl Aggregate {
         }
     }
 
+    /// Ends a gateway session from the gateway's side (a server it held a session with for
+    /// this one ended that session); nothing for an id that is not a live one.
+    pub fn end_session(&self, id: &str) {
+        let Ok(claims) = self.sessions.touch_any(id) else {
+            return;
+        };
+        if let Ok(claims) = self.sessions.end(id, &claims.virtual_server) {
+            self.session_ended(id, Some(&claims));
+        }
+    }
+
     /// Where the sessions held for gateway sessions live (set once, by `main`).
     pub fn hold_upstream_in(&self, upstream: Arc<crate::upstream::UpstreamSessions>) {
         let _ = self.upstream.set(upstream);

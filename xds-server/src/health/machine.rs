@@ -63,6 +63,12 @@ pub struct ProbeResult {
     /// enough to stop routing to it.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub refused: bool,
+    /// The probe passed and the instance has restarted since the one before that passed:
+    /// nothing listened in between (a refused connect, or the crash watch found nothing
+    /// serving), or the server forgot the MCP session the prober keeps. Whatever sessions it
+    /// held are gone.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub restarted: bool,
 }
 
 /// Call outcomes one filter saw on one instance since its last report.
@@ -154,6 +160,21 @@ pub struct Health {
     last_ok: Option<Instant>,
     probes: VecDeque<ProbeResult>,
     calls: CallWindow,
+    /// When the instance's current process began, as far as this toolgate-xds can tell
+    /// (milliseconds since the Unix epoch): when it saw the registration appear, or the
+    /// instance restart; 0 for an instance it found registered when it started. Sessions
+    /// opened before it were lost with the previous process
+    /// (`toolgate_model::session_loss`).
+    incarnation_ms: u64,
+    /// Restarts seen.
+    restarts: u32,
+}
+
+/// Milliseconds since the Unix epoch.
+fn wall_ms(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
 }
 
 /// How many probe results the registry view keeps per instance.
@@ -178,7 +199,22 @@ impl Health {
             last_ok: None,
             probes: VecDeque::new(),
             calls: CallWindow::default(),
+            incarnation_ms: 0,
+            restarts: 0,
         }
+    }
+
+    /// The registration appeared while this toolgate-xds watched: a process that may have
+    /// replaced one at the same address (a registration found at start is as old as any
+    /// session this toolgate-xds can know of).
+    pub fn registered_now(&mut self) {
+        self.incarnation_ms = wall_ms(SystemTime::now());
+    }
+
+    /// When the instance's current process began (see the field), and how many restarts were
+    /// seen.
+    pub fn incarnation(&self) -> (u64, u32) {
+        (self.incarnation_ms, self.restarts)
     }
 
     pub fn state(&self) -> State {
@@ -256,6 +292,10 @@ impl Health {
         let ok = result.ok;
         let refused = result.refused;
         let detail = result.detail.clone();
+        if result.restarted {
+            self.incarnation_ms = wall_ms(result.at).max(self.incarnation_ms);
+            self.restarts = self.restarts.saturating_add(1);
+        }
         if self.probes.len() == PROBE_HISTORY {
             self.probes.pop_front();
         }
@@ -439,7 +479,32 @@ mod tests {
             latency_ms: 1.0,
             detail: if ok { "200".into() } else { "503".into() },
             refused: false,
+            restarted: false,
         }
+    }
+
+    #[test]
+    fn a_restart_starts_a_new_incarnation() {
+        let cfg = cfg();
+        let t0 = Instant::now();
+        let mut h = Health::new(true);
+        assert_eq!(
+            h.incarnation(),
+            (0, 0),
+            "found at start: as old as anything"
+        );
+        h.on_probe(probe(true), t0, &cfg);
+        assert_eq!(h.incarnation(), (0, 0));
+        let at = SystemTime::UNIX_EPOCH + Duration::from_millis(5_000);
+        let back = ProbeResult {
+            restarted: true,
+            at,
+            ..probe(true)
+        };
+        h.on_probe(back, secs(t0, 2), &cfg);
+        assert_eq!(h.incarnation(), (5_000, 1));
+        h.registered_now();
+        assert!(h.incarnation().0 > 5_000);
     }
 
     #[test]

@@ -225,6 +225,10 @@ async fn probe_loop(
     // block a server that serves one connection at a time: TCP-probed instances are not watched.
     let mut watchable = prober.kind() != toolgate_model::ProbeKind::Tcp;
     let mut refused_in_row: u32 = 0;
+    // Nothing listened at the address since the last passing probe (a refused probe, or the
+    // crash watch found nothing serving): the next one to pass meets a new process.
+    let mut vanished = false;
+    let mut passed_before = false;
     loop {
         let due = wait_due(&hub, &key, delay, &wake, &mut watch).await;
         // A storm of failing calls must not turn into a storm of probes. A closed connection
@@ -242,8 +246,13 @@ async fn probe_loop(
         hub.metrics
             .probe_wait
             .observe(queued.elapsed().as_secs_f64());
-        let result = prober.probe(&client, cfg.probe_timeout).await;
+        let mut result = prober.probe(&client, cfg.probe_timeout).await;
         drop(permit);
+        vanished |= result.refused || matches!(due, Due::Gone);
+        if result.ok {
+            result.restarted |= std::mem::take(&mut vanished) && passed_before;
+            passed_before = true;
+        }
         sessions.set(id, prober.session());
         let label = if result.ok { "pass" } else { "fail" };
         hub.metrics

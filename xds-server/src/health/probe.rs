@@ -57,12 +57,17 @@ impl Prober {
     /// machine takes as certain where a timeout or an error status is not.
     pub async fn probe(&mut self, http: &reqwest::Client, timeout: Duration) -> ProbeResult {
         let started = Instant::now();
+        let mut session_lost = false;
         let outcome = match self {
             Prober::Http { url, .. } => toolgate_probe::http::get(http, url, timeout).await,
-            Prober::Mcp(c, _) => c
-                .probe()
-                .await
-                .map_err(|e| format!("MCP at {}: {e}", toolgate_probe::http::path_of(c.url()))),
+            Prober::Mcp(c, _) => {
+                let outcome = c
+                    .probe()
+                    .await
+                    .map_err(|e| format!("MCP at {}: {e}", toolgate_probe::http::path_of(c.url())));
+                session_lost = c.take_session_lost();
+                outcome
+            }
             Prober::Tcp(addr) => toolgate_probe::tcp::connect(*addr, timeout).await,
         };
         let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
@@ -77,6 +82,9 @@ impl Prober {
             latency_ms,
             detail,
             refused,
+            // The server forgot the session the prober keeps: it restarted (the loop adds
+            // what it saw between two passing probes).
+            restarted: ok && session_lost,
         }
     }
 

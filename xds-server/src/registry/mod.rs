@@ -1102,6 +1102,11 @@ impl Registry {
             }
             None => (true, true),
         };
+        if target_changed && self.revision > 0 {
+            // Appeared while toolgate-xds watched (not in its first read): a new process, as
+            // far as the sessions opened before it are concerned.
+            instance.health.registered_now();
+        }
         self.by_addr
             .insert((sk.service.clone(), instance.addr()), sk.clone());
         self.mark_stale(&sk.service);
@@ -1488,6 +1493,7 @@ impl Registry {
                     since: humantime::format_rfc3339_millis(inst.health.since_wall()).to_string(),
                     cause: inst.health.cause().to_string(),
                     probes: inst.health.probes().cloned().collect(),
+                    restarts: inst.health.incarnation().1,
                     calls,
                     call_failure_rate,
                     lease_check: inst.lease_check.clone(),
@@ -1558,10 +1564,18 @@ pub struct InstanceView {
     pub cause: String,
     /// The last probes, oldest first.
     pub probes: Vec<ProbeResult>,
+    /// Restarts in place the probes saw (a new process at the same address; the sessions it
+    /// held were lost with the old one).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub restarts: u32,
     /// Calls the filters reported over the call window.
     pub calls: CallCounts,
     pub call_failure_rate: f64,
     pub lease_check: Option<LeaseCheck>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 #[cfg(test)]
@@ -1850,6 +1864,7 @@ mod tests {
             latency_ms: 1.0,
             detail: "HTTP 200".into(),
             refused: false,
+            restarted: false,
         };
         let now = Instant::now();
         let k1 = ServiceKey {
