@@ -76,14 +76,18 @@ chaos-quick: build
 chaos-quick-sotw: build
 	TOOLGATE_TEST_XDS_PROTOCOL=sotw target/release/toolgate-chaos --duration 1m $(CHAOS_ARGS)
 
-# make abuse: the hostile-agent tests (tests/tests/abuse.rs) alone, against real etcd,
-# toolgate-xds, Envoy and an official Python SDK server: duplicate keys, non-finite numbers,
-# HTTP/2 trailers and resets, batches, lying headers, client faults, made-up names, forged
-# session ids. make test runs them too, so they stay closed in CI.
+# make abuse: the hostile-agent and fail-closed tests alone, against real etcd, toolgate-xds,
+# Envoy and an official Python SDK server: duplicate keys, non-finite numbers, HTTP/2 trailers
+# and resets, batches, lying headers, client faults, made-up names, forged session ids
+# (abuse.rs); other methods, compressed answers, cancelled calls, non-text headers, unreadable
+# listings, refused configurations (fail_closed.rs); operators' changes that would switch
+# judgment off (fail_closed_config.rs); held sessions shared, unbounded or revived
+# (fail_closed_sessions.rs). make test runs them too, so they stay closed in CI.
 .PHONY: abuse
 
 abuse: build
-	$(CARGO) test $(PROFILE) -p toolgate-tests --test abuse -- --test-threads=$${TEST_THREADS:-2}
+	$(CARGO) test $(PROFILE) -p toolgate-tests --test abuse --test fail_closed \
+		--test fail_closed_config --test fail_closed_sessions -- --test-threads=$${TEST_THREADS:-2}
 
 .PHONY: bench bench-quick bench-filters
 
