@@ -267,7 +267,15 @@ async fn a_restarted_stateful_server_costs_a_client_of_mcp_nothing() {
     .await;
     // The gateway saw the crash (the prober's crash watch drains a dead instance within
     // milliseconds) and routes to the instance again once a probe passes: this test is
-    // about the sessions the restart lost, so the second call waits for that.
+    // about the sessions the restart lost, so the second call waits for that, and for
+    // toolgate-xds to have seen the restart (before it has, a lost session looks ended by
+    // a live server, whose answer reaches the client as it is).
+    wait_until(
+        "toolgate-xds sees lab-1 restarted",
+        Duration::from_secs(20),
+        || async { stack.instance("orders", "lab-1").await["restarts"].as_u64() >= Some(1) },
+    )
+    .await;
     stack
         .wait_healthy("orders", &[&lab], Duration::from_secs(20))
         .await;
