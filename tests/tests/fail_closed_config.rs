@@ -15,7 +15,12 @@ use toolgate_tests::{wait_until, McpSession, Member, Options, Stack, TestEnv, Xd
 const TTL: u32 = 10;
 
 /// `PUT`/`DELETE` on the admin API with the admin token: the status and the JSON body.
-async fn admin(xds: &Xds, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
+async fn admin(
+    xds: &Xds,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
     let mut req = reqwest::Client::new()
         .request(method, format!("{}{path}", xds.admin_url()))
         .bearer_auth(ADMIN_TOKEN);
@@ -110,8 +115,8 @@ async fn assert_forced_open(stack: &Stack, member: &Member, when: &str) {
 }
 
 #[tokio::test]
-async fn a_policy_delete_that_would_break_another_policy_is_refused_and_the_tool_stays_forced_open(
-) {
+async fn a_policy_delete_that_would_break_another_policy_is_refused_and_the_tool_stays_forced_open()
+{
     let env = TestEnv::new("fail_closed_admin_delete");
     let (stack, member) = forced_open_under_dependent_policies(&env, &[]).await;
 
@@ -142,7 +147,9 @@ async fn a_policy_delete_that_would_break_another_policy_is_refused_and_the_tool
         assert_eq!(status, 200, "{path}: {body}");
     }
     stack
-        .wait_filter_config("no policy for orders", |c| c["services"].get("orders").is_none())
+        .wait_filter_config("no policy for orders", |c| {
+            c["services"].get("orders").is_none()
+        })
         .await;
     assert_forced_open(&stack, &member, "after both policies are gone").await;
 }
@@ -188,12 +195,19 @@ async fn a_policy_deleted_in_etcd_under_a_dependent_keeps_its_last_good_value() 
     );
 
     // The inspection compares like with like: no mismatch, no resync for a kept value.
-    let inspections = stack.xds.metric("toolgate_registry_inspections_total", "").await;
+    let inspections = stack
+        .xds
+        .metric("toolgate_registry_inspections_total", "")
+        .await;
     wait_until(
         "two more inspections ran",
         Duration::from_secs(10),
         || async {
-            stack.xds.metric("toolgate_registry_inspections_total", "").await >= inspections + 2.0
+            stack
+                .xds
+                .metric("toolgate_registry_inspections_total", "")
+                .await
+                >= inspections + 2.0
         },
     )
     .await;
@@ -212,7 +226,9 @@ async fn a_policy_deleted_in_etcd_under_a_dependent_keeps_its_last_good_value() 
         .await
         .expect("etcd delete");
     stack
-        .wait_filter_config("no policy for orders", |c| c["services"].get("orders").is_none())
+        .wait_filter_config("no policy for orders", |c| {
+            c["services"].get("orders").is_none()
+        })
         .await;
     assert_forced_open(&stack, &member, "after the dependency left").await;
 }
@@ -244,7 +260,10 @@ async fn a_filters_report_of_a_refused_configuration_shows_per_envoy() {
         || async {
             envoys().await["envoys"]
                 .as_array()
-                .and_then(|l| l.iter().find_map(|e| e["node"].as_str().map(str::to_string)))
+                .and_then(|l| {
+                    l.iter()
+                        .find_map(|e| e["node"].as_str().map(str::to_string))
+                })
                 .filter(|n| !n.is_empty())
         },
     )
@@ -275,7 +294,11 @@ async fn a_filters_report_of_a_refused_configuration_shows_per_envoy() {
     };
     let refused = json!({"gateway": node, "accepted": false,
         "error": "services.orders.tools.pay.max_open_ms = 300000 is invalid: must be 400000..=86400000"});
-    assert_eq!(post(None, refused.clone()).await, 401, "the report token is needed");
+    assert_eq!(
+        post(None, refused.clone()).await,
+        401,
+        "the report token is needed"
+    );
     assert_eq!(post(Some("guess"), refused.clone()).await, 403);
     assert_eq!(row().await.get("filter_config"), None);
 
@@ -291,18 +314,21 @@ async fn a_filters_report_of_a_refused_configuration_shows_per_envoy() {
     let since = shown["since"].as_str().unwrap_or_default().to_string();
     assert!(since.ends_with('Z'), "RFC 3339: {shown}");
     assert_eq!(
-        xds.metric("toolgate_filter_config_rejected_total", "").await,
+        xds.metric("toolgate_filter_config_rejected_total", "")
+            .await,
         1.0
     );
     assert_eq!(
-        xds.metric("toolgate_filter_config_rejecting_envoys", "").await,
+        xds.metric("toolgate_filter_config_rejecting_envoys", "")
+            .await,
         1.0
     );
     // Every worker reports: the state and its start stay.
     assert_eq!(post(Some("report-secret"), refused).await, 200);
     assert_eq!(row().await["filter_config"]["since"], since.as_str());
     assert_eq!(
-        xds.metric("toolgate_filter_config_rejected_total", "").await,
+        xds.metric("toolgate_filter_config_rejected_total", "")
+            .await,
         2.0
     );
 
@@ -312,7 +338,8 @@ async fn a_filters_report_of_a_refused_configuration_shows_per_envoy() {
     assert_eq!(shown["state"], "ok", "{shown}");
     assert_eq!(shown.get("error"), None, "{shown}");
     assert_eq!(
-        xds.metric("toolgate_filter_config_rejecting_envoys", "").await,
+        xds.metric("toolgate_filter_config_rejecting_envoys", "")
+            .await,
         0.0
     );
     // A report that is not one is refused.
@@ -411,9 +438,10 @@ async fn a_contested_bare_name_stays_with_the_older_service_across_a_re_registra
                 .json()
                 .await
                 .expect("JSON");
-            envoys["envoys"]
-                .as_array()
-                .is_some_and(|l| l.iter().any(|e| e["types"]["ecds"]["acked_version"].is_string()))
+            envoys["envoys"].as_array().is_some_and(|l| {
+                l.iter()
+                    .any(|e| e["types"]["ecds"]["acked_version"].is_string())
+            })
         },
     )
     .await;

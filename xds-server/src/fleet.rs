@@ -285,13 +285,61 @@ impl FleetWriter {
         Ok(())
     }
 
+    /// Deletes a policy, unless another depends on it: a tool's policy may need its service's
+    /// (an `open_ms` above the default `max_open_ms`), and a configuration with an invalid
+    /// merged policy is one the filters refuse. Refused with the dependent key and why. The
+    /// check holds at etcd too: the delete happens only if no policy of the service's tools
+    /// changed since the revision the check saw.
     pub async fn delete_policy(
         &self,
         service: &str,
         tool: Option<&str>,
     ) -> Result<bool, AdminError> {
-        let key = policy_key(&self.layout(), service, tool)?;
-        self.delete(&key, "policy").await
+        let layout = self.layout();
+        let key = policy_key(&layout, service, tool)?;
+        let revision = {
+            let reg = self.registry.read().unwrap_or_else(|p| p.into_inner());
+            reg.check_policy_delete(&key)
+                .map_err(|r| AdminError::bad_request(format!("{}: {}", r.key, r.detail)))?;
+            reg.revision()
+        };
+        if tool.is_some() {
+            // Nothing is laid over a tool's policy.
+            return self.delete(&key, "policy").await;
+        }
+        let dependents = format!("{key}/");
+        let txn = Txn::new()
+            .when([
+                Compare::mod_revision(dependents.as_str(), CompareOp::Less, revision + 1)
+                    .with_prefix(),
+            ])
+            .and_then([TxnOp::delete(key.as_str(), None)]);
+        let mut client = self
+            .client
+            .get()
+            .await
+            .map_err(|e| AdminError::etcd("policy", e))?;
+        let resp = tokio::time::timeout(self.timeout, client.txn(txn))
+            .await
+            .map_err(|_| AdminError::etcd("policy", "timed out"))?
+            .map_err(|e| AdminError::etcd("policy", e))?;
+        if !resp.succeeded() {
+            return Err(AdminError {
+                status: StatusCode::CONFLICT,
+                message: format!(
+                    "{key}: a policy of one of its tools changed meanwhile; nothing was \
+                     deleted, try again"
+                ),
+            });
+        }
+        let deleted = resp
+            .op_responses()
+            .iter()
+            .any(|op| matches!(op, etcd_client::TxnOpResponse::Delete(d) if d.deleted() > 0));
+        if deleted {
+            info!(key, "policy lifted");
+        }
+        Ok(deleted)
     }
 
     /// Writes a value the caller has checked exactly as the watch will (a virtual server).

@@ -8,6 +8,7 @@ pub mod admission;
 pub mod auth;
 mod memo;
 pub mod persist;
+mod policies;
 pub mod publish;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -20,17 +21,21 @@ use serde::Serialize;
 use tokio::sync::Notify;
 use toolgate_model::auth::{AuthConfig, ToolRules};
 use toolgate_model::fleet::{FleetOpen, Override, MAX_REASON_LEN};
-use toolgate_model::policy::{FilterConfig, PolicyOverrides, RequestLimits, ServicePolicy};
+use toolgate_model::policy::{FilterConfig, PolicyOverrides, RequestLimits};
 use toolgate_model::virtual_server::{
     order_sensitive, resolve, ServiceTools, Unnamed, VirtualRoutes, VirtualServer, DEFAULT_VIRTUAL,
 };
 use toolgate_model::{InstanceMetadata, KeyLayout, ProbeKind, ServiceKey};
 
 use memo::{Memo, Versioned};
+use policies::{PolicyKey, PolicyStore, Refusal};
 
 use crate::health::machine::{CallCounts, Health, ProbeResult, State};
 use crate::health::HealthConfig;
 use crate::routing::{Bulkhead, EndpointHealth, RouteEndpoint, RoutingSnapshot, ServiceRoute};
+
+/// The reason label of a policy delete refused because another policy depends on its value.
+pub const DELETE_BREAKS_DEPENDENT: &str = "delete_breaks_dependent";
 
 /// Envoy weights are the registered weight times this, so an UNHEALTHY instance's reduced
 /// share stays a whole number even for weight 1.
@@ -142,9 +147,10 @@ pub struct Registry {
     /// assignment (a clean "no healthy upstream") instead of a vanished cluster, and the route
     /// keeps the MCP path last registered (so an emptied service costs no route push).
     services: BTreeMap<String, String>,
-    /// Breaker policies from `<prefix>policies/<service>[/<tool>]`, as stored (raw JSON kept for
-    /// the state-dir snapshot).
-    policies: BTreeMap<(String, Option<String>), (PolicyOverrides, String)>,
+    /// Breaker policies from `<prefix>policies/<service>[/<tool>]`: those in effect (raw JSON
+    /// kept for the state-dir snapshot), and etcd's word on keys where it would make them
+    /// invalid (see `policies.rs`).
+    policies: PolicyStore,
     /// Breaker openings shared by the fleet (`<prefix>breakers/`), with their key's
     /// mod_revision (the compare of the next write) and lease.
     fleet: BTreeMap<(String, String), FleetEntry>,
@@ -259,7 +265,7 @@ impl Registry {
             layout,
             instances: BTreeMap::new(),
             services: BTreeMap::new(),
-            policies: BTreeMap::new(),
+            policies: PolicyStore::default(),
             fleet: BTreeMap::new(),
             overrides: BTreeMap::new(),
             revision: 0,
@@ -305,11 +311,14 @@ impl Registry {
     }
 
     /// An empty registry that admits exactly what this one does (layout, endpoint policy,
-    /// limits), so that a read of etcd folded into it compares with this one like for like.
+    /// limits, and the policies in effect, since whether a policy change is admitted depends
+    /// on the others), so that a read of etcd folded into it compares with this one like for
+    /// like: it settles the policies as a resync of this one would.
     pub fn empty_like(&self) -> Registry {
         let mut r = Registry::with_health(self.layout.clone(), self.health.clone());
         r.endpoints = self.endpoints.clone();
         r.request_limits = self.request_limits;
+        r.policies = self.policies.clone();
         r
     }
 
@@ -449,7 +458,6 @@ impl Registry {
         let generation = self.read_generation;
         let instances_prefix = self.layout.services_prefix();
         let mut kept_instances = BTreeSet::new();
-        let mut old_policies = std::mem::take(&mut self.policies);
         let mut old_fleet = std::mem::take(&mut self.fleet);
         let mut old_overrides = std::mem::take(&mut self.overrides);
         let mut old_virtuals = std::mem::take(&mut self.virtuals);
@@ -460,9 +468,28 @@ impl Registry {
         // applied last, they find them in, and warn only of names that are really unknown.
         let auth_prefix = self.layout.auth_prefix();
         let mut auth_kvs = Vec::new();
+        // Policies are settled together, from those in effect (see `policies.rs`).
+        let policies_prefix = self.layout.policies_prefix();
+        let mut policy_read = BTreeMap::new();
+        let mut policy_present = BTreeSet::new();
         for entry in kvs {
             if entry.0.starts_with(&auth_prefix) {
                 auth_kvs.push(entry);
+                continue;
+            }
+            if entry.0.starts_with(&policies_prefix) {
+                match self.parse_policy(entry.0, entry.1) {
+                    Ok((k, value)) => {
+                        policy_present.insert(k.clone());
+                        policy_read.insert(k, value);
+                    }
+                    Err((k, r)) => {
+                        if let Some(k) = k {
+                            policy_present.insert(k);
+                        }
+                        rejected.push(r);
+                    }
+                }
                 continue;
             }
             let (key, value, lease, create_revision, mod_revision) = entry;
@@ -508,10 +535,31 @@ impl Registry {
                 rejected.push(r);
             }
         }
+        let base = self.policy_base();
+        let (refused, _) = self.policies.reset(policy_read, &policy_present, &base);
         let mut kept = Vec::new();
+        for (k, why) in refused {
+            let r = self.policy_rejected(&k, why);
+            if self.policies.applied().contains_key(&k) {
+                kept.push(r.key.clone());
+            }
+            rejected.push(r);
+        }
         for r in &rejected {
             if r.key.starts_with(&instances_prefix) {
                 if kept_instances.contains(&r.key) {
+                    kept.push(r.key.clone());
+                }
+                continue;
+            }
+            if r.key.starts_with(&policies_prefix) {
+                // Settled above: a policy with no value that fits keeps the one in effect.
+                if self
+                    .layout
+                    .parse_policy_key(&r.key)
+                    .is_ok_and(|k| self.policies.applied().contains_key(&k))
+                    && !kept.contains(&r.key)
+                {
                     kept.push(r.key.clone());
                 }
                 continue;
@@ -520,7 +568,6 @@ impl Registry {
                 Ok(which) => self.auth.restore(&which, &mut old_auth),
                 Err(_) => self.restore_last_good(
                     &r.key,
-                    &mut old_policies,
                     &mut old_fleet,
                     &mut old_overrides,
                     &mut old_virtuals,
@@ -532,6 +579,7 @@ impl Registry {
         }
         self.auth.keep_arc_of(&old_auth);
         self.revision = revision;
+        kept.sort();
         Reset { rejected, kept }
     }
 
@@ -540,7 +588,6 @@ impl Registry {
     fn restore_last_good(
         &mut self,
         key: &str,
-        policies: &mut BTreeMap<(String, Option<String>), (PolicyOverrides, String)>,
         fleet: &mut BTreeMap<(String, String), FleetEntry>,
         overrides: &mut BTreeMap<(String, String), Override>,
         virtuals: &mut BTreeMap<String, (VirtualServer, String)>,
@@ -568,21 +615,6 @@ impl Registry {
                 Some(o) => self.overrides.insert(names, o).is_none(),
                 None => false,
             };
-        }
-        if let Ok(k) = self.layout.parse_policy_key(key) {
-            let Some(last) = policies.remove(&k) else {
-                return false;
-            };
-            self.policies.insert(k.clone(), last);
-            // A tool's policy is merged over its service's, which the read may have changed:
-            // keep the old one only if the merge is still valid.
-            if let Err(e) = self.filter_config().validate() {
-                tracing::warn!(key, error = %e,
-                    "the last good policy no longer fits the policies read with it; dropped");
-                self.policies.remove(&k);
-                return false;
-            }
-            return true;
         }
         false
     }
@@ -679,9 +711,26 @@ impl Registry {
         if key.starts_with(&self.layout.auth_prefix()) {
             return auth::admit(&self.layout, key, value).map(|_| ());
         }
+        if key.starts_with(&self.layout.policies_prefix()) {
+            let (k, (overrides, _)) = self.parse_policy(key, value).map_err(|(_, r)| r)?;
+            return self
+                .policies
+                .check_put(&k, &overrides, &self.policy_base())
+                .map_err(|why| self.policy_rejected(&k, why));
+        }
         let mut scratch = Registry::new(self.layout.clone());
-        scratch.policies = self.policies.clone();
         scratch.put(key, value, 0, 0, 0).map(|_| ())
+    }
+
+    /// Whether deleting the policy at `key` would be admitted, without changing anything: the
+    /// admin API refuses a delete that would leave another policy invalid, naming it.
+    pub fn check_policy_delete(&self, key: &str) -> Result<(), Rejected> {
+        let Ok(k) = self.layout.parse_policy_key(key) else {
+            return Ok(());
+        };
+        self.policies
+            .check_delete(&k, &self.policy_base())
+            .map_err(|why| self.policy_rejected(&k, why))
     }
 
     /// A virtual server definition, parsed and validated, or why not (the field it is about
@@ -791,41 +840,126 @@ impl Registry {
         }
     }
 
-    /// A policy override: parsed, merged over the defaults and validated before it is admitted,
-    /// so a bad value never reaches a filter.
+    /// A policy override: parsed, merged over the defaults and the other policies and
+    /// validated before it is admitted, so a bad value never reaches a filter.
     fn put_policy(&mut self, key: &str, value: &[u8]) -> Result<bool, Rejected> {
+        let (k, value) = match self.parse_policy(key, value) {
+            Ok(parsed) => parsed,
+            Err((k, r)) => {
+                if let Some(k) = k {
+                    self.policies.forget_refused(&k);
+                }
+                return Err(r);
+            }
+        };
+        let base = self.policy_base();
+        let applied = self
+            .policies
+            .put(k.clone(), value, &base)
+            .map_err(|why| self.policy_rejected(&k, why))?;
+        Ok(self.policies_applied(&k, applied))
+    }
+
+    /// Marks every route stale when policies changed (a policy sets its service's bulkhead
+    /// and timeout; rare enough to rebuild all), and logs the changes held back before that
+    /// took effect with `key`'s. Whether anything changed.
+    fn policies_applied(&mut self, key: &PolicyKey, applied: Vec<PolicyKey>) -> bool {
+        for other in applied.iter().filter(|k| *k != key) {
+            tracing::info!(key = %self.policy_key(other), after = %self.policy_key(key),
+                "a policy change held back (it would have left another policy invalid) took effect");
+        }
+        if applied.is_empty() {
+            return false;
+        }
+        self.all_stale = true;
+        true
+    }
+
+    /// A deleted policy leaves, unless another policy depends on it: then its value stays in
+    /// effect (refused like an invalid value) until that changes.
+    fn delete_policy(&mut self, key: &str, k: PolicyKey) -> Result<bool, Rejected> {
+        let base = self.policy_base();
+        let applied = self
+            .policies
+            .delete(&k, &base)
+            .map_err(|why| self.policy_rejected(&k, why))?;
+        if !applied.is_empty() {
+            tracing::debug!(key, "policy removed");
+        }
+        Ok(self.policies_applied(&k, applied))
+    }
+
+    /// A policy key and value, parsed; on error the key (when it is one) and why.
+    #[allow(clippy::result_large_err)]
+    fn parse_policy(
+        &self,
+        key: &str,
+        value: &[u8],
+    ) -> Result<(PolicyKey, policies::PolicyValue), (Option<PolicyKey>, Rejected)> {
         let reject = |reason: &'static str, detail: String| Rejected {
             key: key.to_string(),
             reason,
             detail,
         };
-        let (service, tool) = self
+        let k = self
             .layout
             .parse_policy_key(key)
-            .map_err(|e| reject("bad_key", e.to_string()))?;
+            .map_err(|e| (None, reject("bad_key", e.to_string())))?;
         let overrides: PolicyOverrides =
             serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(value))
-                .map_err(|e| reject("bad_policy", format!("not policy JSON: {e}")))?;
-        let mut candidate = FilterConfig::clone(&self.filter_config());
-        let entry = candidate.services.entry(service.clone()).or_default();
-        match &tool {
-            Some(t) => {
-                entry.tools.insert(t.clone(), overrides.clone());
-            }
-            None => entry.policy = Some(overrides.clone()),
-        }
-        candidate
-            .validate()
-            .map_err(|e| reject("bad_policy", e.to_string()))?;
+                .map_err(|e| {
+                    (
+                        Some(k.clone()),
+                        reject("bad_policy", format!("not policy JSON: {e}")),
+                    )
+                })?;
         let raw = String::from_utf8_lossy(value).into_owned();
-        let k = (service, tool);
-        let changed = self.policies.get(&k).is_none_or(|(o, _)| *o != overrides);
-        self.policies.insert(k, (overrides, raw));
-        if changed {
-            // A policy sets its service's bulkhead and timeout; rare enough to rebuild all.
-            self.all_stale = true;
+        Ok((k, (overrides, raw)))
+    }
+
+    /// What every policy is laid over: the defaults and the request limits, as the filters get
+    /// them.
+    fn policy_base(&self) -> FilterConfig {
+        FilterConfig {
+            max_body_bytes: self.request_limits.max_body_bytes,
+            max_json_depth: self.request_limits.max_json_depth,
+            ..FilterConfig::default()
         }
-        Ok(changed)
+    }
+
+    /// The policy key as stored in etcd.
+    fn policy_key(&self, (service, tool): &PolicyKey) -> String {
+        match tool {
+            Some(t) => format!("{}{service}/{t}", self.layout.policies_prefix()),
+            None => format!("{}{service}", self.layout.policies_prefix()),
+        }
+    }
+
+    /// A refused policy change as the watch logs it and the admin API answers it.
+    fn policy_rejected(&self, k: &PolicyKey, why: Refusal) -> Rejected {
+        let key = self.policy_key(k);
+        match why {
+            Refusal::Invalid(detail) => Rejected {
+                key,
+                reason: "bad_policy",
+                detail,
+            },
+            Refusal::Dependents(dependents) => {
+                let named: Vec<String> = dependents
+                    .iter()
+                    .map(|(d, e)| format!("{} ({e})", self.policy_key(d)))
+                    .collect();
+                Rejected {
+                    key,
+                    reason: DELETE_BREAKS_DEPENDENT,
+                    detail: format!(
+                        "deleting it would leave {} invalid; its value stays in effect until \
+                         the dependent policy is changed or deleted",
+                        named.join(", ")
+                    ),
+                }
+            }
+        }
     }
 
     /// The virtual servers offered: every admitted `<prefix>virtual/<name>`, and `default`
@@ -966,15 +1100,7 @@ impl Registry {
                 .or_default()
                 .insert(tool.clone(), o.clone());
         }
-        for ((service, tool), (overrides, _)) in &self.policies {
-            let entry: &mut ServicePolicy = config.services.entry(service.clone()).or_default();
-            match tool {
-                Some(t) => {
-                    entry.tools.insert(t.clone(), overrides.clone());
-                }
-                None => entry.policy = Some(overrides.clone()),
-            }
-        }
+        policies::add_policies(&mut config, self.policies.applied());
         config
     }
 
@@ -1108,37 +1234,33 @@ impl Registry {
         true
     }
 
-    /// Applies a DELETE. `true` when an instance, a policy, a virtual server or an auth value
-    /// left.
-    pub fn delete(&mut self, key: &str) -> bool {
+    /// Applies a DELETE. `Ok(true)` when an instance, a policy, a virtual server or an auth
+    /// value left; refused (the value stays in effect) when it is a policy another depends on.
+    pub fn delete(&mut self, key: &str) -> Result<bool, Rejected> {
         if let Ok(sk) = self.layout.parse_instance_key(key) {
-            return self.remove_instance(sk);
+            return Ok(self.remove_instance(sk));
         }
         if let Ok(name) = self.layout.parse_virtual_key(key) {
-            return self.virtuals.remove(&name).is_some();
+            return Ok(self.virtuals.remove(&name).is_some());
         }
         if let Ok(which) = self.layout.parse_auth_key(key) {
-            return self.auth.remove(&which);
+            return Ok(self.auth.remove(&which));
         }
         if let Ok(k) = self
             .layout
             .parse_tool_key(&self.layout.breakers_prefix(), key)
         {
-            return self.fleet.remove(&k).is_some();
+            return Ok(self.fleet.remove(&k).is_some());
         }
         if let Ok(k) = self
             .layout
             .parse_tool_key(&self.layout.overrides_prefix(), key)
         {
-            return self.overrides.remove(&k).is_some();
+            return Ok(self.overrides.remove(&k).is_some());
         }
         match self.layout.parse_policy_key(key) {
-            Ok(k) => {
-                let removed = self.policies.remove(&k).is_some();
-                self.all_stale |= removed;
-                removed
-            }
-            Err(_) => false,
+            Ok(k) => self.delete_policy(key, k),
+            Err(_) => Ok(false),
         }
     }
 
@@ -1326,13 +1448,11 @@ impl Registry {
     /// [`raw_values`](Self::raw_values) without the instances: policies, fleet openings,
     /// overrides, virtual servers and auth values, a few hundred at most.
     pub fn raw_values_but_instances(&self) -> Vec<(String, String)> {
-        let policies = self.policies.iter().map(|((service, tool), (_, raw))| {
-            let key = match tool {
-                Some(t) => format!("{}{service}/{t}", self.layout.policies_prefix()),
-                None => format!("{}{service}", self.layout.policies_prefix()),
-            };
-            (key, raw.clone())
-        });
+        let policies = self
+            .policies
+            .applied()
+            .iter()
+            .map(|(k, (_, raw))| (self.policy_key(k), raw.clone()));
         let fleet = self.fleet.iter().map(|((service, tool), e)| {
             (
                 self.layout.breaker_key(service, tool),
@@ -1374,7 +1494,9 @@ impl Registry {
     }
 
     /// Everything etcd decides (key, value, lease), for comparing this registry with a fresh
-    /// read of etcd.
+    /// read of etcd; and for each policy key where etcd's word is refused, what it is (a
+    /// value, or `deleted`) under `<key>#refused`, so that a missed change there is a
+    /// difference too.
     pub fn fingerprint(&self) -> Vec<(String, String, i64)> {
         let mut out: Vec<(String, String, i64)> = self
             .instances
@@ -1402,6 +1524,13 @@ impl Registry {
                     (k, v, lease)
                 }),
         );
+        out.extend(self.policies.refused().iter().map(|(k, want)| {
+            let what = match want {
+                Some((_, raw)) => raw.clone(),
+                None => "deleted".to_string(),
+            };
+            (format!("{}#refused", self.policy_key(k)), what, 0)
+        }));
         out
     }
 
@@ -1556,7 +1685,7 @@ mod tests {
         let snap = r.routing(1, Instant::now());
         assert_eq!(snap.services["inv"].endpoints.len(), 1);
         assert_eq!(snap.services["inv"].mcp_path, "/mcp");
-        assert!(r.delete("/mcp/services/inv/i-1"));
+        assert_eq!(r.delete("/mcp/services/inv/i-1"), Ok(true));
         let snap = r.routing(2, Instant::now());
         assert!(
             snap.services["inv"].endpoints.is_empty(),
@@ -1644,11 +1773,118 @@ mod tests {
             20,
             "a bad value keeps the last good one"
         );
-        assert!(r.delete("/mcp/policies/inv/a"));
+        assert_eq!(r.delete("/mcp/policies/inv/a"), Ok(true));
         let config: FilterConfig =
             serde_json::from_str(&r.routing(3, Instant::now()).filter_config).unwrap();
         assert_eq!(config.policy_for("inv", "a").failure_rate_percent, 50);
         assert_eq!(r.put("/mcp/elsewhere/x", b"whatever", 0, 6, 6), Ok(false));
+    }
+
+    #[test]
+    fn a_policy_another_depends_on_outlives_its_delete_until_the_dependent_goes() {
+        let mut r = reg();
+        r.put("/mcp/services/orders/i-1", V1, 7, 2, 2).unwrap();
+        r.put(
+            "/mcp/policies/orders",
+            br#"{"max_open_ms":600000}"#,
+            0,
+            3,
+            3,
+        )
+        .unwrap();
+        r.put(
+            "/mcp/policies/orders/pay",
+            br#"{"open_ms":400000}"#,
+            0,
+            4,
+            4,
+        )
+        .unwrap();
+        // The admin API's check names the dependent and the validation error.
+        let refused = r.check_policy_delete("/mcp/policies/orders").unwrap_err();
+        assert_eq!(refused.reason, DELETE_BREAKS_DEPENDENT);
+        assert!(
+            refused.detail.contains("/mcp/policies/orders/pay")
+                && refused.detail.contains("max_open_ms"),
+            "{}",
+            refused.detail
+        );
+        assert_eq!(r.check_policy_delete("/mcp/policies/orders/pay"), Ok(()));
+
+        // The same delete from the watch: refused, the value stays in effect.
+        let err = r.delete("/mcp/policies/orders").unwrap_err();
+        assert_eq!(
+            (err.key.as_str(), err.reason),
+            ("/mcp/policies/orders", DELETE_BREAKS_DEPENDENT)
+        );
+        let config = published(&mut r);
+        config.validate().expect("what the filters get is valid");
+        assert_eq!(config.policy_for("orders", "pay").max_open_ms, 600000);
+
+        // The inspection's read of etcd (the service's policy gone) settles like the watch did:
+        // no difference, and a resync keeps the value too.
+        let read: Vec<(&str, &[u8], i64, i64, i64)> = vec![
+            (
+                "/mcp/policies/orders/pay",
+                br#"{"open_ms":400000}"#,
+                0,
+                4,
+                4,
+            ),
+            ("/mcp/services/orders/i-1", V1, 7, 2, 2),
+        ];
+        let mut fresh = r.empty_like();
+        let reset = fresh.reset(read.clone(), 5);
+        assert_eq!(fresh.fingerprint(), r.fingerprint(), "like with like");
+        assert_eq!(reset.kept, ["/mcp/policies/orders".to_string()]);
+        assert_eq!(reset.rejected[0].reason, DELETE_BREAKS_DEPENDENT);
+        // A missed delete is a difference: the registry did not know etcd lost the key.
+        let mut unaware = reg();
+        unaware
+            .put("/mcp/services/orders/i-1", V1, 7, 2, 2)
+            .unwrap();
+        unaware
+            .put(
+                "/mcp/policies/orders",
+                br#"{"max_open_ms":600000}"#,
+                0,
+                3,
+                3,
+            )
+            .unwrap();
+        unaware
+            .put(
+                "/mcp/policies/orders/pay",
+                br#"{"open_ms":400000}"#,
+                0,
+                4,
+                4,
+            )
+            .unwrap();
+        let mut fresh = unaware.empty_like();
+        fresh.reset(read.clone(), 5);
+        assert_ne!(fresh.fingerprint(), unaware.fingerprint());
+        unaware.reset(read, 5);
+        assert_eq!(unaware.fingerprint(), r.fingerprint(), "a resync learns it");
+
+        // The dependent leaves: the held delete takes effect with it.
+        assert_eq!(r.delete("/mcp/policies/orders/pay"), Ok(true));
+        let config = published(&mut r);
+        assert!(!config.services.contains_key("orders"), "{config:?}");
+        // A cold start reading only the dependent refuses it: the configuration stays valid.
+        let mut cold = reg();
+        let reset = cold.reset(
+            [(
+                "/mcp/policies/orders/pay",
+                &br#"{"open_ms":400000}"#[..],
+                0,
+                4,
+                4,
+            )],
+            5,
+        );
+        assert_eq!(reset.rejected[0].reason, "bad_policy");
+        published(&mut cold).validate().expect("valid");
     }
 
     #[test]
@@ -1679,10 +1915,10 @@ mod tests {
         let c = catalog(&mut r, 1);
         assert_eq!(c["inv"], BTreeSet::from(["a".to_string(), "b".to_string()]));
         assert!(c["bare"].is_empty(), "registrations that list no tools");
-        assert!(r.delete("/mcp/services/inv/i-2"));
+        assert_eq!(r.delete("/mcp/services/inv/i-2"), Ok(true));
         let c = catalog(&mut r, 2);
         assert_eq!(c["inv"], BTreeSet::from(["a".to_string()]));
-        assert!(r.delete("/mcp/services/inv/i-1"));
+        assert_eq!(r.delete("/mcp/services/inv/i-1"), Ok(true));
         let c = catalog(&mut r, 3);
         assert_eq!(
             c["inv"],
@@ -1952,14 +2188,14 @@ mod tests {
         r.put("/mcp/virtual/ops", BARE, 0, 8, 8).unwrap();
         check(&mut r, "a virtual server");
         // inv's oldest instance leaves: pay becomes the older service and keeps the bare name.
-        assert!(r.delete("/mcp/services/inv/i-1"));
-        assert!(r.delete("/mcp/services/inv/i-2"));
+        assert_eq!(r.delete("/mcp/services/inv/i-1"), Ok(true));
+        assert_eq!(r.delete("/mcp/services/inv/i-2"), Ok(true));
         check(&mut r, "a service growing younger");
         assert!(r.set_legacy_revision("pay", Some("2025-06-18".into())));
         check(&mut r, "a legacy revision");
-        assert!(r.delete("/mcp/overrides/inv/a"));
+        assert_eq!(r.delete("/mcp/overrides/inv/a"), Ok(true));
         check(&mut r, "an override lifted");
-        assert!(r.delete("/mcp/policies/inv"));
+        assert_eq!(r.delete("/mcp/policies/inv"), Ok(true));
         check(&mut r, "a policy removed");
         r.put(
             "/mcp/services/solo/i-1",
@@ -1978,7 +2214,7 @@ mod tests {
             11,
         )
         .unwrap();
-        assert!(r.delete("/mcp/services/solo/i-1"));
+        assert_eq!(r.delete("/mcp/services/solo/i-1"), Ok(true));
         let same = check(&mut r, "an age that decides no name");
         assert!(Arc::ptr_eq(&before, &same), "kept, not made again");
         let kvs = [(
@@ -2069,8 +2305,8 @@ mod tests {
             "the last good definition stays"
         );
         assert!(config.virtual_servers["later"].tools.contains_key("inv__a"));
-        assert!(r.delete("/mcp/virtual/ops"));
-        assert!(!r.delete("/mcp/virtual/ops"));
+        assert_eq!(r.delete("/mcp/virtual/ops"), Ok(true));
+        assert_eq!(r.delete("/mcp/virtual/ops"), Ok(false));
         assert!(!published(&mut r).virtual_servers.contains_key("ops"));
     }
 
@@ -2143,7 +2379,7 @@ mod tests {
         .unwrap();
         assert_eq!(r.service_ages()["zeta"], 10);
         // The oldest instance leaves: the service is as old as its oldest live key.
-        assert!(r.delete("/mcp/services/zeta/z-1"));
+        assert_eq!(r.delete("/mcp/services/zeta/z-1"), Ok(true));
         assert_eq!(r.service_ages()["zeta"], 41);
         // zeta is now the younger: alpha takes the bare name.
         let n = names(&mut r);
@@ -2156,7 +2392,7 @@ mod tests {
             "{n:?}"
         );
         // An emptied service keeps its last age, and with it its names, while it is known.
-        assert!(r.delete("/mcp/services/alpha/a-1"));
+        assert_eq!(r.delete("/mcp/services/alpha/a-1"), Ok(true));
         assert_eq!(r.service_ages()["alpha"], 20);
         assert!(names(&mut r).contains(&("search".to_string(), "alpha".to_string())));
     }
@@ -2378,14 +2614,18 @@ mod tests {
         );
         assert!(auth.requires("inv") && !auth.requires("ops"));
 
-        assert!(r.delete("/mcp/auth/rules/billing"));
-        assert!(!r.delete("/mcp/auth/rules/billing"), "already gone");
-        assert!(r.delete("/mcp/auth/virtual/ops"));
+        assert_eq!(r.delete("/mcp/auth/rules/billing"), Ok(true));
+        assert_eq!(
+            r.delete("/mcp/auth/rules/billing"),
+            Ok(false),
+            "already gone"
+        );
+        assert_eq!(r.delete("/mcp/auth/virtual/ops"), Ok(true));
         let auth = published(&mut r).auth.expect("configured");
         assert_eq!(auth.services.keys().collect::<Vec<_>>(), ["inv"]);
         assert!(auth.virtual_servers.is_empty());
-        assert!(r.delete("/mcp/auth/config"));
-        assert!(!r.delete("/mcp/auth/config"));
+        assert_eq!(r.delete("/mcp/auth/config"), Ok(true));
+        assert_eq!(r.delete("/mcp/auth/config"), Ok(false));
         assert!(r.auth_config().is_none());
         assert!(published(&mut r).auth.is_none());
         assert!(r.routing(9, Instant::now()).auth.is_none());

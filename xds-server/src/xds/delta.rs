@@ -39,7 +39,7 @@ use tracing::{debug, warn};
 use super::ads::{log_end, record_push, CacheView, Closed, ConnectedGuard, End, CONTROL_PLANE_ID};
 use super::cache::{resource_hash, CacheSnapshot, TypeSnapshot};
 use super::connections::Connections;
-use super::node::NodeView;
+use super::node::{self, FilterGuard, NodeView};
 use super::resources::ResourceType;
 use crate::metrics::{Metrics, TypeLabel};
 
@@ -254,6 +254,8 @@ pub(super) struct DeltaStream {
     types: BTreeMap<ResourceType, TypeState>,
     /// Resources made for this Envoy, by type and name (see [`NodeView::tailor`]).
     tailored: HashMap<(ResourceType, String), Tailored>,
+    /// Keeps a filter configuration the filter would refuse from this Envoy.
+    guard: FilterGuard,
     metrics: Arc<Metrics>,
     tx: mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>,
     shutdown: CancellationToken,
@@ -282,6 +284,7 @@ impl DeltaStream {
             nonce: 0,
             types: BTreeMap::new(),
             tailored: HashMap::new(),
+            guard: FilterGuard::default(),
             metrics,
             tx,
             shutdown,
@@ -504,7 +507,9 @@ impl DeltaStream {
             types,
             node,
             tailored,
+            guard,
             report_token,
+            metrics,
             ..
         } = self;
         let Some(state) = types.get_mut(&ty) else {
@@ -559,8 +564,16 @@ impl DeltaStream {
                 let key = (ty, name.clone());
                 match tailored.get(&key) {
                     Some(t) if t.source == hash => (t.any.clone(), t.version.clone()),
-                    _ => match node.tailor(ty, any, report_token.as_deref()) {
-                        Some(made) => {
+                    _ => match guard.tailor(
+                        node,
+                        ty,
+                        name,
+                        any,
+                        hash,
+                        report_token.as_deref(),
+                        metrics,
+                    ) {
+                        node::Tailored::Made(made) => {
                             let version = version_of(resource_hash(&made));
                             let entry = Tailored {
                                 source: hash,
@@ -570,7 +583,9 @@ impl DeltaStream {
                             tailored.insert(key, entry);
                             (made, version)
                         }
-                        None => (any.clone(), version_of(hash)),
+                        node::Tailored::AsIs => (any.clone(), version_of(hash)),
+                        // Refused, and none good before it: nothing goes.
+                        node::Tailored::Nothing => continue,
                     },
                 }
             };
