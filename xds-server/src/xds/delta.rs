@@ -1098,6 +1098,52 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_filter_configuration_the_filter_would_refuse_is_never_sent() {
+        // A tool's open time above the default ceiling, which no service policy raises.
+        const REFUSED: &str = r#"{"services":{"a":{"tools":{"t":{"open_ms":400000}}}}}"#;
+        let name = crate::xds::ecds::FILTER_CONFIG_NAME;
+        // Refused from the first: nothing goes, and Envoy keeps what it has (or waits).
+        let mut h = subscribed(&[("a", &[1])]).await;
+        h.publish(with_filter_config(routing(2, &[("a", &[1])]), REFUSED))
+            .await;
+        assert!(h
+            .request_and_ack(subscribe(ECDS, &[name]))
+            .await
+            .iter()
+            .all(|r| r.resources.is_empty()));
+        assert_eq!(h.metrics.filter_config_invalid.get(), 1);
+
+        let mut h = subscribed(&[("a", &[1])]).await;
+        let good = r#"{"services":{"a":{"policy":{"max_open_ms":600000},"tools":{"t":{"open_ms":400000}}}}}"#;
+        h.publish(with_filter_config(routing(2, &[("a", &[1])]), good))
+            .await;
+        let first = h.request_and_ack(subscribe(ECDS, &[name])).await;
+        assert_eq!(types(&first), ["ecds"]);
+        let held = first[0].resources[0].version.clone();
+        // The service's policy goes: what comes out would be refused, so nothing is sent,
+        // once, however often it is published.
+        for generation in 3..6 {
+            h.publish(with_filter_config(
+                routing(generation, &[("a", &[1])]),
+                REFUSED,
+            ))
+            .await;
+            assert!(h.sent().is_empty(), "generation {generation}");
+        }
+        assert_eq!(h.metrics.filter_config_invalid.get(), 1, "counted once");
+        // A resubscription gets the last good one, not the refused one.
+        let again = h.request_and_ack(subscribe(ECDS, &[name])).await;
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0].resources[0].version, held);
+        // A good configuration goes again.
+        h.publish(with_filter_config(routing(6, &[("a", &[1])]), r#"{"x":2}"#))
+            .await;
+        let sent = h.sent();
+        assert_eq!(types(&sent), ["ecds"]);
+        assert_ne!(sent[0].resources[0].version, held);
+    }
+
+    #[tokio::test]
     async fn a_rejected_route_configuration_releases_the_filter_configuration_too() {
         let mut h = subscribed(&[("a", &[1])]).await;
         let name = crate::xds::ecds::FILTER_CONFIG_NAME;
