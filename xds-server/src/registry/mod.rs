@@ -5,6 +5,7 @@
 //! instance's last good value and never empty a service.
 
 pub mod admission;
+pub mod ages;
 pub mod auth;
 mod memo;
 pub mod persist;
@@ -181,12 +182,16 @@ pub struct Registry {
     /// Virtual servers from `<prefix>virtual/<name>`, as last admitted (issue 19), with the
     /// raw JSON for the state-dir snapshot.
     virtuals: BTreeMap<String, (VirtualServer, String)>,
-    /// Each service's age for naming: the smallest etcd create revision among its live
-    /// instance keys (the older service keeps a contested name). A service whose last
-    /// instance left keeps its last age while it stays known, as it keeps its route and its
-    /// catalog, so a briefly empty service keeps its names; once instances are back, its age
-    /// is theirs again (what any toolgate-xds reading etcd then computes).
+    /// Each service's age as its instance keys tell it: the smallest etcd create revision
+    /// among its live instance keys. A service whose last instance left keeps its last one
+    /// while it stays known. What names a service is its recorded age (below) once there is
+    /// one; this until then, and it is what gets recorded.
     since_revision: BTreeMap<String, i64>,
+    /// Each service's age for naming as the fleet recorded it (`<prefix>service-ages/`, see
+    /// `ages.rs`): the older service keeps a contested name, across re-registrations.
+    recorded_ages: BTreeMap<String, i64>,
+    /// Notified when a service may lack a recorded age (`crate::service_ages` writes it).
+    ages_wanted: Arc<Notify>,
     /// The tools the last publish could not name, so that each is logged once, when it
     /// appears, not at every push.
     unnamed: Vec<(String, Unnamed)>,
@@ -282,6 +287,8 @@ impl Registry {
             session_key: String::new(),
             virtuals: BTreeMap::new(),
             since_revision: BTreeMap::new(),
+            recorded_ages: BTreeMap::new(),
+            ages_wanted: Arc::new(Notify::new()),
             unnamed: Vec::new(),
             legacy_revisions: BTreeMap::new(),
             auth: auth::AuthStore::default(),
@@ -461,6 +468,7 @@ impl Registry {
         let mut old_fleet = std::mem::take(&mut self.fleet);
         let mut old_overrides = std::mem::take(&mut self.overrides);
         let mut old_virtuals = std::mem::take(&mut self.virtuals);
+        let mut old_ages = std::mem::take(&mut self.recorded_ages);
         let mut old_auth = std::mem::take(&mut self.auth);
         self.all_stale = true;
         let mut rejected = Vec::new();
@@ -571,6 +579,7 @@ impl Registry {
                     &mut old_fleet,
                     &mut old_overrides,
                     &mut old_virtuals,
+                    &mut old_ages,
                 ),
             };
             if restored {
@@ -579,6 +588,7 @@ impl Registry {
         }
         self.auth.keep_arc_of(&old_auth);
         self.revision = revision;
+        self.ages_wanted.notify_one();
         kept.sort();
         Reset { rejected, kept }
     }
@@ -591,7 +601,14 @@ impl Registry {
         fleet: &mut BTreeMap<(String, String), FleetEntry>,
         overrides: &mut BTreeMap<(String, String), Override>,
         virtuals: &mut BTreeMap<String, (VirtualServer, String)>,
+        ages: &mut BTreeMap<String, i64>,
     ) -> bool {
+        if let Ok(service) = self.layout.parse_service_age_key(key) {
+            return match ages.remove(&service) {
+                Some(age) => self.recorded_ages.insert(service, age).is_none(),
+                None => false,
+            };
+        }
         if let Ok(name) = self.layout.parse_virtual_key(key) {
             return match virtuals.remove(&name) {
                 Some(v) => self.virtuals.insert(name, v).is_none(),
@@ -642,6 +659,8 @@ impl Registry {
             self.put_fleet(key, value, lease, mod_revision)
         } else if key.starts_with(&self.layout.overrides_prefix()) {
             self.put_override(key, value)
+        } else if key.starts_with(&self.layout.service_ages_prefix()) {
+            self.put_service_age(key, value)
         } else {
             Ok(false)
         }
@@ -822,10 +841,57 @@ impl Registry {
         self.services.contains_key(service)
     }
 
-    /// Each service's age for naming: the smallest etcd create revision among its instance
-    /// keys (the last one it had, for a service with none left).
-    pub fn service_ages(&self) -> &BTreeMap<String, i64> {
-        &self.since_revision
+    /// Each known service's age for naming: the one the fleet recorded, else the smallest
+    /// etcd create revision among its instance keys (the last one it had, for a service with
+    /// none left).
+    pub fn service_ages(&self) -> BTreeMap<String, i64> {
+        self.since_revision
+            .keys()
+            .chain(self.recorded_ages.keys())
+            .filter_map(|s| Some((s.clone(), self.service_age(s)?)))
+            .collect()
+    }
+
+    /// A service's age for naming (see [`service_ages`](Self::service_ages)).
+    pub fn service_age(&self, service: &str) -> Option<i64> {
+        self.recorded_ages
+            .get(service)
+            .or_else(|| self.since_revision.get(service))
+            .copied()
+    }
+
+    /// The services with an age from their instance keys that the fleet has not recorded yet,
+    /// with that age: what `crate::service_ages` writes.
+    pub fn unrecorded_ages(&self) -> Vec<(String, i64)> {
+        self.since_revision
+            .iter()
+            .filter(|(s, _)| !self.recorded_ages.contains_key(*s))
+            .map(|(s, age)| (s.clone(), *age))
+            .collect()
+    }
+
+    /// Notified whenever [`unrecorded_ages`](Self::unrecorded_ages) may have changed.
+    pub fn ages_wanted(&self) -> Arc<Notify> {
+        self.ages_wanted.clone()
+    }
+
+    /// `<prefix>service-ages/<service>`: the age the fleet recorded for a service. Whether
+    /// its age for naming changed.
+    fn put_service_age(&mut self, key: &str, value: &[u8]) -> Result<bool, Rejected> {
+        let reject = |reason: &'static str, detail: String| Rejected {
+            key: key.to_string(),
+            reason,
+            detail,
+        };
+        let service = self
+            .layout
+            .parse_service_age_key(key)
+            .map_err(|e| reject("bad_key", e.to_string()))?;
+        let age = ages::ServiceAge::parse(value).map_err(|e| reject("bad_service_age", e))?;
+        let before = self.service_age(&service);
+        self.recorded_ages.insert(service.clone(), age.revision);
+        self.ages_wanted.notify_one();
+        Ok(self.service_age(&service) != before)
     }
 
     /// Sets a service's age to the smallest create revision among its instances; a service
@@ -999,7 +1065,7 @@ impl Registry {
                 });
         let ages: Vec<i64> = sensitive
             .iter()
-            .map(|s| self.since_revision.get(s).copied().unwrap_or(i64::MAX))
+            .map(|s| self.service_age(s).unwrap_or(i64::MAX))
             .collect();
         let key = (self.catalog.version(), ages, definitions.clone());
         self.virtual_memo.get_or_make(key, |before| {
@@ -1020,11 +1086,7 @@ impl Registry {
             .iter()
             .map(|(service, tools)| ServiceTools {
                 service,
-                since_revision: self
-                    .since_revision
-                    .get(service)
-                    .copied()
-                    .unwrap_or(i64::MAX),
+                since_revision: self.service_age(service).unwrap_or(i64::MAX),
                 tools: tools.iter().map(String::as_str).collect(),
             })
             .collect();
@@ -1208,14 +1270,17 @@ impl Registry {
             .insert((sk.service.clone(), instance.addr()), sk.clone());
         self.mark_stale(&sk.service);
         let service = sk.service.clone();
-        let old_since = self.since_revision.get(&service).copied();
+        let old_age = self.service_age(&service);
         self.instances.insert(sk.clone(), instance);
         self.refresh_since(&service);
+        if !self.recorded_ages.contains_key(&service) {
+            self.ages_wanted.notify_one();
+        }
         if target_changed {
             self.mark_dirty(sk);
         }
         // A new age can rename tools on a virtual server: the filter must hear of it.
-        Ok(routing_changed || self.since_revision.get(&service).copied() != old_since)
+        Ok(routing_changed || self.service_age(&service) != old_age)
     }
 
     /// Removes an instance (its key was deleted, or a full read no longer has it). `true`
@@ -1242,6 +1307,14 @@ impl Registry {
         }
         if let Ok(name) = self.layout.parse_virtual_key(key) {
             return Ok(self.virtuals.remove(&name).is_some());
+        }
+        if let Ok(service) = self.layout.parse_service_age_key(key) {
+            // An operator resets a service's age by deleting it: it is recorded again from
+            // its instance keys.
+            let before = self.service_age(&service);
+            self.recorded_ages.remove(&service);
+            self.ages_wanted.notify_one();
+            return Ok(self.service_age(&service) != before);
         }
         if let Ok(which) = self.layout.parse_auth_key(key) {
             return Ok(self.auth.remove(&which));
@@ -1446,7 +1519,8 @@ impl Registry {
     }
 
     /// [`raw_values`](Self::raw_values) without the instances: policies, fleet openings,
-    /// overrides, virtual servers and auth values, a few hundred at most.
+    /// overrides, virtual servers and auth values (a few hundred at most) and the recorded
+    /// service ages (one per service).
     pub fn raw_values_but_instances(&self) -> Vec<(String, String)> {
         let policies = self
             .policies
@@ -1471,10 +1545,20 @@ impl Registry {
                 raw.clone(),
             )
         });
+        let ages = self.recorded_ages.iter().map(|(service, revision)| {
+            (
+                self.layout.service_age_key(service),
+                ages::ServiceAge {
+                    revision: *revision,
+                }
+                .to_json(),
+            )
+        });
         policies
             .chain(fleet)
             .chain(overrides)
             .chain(virtuals)
+            .chain(ages)
             .chain(self.auth.raw_values(&self.layout))
             .collect()
     }
@@ -2378,7 +2462,9 @@ mod tests {
         )
         .unwrap();
         assert_eq!(r.service_ages()["zeta"], 10);
-        // The oldest instance leaves: the service is as old as its oldest live key.
+        // The oldest instance leaves: until the fleet recorded its age (see
+        // `a_recorded_age_keeps_a_contested_name_across_a_re_registration`), the service is as
+        // old as its oldest live key.
         assert_eq!(r.delete("/mcp/services/zeta/z-1"), Ok(true));
         assert_eq!(r.service_ages()["zeta"], 41);
         // zeta is now the younger: alpha takes the bare name.
@@ -2395,6 +2481,88 @@ mod tests {
         assert_eq!(r.delete("/mcp/services/alpha/a-1"), Ok(true));
         assert_eq!(r.service_ages()["alpha"], 20);
         assert!(names(&mut r).contains(&("search".to_string(), "alpha".to_string())));
+    }
+
+    #[test]
+    fn a_recorded_age_keeps_a_contested_name_across_a_re_registration() {
+        let mut r = reg();
+        let wanted = r.ages_wanted();
+        r.put("/mcp/virtual/default", BARE, 0, 1, 1).unwrap();
+        r.put(
+            "/mcp/services/zeta/z-1",
+            &instance("z-1", 9001, &["search"]),
+            1,
+            10,
+            10,
+        )
+        .unwrap();
+        r.put(
+            "/mcp/services/alpha/a-1",
+            &instance("a-1", 9002, &["search"]),
+            1,
+            20,
+            20,
+        )
+        .unwrap();
+        // Both are to be recorded, at the ages their keys give.
+        assert_eq!(
+            r.unrecorded_ages(),
+            [("alpha".to_string(), 20), ("zeta".to_string(), 10)]
+        );
+        assert!(futures::FutureExt::now_or_never(wanted.notified()).is_some());
+        for (service, revision) in [("zeta", 10), ("alpha", 20)] {
+            let key = format!("/mcp/service-ages/{service}");
+            let value = format!(r#"{{"revision":{revision}}}"#);
+            assert_eq!(r.put(&key, value.as_bytes(), 0, 30, 30), Ok(false));
+        }
+        assert!(r.unrecorded_ages().is_empty());
+        let bare = |r: &mut Registry| {
+            published(r).virtual_servers["default"].tools["search"]
+                .service
+                .clone()
+        };
+        assert_eq!(bare(&mut r), "zeta");
+        // zeta's registrar stops and registers again: new keys, younger than alpha's.
+        assert_eq!(r.delete("/mcp/services/zeta/z-1"), Ok(true));
+        r.put(
+            "/mcp/services/zeta/z-2",
+            &instance("z-2", 9003, &["search"]),
+            2,
+            40,
+            40,
+        )
+        .unwrap();
+        assert_eq!(r.service_ages()["zeta"], 10, "the recorded age");
+        assert_eq!(bare(&mut r), "zeta", "the bare name stays");
+        // A resync and a restart from the state snapshot keep it.
+        let values = r.raw_values();
+        assert!(values
+            .iter()
+            .any(|(k, v)| k == "/mcp/service-ages/zeta" && v == r#"{"revision":10}"#));
+        let mut restarted = reg();
+        restarted.reset(
+            values
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_bytes(), 0, 0, 0)),
+            41,
+        );
+        assert_eq!(bare(&mut restarted), "zeta");
+        // A bad value is refused; the last good age stays.
+        let err = r
+            .put(
+                "/mcp/service-ages/zeta",
+                br#"{"revision":"old"}"#,
+                0,
+                42,
+                42,
+            )
+            .unwrap_err();
+        assert_eq!(err.reason, "bad_service_age");
+        assert_eq!(r.service_ages()["zeta"], 10);
+        // An operator deletes it: it is recorded again from the instance keys.
+        assert_eq!(r.delete("/mcp/service-ages/zeta"), Ok(true));
+        assert_eq!(r.unrecorded_ages(), [("zeta".to_string(), 40)]);
+        assert_eq!(bare(&mut r), "alpha");
     }
 
     #[test]
