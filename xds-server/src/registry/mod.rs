@@ -250,6 +250,8 @@ impl PartialEq for FilterKey {
 struct FilterMade {
     config: Arc<FilterConfig>,
     json: Arc<str>,
+    /// See [`RoutingSnapshot::filter_urgency`].
+    urgency: u64,
     unnamed: Vec<(String, Unnamed)>,
 }
 
@@ -1117,6 +1119,16 @@ impl Registry {
         let (virtual_routes, rest) = (key.virtual_routes.clone(), key.rest.clone());
         self.filter_memo.get_or_make(key, |_| {
             let (virtual_servers, unnamed) = &*virtual_routes;
+            // What changes with services (their tools, names and revisions) may wait for their
+            // clusters and routes; the rest (policies, openings, overrides, auth) may not.
+            let urgent = FilterConfig {
+                legacy_revisions: BTreeMap::new(),
+                ..rest.clone()
+            };
+            let urgency = std::hash::BuildHasher::hash_one(
+                &std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default(),
+                serde_json::to_string(&urgent).unwrap_or_default(),
+            );
             let config = FilterConfig {
                 catalog: BTreeMap::clone(&self.catalog),
                 virtual_servers: virtual_servers.clone(),
@@ -1127,6 +1139,7 @@ impl Registry {
             FilterMade {
                 config: Arc::new(config),
                 json: json.into(),
+                urgency,
                 unnamed: unnamed.clone(),
             }
         })
@@ -1411,6 +1424,7 @@ impl Registry {
             recent: std::sync::Arc::from([]),
             services: self.routes.clone(),
             filter_config: made.json.clone(),
+            filter_urgency: made.urgency,
             virtual_servers: filter.virtual_servers.keys().cloned().collect(),
             max_body_bytes: self.request_limits.max_body_bytes,
             default_timeout_ms: filter.defaults.timeout_ms,
