@@ -25,6 +25,8 @@ pub struct FleetSync {
     /// An override PUT through the admin API -> the filter in Envoy has it, while services
     /// are being added.
     pub override_to_filter: Summary,
+    /// The part of it until the admin API answered (the override is in etcd).
+    pub override_put_answered: Summary,
     /// New services registered while the override trials ran.
     pub services_added: usize,
 }
@@ -123,11 +125,12 @@ pub async fn run(env: &TestEnv, trials: usize) -> anyhow::Result<FleetSync> {
             keys.kvs().len()
         );
     }
-    let (override_to_filter, services_added) =
+    let (override_to_filter, override_put_answered, services_added) =
         override_under_churn(&etcd, &xa, &a, &lab, trials * 4).await?;
     Ok(FleetSync {
         a_open_to_b_rejects: summarize(&samples),
         override_to_filter,
+        override_put_answered,
         services_added,
     })
 }
@@ -141,7 +144,7 @@ async fn override_under_churn(
     envoy: &Envoy,
     lab: &McpServer,
     trials: usize,
-) -> anyhow::Result<(Summary, usize)> {
+) -> anyhow::Result<(Summary, Summary, usize)> {
     let endpoint = lab.endpoint();
     let client = etcd.client().await;
     let register = move |n: usize| {
@@ -176,6 +179,7 @@ async fn override_under_churn(
     };
     let http = reqwest::Client::builder().no_proxy().build()?;
     let mut samples = Vec::with_capacity(trials);
+    let mut answered = Vec::with_capacity(trials);
     let mut outcome = Ok(());
     for i in 0..trials {
         if let Err(e) = register(i).await {
@@ -192,6 +196,7 @@ async fn override_under_churn(
             .json(&json!({"mode": "force_open", "reason": reason}))
             .send()
             .await?;
+        answered.push(started.elapsed());
         if !resp.status().is_success() {
             outcome = Err(anyhow::anyhow!(
                 "override PUT answered {}: {}",
@@ -223,5 +228,9 @@ async fn override_under_churn(
     stop.store(true, Ordering::Relaxed);
     let _ = churn.await;
     outcome?;
-    Ok((summarize(&samples), added.load(Ordering::Relaxed)))
+    Ok((
+        summarize(&samples),
+        summarize(&answered),
+        added.load(Ordering::Relaxed),
+    ))
 }
