@@ -449,3 +449,44 @@ async fn a_contested_bare_name_stays_with_the_older_service_across_a_re_registra
     let config = stack.envoy.filter_config().await.expect("config");
     assert_eq!(bare_search(&config), "zeta", "after a restart");
 }
+
+#[tokio::test]
+async fn a_header_spelt_with_an_underscore_never_reaches_the_server() {
+    let env = TestEnv::new("fail_closed_underscore_header");
+    let stack = Stack::start(&env).await;
+    let member = Member::start(&env, &stack.etcd.endpoint(), "orders", "orders-1", &[], TTL).await;
+    stack.routes("orders", &[&member]).await;
+    let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": toolgate_tests::mcp::PROTOCOL_VERSION, "capabilities": {},
+        "clientInfo": {"name": "underscore", "version": "1"}}});
+    let r = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("client")
+        .post(stack.url("orders"))
+        .header("accept", "application/json, text/event-stream")
+        .header("content-type", "application/json")
+        // What a server that maps `_` to `-` would read as the claim header `x-caller`.
+        .header("x_caller", "alice")
+        .header("x-unrelated", "1")
+        .body(initialize.to_string())
+        .send()
+        .await
+        .expect("POST initialize");
+    assert_eq!(
+        r.status(),
+        StatusCode::OK,
+        "{}",
+        r.text().await.unwrap_or_default()
+    );
+    let seen = member.server.control().await;
+    let headers = seen["headers"].as_object().cloned().unwrap_or_default();
+    assert!(
+        headers.contains_key("x-unrelated"),
+        "the server reports the headers it got: {seen}"
+    );
+    assert!(
+        !headers.keys().any(|h| h.contains('_')),
+        "a header with an underscore reached the server: {seen}"
+    );
+}

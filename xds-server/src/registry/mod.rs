@@ -1159,6 +1159,7 @@ impl Registry {
                 .map(|(s, r)| (s.clone(), r.clone()))
                 .collect(),
             auth: self.auth.filter_auth(),
+            claim_header_names: self.auth.claim_header_names(),
             ..FilterConfig::default()
         };
         for ((service, tool), e) in &self.fleet {
@@ -2812,6 +2813,46 @@ mod tests {
         assert!(published(&mut r).auth.is_none());
         assert!(r.routing(9, Instant::now()).auth.is_none());
         assert_eq!(r.auth_service_rules().count(), 1, "the rules stay, unused");
+    }
+
+    #[test]
+    fn claim_header_names_reach_the_filter_with_or_without_a_configuration() {
+        let mut r = reg();
+        let with_claims = |header: &str| {
+            format!(
+                r#"{{"rules": [{{"tools": ["*"], "subjects": ["*"]}}],
+                     "claim_headers": {{"sub": "{header}", "email": "X-Mail"}}}}"#
+            )
+        };
+        r.put(
+            "/mcp/auth/rules/inv",
+            with_claims("X-Caller").as_bytes(),
+            0,
+            2,
+            2,
+        )
+        .unwrap();
+        r.put(
+            "/mcp/auth/virtual/ops",
+            with_claims("x_user").as_bytes(),
+            0,
+            3,
+            3,
+        )
+        .unwrap();
+        let config = published(&mut r);
+        assert!(config.auth.is_none(), "no configuration");
+        let names: Vec<&str> = config
+            .claim_header_names
+            .iter()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(names, ["x-caller", "x-mail", "x_user"]);
+        r.put("/mcp/auth/config", AUTH, 0, 4, 4).unwrap();
+        assert_eq!(published(&mut r).claim_header_names.len(), 3);
+        assert_eq!(r.delete("/mcp/auth/virtual/ops"), Ok(true));
+        assert_eq!(r.delete("/mcp/auth/rules/inv"), Ok(true));
+        assert!(published(&mut r).claim_header_names.is_empty());
     }
 
     #[test]
