@@ -277,12 +277,32 @@ impl FleetWriter {
             .get()
             .await
             .map_err(|e| AdminError::etcd("policy", e))?;
-        tokio::time::timeout(self.timeout, client.put(key.as_str(), raw.to_vec(), None))
+        let resp = tokio::time::timeout(self.timeout, client.put(key.as_str(), raw.to_vec(), None))
             .await
             .map_err(|_| AdminError::etcd("policy", "timed out"))?
             .map_err(|e| AdminError::etcd("policy", e))?;
         info!(key, "policy set");
+        if let Some(header) = resp.header() {
+            self.applied(header.revision()).await;
+        }
         Ok(())
+    }
+
+    /// Waits (up to the etcd timeout) until the registry has applied etcd's revision
+    /// `revision`: the next policy change is checked against this one, so an operator's
+    /// `PUT orders` followed at once by `PUT orders/pay`, which needs it, is not refused.
+    async fn applied(&self, revision: i64) {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        while self
+            .registry
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .revision()
+            < revision
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
     }
 
     /// Deletes a policy, unless another depends on it: a tool's policy may need its service's
@@ -303,16 +323,17 @@ impl FleetWriter {
                 .map_err(|r| AdminError::bad_request(format!("{}: {}", r.key, r.detail)))?;
             reg.revision()
         };
-        if tool.is_some() {
-            // Nothing is laid over a tool's policy.
-            return self.delete(&key, "policy").await;
-        }
+        // Nothing is laid over a tool's policy: only a service's has dependents to compare.
         let dependents = format!("{key}/");
-        let txn = Txn::new()
-            .when([
+        let compares: Vec<Compare> = match tool {
+            Some(_) => Vec::new(),
+            None => vec![
                 Compare::mod_revision(dependents.as_str(), CompareOp::Less, revision + 1)
                     .with_prefix(),
-            ])
+            ],
+        };
+        let txn = Txn::new()
+            .when(compares)
             .and_then([TxnOp::delete(key.as_str(), None)]);
         let mut client = self
             .client
@@ -338,6 +359,9 @@ impl FleetWriter {
             .any(|op| matches!(op, etcd_client::TxnOpResponse::Delete(d) if d.deleted() > 0));
         if deleted {
             info!(key, "policy lifted");
+        }
+        if let Some(header) = resp.header() {
+            self.applied(header.revision()).await;
         }
         Ok(deleted)
     }
