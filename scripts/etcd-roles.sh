@@ -11,8 +11,9 @@
 # The layout:
 #   root                 etcd's own administrator (needed to turn auth on).
 #   toolgate-xds         reads everything under /mcp/; writes only /mcp/breakers/ (fleet
-#                        breaker openings) and, for the admin API, /mcp/overrides/ and
-#                        /mcp/policies/, /mcp/virtual/ and /mcp/auth/. It cannot write a registration.
+#                        breaker openings), /mcp/service-ages/ (each service's age for naming)
+#                        and, for the admin API, /mcp/overrides/ and /mcp/policies/,
+#                        /mcp/virtual/ and /mcp/auth/. It cannot write a registration.
 #   registrar-<service>  reads and writes only /mcp/services/<service>/: a registrar of one
 #                        service cannot register, or remove, an instance of another.
 set -euo pipefail
@@ -51,6 +52,7 @@ user root
 role toolgate-xds
 grant toolgate-xds read "$PREFIX"
 grant toolgate-xds readwrite "${PREFIX}breakers/"
+grant toolgate-xds readwrite "${PREFIX}service-ages/"
 grant toolgate-xds readwrite "${PREFIX}overrides/"
 grant toolgate-xds readwrite "${PREFIX}policies/"
 grant toolgate-xds readwrite "${PREFIX}virtual/"

@@ -160,6 +160,28 @@ impl KeyLayout {
         })
     }
 
+    /// `<prefix>service-ages/`: each service's age for naming, the etcd revision at which the
+    /// fleet first saw it (written once, whichever toolgate-xds sees the service first).
+    pub fn service_ages_prefix(&self) -> String {
+        format!("{}service-ages/", self.prefix)
+    }
+
+    pub fn service_age_key(&self, service: &str) -> String {
+        format!("{}{service}", self.service_ages_prefix())
+    }
+
+    /// The service in `<prefix>service-ages/<service>`.
+    pub fn parse_service_age_key(&self, key: &str) -> Result<String, KeyError> {
+        let rest = key
+            .strip_prefix(self.service_ages_prefix().as_str())
+            .ok_or_else(|| KeyError::NotAService(key.to_string()))?;
+        validate_name("service", rest).map_err(|source| KeyError::Name {
+            key: key.to_string(),
+            source,
+        })?;
+        Ok(rest.to_string())
+    }
+
     /// `<prefix>breakers/`: breaker openings shared by the fleet, leased for the open duration.
     pub fn breakers_prefix(&self) -> String {
         format!("{}breakers/", self.prefix)
@@ -240,6 +262,26 @@ mod tests {
         ] {
             assert!(k.parse_auth_key(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn builds_and_parses_service_age_keys() {
+        let k = KeyLayout::default();
+        assert_eq!(k.service_age_key("orders"), "/mcp/service-ages/orders");
+        assert_eq!(
+            k.parse_service_age_key("/mcp/service-ages/orders"),
+            Ok("orders".to_string())
+        );
+        for bad in [
+            "/mcp/service-ages/",
+            "/mcp/service-ages/a/b",
+            "/mcp/services/a",
+        ] {
+            assert!(k.parse_service_age_key(bad).is_err(), "{bad}");
+        }
+        assert!(!k
+            .service_age_key("orders")
+            .starts_with(&k.services_prefix()));
     }
 
     #[test]

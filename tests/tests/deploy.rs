@@ -164,7 +164,33 @@ fn compose_file_is_valid_and_everything_it_mounts_exists() {
         let file = secret.1["file"].as_str().unwrap_or_default();
         mounted.push((format!("secret {}", secret.0), PathBuf::from(file)));
     }
-    assert!(mounted.len() >= 4, "binds and secrets found: {mounted:?}");
+    assert!(mounted.len() >= 3, "binds and secrets found: {mounted:?}");
+    // The session-sealing key is made at first start in the state volume, never committed:
+    // a key in the repository would seal every demo's session ids alike.
+    let xds_args: Vec<&str> = services["toolgate-xds"]["command"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        xds_args.iter().any(|a| a.starts_with("--state-dir=")),
+        "{xds_args:?}"
+    );
+    assert!(
+        !xds_args.iter().any(|a| a.starts_with("--session-key-file")),
+        "the Compose demo takes its session key from the state dir: {xds_args:?}"
+    );
+    let tracked = run(
+        "git ls-files",
+        Command::new("git")
+            .current_dir(root())
+            .args(["ls-files", "deploy/compose"]),
+    );
+    assert!(
+        !tracked.lines().any(|f| f.contains("session-key")),
+        "a session key is committed: {tracked}"
+    );
     for (who, path) in &mounted {
         assert!(
             path.is_file(),

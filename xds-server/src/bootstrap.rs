@@ -694,7 +694,13 @@ fn listener(opts: &BootstrapOptions) -> Value {
                     "max_request_headers_kb": MAX_REQUEST_HEADERS_KB,
                     "common_http_protocol_options": {
                         "max_headers_count": MAX_REQUEST_HEADERS,
-                        "idle_timeout": proto_duration(opts.edge.idle_timeout)
+                        "idle_timeout": proto_duration(opts.edge.idle_timeout),
+                        // A server (or framework) that reads `x_caller` as `x-caller` would take
+                        // a client's underscore spelling for the claim header the gateway sets
+                        // from a verified token. Dropped, not refused: a refusal is a stream
+                        // reset under HTTP/2 (no JSON-RPC error could say why), and no MCP
+                        // header is spelt with an underscore.
+                        "headers_with_underscores_action": "DROP_HEADER"
                     },
                     "local_reply_config": local_reply_config(&opts.edge),
                     "early_header_mutation_extensions": early_header_mutations(),
@@ -1141,6 +1147,10 @@ mod tests {
         assert_eq!(hcm["request_timeout"], "2.5s");
         assert_eq!(hcm["request_headers_timeout"], "4s");
         assert_eq!(hcm["common_http_protocol_options"]["idle_timeout"], "90s");
+        assert_eq!(
+            hcm["common_http_protocol_options"]["headers_with_underscores_action"],
+            "DROP_HEADER"
+        );
         let mappers = hcm["local_reply_config"]["mappers"]
             .as_array()
             .expect("mappers");

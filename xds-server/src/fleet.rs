@@ -277,21 +277,93 @@ impl FleetWriter {
             .get()
             .await
             .map_err(|e| AdminError::etcd("policy", e))?;
-        tokio::time::timeout(self.timeout, client.put(key.as_str(), raw.to_vec(), None))
+        let resp = tokio::time::timeout(self.timeout, client.put(key.as_str(), raw.to_vec(), None))
             .await
             .map_err(|_| AdminError::etcd("policy", "timed out"))?
             .map_err(|e| AdminError::etcd("policy", e))?;
         info!(key, "policy set");
+        if let Some(header) = resp.header() {
+            self.applied(header.revision()).await;
+        }
         Ok(())
     }
 
+    /// Waits (up to the etcd timeout) until the registry has applied etcd's revision
+    /// `revision`: the next policy change is checked against this one, so an operator's
+    /// `PUT orders` followed at once by `PUT orders/pay`, which needs it, is not refused.
+    async fn applied(&self, revision: i64) {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        while self
+            .registry
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .revision()
+            < revision
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    /// Deletes a policy, unless another depends on it: a tool's policy may need its service's
+    /// (an `open_ms` above the default `max_open_ms`), and a configuration with an invalid
+    /// merged policy is one the filters refuse. Refused with the dependent key and why. The
+    /// check holds at etcd too: the delete happens only if no policy of the service's tools
+    /// changed since the revision the check saw.
     pub async fn delete_policy(
         &self,
         service: &str,
         tool: Option<&str>,
     ) -> Result<bool, AdminError> {
-        let key = policy_key(&self.layout(), service, tool)?;
-        self.delete(&key, "policy").await
+        let layout = self.layout();
+        let key = policy_key(&layout, service, tool)?;
+        let revision = {
+            let reg = self.registry.read().unwrap_or_else(|p| p.into_inner());
+            reg.check_policy_delete(&key)
+                .map_err(|r| AdminError::bad_request(format!("{}: {}", r.key, r.detail)))?;
+            reg.revision()
+        };
+        // Nothing is laid over a tool's policy: only a service's has dependents to compare.
+        let dependents = format!("{key}/");
+        let compares: Vec<Compare> = match tool {
+            Some(_) => Vec::new(),
+            None => vec![
+                Compare::mod_revision(dependents.as_str(), CompareOp::Less, revision + 1)
+                    .with_prefix(),
+            ],
+        };
+        let txn = Txn::new()
+            .when(compares)
+            .and_then([TxnOp::delete(key.as_str(), None)]);
+        let mut client = self
+            .client
+            .get()
+            .await
+            .map_err(|e| AdminError::etcd("policy", e))?;
+        let resp = tokio::time::timeout(self.timeout, client.txn(txn))
+            .await
+            .map_err(|_| AdminError::etcd("policy", "timed out"))?
+            .map_err(|e| AdminError::etcd("policy", e))?;
+        if !resp.succeeded() {
+            return Err(AdminError {
+                status: StatusCode::CONFLICT,
+                message: format!(
+                    "{key}: a policy of one of its tools changed meanwhile; nothing was \
+                     deleted, try again"
+                ),
+            });
+        }
+        let deleted = resp
+            .op_responses()
+            .iter()
+            .any(|op| matches!(op, etcd_client::TxnOpResponse::Delete(d) if d.deleted() > 0));
+        if deleted {
+            info!(key, "policy lifted");
+        }
+        if let Some(header) = resp.header() {
+            self.applied(header.revision()).await;
+        }
+        Ok(deleted)
     }
 
     /// Writes a value the caller has checked exactly as the watch will (a virtual server).

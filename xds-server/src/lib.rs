@@ -15,6 +15,7 @@ pub mod health;
 pub mod metrics;
 pub mod registry;
 pub mod routing;
+pub mod service_ages;
 pub mod session_key;
 pub mod status;
 pub mod trace;

@@ -691,6 +691,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         snapshots.clone(),
     ));
     tokio::spawn(watcher.run(persisted, args.startup_wait));
+    tokio::spawn(toolgate_xds::service_ages::run(
+        fleet.client.clone(),
+        registry.clone(),
+        args.etcd_timeout,
+    ));
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {

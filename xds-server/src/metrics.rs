@@ -108,6 +108,9 @@ pub struct Metrics {
     pub pushes: Family<TypeLabel, Counter>,
     pub push_latency: Family<TypeLabel, Histogram>,
     pub nacks: Family<TypeLabel, Counter>,
+    pub filter_config_invalid: Counter,
+    pub filter_config_rejected: Counter,
+    pub filter_config_rejecting_envoys: Gauge,
     pub connected_envoys: Gauge,
     pub registered_instances: Gauge,
     pub instances_by_state: Family<ServiceStateLabel, Gauge>,
@@ -212,6 +215,26 @@ impl Metrics {
             "toolgate_xds_nacks",
             "xDS responses rejected by an Envoy, by resource type",
             nacks.clone(),
+        );
+        let filter_config_invalid = Counter::default();
+        registry.register(
+            "toolgate_filter_config_invalid",
+            "Filter configurations made for an Envoy that the filter would refuse, so not sent \
+             (the Envoy keeps the last good one); per stream and configuration",
+            filter_config_invalid.clone(),
+        );
+        let filter_config_rejected = Counter::default();
+        registry.register(
+            "toolgate_filter_config_rejected",
+            "Reports from filters (one per worker) that they refused a configuration and keep \
+             judging with their last good one",
+            filter_config_rejected.clone(),
+        );
+        let filter_config_rejecting_envoys = Gauge::default();
+        registry.register(
+            "toolgate_filter_config_rejecting_envoys",
+            "Connected Envoys whose filter last reported refusing its configuration",
+            filter_config_rejecting_envoys.clone(),
         );
         let connected_envoys = Gauge::default();
         registry.register(
@@ -414,6 +437,9 @@ impl Metrics {
             pushes,
             push_latency,
             nacks,
+            filter_config_invalid,
+            filter_config_rejected,
+            filter_config_rejecting_envoys,
             connected_envoys,
             registered_instances,
         }

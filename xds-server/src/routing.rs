@@ -31,6 +31,10 @@ pub struct RoutingSnapshot {
     /// The wasm filter's plugin configuration (JSON), delivered over ECDS.
     /// Shared with the registry's memo: a publish that leaves it alone copies a pointer.
     pub filter_config: Arc<str>,
+    /// A digest of the parts of `filter_config` whose change must reach the filters at once:
+    /// everything but the catalog, the virtual servers' names and the legacy revisions, which
+    /// change with services (and may wait until Envoy has their clusters and routes).
+    pub filter_urgency: u64,
     /// The virtual servers offered (issue 19), sorted: each gets its route,
     /// `/virtual/<name>`, and `default` also `/mcp`. Empty means `default` alone.
     pub virtual_servers: Vec<String>,
@@ -141,6 +145,7 @@ impl RoutingSnapshot {
             recent: Arc::from([]),
             services: ServiceRoutes::new(),
             filter_config: Arc::from("{}"),
+            filter_urgency: 0,
             virtual_servers: Vec::new(),
             max_body_bytes: toolgate_model::RequestLimits::default().max_body_bytes,
             default_timeout_ms: toolgate_model::BreakerPolicy::default().timeout_ms,

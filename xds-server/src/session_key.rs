@@ -13,7 +13,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
-use rand::RngCore;
+use rand::rngs::OsRng;
+use rand::TryRngCore;
 
 /// The name of the key file in the state dir.
 pub const STATE_FILE: &str = "session.key";
@@ -35,7 +36,7 @@ pub fn load(key_file: Option<&Path>, state_dir: Option<&Path>) -> anyhow::Result
         return Ok((key, Source::File(path.to_path_buf())));
     }
     let Some(dir) = state_dir else {
-        return Ok((STANDARD.encode(fresh()), Source::Process));
+        return Ok((STANDARD.encode(fresh()?), Source::Process));
     };
     let path = dir.join(STATE_FILE);
     if path.exists() {
@@ -43,15 +44,18 @@ pub fn load(key_file: Option<&Path>, state_dir: Option<&Path>) -> anyhow::Result
     }
     std::fs::create_dir_all(dir)
         .with_context(|| format!("creating the state dir {}", dir.display()))?;
-    let key = STANDARD.encode(fresh());
+    let key = STANDARD.encode(fresh()?);
     write_private(&path, &key)?;
     Ok((key, Source::StateDir(path)))
 }
 
-fn fresh() -> [u8; KEY_BYTES] {
+/// A new key from the operating system's generator.
+fn fresh() -> anyhow::Result<[u8; KEY_BYTES]> {
     let mut key = [0u8; KEY_BYTES];
-    rand::rng().fill_bytes(&mut key);
-    key
+    OsRng
+        .try_fill_bytes(&mut key)
+        .context("the operating system's random generator gave no key")?;
+    Ok(key)
 }
 
 /// Reads a key file: 32 bytes, as standard base64 (`head -c32 /dev/urandom | base64`).

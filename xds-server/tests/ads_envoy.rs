@@ -244,6 +244,7 @@ fn snapshot(
             })
             .collect(),
         filter_config: Arc::from("{}"),
+        filter_urgency: 0,
         virtual_servers: Vec::new(),
         max_body_bytes: 1024 * 1024,
         default_timeout_ms: 60_000,
@@ -861,6 +862,7 @@ async fn follows_snapshots(protocol: XdsProtocol) {
         recent: Arc::from([]),
         services: bigger.services.clone(),
         filter_config: Arc::from("{}"),
+        filter_urgency: 0,
         virtual_servers: Vec::new(),
         max_body_bytes: 1024 * 1024,
         default_timeout_ms: 60_000,

@@ -427,6 +427,17 @@ function renderEnvoys() {
       return el("div", {}, name + ": " + (acked ? "applied " : "sent, not yet acknowledged ") +
         (t.sent_version || "–").slice(0, 8));
     });
+    // The filter's own word: it accepts every ECDS response, so a configuration it refused
+    // shows only here.
+    const filter = e.filter_config;
+    if (filter && filter.state === "rejected") {
+      config.push(el("div", { class: "error", title: filter.since, "data-filter": "rejected" },
+        "filter: REFUSED its configuration (" + ago(filter.since) + "): " + (filter.error || "") +
+        "; it judges with the last one it accepted"));
+    } else if (filter) {
+      config.push(el("div", { title: filter.since, "data-filter": "ok" },
+        "filter: configuration accepted again (" + ago(filter.since) + ")"));
+    }
     return el("tr", { "data-key": String(e.stream), "data-node": e.node },
       el("td", {}, e.node || "(not identified yet)"),
       el("td", { class: "wide" }, e.peer || "–"),

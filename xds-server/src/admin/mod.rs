@@ -1,6 +1,7 @@
 //! The admin HTTP API: `/healthz`, `/metrics` (Prometheus text), `/v1/registry` (JSON), and
 //! `/v1/feedback`, where the filters report call outcomes per instance, `/v1/breaker-events`,
-//! where they report their breaker transitions, and the operator's `/v1/breakers`,
+//! where they report their breaker transitions, `/v1/filter-config-status`, where they report
+//! a configuration they refused (shown per Envoy in `/v1/envoys`), and the operator's `/v1/breakers`,
 //! `/v1/overrides`, `/v1/policies`, `/v1/virtual` and `/v1/auth` (changes need the bearer
 //! token), the aggregate MCP endpoint `/v1/aggregate/{name}` (agent traffic, see
 //! `crate::aggregate`), and `/v1/upstream-sessions`, where the filters ask for sessions held
@@ -33,7 +34,9 @@ use crate::health::{self, Hub};
 use crate::metrics::Metrics;
 use crate::registry::Registry;
 use auth::{AdminToken, ReportToken};
-use toolgate_model::fleet::{BreakerEvents, Override};
+use toolgate_model::fleet::{
+    BreakerEvents, FilterConfigStatus, Override, FILTER_CONFIG_STATUS_PATH,
+};
 
 #[derive(Clone)]
 pub struct AdminState {
@@ -66,6 +69,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/envoys", get(envoys))
         .route("/v1/feedback", post(report_calls))
         .route("/v1/breaker-events", post(breaker_events))
+        .route(FILTER_CONFIG_STATUS_PATH, post(filter_config_status))
         .route("/v1/breakers", get(breakers))
         .route("/v1/overrides", get(overrides))
         .route(
@@ -160,6 +164,9 @@ async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
         &s.registry.read().unwrap_or_else(|p| p.into_inner()),
         &s.metrics,
     );
+    s.metrics
+        .filter_config_rejecting_envoys
+        .set(s.envoys.rejecting_envoys());
     (
         [(
             CONTENT_TYPE,
@@ -245,6 +252,60 @@ async fn breaker_events(
             "not a breaker event report: {}",
             rejection.body_text()
         ))
+        .into_response(),
+    }
+}
+
+/// A filter's word on the configuration it was sent (one report per worker VM): refused, or
+/// accepted again after a refusal.
+async fn filter_config_status(
+    State(s): State<AdminState>,
+    headers: HeaderMap,
+    body: Result<Json<FilterConfigStatus>, JsonRejection>,
+) -> axum::response::Response {
+    if let Err(e) = s.reports.check(&headers) {
+        return e.into_response();
+    }
+    let report = match body {
+        Ok(Json(report)) => report,
+        Err(rejection) => {
+            return AdminError::bad_request(format!(
+                "not a filter configuration status: {}",
+                rejection.body_text()
+            ))
+            .into_response()
+        }
+    };
+    if !report.accepted {
+        s.metrics.filter_config_rejected.inc();
+    }
+    let kept = s.envoys.filter_config_report(&report);
+    s.metrics
+        .filter_config_rejecting_envoys
+        .set(s.envoys.rejecting_envoys());
+    match kept {
+        Ok(changed) => {
+            if changed && !report.accepted {
+                tracing::error!(gateway = %report.gateway,
+                    error = report.error.as_deref().unwrap_or_default(),
+                    "an Envoy's filter refused its configuration; it keeps judging with the last \
+                     one it accepted (or refuses calls, having none)");
+            } else if changed {
+                tracing::info!(gateway = %report.gateway,
+                    "an Envoy's filter accepted its configuration again");
+            }
+            Json(json!({"gateway": report.gateway, "stored": true})).into_response()
+        }
+        Err(crate::xds::connections::NotKept::Invalid(why)) => {
+            AdminError::bad_request(why).into_response()
+        }
+        Err(crate::xds::connections::NotKept::Full) => AdminError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: format!(
+                "the states of {} gateways are kept already; this one is not",
+                crate::xds::connections::MAX_REPORTED
+            ),
+        }
         .into_response(),
     }
 }

@@ -418,7 +418,7 @@ mod tests {
     #[test]
     fn a_service_without_instances_is_annotated_or_hidden() {
         let mut r = registry();
-        assert!(r.delete("/mcp/services/fin/i-1"));
+        assert_eq!(r.delete("/mcp/services/fin/i-1"), Ok(true));
         r.routing(2, std::time::Instant::now());
         let cat = catalog();
         let inputs = Inputs::read(&r, &cat, 0);

@@ -5,7 +5,10 @@
 //! the issue time and a random nonce, sealed under the registry's session key (the key the
 //! filters seal `Mcp-Session-Id` with: the same on every gateway of a fleet, kept across
 //! restarts in `--state-dir` or `--session-key-file`). Any toolgate-xds of the fleet, and this
-//! one after a restart, opens it and knows the session.
+//! one after a restart, opens it and knows the session. The associated data is `tgv1` (the
+//! filters seal their `tgs1.` ids with `tgs1.<service>`), so one kind of id never opens as the
+//! other under the shared key. Nonces come from the operating system's generator; when it
+//! fails, no id is issued.
 //!
 //! Besides, each process keeps in memory, per session it has seen, the time of its last use
 //! (idle expiry) and the sessions ended here (DELETE or expiry), so that an ended id is
@@ -21,14 +24,18 @@ use std::time::{Duration, Instant};
 
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use base64::Engine;
-use chacha20poly1305::aead::{Aead, KeyInit};
+use chacha20poly1305::aead::{Aead, KeyInit, Payload};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
-use rand::RngCore;
+use rand::rngs::OsRng;
+use rand::TryRngCore;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// Prefix of a gateway session id (and of its format).
 pub const PREFIX: &str = "tgv1.";
+/// The associated data every `tgv1.` id is sealed and opened with: the domain that keeps it
+/// apart from the filters' `tgs1.` ids under the same key.
+const ASSOCIATED_DATA: &[u8] = b"tgv1";
 const NONCE_BYTES: usize = 24;
 /// A session unused this long is over: the next request with it gets 404.
 pub const IDLE_EXPIRY: Duration = Duration::from_secs(30 * 60);
@@ -79,13 +86,21 @@ impl SessionCipher {
         })
     }
 
+    /// `None` when the claims do not serialize or the operating system gives no random
+    /// bytes for the nonce (never a fixed one).
     pub fn seal(&self, claims: &SessionClaims) -> Option<String> {
         let plain = serde_json::to_vec(claims).ok()?;
         let mut nonce = [0u8; NONCE_BYTES];
-        rand::rng().fill_bytes(&mut nonce);
+        OsRng.try_fill_bytes(&mut nonce).ok()?;
         let sealed = self
             .cipher
-            .encrypt(XNonce::from_slice(&nonce), plain.as_slice())
+            .encrypt(
+                XNonce::from_slice(&nonce),
+                Payload {
+                    msg: plain.as_slice(),
+                    aad: ASSOCIATED_DATA,
+                },
+            )
             .ok()?;
         let mut raw = Vec::with_capacity(NONCE_BYTES + sealed.len());
         raw.extend_from_slice(&nonce);
@@ -105,14 +120,22 @@ impl SessionCipher {
         let (nonce, sealed) = raw.split_at(NONCE_BYTES);
         let plain = self
             .cipher
-            .decrypt(XNonce::from_slice(nonce), sealed)
+            .decrypt(
+                XNonce::from_slice(nonce),
+                Payload {
+                    msg: sealed,
+                    aad: ASSOCIATED_DATA,
+                },
+            )
             .ok()?;
         serde_json::from_slice(&plain).ok()
     }
 }
 
-/// A fresh random nonce for [`SessionClaims::nonce`].
+/// A fresh random nonce for [`SessionClaims::nonce`] (it makes ids unique; the sealing nonce
+/// is [`SessionCipher::seal`]'s own).
 pub fn fresh_nonce() -> String {
+    use rand::RngCore;
     let mut n = [0u8; 12];
     rand::rng().fill_bytes(&mut n);
     URL_SAFE_NO_PAD.encode(n)
@@ -152,7 +175,7 @@ impl Sessions {
     pub fn new(key_b64: &str) -> Sessions {
         let cipher = SessionCipher::new(key_b64).or_else(|| {
             let mut key = [0u8; 32];
-            rand::rng().fill_bytes(&mut key);
+            OsRng.try_fill_bytes(&mut key).ok()?;
             SessionCipher::new(&STANDARD.encode(key))
         });
         Sessions {
@@ -356,6 +379,38 @@ mod tests {
         for junk in ["", "tgv1.", "tgv1.!!!", "abc", &"x".repeat(20_000)] {
             assert_eq!(s.touch(junk, "default"), Err(Refused::Unknown), "{junk}");
         }
+    }
+
+    #[test]
+    fn an_id_sealed_for_another_domain_never_opens() {
+        use chacha20poly1305::aead::Aead;
+        let s = Sessions::new(KEY);
+        let c = claims("default");
+        let plain = serde_json::to_vec(&c).unwrap();
+        let key = STANDARD.decode(KEY).unwrap();
+        let cipher = XChaCha20Poly1305::new_from_slice(&key).unwrap();
+        let nonce = [7u8; NONCE_BYTES];
+        let seal = |aad: &[u8]| {
+            let sealed = cipher
+                .encrypt(XNonce::from_slice(&nonce), Payload { msg: &plain, aad })
+                .unwrap();
+            let mut raw = nonce.to_vec();
+            raw.extend_from_slice(&sealed);
+            format!("{PREFIX}{}", URL_SAFE_NO_PAD.encode(raw))
+        };
+        // The same claims under the same key, sealed as a filter's `tgs1.` id (bound to its
+        // service) or with no associated data at all, relabelled `tgv1.`.
+        for aad in [&b"tgs1.orders"[..], b""] {
+            assert_eq!(s.touch(&seal(aad), "default"), Err(Refused::Unknown));
+        }
+        // Sealed with this domain's associated data, it opens (the forgeries' only difference).
+        assert_eq!(s.touch(&seal(ASSOCIATED_DATA), "default"), Ok(c));
+        // Every id gets a nonce of its own.
+        let a = s.issue(&claims("default")).unwrap();
+        let b = s.issue(&claims("default")).unwrap();
+        let nonce_of =
+            |id: &str| URL_SAFE_NO_PAD.decode(&id[PREFIX.len()..]).unwrap()[..NONCE_BYTES].to_vec();
+        assert_ne!(nonce_of(&a), nonce_of(&b));
     }
 
     #[test]

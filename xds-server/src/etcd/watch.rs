@@ -411,14 +411,14 @@ impl Watcher {
     fn count_read(&self, read: &Reset) {
         self.count_rejected(&read.rejected);
         for key in &read.kept {
-            warn!(%key, "kept the last good value of a key whose value in etcd is invalid");
+            warn!(%key, "kept the last good value of a key whose value (or delete) in etcd is refused");
         }
         self.metrics.kept_last_good.inc_by(read.kept.len() as u64);
     }
 
     fn count_rejected(&self, rejected: &[Rejected]) {
         for r in rejected {
-            warn!(key = %r.key, reason = r.reason, detail = %r.detail, "ignored an invalid registration");
+            warn!(key = %r.key, reason = r.reason, detail = %r.detail, "ignored an invalid value from etcd");
             self.metrics
                 .invalid_values
                 .get_or_create(&ReasonLabel { reason: r.reason })
@@ -476,7 +476,10 @@ fn apply(
                 Ok(c) => changed |= c,
                 Err(r) => rejected.push(r),
             },
-            EventType::Delete => changed |= reg.delete(&key),
+            EventType::Delete => match reg.delete(&key) {
+                Ok(c) => changed |= c,
+                Err(r) => rejected.push(r),
+            },
         }
     }
     // A catching-up watcher may get its history in chunks whose header revision is already

@@ -142,6 +142,17 @@ impl AuthStore {
         ))
     }
 
+    /// Every header name a stored rule set copies a claim into (lower case), whether or not a
+    /// configuration exists: the filters remove these from every request, so no client can
+    /// write what a server takes for a verified claim, even while nothing verifies tokens.
+    pub fn claim_header_names(&self) -> std::collections::BTreeSet<String> {
+        self.service_rules()
+            .chain(self.virtual_rules())
+            .flat_map(|(_, rules)| rules.claim_headers.values())
+            .map(|header| header.to_ascii_lowercase())
+            .collect()
+    }
+
     /// (key, raw value) of everything stored.
     pub fn raw_values(&self, layout: &KeyLayout) -> Vec<(String, String)> {
         let config = self

@@ -5,9 +5,11 @@
 //! instance's last good value and never empty a service.
 
 pub mod admission;
+pub mod ages;
 pub mod auth;
 mod memo;
 pub mod persist;
+mod policies;
 pub mod publish;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -20,17 +22,21 @@ use serde::Serialize;
 use tokio::sync::Notify;
 use toolgate_model::auth::{AuthConfig, ToolRules};
 use toolgate_model::fleet::{FleetOpen, Override, MAX_REASON_LEN};
-use toolgate_model::policy::{FilterConfig, PolicyOverrides, RequestLimits, ServicePolicy};
+use toolgate_model::policy::{FilterConfig, PolicyOverrides, RequestLimits};
 use toolgate_model::virtual_server::{
     order_sensitive, resolve, ServiceTools, Unnamed, VirtualRoutes, VirtualServer, DEFAULT_VIRTUAL,
 };
 use toolgate_model::{InstanceMetadata, KeyLayout, ProbeKind, ServiceKey};
 
 use memo::{Memo, Versioned};
+use policies::{PolicyKey, PolicyStore, Refusal};
 
 use crate::health::machine::{CallCounts, Health, ProbeResult, State};
 use crate::health::HealthConfig;
 use crate::routing::{Bulkhead, EndpointHealth, RouteEndpoint, RoutingSnapshot, ServiceRoute};
+
+/// The reason label of a policy delete refused because another policy depends on its value.
+pub const DELETE_BREAKS_DEPENDENT: &str = "delete_breaks_dependent";
 
 /// Envoy weights are the registered weight times this, so an UNHEALTHY instance's reduced
 /// share stays a whole number even for weight 1.
@@ -142,9 +148,10 @@ pub struct Registry {
     /// assignment (a clean "no healthy upstream") instead of a vanished cluster, and the route
     /// keeps the MCP path last registered (so an emptied service costs no route push).
     services: BTreeMap<String, String>,
-    /// Breaker policies from `<prefix>policies/<service>[/<tool>]`, as stored (raw JSON kept for
-    /// the state-dir snapshot).
-    policies: BTreeMap<(String, Option<String>), (PolicyOverrides, String)>,
+    /// Breaker policies from `<prefix>policies/<service>[/<tool>]`: those in effect (raw JSON
+    /// kept for the state-dir snapshot), and etcd's word on keys where it would make them
+    /// invalid (see `policies.rs`).
+    policies: PolicyStore,
     /// Breaker openings shared by the fleet (`<prefix>breakers/`), with their key's
     /// mod_revision (the compare of the next write) and lease.
     fleet: BTreeMap<(String, String), FleetEntry>,
@@ -175,12 +182,16 @@ pub struct Registry {
     /// Virtual servers from `<prefix>virtual/<name>`, as last admitted (issue 19), with the
     /// raw JSON for the state-dir snapshot.
     virtuals: BTreeMap<String, (VirtualServer, String)>,
-    /// Each service's age for naming: the smallest etcd create revision among its live
-    /// instance keys (the older service keeps a contested name). A service whose last
-    /// instance left keeps its last age while it stays known, as it keeps its route and its
-    /// catalog, so a briefly empty service keeps its names; once instances are back, its age
-    /// is theirs again (what any toolgate-xds reading etcd then computes).
+    /// Each service's age as its instance keys tell it: the smallest etcd create revision
+    /// among its live instance keys. A service whose last instance left keeps its last one
+    /// while it stays known. What names a service is its recorded age (below) once there is
+    /// one; this until then, and it is what gets recorded.
     since_revision: BTreeMap<String, i64>,
+    /// Each service's age for naming as the fleet recorded it (`<prefix>service-ages/`, see
+    /// `ages.rs`): the older service keeps a contested name, across re-registrations.
+    recorded_ages: BTreeMap<String, i64>,
+    /// Notified when a service may lack a recorded age (`crate::service_ages` writes it).
+    ages_wanted: Arc<Notify>,
     /// The tools the last publish could not name, so that each is logged once, when it
     /// appears, not at every push.
     unnamed: Vec<(String, Unnamed)>,
@@ -243,6 +254,8 @@ impl PartialEq for FilterKey {
 struct FilterMade {
     config: Arc<FilterConfig>,
     json: Arc<str>,
+    /// See [`RoutingSnapshot::filter_urgency`].
+    urgency: u64,
     unnamed: Vec<(String, Unnamed)>,
 }
 
@@ -263,7 +276,7 @@ impl Registry {
             layout,
             instances: BTreeMap::new(),
             services: BTreeMap::new(),
-            policies: BTreeMap::new(),
+            policies: PolicyStore::default(),
             fleet: BTreeMap::new(),
             overrides: BTreeMap::new(),
             revision: 0,
@@ -280,6 +293,8 @@ impl Registry {
             session_key: String::new(),
             virtuals: BTreeMap::new(),
             since_revision: BTreeMap::new(),
+            recorded_ages: BTreeMap::new(),
+            ages_wanted: Arc::new(Notify::new()),
             unnamed: Vec::new(),
             legacy_revisions: BTreeMap::new(),
             discovered: BTreeMap::new(),
@@ -329,11 +344,14 @@ impl Registry {
     }
 
     /// An empty registry that admits exactly what this one does (layout, endpoint policy,
-    /// limits), so that a read of etcd folded into it compares with this one like for like.
+    /// limits, and the policies in effect, since whether a policy change is admitted depends
+    /// on the others), so that a read of etcd folded into it compares with this one like for
+    /// like: it settles the policies as a resync of this one would.
     pub fn empty_like(&self) -> Registry {
         let mut r = Registry::with_health(self.layout.clone(), self.health.clone());
         r.endpoints = self.endpoints.clone();
         r.request_limits = self.request_limits;
+        r.policies = self.policies.clone();
         r
     }
 
@@ -473,10 +491,10 @@ impl Registry {
         let generation = self.read_generation;
         let instances_prefix = self.layout.services_prefix();
         let mut kept_instances = BTreeSet::new();
-        let mut old_policies = std::mem::take(&mut self.policies);
         let mut old_fleet = std::mem::take(&mut self.fleet);
         let mut old_overrides = std::mem::take(&mut self.overrides);
         let mut old_virtuals = std::mem::take(&mut self.virtuals);
+        let mut old_ages = std::mem::take(&mut self.recorded_ages);
         let mut old_auth = std::mem::take(&mut self.auth);
         self.all_stale = true;
         let mut rejected = Vec::new();
@@ -484,9 +502,28 @@ impl Registry {
         // applied last, they find them in, and warn only of names that are really unknown.
         let auth_prefix = self.layout.auth_prefix();
         let mut auth_kvs = Vec::new();
+        // Policies are settled together, from those in effect (see `policies.rs`).
+        let policies_prefix = self.layout.policies_prefix();
+        let mut policy_read = BTreeMap::new();
+        let mut policy_present = BTreeSet::new();
         for entry in kvs {
             if entry.0.starts_with(&auth_prefix) {
                 auth_kvs.push(entry);
+                continue;
+            }
+            if entry.0.starts_with(&policies_prefix) {
+                match self.parse_policy(entry.0, entry.1) {
+                    Ok((k, value)) => {
+                        policy_present.insert(k.clone());
+                        policy_read.insert(k, value);
+                    }
+                    Err((k, r)) => {
+                        if let Some(k) = k {
+                            policy_present.insert(k);
+                        }
+                        rejected.push(r);
+                    }
+                }
                 continue;
             }
             let (key, value, lease, create_revision, mod_revision) = entry;
@@ -532,10 +569,31 @@ impl Registry {
                 rejected.push(r);
             }
         }
+        let base = self.policy_base();
+        let (refused, _) = self.policies.reset(policy_read, &policy_present, &base);
         let mut kept = Vec::new();
+        for (k, why) in refused {
+            let r = self.policy_rejected(&k, why);
+            if self.policies.applied().contains_key(&k) {
+                kept.push(r.key.clone());
+            }
+            rejected.push(r);
+        }
         for r in &rejected {
             if r.key.starts_with(&instances_prefix) {
                 if kept_instances.contains(&r.key) {
+                    kept.push(r.key.clone());
+                }
+                continue;
+            }
+            if r.key.starts_with(&policies_prefix) {
+                // Settled above: a policy with no value that fits keeps the one in effect.
+                if self
+                    .layout
+                    .parse_policy_key(&r.key)
+                    .is_ok_and(|k| self.policies.applied().contains_key(&k))
+                    && !kept.contains(&r.key)
+                {
                     kept.push(r.key.clone());
                 }
                 continue;
@@ -544,10 +602,10 @@ impl Registry {
                 Ok(which) => self.auth.restore(&which, &mut old_auth),
                 Err(_) => self.restore_last_good(
                     &r.key,
-                    &mut old_policies,
                     &mut old_fleet,
                     &mut old_overrides,
                     &mut old_virtuals,
+                    &mut old_ages,
                 ),
             };
             if restored {
@@ -556,6 +614,8 @@ impl Registry {
         }
         self.auth.keep_arc_of(&old_auth);
         self.revision = revision;
+        self.ages_wanted.notify_one();
+        kept.sort();
         Reset { rejected, kept }
     }
 
@@ -564,11 +624,17 @@ impl Registry {
     fn restore_last_good(
         &mut self,
         key: &str,
-        policies: &mut BTreeMap<(String, Option<String>), (PolicyOverrides, String)>,
         fleet: &mut BTreeMap<(String, String), FleetEntry>,
         overrides: &mut BTreeMap<(String, String), Override>,
         virtuals: &mut BTreeMap<String, (VirtualServer, String)>,
+        ages: &mut BTreeMap<String, i64>,
     ) -> bool {
+        if let Ok(service) = self.layout.parse_service_age_key(key) {
+            return match ages.remove(&service) {
+                Some(age) => self.recorded_ages.insert(service, age).is_none(),
+                None => false,
+            };
+        }
         if let Ok(name) = self.layout.parse_virtual_key(key) {
             return match virtuals.remove(&name) {
                 Some(v) => self.virtuals.insert(name, v).is_none(),
@@ -592,21 +658,6 @@ impl Registry {
                 Some(o) => self.overrides.insert(names, o).is_none(),
                 None => false,
             };
-        }
-        if let Ok(k) = self.layout.parse_policy_key(key) {
-            let Some(last) = policies.remove(&k) else {
-                return false;
-            };
-            self.policies.insert(k.clone(), last);
-            // A tool's policy is merged over its service's, which the read may have changed:
-            // keep the old one only if the merge is still valid.
-            if let Err(e) = self.filter_config().validate() {
-                tracing::warn!(key, error = %e,
-                    "the last good policy no longer fits the policies read with it; dropped");
-                self.policies.remove(&k);
-                return false;
-            }
-            return true;
         }
         false
     }
@@ -634,6 +685,8 @@ impl Registry {
             self.put_fleet(key, value, lease, mod_revision)
         } else if key.starts_with(&self.layout.overrides_prefix()) {
             self.put_override(key, value)
+        } else if key.starts_with(&self.layout.service_ages_prefix()) {
+            self.put_service_age(key, value)
         } else {
             Ok(false)
         }
@@ -703,9 +756,26 @@ impl Registry {
         if key.starts_with(&self.layout.auth_prefix()) {
             return auth::admit(&self.layout, key, value).map(|_| ());
         }
+        if key.starts_with(&self.layout.policies_prefix()) {
+            let (k, (overrides, _)) = self.parse_policy(key, value).map_err(|(_, r)| r)?;
+            return self
+                .policies
+                .check_put(&k, &overrides, &self.policy_base())
+                .map_err(|why| self.policy_rejected(&k, why));
+        }
         let mut scratch = Registry::new(self.layout.clone());
-        scratch.policies = self.policies.clone();
         scratch.put(key, value, 0, 0, 0).map(|_| ())
+    }
+
+    /// Whether deleting the policy at `key` would be admitted, without changing anything: the
+    /// admin API refuses a delete that would leave another policy invalid, naming it.
+    pub fn check_policy_delete(&self, key: &str) -> Result<(), Rejected> {
+        let Ok(k) = self.layout.parse_policy_key(key) else {
+            return Ok(());
+        };
+        self.policies
+            .check_delete(&k, &self.policy_base())
+            .map_err(|why| self.policy_rejected(&k, why))
     }
 
     /// A virtual server definition, parsed and validated, or why not (the field it is about
@@ -797,10 +867,57 @@ impl Registry {
         self.services.contains_key(service)
     }
 
-    /// Each service's age for naming: the smallest etcd create revision among its instance
-    /// keys (the last one it had, for a service with none left).
-    pub fn service_ages(&self) -> &BTreeMap<String, i64> {
-        &self.since_revision
+    /// Each known service's age for naming: the one the fleet recorded, else the smallest
+    /// etcd create revision among its instance keys (the last one it had, for a service with
+    /// none left).
+    pub fn service_ages(&self) -> BTreeMap<String, i64> {
+        self.since_revision
+            .keys()
+            .chain(self.recorded_ages.keys())
+            .filter_map(|s| Some((s.clone(), self.service_age(s)?)))
+            .collect()
+    }
+
+    /// A service's age for naming (see [`service_ages`](Self::service_ages)).
+    pub fn service_age(&self, service: &str) -> Option<i64> {
+        self.recorded_ages
+            .get(service)
+            .or_else(|| self.since_revision.get(service))
+            .copied()
+    }
+
+    /// The services with an age from their instance keys that the fleet has not recorded yet,
+    /// with that age: what `crate::service_ages` writes.
+    pub fn unrecorded_ages(&self) -> Vec<(String, i64)> {
+        self.since_revision
+            .iter()
+            .filter(|(s, _)| !self.recorded_ages.contains_key(*s))
+            .map(|(s, age)| (s.clone(), *age))
+            .collect()
+    }
+
+    /// Notified whenever [`unrecorded_ages`](Self::unrecorded_ages) may have changed.
+    pub fn ages_wanted(&self) -> Arc<Notify> {
+        self.ages_wanted.clone()
+    }
+
+    /// `<prefix>service-ages/<service>`: the age the fleet recorded for a service. Whether
+    /// its age for naming changed.
+    fn put_service_age(&mut self, key: &str, value: &[u8]) -> Result<bool, Rejected> {
+        let reject = |reason: &'static str, detail: String| Rejected {
+            key: key.to_string(),
+            reason,
+            detail,
+        };
+        let service = self
+            .layout
+            .parse_service_age_key(key)
+            .map_err(|e| reject("bad_key", e.to_string()))?;
+        let age = ages::ServiceAge::parse(value).map_err(|e| reject("bad_service_age", e))?;
+        let before = self.service_age(&service);
+        self.recorded_ages.insert(service.clone(), age.revision);
+        self.ages_wanted.notify_one();
+        Ok(self.service_age(&service) != before)
     }
 
     /// Sets a service's age to the smallest create revision among its instances; a service
@@ -815,41 +932,126 @@ impl Registry {
         }
     }
 
-    /// A policy override: parsed, merged over the defaults and validated before it is admitted,
-    /// so a bad value never reaches a filter.
+    /// A policy override: parsed, merged over the defaults and the other policies and
+    /// validated before it is admitted, so a bad value never reaches a filter.
     fn put_policy(&mut self, key: &str, value: &[u8]) -> Result<bool, Rejected> {
+        let (k, value) = match self.parse_policy(key, value) {
+            Ok(parsed) => parsed,
+            Err((k, r)) => {
+                if let Some(k) = k {
+                    self.policies.forget_refused(&k);
+                }
+                return Err(r);
+            }
+        };
+        let base = self.policy_base();
+        let applied = self
+            .policies
+            .put(k.clone(), value, &base)
+            .map_err(|why| self.policy_rejected(&k, why))?;
+        Ok(self.policies_applied(&k, applied))
+    }
+
+    /// Marks every route stale when policies changed (a policy sets its service's bulkhead
+    /// and timeout; rare enough to rebuild all), and logs the changes held back before that
+    /// took effect with `key`'s. Whether anything changed.
+    fn policies_applied(&mut self, key: &PolicyKey, applied: Vec<PolicyKey>) -> bool {
+        for other in applied.iter().filter(|k| *k != key) {
+            tracing::info!(key = %self.policy_key(other), after = %self.policy_key(key),
+                "a policy change held back (it would have left another policy invalid) took effect");
+        }
+        if applied.is_empty() {
+            return false;
+        }
+        self.all_stale = true;
+        true
+    }
+
+    /// A deleted policy leaves, unless another policy depends on it: then its value stays in
+    /// effect (refused like an invalid value) until that changes.
+    fn delete_policy(&mut self, key: &str, k: PolicyKey) -> Result<bool, Rejected> {
+        let base = self.policy_base();
+        let applied = self
+            .policies
+            .delete(&k, &base)
+            .map_err(|why| self.policy_rejected(&k, why))?;
+        if !applied.is_empty() {
+            tracing::debug!(key, "policy removed");
+        }
+        Ok(self.policies_applied(&k, applied))
+    }
+
+    /// A policy key and value, parsed; on error the key (when it is one) and why.
+    #[allow(clippy::result_large_err)]
+    fn parse_policy(
+        &self,
+        key: &str,
+        value: &[u8],
+    ) -> Result<(PolicyKey, policies::PolicyValue), (Option<PolicyKey>, Rejected)> {
         let reject = |reason: &'static str, detail: String| Rejected {
             key: key.to_string(),
             reason,
             detail,
         };
-        let (service, tool) = self
+        let k = self
             .layout
             .parse_policy_key(key)
-            .map_err(|e| reject("bad_key", e.to_string()))?;
+            .map_err(|e| (None, reject("bad_key", e.to_string())))?;
         let overrides: PolicyOverrides =
             serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(value))
-                .map_err(|e| reject("bad_policy", format!("not policy JSON: {e}")))?;
-        let mut candidate = FilterConfig::clone(&self.filter_config());
-        let entry = candidate.services.entry(service.clone()).or_default();
-        match &tool {
-            Some(t) => {
-                entry.tools.insert(t.clone(), overrides.clone());
-            }
-            None => entry.policy = Some(overrides.clone()),
-        }
-        candidate
-            .validate()
-            .map_err(|e| reject("bad_policy", e.to_string()))?;
+                .map_err(|e| {
+                    (
+                        Some(k.clone()),
+                        reject("bad_policy", format!("not policy JSON: {e}")),
+                    )
+                })?;
         let raw = String::from_utf8_lossy(value).into_owned();
-        let k = (service, tool);
-        let changed = self.policies.get(&k).is_none_or(|(o, _)| *o != overrides);
-        self.policies.insert(k, (overrides, raw));
-        if changed {
-            // A policy sets its service's bulkhead and timeout; rare enough to rebuild all.
-            self.all_stale = true;
+        Ok((k, (overrides, raw)))
+    }
+
+    /// What every policy is laid over: the defaults and the request limits, as the filters get
+    /// them.
+    fn policy_base(&self) -> FilterConfig {
+        FilterConfig {
+            max_body_bytes: self.request_limits.max_body_bytes,
+            max_json_depth: self.request_limits.max_json_depth,
+            ..FilterConfig::default()
         }
-        Ok(changed)
+    }
+
+    /// The policy key as stored in etcd.
+    fn policy_key(&self, (service, tool): &PolicyKey) -> String {
+        match tool {
+            Some(t) => format!("{}{service}/{t}", self.layout.policies_prefix()),
+            None => format!("{}{service}", self.layout.policies_prefix()),
+        }
+    }
+
+    /// A refused policy change as the watch logs it and the admin API answers it.
+    fn policy_rejected(&self, k: &PolicyKey, why: Refusal) -> Rejected {
+        let key = self.policy_key(k);
+        match why {
+            Refusal::Invalid(detail) => Rejected {
+                key,
+                reason: "bad_policy",
+                detail,
+            },
+            Refusal::Dependents(dependents) => {
+                let named: Vec<String> = dependents
+                    .iter()
+                    .map(|(d, e)| format!("{} ({e})", self.policy_key(d)))
+                    .collect();
+                Rejected {
+                    key,
+                    reason: DELETE_BREAKS_DEPENDENT,
+                    detail: format!(
+                        "deleting it would leave {} invalid; its value stays in effect until \
+                         the dependent policy is changed or deleted",
+                        named.join(", ")
+                    ),
+                }
+            }
+        }
     }
 
     /// The virtual servers offered: every admitted `<prefix>virtual/<name>`, and `default`
@@ -889,7 +1091,7 @@ impl Registry {
                 });
         let ages: Vec<i64> = sensitive
             .iter()
-            .map(|s| self.since_revision.get(s).copied().unwrap_or(i64::MAX))
+            .map(|s| self.service_age(s).unwrap_or(i64::MAX))
             .collect();
         let key = (self.catalog.version(), ages, definitions.clone());
         self.virtual_memo.get_or_make(key, |before| {
@@ -910,11 +1112,7 @@ impl Registry {
             .iter()
             .map(|(service, tools)| ServiceTools {
                 service,
-                since_revision: self
-                    .since_revision
-                    .get(service)
-                    .copied()
-                    .unwrap_or(i64::MAX),
+                since_revision: self.service_age(service).unwrap_or(i64::MAX),
                 tools: tools.iter().map(String::as_str).collect(),
             })
             .collect();
@@ -945,6 +1143,16 @@ impl Registry {
         let (virtual_routes, rest) = (key.virtual_routes.clone(), key.rest.clone());
         self.filter_memo.get_or_make(key, |_| {
             let (virtual_servers, unnamed) = &*virtual_routes;
+            // What changes with services (their tools, names and revisions) may wait for their
+            // clusters and routes; the rest (policies, openings, overrides, auth) may not.
+            let urgent = FilterConfig {
+                legacy_revisions: BTreeMap::new(),
+                ..rest.clone()
+            };
+            let urgency = std::hash::BuildHasher::hash_one(
+                &std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default(),
+                serde_json::to_string(&urgent).unwrap_or_default(),
+            );
             let config = FilterConfig {
                 catalog: BTreeMap::clone(&self.catalog),
                 virtual_servers: virtual_servers.clone(),
@@ -955,6 +1163,7 @@ impl Registry {
             FilterMade {
                 config: Arc::new(config),
                 json: json.into(),
+                urgency,
                 unnamed: unnamed.clone(),
             }
         })
@@ -974,6 +1183,7 @@ impl Registry {
                 .map(|(s, r)| (s.clone(), r.clone()))
                 .collect(),
             auth: self.auth.filter_auth(),
+            claim_header_names: self.auth.claim_header_names(),
             ..FilterConfig::default()
         };
         for ((service, tool), e) in &self.fleet {
@@ -990,15 +1200,7 @@ impl Registry {
                 .or_default()
                 .insert(tool.clone(), o.clone());
         }
-        for ((service, tool), (overrides, _)) in &self.policies {
-            let entry: &mut ServicePolicy = config.services.entry(service.clone()).or_default();
-            match tool {
-                Some(t) => {
-                    entry.tools.insert(t.clone(), overrides.clone());
-                }
-                None => entry.policy = Some(overrides.clone()),
-            }
-        }
+        policies::add_policies(&mut config, self.policies.applied());
         config
     }
 
@@ -1111,14 +1313,17 @@ impl Registry {
             .insert((sk.service.clone(), instance.addr()), sk.clone());
         self.mark_stale(&sk.service);
         let service = sk.service.clone();
-        let old_since = self.since_revision.get(&service).copied();
+        let old_age = self.service_age(&service);
         self.instances.insert(sk.clone(), instance);
         self.refresh_since(&service);
+        if !self.recorded_ages.contains_key(&service) {
+            self.ages_wanted.notify_one();
+        }
         if target_changed {
             self.mark_dirty(sk);
         }
         // A new age can rename tools on a virtual server: the filter must hear of it.
-        Ok(routing_changed || self.since_revision.get(&service).copied() != old_since)
+        Ok(routing_changed || self.service_age(&service) != old_age)
     }
 
     /// Removes an instance (its key was deleted, or a full read no longer has it). `true`
@@ -1137,37 +1342,41 @@ impl Registry {
         true
     }
 
-    /// Applies a DELETE. `true` when an instance, a policy, a virtual server or an auth value
-    /// left.
-    pub fn delete(&mut self, key: &str) -> bool {
+    /// Applies a DELETE. `Ok(true)` when an instance, a policy, a virtual server or an auth
+    /// value left; refused (the value stays in effect) when it is a policy another depends on.
+    pub fn delete(&mut self, key: &str) -> Result<bool, Rejected> {
         if let Ok(sk) = self.layout.parse_instance_key(key) {
-            return self.remove_instance(sk);
+            return Ok(self.remove_instance(sk));
         }
         if let Ok(name) = self.layout.parse_virtual_key(key) {
-            return self.virtuals.remove(&name).is_some();
+            return Ok(self.virtuals.remove(&name).is_some());
+        }
+        if let Ok(service) = self.layout.parse_service_age_key(key) {
+            // An operator resets a service's age by deleting it: it is recorded again from
+            // its instance keys.
+            let before = self.service_age(&service);
+            self.recorded_ages.remove(&service);
+            self.ages_wanted.notify_one();
+            return Ok(self.service_age(&service) != before);
         }
         if let Ok(which) = self.layout.parse_auth_key(key) {
-            return self.auth.remove(&which);
+            return Ok(self.auth.remove(&which));
         }
         if let Ok(k) = self
             .layout
             .parse_tool_key(&self.layout.breakers_prefix(), key)
         {
-            return self.fleet.remove(&k).is_some();
+            return Ok(self.fleet.remove(&k).is_some());
         }
         if let Ok(k) = self
             .layout
             .parse_tool_key(&self.layout.overrides_prefix(), key)
         {
-            return self.overrides.remove(&k).is_some();
+            return Ok(self.overrides.remove(&k).is_some());
         }
         match self.layout.parse_policy_key(key) {
-            Ok(k) => {
-                let removed = self.policies.remove(&k).is_some();
-                self.all_stale |= removed;
-                removed
-            }
-            Err(_) => false,
+            Ok(k) => self.delete_policy(key, k),
+            Err(_) => Ok(false),
         }
     }
 
@@ -1251,6 +1460,7 @@ impl Registry {
             recent: std::sync::Arc::from([]),
             services: self.routes.clone(),
             filter_config: made.json.clone(),
+            filter_urgency: made.urgency,
             virtual_servers: filter.virtual_servers.keys().cloned().collect(),
             max_body_bytes: self.request_limits.max_body_bytes,
             default_timeout_ms: filter.defaults.timeout_ms,
@@ -1359,15 +1569,14 @@ impl Registry {
     }
 
     /// [`raw_values`](Self::raw_values) without the instances: policies, fleet openings,
-    /// overrides, virtual servers and auth values, a few hundred at most.
+    /// overrides, virtual servers and auth values (a few hundred at most) and the recorded
+    /// service ages (one per service).
     pub fn raw_values_but_instances(&self) -> Vec<(String, String)> {
-        let policies = self.policies.iter().map(|((service, tool), (_, raw))| {
-            let key = match tool {
-                Some(t) => format!("{}{service}/{t}", self.layout.policies_prefix()),
-                None => format!("{}{service}", self.layout.policies_prefix()),
-            };
-            (key, raw.clone())
-        });
+        let policies = self
+            .policies
+            .applied()
+            .iter()
+            .map(|(k, (_, raw))| (self.policy_key(k), raw.clone()));
         let fleet = self.fleet.iter().map(|((service, tool), e)| {
             (
                 self.layout.breaker_key(service, tool),
@@ -1386,10 +1595,20 @@ impl Registry {
                 raw.clone(),
             )
         });
+        let ages = self.recorded_ages.iter().map(|(service, revision)| {
+            (
+                self.layout.service_age_key(service),
+                ages::ServiceAge {
+                    revision: *revision,
+                }
+                .to_json(),
+            )
+        });
         policies
             .chain(fleet)
             .chain(overrides)
             .chain(virtuals)
+            .chain(ages)
             .chain(self.auth.raw_values(&self.layout))
             .collect()
     }
@@ -1409,7 +1628,9 @@ impl Registry {
     }
 
     /// Everything etcd decides (key, value, lease), for comparing this registry with a fresh
-    /// read of etcd.
+    /// read of etcd; and for each policy key where etcd's word is refused, what it is (a
+    /// value, or `deleted`) under `<key>#refused`, so that a missed change there is a
+    /// difference too.
     pub fn fingerprint(&self) -> Vec<(String, String, i64)> {
         let mut out: Vec<(String, String, i64)> = self
             .instances
@@ -1437,6 +1658,13 @@ impl Registry {
                     (k, v, lease)
                 }),
         );
+        out.extend(self.policies.refused().iter().map(|(k, want)| {
+            let what = match want {
+                Some((_, raw)) => raw.clone(),
+                None => "deleted".to_string(),
+            };
+            (format!("{}#refused", self.policy_key(k)), what, 0)
+        }));
         out
     }
 
@@ -1600,7 +1828,7 @@ mod tests {
         let snap = r.routing(1, Instant::now());
         assert_eq!(snap.services["inv"].endpoints.len(), 1);
         assert_eq!(snap.services["inv"].mcp_path, "/mcp");
-        assert!(r.delete("/mcp/services/inv/i-1"));
+        assert_eq!(r.delete("/mcp/services/inv/i-1"), Ok(true));
         let snap = r.routing(2, Instant::now());
         assert!(
             snap.services["inv"].endpoints.is_empty(),
@@ -1688,11 +1916,118 @@ mod tests {
             20,
             "a bad value keeps the last good one"
         );
-        assert!(r.delete("/mcp/policies/inv/a"));
+        assert_eq!(r.delete("/mcp/policies/inv/a"), Ok(true));
         let config: FilterConfig =
             serde_json::from_str(&r.routing(3, Instant::now()).filter_config).unwrap();
         assert_eq!(config.policy_for("inv", "a").failure_rate_percent, 50);
         assert_eq!(r.put("/mcp/elsewhere/x", b"whatever", 0, 6, 6), Ok(false));
+    }
+
+    #[test]
+    fn a_policy_another_depends_on_outlives_its_delete_until_the_dependent_goes() {
+        let mut r = reg();
+        r.put("/mcp/services/orders/i-1", V1, 7, 2, 2).unwrap();
+        r.put(
+            "/mcp/policies/orders",
+            br#"{"max_open_ms":600000}"#,
+            0,
+            3,
+            3,
+        )
+        .unwrap();
+        r.put(
+            "/mcp/policies/orders/pay",
+            br#"{"open_ms":400000}"#,
+            0,
+            4,
+            4,
+        )
+        .unwrap();
+        // The admin API's check names the dependent and the validation error.
+        let refused = r.check_policy_delete("/mcp/policies/orders").unwrap_err();
+        assert_eq!(refused.reason, DELETE_BREAKS_DEPENDENT);
+        assert!(
+            refused.detail.contains("/mcp/policies/orders/pay")
+                && refused.detail.contains("max_open_ms"),
+            "{}",
+            refused.detail
+        );
+        assert_eq!(r.check_policy_delete("/mcp/policies/orders/pay"), Ok(()));
+
+        // The same delete from the watch: refused, the value stays in effect.
+        let err = r.delete("/mcp/policies/orders").unwrap_err();
+        assert_eq!(
+            (err.key.as_str(), err.reason),
+            ("/mcp/policies/orders", DELETE_BREAKS_DEPENDENT)
+        );
+        let config = published(&mut r);
+        config.validate().expect("what the filters get is valid");
+        assert_eq!(config.policy_for("orders", "pay").max_open_ms, 600000);
+
+        // The inspection's read of etcd (the service's policy gone) settles like the watch did:
+        // no difference, and a resync keeps the value too.
+        let read: Vec<(&str, &[u8], i64, i64, i64)> = vec![
+            (
+                "/mcp/policies/orders/pay",
+                br#"{"open_ms":400000}"#,
+                0,
+                4,
+                4,
+            ),
+            ("/mcp/services/orders/i-1", V1, 7, 2, 2),
+        ];
+        let mut fresh = r.empty_like();
+        let reset = fresh.reset(read.clone(), 5);
+        assert_eq!(fresh.fingerprint(), r.fingerprint(), "like with like");
+        assert_eq!(reset.kept, ["/mcp/policies/orders".to_string()]);
+        assert_eq!(reset.rejected[0].reason, DELETE_BREAKS_DEPENDENT);
+        // A missed delete is a difference: the registry did not know etcd lost the key.
+        let mut unaware = reg();
+        unaware
+            .put("/mcp/services/orders/i-1", V1, 7, 2, 2)
+            .unwrap();
+        unaware
+            .put(
+                "/mcp/policies/orders",
+                br#"{"max_open_ms":600000}"#,
+                0,
+                3,
+                3,
+            )
+            .unwrap();
+        unaware
+            .put(
+                "/mcp/policies/orders/pay",
+                br#"{"open_ms":400000}"#,
+                0,
+                4,
+                4,
+            )
+            .unwrap();
+        let mut fresh = unaware.empty_like();
+        fresh.reset(read.clone(), 5);
+        assert_ne!(fresh.fingerprint(), unaware.fingerprint());
+        unaware.reset(read, 5);
+        assert_eq!(unaware.fingerprint(), r.fingerprint(), "a resync learns it");
+
+        // The dependent leaves: the held delete takes effect with it.
+        assert_eq!(r.delete("/mcp/policies/orders/pay"), Ok(true));
+        let config = published(&mut r);
+        assert!(!config.services.contains_key("orders"), "{config:?}");
+        // A cold start reading only the dependent refuses it: the configuration stays valid.
+        let mut cold = reg();
+        let reset = cold.reset(
+            [(
+                "/mcp/policies/orders/pay",
+                &br#"{"open_ms":400000}"#[..],
+                0,
+                4,
+                4,
+            )],
+            5,
+        );
+        assert_eq!(reset.rejected[0].reason, "bad_policy");
+        published(&mut cold).validate().expect("valid");
     }
 
     #[test]
@@ -1723,10 +2058,10 @@ mod tests {
         let c = catalog(&mut r, 1);
         assert_eq!(c["inv"], BTreeSet::from(["a".to_string(), "b".to_string()]));
         assert!(c["bare"].is_empty(), "registrations that list no tools");
-        assert!(r.delete("/mcp/services/inv/i-2"));
+        assert_eq!(r.delete("/mcp/services/inv/i-2"), Ok(true));
         let c = catalog(&mut r, 2);
         assert_eq!(c["inv"], BTreeSet::from(["a".to_string()]));
-        assert!(r.delete("/mcp/services/inv/i-1"));
+        assert_eq!(r.delete("/mcp/services/inv/i-1"), Ok(true));
         let c = catalog(&mut r, 3);
         assert_eq!(
             c["inv"],
@@ -1997,14 +2332,14 @@ mod tests {
         r.put("/mcp/virtual/ops", BARE, 0, 8, 8).unwrap();
         check(&mut r, "a virtual server");
         // inv's oldest instance leaves: pay becomes the older service and keeps the bare name.
-        assert!(r.delete("/mcp/services/inv/i-1"));
-        assert!(r.delete("/mcp/services/inv/i-2"));
+        assert_eq!(r.delete("/mcp/services/inv/i-1"), Ok(true));
+        assert_eq!(r.delete("/mcp/services/inv/i-2"), Ok(true));
         check(&mut r, "a service growing younger");
         assert!(r.set_legacy_revision("pay", Some("2025-06-18".into())));
         check(&mut r, "a legacy revision");
-        assert!(r.delete("/mcp/overrides/inv/a"));
+        assert_eq!(r.delete("/mcp/overrides/inv/a"), Ok(true));
         check(&mut r, "an override lifted");
-        assert!(r.delete("/mcp/policies/inv"));
+        assert_eq!(r.delete("/mcp/policies/inv"), Ok(true));
         check(&mut r, "a policy removed");
         r.put(
             "/mcp/services/solo/i-1",
@@ -2023,7 +2358,7 @@ mod tests {
             11,
         )
         .unwrap();
-        assert!(r.delete("/mcp/services/solo/i-1"));
+        assert_eq!(r.delete("/mcp/services/solo/i-1"), Ok(true));
         let same = check(&mut r, "an age that decides no name");
         assert!(Arc::ptr_eq(&before, &same), "kept, not made again");
         let kvs = [(
@@ -2148,8 +2483,8 @@ mod tests {
             "the last good definition stays"
         );
         assert!(config.virtual_servers["later"].tools.contains_key("inv__a"));
-        assert!(r.delete("/mcp/virtual/ops"));
-        assert!(!r.delete("/mcp/virtual/ops"));
+        assert_eq!(r.delete("/mcp/virtual/ops"), Ok(true));
+        assert_eq!(r.delete("/mcp/virtual/ops"), Ok(false));
         assert!(!published(&mut r).virtual_servers.contains_key("ops"));
     }
 
@@ -2221,8 +2556,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(r.service_ages()["zeta"], 10);
-        // The oldest instance leaves: the service is as old as its oldest live key.
-        assert!(r.delete("/mcp/services/zeta/z-1"));
+        // The oldest instance leaves: until the fleet recorded its age (see
+        // `a_recorded_age_keeps_a_contested_name_across_a_re_registration`), the service is as
+        // old as its oldest live key.
+        assert_eq!(r.delete("/mcp/services/zeta/z-1"), Ok(true));
         assert_eq!(r.service_ages()["zeta"], 41);
         // zeta is now the younger: alpha takes the bare name.
         let n = names(&mut r);
@@ -2235,9 +2572,91 @@ mod tests {
             "{n:?}"
         );
         // An emptied service keeps its last age, and with it its names, while it is known.
-        assert!(r.delete("/mcp/services/alpha/a-1"));
+        assert_eq!(r.delete("/mcp/services/alpha/a-1"), Ok(true));
         assert_eq!(r.service_ages()["alpha"], 20);
         assert!(names(&mut r).contains(&("search".to_string(), "alpha".to_string())));
+    }
+
+    #[test]
+    fn a_recorded_age_keeps_a_contested_name_across_a_re_registration() {
+        let mut r = reg();
+        let wanted = r.ages_wanted();
+        r.put("/mcp/virtual/default", BARE, 0, 1, 1).unwrap();
+        r.put(
+            "/mcp/services/zeta/z-1",
+            &instance("z-1", 9001, &["search"]),
+            1,
+            10,
+            10,
+        )
+        .unwrap();
+        r.put(
+            "/mcp/services/alpha/a-1",
+            &instance("a-1", 9002, &["search"]),
+            1,
+            20,
+            20,
+        )
+        .unwrap();
+        // Both are to be recorded, at the ages their keys give.
+        assert_eq!(
+            r.unrecorded_ages(),
+            [("alpha".to_string(), 20), ("zeta".to_string(), 10)]
+        );
+        assert!(futures::FutureExt::now_or_never(wanted.notified()).is_some());
+        for (service, revision) in [("zeta", 10), ("alpha", 20)] {
+            let key = format!("/mcp/service-ages/{service}");
+            let value = format!(r#"{{"revision":{revision}}}"#);
+            assert_eq!(r.put(&key, value.as_bytes(), 0, 30, 30), Ok(false));
+        }
+        assert!(r.unrecorded_ages().is_empty());
+        let bare = |r: &mut Registry| {
+            published(r).virtual_servers["default"].tools["search"]
+                .service
+                .clone()
+        };
+        assert_eq!(bare(&mut r), "zeta");
+        // zeta's registrar stops and registers again: new keys, younger than alpha's.
+        assert_eq!(r.delete("/mcp/services/zeta/z-1"), Ok(true));
+        r.put(
+            "/mcp/services/zeta/z-2",
+            &instance("z-2", 9003, &["search"]),
+            2,
+            40,
+            40,
+        )
+        .unwrap();
+        assert_eq!(r.service_ages()["zeta"], 10, "the recorded age");
+        assert_eq!(bare(&mut r), "zeta", "the bare name stays");
+        // A resync and a restart from the state snapshot keep it.
+        let values = r.raw_values();
+        assert!(values
+            .iter()
+            .any(|(k, v)| k == "/mcp/service-ages/zeta" && v == r#"{"revision":10}"#));
+        let mut restarted = reg();
+        restarted.reset(
+            values
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_bytes(), 0, 0, 0)),
+            41,
+        );
+        assert_eq!(bare(&mut restarted), "zeta");
+        // A bad value is refused; the last good age stays.
+        let err = r
+            .put(
+                "/mcp/service-ages/zeta",
+                br#"{"revision":"old"}"#,
+                0,
+                42,
+                42,
+            )
+            .unwrap_err();
+        assert_eq!(err.reason, "bad_service_age");
+        assert_eq!(r.service_ages()["zeta"], 10);
+        // An operator deletes it: it is recorded again from the instance keys.
+        assert_eq!(r.delete("/mcp/service-ages/zeta"), Ok(true));
+        assert_eq!(r.unrecorded_ages(), [("zeta".to_string(), 40)]);
+        assert_eq!(bare(&mut r), "alpha");
     }
 
     #[test]
@@ -2457,18 +2876,62 @@ mod tests {
         );
         assert!(auth.requires("inv") && !auth.requires("ops"));
 
-        assert!(r.delete("/mcp/auth/rules/billing"));
-        assert!(!r.delete("/mcp/auth/rules/billing"), "already gone");
-        assert!(r.delete("/mcp/auth/virtual/ops"));
+        assert_eq!(r.delete("/mcp/auth/rules/billing"), Ok(true));
+        assert_eq!(
+            r.delete("/mcp/auth/rules/billing"),
+            Ok(false),
+            "already gone"
+        );
+        assert_eq!(r.delete("/mcp/auth/virtual/ops"), Ok(true));
         let auth = published(&mut r).auth.expect("configured");
         assert_eq!(auth.services.keys().collect::<Vec<_>>(), ["inv"]);
         assert!(auth.virtual_servers.is_empty());
-        assert!(r.delete("/mcp/auth/config"));
-        assert!(!r.delete("/mcp/auth/config"));
+        assert_eq!(r.delete("/mcp/auth/config"), Ok(true));
+        assert_eq!(r.delete("/mcp/auth/config"), Ok(false));
         assert!(r.auth_config().is_none());
         assert!(published(&mut r).auth.is_none());
         assert!(r.routing(9, Instant::now()).auth.is_none());
         assert_eq!(r.auth_service_rules().count(), 1, "the rules stay, unused");
+    }
+
+    #[test]
+    fn claim_header_names_reach_the_filter_with_or_without_a_configuration() {
+        let mut r = reg();
+        let with_claims = |header: &str| {
+            format!(
+                r#"{{"rules": [{{"tools": ["*"], "subjects": ["*"]}}],
+                     "claim_headers": {{"sub": "{header}", "email": "X-Mail"}}}}"#
+            )
+        };
+        r.put(
+            "/mcp/auth/rules/inv",
+            with_claims("X-Caller").as_bytes(),
+            0,
+            2,
+            2,
+        )
+        .unwrap();
+        r.put(
+            "/mcp/auth/virtual/ops",
+            with_claims("x_user").as_bytes(),
+            0,
+            3,
+            3,
+        )
+        .unwrap();
+        let config = published(&mut r);
+        assert!(config.auth.is_none(), "no configuration");
+        let names: Vec<&str> = config
+            .claim_header_names
+            .iter()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(names, ["x-caller", "x-mail", "x_user"]);
+        r.put("/mcp/auth/config", AUTH, 0, 4, 4).unwrap();
+        assert_eq!(published(&mut r).claim_header_names.len(), 3);
+        assert_eq!(r.delete("/mcp/auth/virtual/ops"), Ok(true));
+        assert_eq!(r.delete("/mcp/auth/rules/inv"), Ok(true));
+        assert!(published(&mut r).claim_header_names.is_empty());
     }
 
     #[test]

@@ -24,7 +24,7 @@ use tracing::{debug, info, warn};
 
 use super::cache::{CacheSnapshot, SnapshotCache, TypeSnapshot};
 use super::connections::Connections;
-use super::node::NodeView;
+use super::node::{FilterGuard, NodeView, Tailored};
 use super::resources::{ResourceOptions, ResourceType};
 use crate::metrics::{Metrics, TypeLabel};
 use crate::routing::RoutingSnapshot;
@@ -139,6 +139,7 @@ impl AggregatedDiscoveryService for AdsService {
             started: Instant::now(),
             nonce: 0,
             types: BTreeMap::new(),
+            guard: FilterGuard::default(),
             metrics: Arc::clone(&self.metrics),
             tx,
             shutdown: self.shutdown.clone(),
@@ -383,6 +384,8 @@ struct AdsStream {
     nonce: u64,
     /// Only types the Envoy has asked for: nothing is pushed before it subscribes.
     types: BTreeMap<ResourceType, TypeState>,
+    /// Keeps a filter configuration the filter would refuse from this Envoy.
+    guard: FilterGuard,
     metrics: Arc<Metrics>,
     tx: mpsc::Sender<Result<DiscoveryResponse, Status>>,
     /// Also ends a send blocked on an Envoy that stopped reading, so shutdown never hangs.
@@ -612,11 +615,19 @@ impl AdsStream {
             };
             let node = &self.node;
             let token = self.report_token.as_deref();
+            let guard = &mut self.guard;
+            let metrics = &self.metrics;
             let resources = names
                 .into_iter()
                 .filter(|name| node.serves(ty, name))
-                .filter_map(|name| current.entry(name))
-                .map(|(any, _)| node.tailor(ty, any, token).unwrap_or_else(|| any.clone()))
+                .filter_map(|name| {
+                    let (any, hash) = current.entry(name)?;
+                    match guard.tailor(node, ty, name, any, hash, token, metrics) {
+                        Tailored::Made(made) => Some(made),
+                        Tailored::AsIs => Some(any.clone()),
+                        Tailored::Nothing => None,
+                    }
+                })
                 .collect();
             return self.respond(ty, current, resources, Vec::new()).await;
         }
@@ -816,6 +827,7 @@ pub(super) mod tests {
                 })
                 .collect(),
             filter_config: Arc::from("{}"),
+            filter_urgency: 0,
             virtual_servers: Vec::new(),
             max_body_bytes: 1024 * 1024,
             default_timeout_ms: 60_000,
@@ -845,6 +857,7 @@ pub(super) mod tests {
                     started: Instant::now(),
                     nonce: 0,
                     types: BTreeMap::new(),
+                    guard: FilterGuard::default(),
                     metrics: Arc::clone(&metrics),
                     tx,
                     shutdown: CancellationToken::new(),

@@ -43,6 +43,10 @@ pub struct TypeSnapshot {
     /// When this version became current in the cache. A stream that started later is catching
     /// up, not propagating a change, and does not measure push latency.
     pub current_since: Instant,
+    /// ECDS: the [`RoutingSnapshot::filter_urgency`] of the filter configuration in this
+    /// version (0 for the other types). Delta holds back a filter configuration that changed
+    /// with clusters or routes only while this stays what the Envoy was last answered with.
+    pub urgency: u64,
 }
 
 /// One encoded resource and its content hash. The hash lets a stream send only the resources
@@ -72,6 +76,7 @@ impl TypeSnapshot {
         (entries, digest): (Entries, u64),
         changed_at: Instant,
         traces: Arc<[crate::trace::TraceParent]>,
+        urgency: u64,
     ) -> TypeSnapshot {
         TypeSnapshot {
             version: format!("{digest:016x}"),
@@ -80,6 +85,7 @@ impl TypeSnapshot {
             changed_at,
             traces,
             current_since: Instant::now(),
+            urgency,
         }
     }
 
@@ -228,7 +234,16 @@ impl SnapshotCache {
                 (Some(prev), None) => Arc::clone(prev),
                 (_, Some(entries)) => {
                     changed.push(ty);
-                    Arc::new(TypeSnapshot::new(entries, changed_at, traces.clone()))
+                    let urgency = match ty {
+                        ResourceType::ExtensionConfig => snapshot.filter_urgency,
+                        _ => 0,
+                    };
+                    Arc::new(TypeSnapshot::new(
+                        entries,
+                        changed_at,
+                        traces.clone(),
+                        urgency,
+                    ))
                 }
                 (None, None) => continue,
             };
@@ -754,6 +769,7 @@ mod tests {
                 })
                 .collect(),
             filter_config: Arc::from("{}"),
+            filter_urgency: 0,
             virtual_servers: Vec::new(),
             max_body_bytes: 1024 * 1024,
             default_timeout_ms: 60_000,

@@ -1,20 +1,63 @@
 //! Which Envoys are connected right now and what each was last sent, acknowledged or refused:
 //! the operator's `/v1/envoys` (and the console's "Envoys" table). Written by the ADS streams,
 //! read by the admin API; a stream removes its row however it ends.
+//!
+//! Beside them, what each Envoy's filter last said of its configuration
+//! (`/v1/filter-config-status`): the filter answers Envoy's configuration callback with
+//! success whatever it makes of the configuration, so a refusal shows nowhere in xDS. Kept by
+//! node id, since reports and streams come and go independently; forgotten an hour after its
+//! Envoy was last connected, and at most [`MAX_REPORTED`] of them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use serde::Serialize;
+use toolgate_model::fleet::FilterConfigStatus;
 
 use super::resources::ResourceType;
+
+/// Gateways whose filter-configuration state is kept; beyond, a report of a new one is
+/// refused (a report token could otherwise name unbounded gateways).
+pub const MAX_REPORTED: usize = 10_000;
+/// A gateway's state is forgotten this long after its Envoy was last connected.
+const FORGET_AFTER: Duration = Duration::from_secs(3600);
+/// The longest refusal text kept.
+const MAX_ERROR_CHARS: usize = 2048;
 
 /// Every open ADS stream, by stream id.
 #[derive(Debug, Default)]
 pub struct Connections {
     streams: Mutex<BTreeMap<u64, Connection>>,
+    filters: Mutex<HashMap<String, Reported>>,
+}
+
+/// What a gateway's filter last reported of its configuration.
+#[derive(Debug, Clone, Serialize)]
+pub struct FilterConfigState {
+    /// `rejected`: it refused the configuration it was sent and judges with the last one it
+    /// accepted (or refuses calls, having none); `ok`: it applied one after a refusal.
+    pub state: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Since when it is in this state.
+    #[serde(serialize_with = "rfc3339")]
+    pub since: SystemTime,
+}
+
+#[derive(Debug, Clone)]
+struct Reported {
+    shown: FilterConfigState,
+    /// When its Envoy was last seen connected (or reported).
+    seen: Instant,
+}
+
+/// Why a report was not kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotKept {
+    Invalid(&'static str),
+    Full,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -26,6 +69,9 @@ pub struct Connection {
     /// The services of a sharded Envoy (its bootstrap's `--services`); absent: every service.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub services: Option<String>,
+    /// What its filter last reported of its configuration; absent: never reported.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub filter_config: Option<FilterConfigState>,
     pub peer: Option<SocketAddr>,
     #[serde(serialize_with = "rfc3339")]
     pub connected_at: SystemTime,
@@ -70,6 +116,7 @@ impl Connections {
                     node: String::new(),
                     cluster: String::new(),
                     services: None,
+                    filter_config: None,
                     peer,
                     connected_at: SystemTime::now(),
                     types: BTreeMap::new(),
@@ -118,9 +165,98 @@ impl Connections {
         })
     }
 
-    /// Every open stream, oldest first.
+    /// Every open stream, oldest first, with what its filter reported.
     pub fn list(&self) -> Vec<Connection> {
-        self.with(|s| s.values().cloned().collect())
+        let mut list: Vec<Connection> = self.with(|s| s.values().cloned().collect());
+        let now = Instant::now();
+        let mut filters = self.filters.lock().unwrap_or_else(|p| p.into_inner());
+        for c in &mut list {
+            if let Some(r) = filters.get_mut(&c.node) {
+                r.seen = now;
+                c.filter_config = Some(r.shown.clone());
+            }
+        }
+        list
+    }
+
+    /// Takes a filter's report of its configuration. Refused when it names no gateway, or a
+    /// new gateway while [`MAX_REPORTED`] are kept. Returns whether the state changed.
+    pub fn filter_config_report(&self, report: &FilterConfigStatus) -> Result<bool, NotKept> {
+        let gateway = report.gateway.as_str();
+        if gateway.is_empty() || gateway.len() > 256 {
+            return Err(NotKept::Invalid(
+                "gateway: the Envoy node id, 1 to 256 bytes",
+            ));
+        }
+        let connected = self.connected_nodes();
+        let now = Instant::now();
+        let mut filters = self.filters.lock().unwrap_or_else(|p| p.into_inner());
+        for node in &connected {
+            if let Some(r) = filters.get_mut(node) {
+                r.seen = now;
+            }
+        }
+        filters.retain(|_, r| now.duration_since(r.seen) < FORGET_AFTER);
+        if !filters.contains_key(gateway) && filters.len() >= MAX_REPORTED {
+            // Room goes to the gateway reporting now before the longest disconnected one.
+            let oldest = filters
+                .iter()
+                .filter(|(node, _)| !connected.contains(node.as_str()))
+                .min_by_key(|(_, r)| r.seen)
+                .map(|(node, _)| node.clone());
+            match oldest {
+                Some(node) => {
+                    filters.remove(&node);
+                }
+                None => return Err(NotKept::Full),
+            }
+        }
+        let state = if report.accepted { "ok" } else { "rejected" };
+        let error = (!report.accepted).then(|| {
+            let e = report.error.as_deref().unwrap_or("no reason given");
+            e.chars().take(MAX_ERROR_CHARS).collect::<String>()
+        });
+        let entry = filters
+            .entry(gateway.to_string())
+            .or_insert_with(|| Reported {
+                shown: FilterConfigState {
+                    state: "",
+                    error: None,
+                    since: SystemTime::now(),
+                },
+                seen: now,
+            });
+        entry.seen = now;
+        let changed = entry.shown.state != state;
+        if changed {
+            entry.shown.state = state;
+            entry.shown.since = SystemTime::now();
+        }
+        entry.shown.error = error;
+        Ok(changed)
+    }
+
+    /// Connected Envoys whose filter last reported refusing its configuration.
+    pub fn rejecting_envoys(&self) -> i64 {
+        let connected = self.connected_nodes();
+        let filters = self.filters.lock().unwrap_or_else(|p| p.into_inner());
+        connected
+            .iter()
+            .filter(|node| {
+                filters
+                    .get(*node)
+                    .is_some_and(|r| r.shown.state == "rejected")
+            })
+            .count() as i64
+    }
+
+    fn connected_nodes(&self) -> std::collections::BTreeSet<String> {
+        self.with(|s| {
+            s.values()
+                .filter(|c| !c.node.is_empty())
+                .map(|c| c.node.clone())
+                .collect()
+        })
     }
 }
 
@@ -162,5 +298,69 @@ mod tests {
             .is_some_and(|t| t.ends_with('Z')));
         drop(guard);
         assert!(table.list().is_empty(), "removed when the stream ends");
+    }
+
+    fn report(gateway: &str, accepted: bool) -> FilterConfigStatus {
+        FilterConfigStatus {
+            gateway: gateway.to_string(),
+            accepted,
+            error: (!accepted).then(|| "services.a.policy.open_ms = 0 is invalid".to_string()),
+        }
+    }
+
+    #[test]
+    fn a_filters_refusal_shows_on_its_envoy_until_it_accepts_again() {
+        let table = Arc::new(Connections::default());
+        let _guard = table.open(1, None);
+        table.identified(1, "gw-1", "gateways", None);
+        assert!(table.list()[0].filter_config.is_none(), "never reported");
+        assert_eq!(table.filter_config_report(&report("gw-1", false)), Ok(true));
+        let shown = table.list()[0].filter_config.clone().expect("shown");
+        assert_eq!(shown.state, "rejected");
+        assert!(shown
+            .error
+            .as_deref()
+            .is_some_and(|e| e.contains("open_ms")));
+        assert_eq!(table.rejecting_envoys(), 1);
+        // Every worker reports: the state and its start stay.
+        assert_eq!(
+            table.filter_config_report(&report("gw-1", false)),
+            Ok(false)
+        );
+        assert_eq!(
+            table.list()[0].filter_config.as_ref().map(|f| f.since),
+            Some(shown.since)
+        );
+        assert_eq!(table.filter_config_report(&report("gw-1", true)), Ok(true));
+        let shown = table.list()[0].filter_config.clone().expect("shown");
+        assert_eq!((shown.state, shown.error), ("ok", None));
+        assert_eq!(table.rejecting_envoys(), 0);
+        // A report of a gateway not connected is kept, but counts for no connected Envoy.
+        assert_eq!(table.filter_config_report(&report("gw-2", false)), Ok(true));
+        assert_eq!(table.rejecting_envoys(), 0);
+        assert_eq!(
+            table.filter_config_report(&report("", false)),
+            Err(NotKept::Invalid(
+                "gateway: the Envoy node id, 1 to 256 bytes"
+            ))
+        );
+    }
+
+    #[test]
+    fn reports_of_many_gateways_are_bounded_and_a_connected_one_is_never_pushed_out() {
+        let table = Arc::new(Connections::default());
+        let _guard = table.open(1, None);
+        table.identified(1, "gw-live", "gateways", None);
+        assert!(table
+            .filter_config_report(&report("gw-live", false))
+            .is_ok());
+        for n in 0..MAX_REPORTED + 10 {
+            assert!(table
+                .filter_config_report(&report(&format!("gone-{n}"), false))
+                .is_ok());
+        }
+        let kept = table.filters.lock().unwrap().len();
+        assert_eq!(kept, MAX_REPORTED);
+        assert_eq!(table.rejecting_envoys(), 1, "the connected one stays");
     }
 }

@@ -10,7 +10,8 @@
 //! did not change; and removals go after every update of the push, so a route never points at
 //! a cluster that is already gone.
 //!
-//! One rule of ours: the filter's configuration goes after the clusters and routes it changed
+//! One rule of ours: a filter configuration that changed only with services (the catalog, the
+//! virtual servers' names, the legacy revisions) goes after the clusters and routes it changed
 //! with, once Envoy has answered them. Envoy applies responses one after another on its main
 //! thread, and a new cluster takes traffic once its assignment is applied, which Envoy asks for
 //! only after it has the cluster: sent beside the cluster and routes, the filter configuration
@@ -20,6 +21,13 @@
 //! now the service is routed first. Until the configuration lands (a few ms later; it
 //! already came after the routes before), the filter treats the new service as any service
 //! outside its catalog: auth rules and operators' overrides apply, no breaker is created.
+//!
+//! A configuration in which anything else changed (an operator's override, a policy, an auth
+//! rule, a fleet opening: [`TypeSnapshot::urgency`]) never waits, and ends any wait: it goes
+//! at once, whole (one ECDS resource cannot be split), new services' catalog included. That
+//! costs those services the 9-17 ms above before their first routed call, once; an override
+//! held behind a burst of registrations would leave a tool the operator closed open for as
+//! long as the burst lasts.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -39,7 +47,7 @@ use tracing::{debug, warn};
 use super::ads::{log_end, record_push, CacheView, Closed, ConnectedGuard, End, CONTROL_PLANE_ID};
 use super::cache::{resource_hash, CacheSnapshot, TypeSnapshot};
 use super::connections::Connections;
-use super::node::NodeView;
+use super::node::{self, FilterGuard, NodeView};
 use super::resources::ResourceType;
 use crate::metrics::{Metrics, TypeLabel};
 
@@ -48,8 +56,9 @@ use crate::metrics::{Metrics, TypeLabel};
 /// treated as naming an unknown response.
 const UNANSWERED_KEPT: usize = 256;
 
-/// How long the filter's configuration waits at most for Envoy to answer the clusters and
-/// routes it went with (Envoy answers every response; this bounds a stream that stops).
+/// How long a filter configuration that changed only with services waits at most for Envoy to
+/// answer the clusters and routes it went with, or the configuration before it (Envoy answers
+/// every response; this bounds a stream that stops).
 const FILTER_CONFIG_WAIT: Duration = Duration::from_secs(1);
 
 /// A resource's version as Envoy holds it: toolgate's are their content hash, in hex.
@@ -254,12 +263,17 @@ pub(super) struct DeltaStream {
     types: BTreeMap<ResourceType, TypeState>,
     /// Resources made for this Envoy, by type and name (see [`NodeView::tailor`]).
     tailored: HashMap<(ResourceType, String), Tailored>,
+    /// Keeps a filter configuration the filter would refuse from this Envoy.
+    guard: FilterGuard,
     metrics: Arc<Metrics>,
     tx: mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>,
     shutdown: CancellationToken,
     /// The filter's configuration is held (see the module's doc) until Envoy has answered
     /// every CDS and RDS response up to this nonce, or until the deadline.
     filter_config_after: Option<(u64, tokio::time::Instant)>,
+    /// The urgency ([`TypeSnapshot::urgency`]) of the filter configuration this Envoy was
+    /// last answered with: a configuration whose urgency differs goes at once.
+    answered_urgency: Option<u64>,
 }
 
 impl DeltaStream {
@@ -282,10 +296,12 @@ impl DeltaStream {
             nonce: 0,
             types: BTreeMap::new(),
             tailored: HashMap::new(),
+            guard: FilterGuard::default(),
             metrics,
             tx,
             shutdown,
             filter_config_after: None,
+            answered_urgency: None,
         }
     }
 
@@ -306,8 +322,9 @@ impl DeltaStream {
                 () = shutdown.cancelled() => break End::Shutdown,
                 () = sleep_until_some(hold_ends) => {
                     warn!(node = %self.node, waited_ms = FILTER_CONFIG_WAIT.as_millis() as u64,
-                        "Envoy has not answered the clusters and routes a filter configuration \
-                         waits for; sending it anyway");
+                        "Envoy has not answered what a filter configuration waits for (the \
+                         clusters and routes it came with, or the configuration before it); \
+                         sending it anyway");
                     let view = cache.borrow().clone();
                     if self.release_filter_config(view.as_deref()).await.is_err() {
                         break End::ResponseDropped;
@@ -404,7 +421,11 @@ impl DeltaStream {
             }
         }
 
-        if matches!(ty, ResourceType::Cluster | ResourceType::Route) && self.filter_config_due() {
+        if matches!(
+            ty,
+            ResourceType::Cluster | ResourceType::Route | ResourceType::ExtensionConfig
+        ) && self.filter_config_due()
+        {
             self.release_filter_config(view).await?;
         }
 
@@ -444,9 +465,19 @@ impl DeltaStream {
                 continue;
             };
             if ty == ResourceType::ExtensionConfig {
-                if self.filter_config_after.is_none() && self.routing_unanswered_after(before) {
-                    self.filter_config_after =
-                        Some((self.nonce, tokio::time::Instant::now() + FILTER_CONFIG_WAIT));
+                if self.answered_urgency != Some(current.urgency) {
+                    // An operator's change goes now, and takes whatever waited with it.
+                    self.filter_config_after = None;
+                } else if self.filter_config_after.is_none() {
+                    // Waits for the clusters and routes sent with it, if any (0: none), and
+                    // for Envoy's answer to the configuration before it.
+                    let after = if self.routing_unanswered_after(before) {
+                        Some(self.nonce)
+                    } else {
+                        self.filter_config_unanswered().then_some(0)
+                    };
+                    self.filter_config_after = after
+                        .map(|after| (after, tokio::time::Instant::now() + FILTER_CONFIG_WAIT));
                 }
                 if self.filter_config_after.is_some() {
                     continue;
@@ -471,8 +502,19 @@ impl DeltaStream {
 
     /// Whether the held filter configuration may go: Envoy answered what it waits for.
     fn filter_config_due(&self) -> bool {
-        self.filter_config_after
-            .is_some_and(|(after, _)| !self.routing_unanswered(|n| n <= after))
+        self.filter_config_after.is_some_and(|(after, _)| {
+            !self.routing_unanswered(|n| n <= after) && !self.filter_config_unanswered()
+        })
+    }
+
+    /// Whether Envoy has not answered a filter configuration yet. It applies each one whole
+    /// (9-17 ms, more with a large catalog), one after another: while services keep coming,
+    /// their catalog changes wait for that answer and go as one, so that an operator's change
+    /// never queues behind a row of them in Envoy.
+    fn filter_config_unanswered(&self) -> bool {
+        self.types
+            .get(&ResourceType::ExtensionConfig)
+            .is_some_and(|state| !state.unanswered.is_empty())
     }
 
     /// Whether an unanswered CDS or RDS response has a nonce `which` picks.
@@ -504,7 +546,9 @@ impl DeltaStream {
             types,
             node,
             tailored,
+            guard,
             report_token,
+            metrics,
             ..
         } = self;
         let Some(state) = types.get_mut(&ty) else {
@@ -559,8 +603,16 @@ impl DeltaStream {
                 let key = (ty, name.clone());
                 match tailored.get(&key) {
                     Some(t) if t.source == hash => (t.any.clone(), t.version.clone()),
-                    _ => match node.tailor(ty, any, report_token.as_deref()) {
-                        Some(made) => {
+                    _ => match guard.tailor(
+                        node,
+                        ty,
+                        name,
+                        any,
+                        hash,
+                        report_token.as_deref(),
+                        metrics,
+                    ) {
+                        node::Tailored::Made(made) => {
                             let version = version_of(resource_hash(&made));
                             let entry = Tailored {
                                 source: hash,
@@ -570,7 +622,9 @@ impl DeltaStream {
                             tailored.insert(key, entry);
                             (made, version)
                         }
-                        None => (any.clone(), version_of(hash)),
+                        node::Tailored::AsIs => (any.clone(), version_of(hash)),
+                        // Refused, and none good before it: nothing goes.
+                        node::Tailored::Nothing => continue,
                     },
                 }
             };
@@ -623,6 +677,10 @@ impl DeltaStream {
             return Ok(Vec::new());
         }
         let Pending { updates, removals } = self.pending(ty, current);
+        if ty == ResourceType::ExtensionConfig {
+            // What goes now (or nothing: the Envoy holds it already) is this version's.
+            self.answered_urgency = Some(current.urgency);
+        }
         let Some(state) = self.types.get(&ty) else {
             return Ok(Vec::new());
         };
@@ -991,7 +1049,23 @@ mod tests {
         snapshot
     }
 
+    /// `json` as the filter configuration, with its urgency as the registry makes it: the
+    /// digest of all but what changes with services (0 when that is empty, as in
+    /// [`routing`]).
     fn with_filter_config(mut snapshot: RoutingSnapshot, json: &str) -> RoutingSnapshot {
+        let mut rest: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(json).unwrap();
+        for services_part in ["catalog", "virtual_servers", "legacy_revisions"] {
+            rest.remove(services_part);
+        }
+        snapshot.filter_urgency = if rest.is_empty() {
+            0
+        } else {
+            std::hash::BuildHasher::hash_one(
+                &std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default(),
+                serde_json::Value::Object(rest).to_string(),
+            )
+        };
         snapshot.filter_config = Arc::from(json);
         snapshot
     }
@@ -1050,13 +1124,16 @@ mod tests {
         );
         assert!(json.contains(r#""c":[]"#), "{json}");
 
-        // A configuration change alone goes at once, the later clusters and routes unanswered
-        // or not.
+        // A catalog change alone does not wait for the later clusters and routes, only for
+        // Envoy's answer to the configuration before it (each is applied whole, one after
+        // another: a row of them would delay whatever comes next).
         h.publish(with_filter_config(
             own_path(own_path(routing(4, &three), "b"), "c"),
             r#"{"catalog":{"d":[]}}"#,
         ))
         .await;
+        assert!(h.sent().is_empty());
+        h.request(ack(&released[0])).await;
         let alone = h.sent();
         assert_eq!(types(&alone), ["ecds"]);
 
@@ -1083,11 +1160,114 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_filter_configuration_the_filter_would_refuse_is_never_sent() {
+        // A tool's open time above the default ceiling, which no service policy raises.
+        const REFUSED: &str = r#"{"services":{"a":{"tools":{"t":{"open_ms":400000}}}}}"#;
+        let name = crate::xds::ecds::FILTER_CONFIG_NAME;
+        // Refused from the first: nothing goes, and Envoy keeps what it has (or waits).
+        let mut h = subscribed(&[("a", &[1])]).await;
+        h.publish(with_filter_config(routing(2, &[("a", &[1])]), REFUSED))
+            .await;
+        assert!(h
+            .request_and_ack(subscribe(ECDS, &[name]))
+            .await
+            .iter()
+            .all(|r| r.resources.is_empty()));
+        assert_eq!(h.metrics.filter_config_invalid.get(), 1);
+
+        let mut h = subscribed(&[("a", &[1])]).await;
+        let good = r#"{"services":{"a":{"policy":{"max_open_ms":600000},"tools":{"t":{"open_ms":400000}}}}}"#;
+        h.publish(with_filter_config(routing(2, &[("a", &[1])]), good))
+            .await;
+        let first = h.request_and_ack(subscribe(ECDS, &[name])).await;
+        assert_eq!(types(&first), ["ecds"]);
+        let held = first[0].resources[0].version.clone();
+        // The service's policy goes: what comes out would be refused, so nothing is sent,
+        // once, however often it is published.
+        for generation in 3..6 {
+            h.publish(with_filter_config(
+                routing(generation, &[("a", &[1])]),
+                REFUSED,
+            ))
+            .await;
+            assert!(h.sent().is_empty(), "generation {generation}");
+        }
+        assert_eq!(h.metrics.filter_config_invalid.get(), 1, "counted once");
+        // A resubscription gets the last good one, not the refused one.
+        let again = h.request_and_ack(subscribe(ECDS, &[name])).await;
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0].resources[0].version, held);
+        // A good configuration goes again.
+        h.publish(with_filter_config(routing(6, &[("a", &[1])]), r#"{"x":2}"#))
+            .await;
+        let sent = h.sent();
+        assert_eq!(types(&sent), ["ecds"]);
+        assert_ne!(sent[0].resources[0].version, held);
+    }
+
+    #[tokio::test]
+    async fn an_operators_change_goes_at_once_beside_new_clusters_and_takes_a_held_one_along() {
+        const OVERRIDE: &str = r#""overrides":{"a":{"t":{"mode":"force_open","reason":"r"}}}"#;
+        let mut h = subscribed(&[("a", &[1])]).await;
+        let name = crate::xds::ecds::FILTER_CONFIG_NAME;
+        h.request_and_ack(subscribe(ECDS, &[name])).await;
+
+        // A new service and an override in one push: the override does not wait for Envoy to
+        // answer the cluster and routes (the catalog goes with it, whole).
+        let two = [("a", &[1u8][..]), ("b", &[2][..])];
+        h.publish(with_filter_config(
+            own_path(routing(2, &two), "b"),
+            &format!(r#"{{"catalog":{{"b":[]}},{OVERRIDE}}}"#),
+        ))
+        .await;
+        let sent = h.sent();
+        assert_eq!(types(&sent), ["cds", "rds", "ecds"]);
+        for r in &sent {
+            h.request(ack(r)).await;
+        }
+
+        // Another new service alone: its configuration waits for Envoy's answer...
+        let three = [("a", &[1u8][..]), ("b", &[2][..]), ("c", &[3][..])];
+        h.publish(with_filter_config(
+            own_path(own_path(routing(3, &three), "b"), "c"),
+            &format!(r#"{{"catalog":{{"b":[],"c":[]}},{OVERRIDE}}}"#),
+        ))
+        .await;
+        let routing_sent = h.sent();
+        assert_eq!(types(&routing_sent), ["cds", "rds"]);
+        // ...until an operator's change comes: it goes at once, with the held catalog.
+        h.publish(with_filter_config(
+            own_path(own_path(routing(4, &three), "b"), "c"),
+            r#"{"catalog":{"b":[],"c":[]}}"#,
+        ))
+        .await;
+        let sent = h.sent();
+        assert_eq!(
+            types(&sent),
+            ["ecds"],
+            "the CDS and RDS are still unanswered"
+        );
+        let json = crate::xds::ecds::tests::plugin_json(
+            sent[0].resources[0].resource.as_ref().expect("a resource"),
+        );
+        assert!(
+            json.contains(r#""c":[]"#) && !json.contains("overrides"),
+            "{json}"
+        );
+        // The answers to the routing release nothing more: nothing is owed.
+        for r in &routing_sent {
+            h.request(ack(r)).await;
+        }
+        assert!(h.sent().is_empty());
+    }
+
+    #[tokio::test]
     async fn a_rejected_route_configuration_releases_the_filter_configuration_too() {
         let mut h = subscribed(&[("a", &[1])]).await;
         let name = crate::xds::ecds::FILTER_CONFIG_NAME;
         h.request_and_ack(subscribe(ECDS, &[name])).await;
-        let mut snapshot = with_filter_config(routing(2, &[("a", &[1])]), r#"{"x":1}"#);
+        let mut snapshot =
+            with_filter_config(routing(2, &[("a", &[1])]), r#"{"catalog":{"a":["x"]}}"#);
         let mut a = crate::routing::ServiceRoute::clone(&snapshot.services["a"]);
         a.timeout_ms = 5_000;
         snapshot.services.insert("a".to_string(), Arc::new(a));

@@ -57,58 +57,60 @@ pub fn extension_config(plugin_json: &str) -> Any {
 /// into the plugin configuration's `gateway` (the filter names itself with it in its breaker
 /// events; Envoy does not show the node id to wasm reliably), the token its reports must
 /// carry, if toolgate-xds requires one, and whether it writes an access log. A shard's
-/// catalog lists only its services.
+/// catalog lists only its services. Other resources (`jwt_authn`'s) are the same for all.
+///
+/// The plugin configuration that comes out is read with the filter's own parser before it is
+/// returned: a configuration the filter refuses is an error (the parser's, naming the field),
+/// never a resource, since a filter that refuses its configuration cannot judge with it.
 pub fn for_node(
     resource: &Any,
     node: &NodeFilter,
     node_id: &str,
     report_token: Option<&str>,
     services: Option<&super::shard::ServiceSelector>,
-) -> Any {
-    match TypedExtensionConfig::decode(resource.value.as_slice()) {
-        // Only the wasm filter's resource is the node's own; `jwt_authn`'s is the same for all.
-        Ok(tec) if tec.name != FILTER_CONFIG_NAME => resource.clone(),
-        Ok(mut tec) => {
-            if let Some(wasm) = tec
-                .typed_config
-                .as_ref()
-                .and_then(|a| Wasm::decode(a.value.as_slice()).ok())
-            {
-                let plugin_json = wasm
-                    .config
-                    .as_ref()
-                    .and_then(|c| c.configuration.as_ref())
-                    .and_then(|a| StringValue::decode(a.value.as_slice()).ok())
-                    .map(|s| s.value)
-                    .unwrap_or_default();
-                let plugin_json = match serde_json::from_str::<serde_json::Value>(&plugin_json) {
-                    Ok(serde_json::Value::Object(mut map)) => {
-                        map.insert("gateway".into(), node_id.into());
-                        if let Some(token) = report_token {
-                            map.insert("report_token".into(), token.into());
-                        }
-                        if node.access_log {
-                            map.insert("access_log".into(), true.into());
-                        }
-                        if !node.jwt_authn {
-                            if let Some(serde_json::Value::Object(auth)) = map.get_mut("auth") {
-                                auth.insert("untrusted_payload".into(), true.into());
-                            }
-                        }
-                        drop_own_openings(&mut map, node_id);
-                        if let Some(services) = services {
-                            services.plugin_config(&mut map);
-                        }
-                        serde_json::Value::Object(map).to_string()
-                    }
-                    _ => plugin_json,
-                };
-                tec = typed_extension_config(&plugin_json, &node.path);
-            }
-            to_any(&tec)
-        }
-        Err(_) => resource.clone(),
+) -> Result<Any, String> {
+    let tec = TypedExtensionConfig::decode(resource.value.as_slice())
+        .map_err(|e| format!("not an extension configuration: {e}"))?;
+    if tec.name != FILTER_CONFIG_NAME {
+        return Ok(resource.clone());
     }
+    let wasm = tec
+        .typed_config
+        .as_ref()
+        .and_then(|a| Wasm::decode(a.value.as_slice()).ok())
+        .ok_or("not a wasm filter configuration")?;
+    let plugin_json = wasm
+        .config
+        .as_ref()
+        .and_then(|c| c.configuration.as_ref())
+        .and_then(|a| StringValue::decode(a.value.as_slice()).ok())
+        .map(|s| s.value)
+        .unwrap_or_default();
+    let Ok(serde_json::Value::Object(mut map)) =
+        serde_json::from_str::<serde_json::Value>(&plugin_json)
+    else {
+        return Err("the plugin configuration is not a JSON object".into());
+    };
+    map.insert("gateway".into(), node_id.into());
+    if let Some(token) = report_token {
+        map.insert("report_token".into(), token.into());
+    }
+    if node.access_log {
+        map.insert("access_log".into(), true.into());
+    }
+    if !node.jwt_authn {
+        if let Some(serde_json::Value::Object(auth)) = map.get_mut("auth") {
+            auth.insert("untrusted_payload".into(), true.into());
+        }
+    }
+    drop_own_openings(&mut map, node_id);
+    if let Some(services) = services {
+        services.plugin_config(&mut map);
+    }
+    let plugin_json = serde_json::Value::Object(map).to_string();
+    toolgate_model::policy::FilterConfig::from_json(plugin_json.as_bytes())
+        .map_err(|e| e.to_string())?;
+    Ok(to_any(&typed_extension_config(&plugin_json, &node.path)))
 }
 
 /// Removes the fleet openings this Envoy reported itself: its breaker already holds them, and
@@ -207,7 +209,8 @@ pub(crate) mod tests {
             "envoy-1",
             None,
             None,
-        );
+        )
+        .unwrap();
         let tec = TypedExtensionConfig::decode(filled.value.as_slice()).unwrap();
         assert_eq!(tec.name, FILTER_CONFIG_NAME);
         let wasm = Wasm::decode(tec.typed_config.unwrap().value.as_slice()).unwrap();
@@ -231,7 +234,7 @@ pub(crate) mod tests {
         let any = extension_config(
             r#"{"fleet_open":{"s":{"a":{"opened_by":"envoy-1","until_ms":9},"b":{"opened_by":"envoy-2","until_ms":9}},"t":{"c":{"opened_by":"envoy-1","until_ms":9}}}}"#,
         );
-        let filled = for_node(&any, &node("/f.wasm"), "envoy-1", None, None);
+        let filled = for_node(&any, &node("/f.wasm"), "envoy-1", None, None).unwrap();
         assert_eq!(
             plugin_json(&filled),
             r#"{"fleet_open":{"s":{"b":{"opened_by":"envoy-2","until_ms":9}}},"gateway":"envoy-1"}"#
@@ -244,7 +247,8 @@ pub(crate) mod tests {
             "envoy-1",
             Some("s3cret"),
             None,
-        );
+        )
+        .unwrap();
         assert_eq!(
             plugin_json(&filled),
             r#"{"gateway":"envoy-1","report_token":"s3cret"}"#
@@ -264,7 +268,7 @@ pub(crate) mod tests {
             access_log: true,
             ..node("/f.wasm")
         };
-        let filled = for_node(&extension_config("{}"), &logged, "envoy-1", None, None);
+        let filled = for_node(&extension_config("{}"), &logged, "envoy-1", None, None).unwrap();
         assert_eq!(
             plugin_json(&filled),
             r#"{"access_log":true,"gateway":"envoy-1"}"#
@@ -282,7 +286,8 @@ pub(crate) mod tests {
             "e",
             None,
             None,
-        );
+        )
+        .unwrap();
         assert_eq!(
             plugin_json(&filled),
             r#"{"auth":{"resource":"http://gw","untrusted_payload":true},"gateway":"e"}"#
@@ -293,7 +298,8 @@ pub(crate) mod tests {
             "e",
             None,
             None,
-        );
+        )
+        .unwrap();
         assert_eq!(
             plugin_json(&filled),
             r#"{"auth":{"resource":"http://gw"},"gateway":"e"}"#
@@ -307,10 +313,43 @@ pub(crate) mod tests {
             "e",
             None,
             Some(&shard),
-        );
+        )
+        .unwrap();
         assert_eq!(
             plugin_json(&filled),
             r#"{"catalog":{"alpha":["t"]},"gateway":"e"}"#
+        );
+    }
+
+    #[test]
+    fn a_configuration_the_filter_would_refuse_is_never_made() {
+        // A tool's open time above the default ceiling, with no service policy to raise it.
+        let refused =
+            extension_config(r#"{"services":{"orders":{"tools":{"pay":{"open_ms":400000}}}}}"#);
+        let err = for_node(&refused, &node("/f.wasm"), "e", None, None).unwrap_err();
+        assert!(
+            err.contains("services.orders.tools.pay.max_open_ms"),
+            "the error names the field: {err}"
+        );
+        // A field of the wrong type (as from a newer control plane's misuse) is refused too.
+        let err = for_node(
+            &extension_config(r#"{"max_body_bytes":"big"}"#),
+            &node("/f.wasm"),
+            "e",
+            None,
+            None,
+        )
+        .unwrap_err();
+        assert!(
+            err.contains("max_body_bytes") || err.contains("invalid type"),
+            "{err}"
+        );
+        assert!(for_node(&extension_config("[]"), &node("/f.wasm"), "e", None, None).is_err());
+        // Another filter's resource passes as it is.
+        let jwt = crate::xds::auth::jwt_extension_config(None);
+        assert_eq!(
+            for_node(&jwt, &node("/f.wasm"), "e", None, None).unwrap(),
+            jwt
         );
     }
 

@@ -2,6 +2,8 @@
 //! cluster, where it finds the wasm filter, and which services it serves. Both ADS variants
 //! identify a node here and tailor its resources the same way.
 
+use std::collections::HashMap;
+
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::google::protobuf::{value::Kind, Any};
 use tracing::{error, info};
@@ -10,6 +12,7 @@ use super::connections::Connections;
 use super::ecds::{self, NodeFilter, NODE_METADATA_KEY};
 use super::resources::ResourceType;
 use super::shard::{ServiceSelector, NODE_SERVICES_FIELD};
+use crate::metrics::Metrics;
 
 /// One Envoy, as its node says.
 #[derive(Debug, Clone, Default)]
@@ -70,23 +73,93 @@ impl NodeView {
     }
 
     /// `resource` as this Envoy gets it, when it is made per Envoy (its filter configuration;
-    /// a shard's route configuration); `None`: as it is.
+    /// a shard's route configuration); `Ok(None)`: as it is. An error: a filter configuration
+    /// the filter would refuse (see [`ecds::for_node`]).
     pub fn tailor(
         &self,
         ty: ResourceType,
         resource: &Any,
         report_token: Option<&str>,
-    ) -> Option<Any> {
+    ) -> Result<Option<Any>, String> {
         match ty {
-            ResourceType::Route => self.services.as_ref()?.route_configuration(resource),
-            ResourceType::ExtensionConfig => Some(ecds::for_node(
-                resource,
-                self.filter.as_ref()?,
-                &self.id,
-                report_token,
-                self.services.as_ref(),
-            )),
-            _ => None,
+            ResourceType::Route => Ok(self
+                .services
+                .as_ref()
+                .and_then(|s| s.route_configuration(resource))),
+            ResourceType::ExtensionConfig => match self.filter.as_ref() {
+                Some(filter) => ecds::for_node(
+                    resource,
+                    filter,
+                    &self.id,
+                    report_token,
+                    self.services.as_ref(),
+                )
+                .map(Some),
+                None => Ok(None),
+            },
+            _ => Ok(None),
+        }
+    }
+}
+
+/// What one stream keeps so that its Envoy never gets a filter configuration the filter would
+/// refuse: the last one made for it that the filter accepts (per resource name), which it
+/// keeps getting instead, and the source (hash) of the last refused one, so that a refusal is
+/// logged and counted once, not at every push. Nothing at all is sent before a good one: the
+/// Envoy keeps what it has (a new stream of a reconnecting Envoy), or waits.
+#[derive(Debug, Default)]
+pub(super) struct FilterGuard {
+    last_good: HashMap<String, Any>,
+    refused: HashMap<String, u64>,
+}
+
+/// What [`FilterGuard::tailor`] gives for a resource.
+#[derive(Debug)]
+pub(super) enum Tailored {
+    /// Made for this Envoy (or the last good one made for it).
+    Made(Any),
+    /// Not made per Envoy: the resource as it is.
+    AsIs,
+    /// Nothing to send.
+    Nothing,
+}
+
+impl FilterGuard {
+    /// `resource` (named `name`, made from source `hash`) as `node` gets it: tailored, or the
+    /// last good one if the filter would refuse it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn tailor(
+        &mut self,
+        node: &NodeView,
+        ty: ResourceType,
+        name: &str,
+        resource: &Any,
+        hash: u64,
+        report_token: Option<&str>,
+        metrics: &Metrics,
+    ) -> Tailored {
+        match node.tailor(ty, resource, report_token) {
+            Ok(Some(made)) => {
+                if ty == ResourceType::ExtensionConfig {
+                    self.refused.remove(name);
+                    self.last_good.insert(name.to_string(), made.clone());
+                }
+                Tailored::Made(made)
+            }
+            Ok(None) => Tailored::AsIs,
+            Err(error) => {
+                if self.refused.insert(name.to_string(), hash) != Some(hash) {
+                    metrics.filter_config_invalid.inc();
+                    error!(node = %node.id, resource = name, %error,
+                        kept_last_good = self.last_good.contains_key(name),
+                        "not sending a filter configuration the filter would refuse; this \
+                         Envoy keeps the last good one it was sent");
+                }
+                match self.last_good.get(name) {
+                    Some(good) => Tailored::Made(good.clone()),
+                    None => Tailored::Nothing,
+                }
+            }
         }
     }
 }

@@ -831,6 +831,7 @@ mod tests {
             .into_iter()
             .collect(),
             filter_config: Arc::from("{}"),
+            filter_urgency: 0,
             virtual_servers: Vec::new(),
             max_body_bytes: 1024 * 1024,
             default_timeout_ms: 60_000,

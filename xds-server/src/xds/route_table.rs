@@ -126,6 +126,7 @@ mod tests {
             recent: Arc::from([]),
             services,
             filter_config: Arc::from("{}"),
+            filter_urgency: 0,
             virtual_servers: virtual_servers.iter().map(|s| s.to_string()).collect(),
             max_body_bytes: 4096,
             default_timeout_ms: 60_000,
