@@ -14,7 +14,12 @@
 //!   is built with a load-balancing weight of 0, so Envoy rejects the EDS response that
 //!   carries its assignment (all of it: Envoy validates every resource before applying any).
 //!
-//! Both are read once, at first use; tests that run the ADS server in process add instances
+//! - `TOOLGATE_FAILPOINT_SKEW_FILTER_CONFIG=<path>`: while the file at `path` holds a JSON
+//!   object, its fields are merged into every per-Envoy filter configuration after it was
+//!   checked, as a toolgate-xds newer than the filter would send a field the filter refuses.
+//!   Read at each configuration built, so a test can switch it on and off.
+//!
+//! The first two are read once, at first use; tests that run the ADS server in process add instances
 //! with [`arm_nack_instance`] instead.
 
 /// Whether the cluster of `service` is to be built invalid.
@@ -58,6 +63,33 @@ pub fn arm_nack_instance(instance_id: &str) {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .insert(instance_id.to_string());
+}
+
+/// `plugin_json` with the fields of the skew file merged in (see the module's notes), or as
+/// it is when no skew file is there.
+#[cfg(feature = "failpoints")]
+pub fn skew_filter_config(plugin_json: String) -> String {
+    let Ok(path) = std::env::var("TOOLGATE_FAILPOINT_SKEW_FILTER_CONFIG") else {
+        return plugin_json;
+    };
+    let skew = std::fs::read(&path)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
+    let Some(serde_json::Value::Object(skew)) = skew else {
+        return plugin_json;
+    };
+    let Ok(serde_json::Value::Object(mut map)) = serde_json::from_str(&plugin_json) else {
+        return plugin_json;
+    };
+    tracing::warn!(fields = ?skew.keys().collect::<Vec<_>>(), "failpoint: skewing a filter configuration");
+    map.extend(skew);
+    serde_json::Value::Object(map).to_string()
+}
+
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn skew_filter_config(plugin_json: String) -> String {
+    plugin_json
 }
 
 /// Whether this build has failpoints; toolgate-xds logs it at start, so a test that needs

@@ -110,6 +110,7 @@ pub fn for_node(
     let plugin_json = serde_json::Value::Object(map).to_string();
     toolgate_model::policy::FilterConfig::from_json(plugin_json.as_bytes())
         .map_err(|e| e.to_string())?;
+    let plugin_json = crate::failpoint::skew_filter_config(plugin_json);
     Ok(to_any(&typed_extension_config(&plugin_json, &node.path)))
 }
 
