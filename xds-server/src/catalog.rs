@@ -492,7 +492,7 @@ mod tests {
         // Without probes an instance is UP from its registration.
         assert!(p["fin"].serving);
         assert_eq!(p["fin"].read.as_ref().map(|w| w.instances), Some(1));
-        assert!(reg.delete("/mcp/services/fin/i-1"));
+        assert_eq!(reg.delete("/mcp/services/fin/i-1"), Ok(true));
         let p = present(&reg);
         assert_eq!(p["fin"].instances, 0, "known, without instances");
         assert!(!p["fin"].serving && p["fin"].read.is_none());
