@@ -721,7 +721,12 @@ async fn a_refused_filter_configuration_keeps_the_last_good_one() {
     .await;
     stack.routes("orders", &[&m]).await;
     stack
-        .force("orders", "write_order", "force_open", "frozen for the audit")
+        .force(
+            "orders",
+            "write_order",
+            "force_open",
+            "frozen for the audit",
+        )
         .await;
     let forced = |r: &Reply| r.breaker_state().as_deref() == Some("forced_open");
     let mut s = McpSession::unconnected(&stack.url("orders"));
@@ -789,7 +794,11 @@ async fn a_refused_filter_configuration_keeps_the_last_good_one() {
         "{}",
         r.body
     );
-    assert_eq!(m.server.calls("read_order").await, 0, "nothing ran unjudged");
+    assert_eq!(
+        m.server.calls("read_order").await,
+        0,
+        "nothing ran unjudged"
+    );
 
     // The skew gone, the next configuration is taken and the Envoy shows healthy again.
     std::fs::remove_file(&skew).expect("remove the skew");

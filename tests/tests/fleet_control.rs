@@ -60,8 +60,8 @@ impl Gateway {
 
     /// The control cluster's hosts as this Envoy sees them: (address, priority, healthy).
     async fn control_hosts(&self) -> Vec<(String, u64, bool)> {
-        let Ok(resp) = reqwest::get(format!("{}/clusters?format=json", self.envoy.admin_url()))
-            .await
+        let Ok(resp) =
+            reqwest::get(format!("{}/clusters?format=json", self.envoy.admin_url())).await
         else {
             return Vec::new();
         };
@@ -84,11 +84,7 @@ impl Gateway {
                     && status
                         .as_object()
                         .is_some_and(|o| !o.keys().any(|k| k.starts_with("failed")));
-                hosts.push((
-                    address,
-                    h["priority"].as_u64().unwrap_or_default(),
-                    healthy,
-                ));
+                hosts.push((address, h["priority"].as_u64().unwrap_or_default(), healthy));
             }
         }
         hosts
@@ -169,10 +165,7 @@ async fn the_aggregate_endpoint_survives_a_sigkill_of_its_toolgate_xds() {
     }
     // Both toolgate-xds in A's control cluster, A's own first, both passing their checks.
     let want = {
-        let mut w = vec![
-            (a.xds.admin_addr(), 0, true),
-            (b.xds.admin_addr(), 1, true),
-        ];
+        let mut w = vec![(a.xds.admin_addr(), 0, true), (b.xds.admin_addr(), 1, true)];
         w.sort();
         w
     };
@@ -213,13 +206,34 @@ async fn the_aggregate_endpoint_survives_a_sigkill_of_its_toolgate_xds() {
             }
         })
     };
-    wait_until("ten rounds before the kill", Duration::from_secs(20), || {
-        let rounds = rounds.clone();
-        async move { rounds.load(Ordering::Relaxed) >= 10 }
-    })
+    wait_until(
+        "ten rounds before the kill",
+        Duration::from_secs(20),
+        || {
+            let rounds = rounds.clone();
+            async move { rounds.load(Ordering::Relaxed) >= 10 }
+        },
+    )
     .await;
+    // A second of steady traffic: held sessions opened, reports sent.
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let before_kill = log.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    assert!(before_kill.is_empty(), "failures before the kill: {before_kill:?}");
+    assert!(
+        before_kill.is_empty(),
+        "failures before the kill: {before_kill:?}"
+    );
+    // Until now A's filter reported to A.
+    let b_calls = || async {
+        let reg = b.xds.registry().await;
+        reg["services"]["svc"][0]["calls"]["ok"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    assert_eq!(
+        b_calls().await,
+        0,
+        "B got reports before A's toolgate-xds went"
+    );
     let killed_at = started.elapsed();
     let rounds_at_kill = rounds.load(Ordering::Relaxed);
     a.xds.kill();
@@ -253,7 +267,10 @@ async fn the_aggregate_endpoint_survives_a_sigkill_of_its_toolgate_xds() {
     let steps = sdk::python(&url, &["initialize", "list", &format!("call:{TOOL}")]).await;
     assert_eq!(steps.len(), 3, "{steps:?}");
     assert!(steps.iter().all(|s| s.get("ok").is_some()), "{steps:?}");
-    let listed = steps[1]["ok"]["tools"].as_array().cloned().unwrap_or_default();
+    let listed = steps[1]["ok"]["tools"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     assert!(listed.iter().any(|t| t["name"] == TOOL), "{steps:?}");
     assert_ne!(steps[2]["ok"]["isError"], true, "{steps:?}");
 
@@ -261,10 +278,7 @@ async fn the_aggregate_endpoint_survives_a_sigkill_of_its_toolgate_xds() {
     wait_until(
         "B's registry counts calls A's filter reported",
         Duration::from_secs(10),
-        || async {
-            let reg = b.xds.registry().await;
-            reg["services"]["svc"][0]["calls"].as_u64().unwrap_or(0) > 0
-        },
+        || async { b_calls().await > 0 },
     )
     .await;
 }
@@ -288,7 +302,10 @@ async fn a_toolgate_xds_registers_its_admin_listener_under_a_lease_and_revokes_i
             .iter()
             .map(|kv| {
                 let v: Value = serde_json::from_slice(kv.value()).unwrap_or_default();
-                (v["admin"].as_str().unwrap_or_default().to_string(), kv.lease())
+                (
+                    v["admin"].as_str().unwrap_or_default().to_string(),
+                    kv.lease(),
+                )
             })
             .collect::<Vec<(String, i64)>>()
     };
@@ -309,11 +326,12 @@ async fn a_toolgate_xds_registers_its_admin_listener_under_a_lease_and_revokes_i
     // A graceful stop revokes the lease: the key is gone at once, not after its TTL.
     let stopping = Instant::now();
     a.xds.stop().await;
-    wait_until(
-        "A's key is gone",
-        Duration::from_secs(3),
-        || async { members().await.iter().all(|(admin, _)| *admin != a.xds.admin_addr()) },
-    )
+    wait_until("A's key is gone", Duration::from_secs(3), || async {
+        members()
+            .await
+            .iter()
+            .all(|(admin, _)| *admin != a.xds.admin_addr())
+    })
     .await;
     println!("SIGTERM -> A's key gone: {:?}", stopping.elapsed());
     assert_eq!(members().await.len(), 1);

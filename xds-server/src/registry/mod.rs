@@ -6,6 +6,7 @@
 
 pub mod admission;
 pub mod auth;
+mod members;
 mod memo;
 pub mod persist;
 pub mod publish;
@@ -198,6 +199,9 @@ pub struct Registry {
     /// Whether the last publish had rule sets but no configuration to apply them with, so
     /// that this is logged once, when it starts, not at every push.
     auth_rules_unused: bool,
+    /// The fleet's toolgate-xds (`<prefix>xds/`), and this one's own address: what Envoy's
+    /// control cluster holds.
+    members: members::Members,
     /// The last [`virtual_routes`](Self::virtual_routes), keyed on what it was made from.
     virtual_memo: Memo<VirtualKey, Arc<VirtualOutput>>,
     order_memo: Memo<OrderKey, Arc<BTreeSet<String>>>,
@@ -285,6 +289,7 @@ impl Registry {
             discovered: BTreeMap::new(),
             auth: auth::AuthStore::default(),
             auth_rules_unused: false,
+            members: members::Members::default(),
             virtual_memo: Memo::default(),
             order_memo: Memo::default(),
             filter_memo: Memo::default(),
@@ -320,6 +325,12 @@ impl Registry {
             self.mark_stale(service);
         }
         changed
+    }
+
+    /// Where this process's Envoys reach its admin listener, and its key id under
+    /// `<prefix>xds/` when it registers itself (its own key is not one of the others).
+    pub fn set_control_local(&mut self, own_id: Option<String>, local: SocketAddr) {
+        self.members.set_local(own_id, local);
     }
 
     /// The key the filters seal session ids with (see `session_key.rs`).
@@ -478,6 +489,7 @@ impl Registry {
         let mut old_overrides = std::mem::take(&mut self.overrides);
         let mut old_virtuals = std::mem::take(&mut self.virtuals);
         let mut old_auth = std::mem::take(&mut self.auth);
+        let mut old_members = self.members.take();
         self.all_stale = true;
         let mut rejected = Vec::new();
         // Rule sets name services and virtual servers, which sort after `auth/` in a read:
@@ -540,15 +552,19 @@ impl Registry {
                 }
                 continue;
             }
-            let restored = match self.layout.parse_auth_key(&r.key) {
-                Ok(which) => self.auth.restore(&which, &mut old_auth),
-                Err(_) => self.restore_last_good(
-                    &r.key,
-                    &mut old_policies,
-                    &mut old_fleet,
-                    &mut old_overrides,
-                    &mut old_virtuals,
-                ),
+            let restored = if let Ok(id) = self.layout.parse_xds_key(&r.key) {
+                self.members.restore(&id, &mut old_members)
+            } else {
+                match self.layout.parse_auth_key(&r.key) {
+                    Ok(which) => self.auth.restore(&which, &mut old_auth),
+                    Err(_) => self.restore_last_good(
+                        &r.key,
+                        &mut old_policies,
+                        &mut old_fleet,
+                        &mut old_overrides,
+                        &mut old_virtuals,
+                    ),
+                }
             };
             if restored {
                 kept.push(r.key.clone());
@@ -634,6 +650,9 @@ impl Registry {
             self.put_fleet(key, value, lease, mod_revision)
         } else if key.starts_with(&self.layout.overrides_prefix()) {
             self.put_override(key, value)
+        } else if key.starts_with(&self.layout.xds_prefix()) {
+            self.members
+                .put(&self.layout, &self.endpoints, key, value, lease)
         } else {
             Ok(false)
         }
@@ -1144,6 +1163,9 @@ impl Registry {
         if let Ok(which) = self.layout.parse_auth_key(key) {
             return self.auth.remove(&which);
         }
+        if let Ok(id) = self.layout.parse_xds_key(key) {
+            return self.members.remove(&id);
+        }
         if let Ok(k) = self
             .layout
             .parse_tool_key(&self.layout.breakers_prefix(), key)
@@ -1250,6 +1272,7 @@ impl Registry {
             max_body_bytes: self.request_limits.max_body_bytes,
             default_timeout_ms: filter.defaults.timeout_ms,
             auth: self.auth.config().cloned(),
+            control: self.members.control(),
         }
     }
 
@@ -1381,11 +1404,16 @@ impl Registry {
                 raw.clone(),
             )
         });
+        let members = self
+            .members
+            .iter()
+            .map(|(id, m)| (self.layout.xds_key(id), m.raw.clone()));
         policies
             .chain(fleet)
             .chain(overrides)
             .chain(virtuals)
             .chain(self.auth.raw_values(&self.layout))
+            .chain(members)
             .collect()
     }
 
@@ -1423,12 +1451,20 @@ impl Registry {
                 .into_iter()
                 .filter(|(k, _)| !k.starts_with(&services))
                 .map(|(k, v)| {
-                    let lease = self
+                    let breaker = self
                         .layout
                         .parse_tool_key(&self.layout.breakers_prefix(), &k)
                         .ok()
                         .and_then(|n| self.fleet.get(&n))
-                        .map_or(0, |e| e.lease);
+                        .map(|e| e.lease);
+                    let member = || {
+                        let id = self.layout.parse_xds_key(&k).ok()?;
+                        self.members
+                            .iter()
+                            .find(|(i, _)| **i == id)
+                            .map(|(_, m)| m.lease)
+                    };
+                    let lease = breaker.or_else(member).unwrap_or(0);
                     (k, v, lease)
                 }),
         );
@@ -1573,6 +1609,59 @@ mod tests {
     }
 
     const V1: &[u8] = br#"{"instance_id":"i-1","endpoint":"127.0.0.1:9001","tools":["a"]}"#;
+
+    #[test]
+    fn the_fleets_toolgate_xds_follow_etcd_and_a_full_read_keeps_a_last_good_one() {
+        let mut r = reg();
+        let me: SocketAddr = "127.0.0.1:19000".parse().expect("addr");
+        r.set_control_local(Some("127.0.0.1_19000".into()), me);
+        let own = br#"{"admin":"127.0.0.1:19000"}"#;
+        let other = br#"{"admin":"127.0.0.2:19000"}"#;
+        assert_eq!(r.put("/mcp/xds/127.0.0.1_19000", own, 5, 2, 2), Ok(true));
+        assert_eq!(r.put("/mcp/xds/127.0.0.2_19000", other, 6, 3, 3), Ok(true));
+        let control = r.routing(1, Instant::now()).control;
+        assert_eq!(control.local, Some(me));
+        assert_eq!(control.peers, ["127.0.0.2:19000".parse().expect("addr")]);
+        let rejected = r
+            .put("/mcp/xds/127.0.0.2_19000", b"{}", 6, 3, 4)
+            .expect_err("invalid");
+        assert_eq!(rejected.reason, "bad_xds_member");
+        // A full read where the other's value is invalid and a third is new: the other keeps
+        // its last good value; our own key is never one of the others.
+        let read = r.reset(
+            [
+                ("/mcp/xds/127.0.0.1_19000", &own[..], 5, 2, 2),
+                ("/mcp/xds/127.0.0.2_19000", &b"{}"[..], 6, 3, 4),
+                (
+                    "/mcp/xds/127.0.0.3_19000",
+                    &br#"{"admin":"127.0.0.3:19000"}"#[..],
+                    7,
+                    5,
+                    5,
+                ),
+            ],
+            5,
+        );
+        assert_eq!(read.kept, ["/mcp/xds/127.0.0.2_19000"]);
+        let control = r.routing(2, Instant::now()).control;
+        assert_eq!(
+            control.peers,
+            [
+                "127.0.0.2:19000".parse().expect("addr"),
+                "127.0.0.3:19000".parse().expect("addr")
+            ]
+        );
+        assert!(r.delete("/mcp/xds/127.0.0.3_19000"));
+        assert_eq!(
+            r.routing(3, Instant::now()).control.peers,
+            ["127.0.0.2:19000".parse().expect("addr")]
+        );
+        // Members are in the state-dir snapshot like any other key.
+        assert!(r
+            .raw_values()
+            .iter()
+            .any(|(k, _)| k == "/mcp/xds/127.0.0.2_19000"));
+    }
 
     #[test]
     fn put_and_delete_drive_the_routing() {
