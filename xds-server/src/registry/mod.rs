@@ -8,6 +8,7 @@ pub mod admission;
 pub mod auth;
 mod members;
 mod memo;
+pub mod offline;
 pub mod persist;
 pub mod publish;
 
@@ -202,6 +203,11 @@ pub struct Registry {
     /// The fleet's toolgate-xds (`<prefix>xds/`), and this one's own address: what Envoy's
     /// control cluster holds.
     members: members::Members,
+    /// Each service's tool definitions as the tool catalog last read them: what the filters'
+    /// offline listings show.
+    definitions: Versioned<BTreeMap<String, Arc<Vec<serde_json::Value>>>>,
+    /// The last offline listings, keyed on what they were made from.
+    offline_memo: Memo<OfflineKey, Arc<offline::OfflineListings>>,
     /// The last [`virtual_routes`](Self::virtual_routes), keyed on what it was made from.
     virtual_memo: Memo<VirtualKey, Arc<VirtualOutput>>,
     order_memo: Memo<OrderKey, Arc<BTreeSet<String>>>,
@@ -231,6 +237,7 @@ pub type VirtualOutput = (BTreeMap<String, VirtualRoutes>, Vec<(String, Unnamed)
 struct FilterKey {
     catalog: u64,
     virtual_routes: Arc<VirtualOutput>,
+    offline: Arc<offline::OfflineListings>,
     rest: FilterConfig,
 }
 
@@ -238,7 +245,22 @@ impl PartialEq for FilterKey {
     fn eq(&self, other: &Self) -> bool {
         self.catalog == other.catalog
             && Arc::ptr_eq(&self.virtual_routes, &other.virtual_routes)
+            && Arc::ptr_eq(&self.offline, &other.offline)
             && self.rest == other.rest
+    }
+}
+
+/// What the offline listings are made from: the definitions' version and the virtual servers'
+/// names (by pointer, as in [`FilterKey`]).
+struct OfflineKey {
+    definitions: u64,
+    virtual_routes: Arc<VirtualOutput>,
+}
+
+impl PartialEq for OfflineKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.definitions == other.definitions
+            && Arc::ptr_eq(&self.virtual_routes, &other.virtual_routes)
     }
 }
 
@@ -290,6 +312,8 @@ impl Registry {
             auth: auth::AuthStore::default(),
             auth_rules_unused: false,
             members: members::Members::default(),
+            definitions: Versioned::default(),
+            offline_memo: Memo::default(),
             virtual_memo: Memo::default(),
             order_memo: Memo::default(),
             filter_memo: Memo::default(),
@@ -331,6 +355,55 @@ impl Registry {
     /// `<prefix>xds/` when it registers itself (its own key is not one of the others).
     pub fn set_control_local(&mut self, own_id: Option<String>, local: SocketAddr) {
         self.members.set_local(own_id, local);
+    }
+
+    /// The tool definitions the tool catalog read from `service`'s server (`None`: forget
+    /// them, the service is gone). Whether the filters' configuration changes (a publish is
+    /// then due): only a change of the definitions themselves does.
+    pub fn set_definitions(
+        &mut self,
+        service: &str,
+        tools: Option<Vec<serde_json::Value>>,
+    ) -> bool {
+        match tools {
+            Some(t) if self.definitions.get(service).is_some_and(|d| **d == t) => false,
+            Some(t) => {
+                self.definitions
+                    .modify()
+                    .insert(service.to_string(), Arc::new(t));
+                true
+            }
+            None if self.definitions.contains_key(service) => {
+                self.definitions.modify().remove(service);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// What the filters list on their own while no toolgate-xds answers, made again only when
+    /// the names or the definitions change.
+    fn offline_listings(
+        &self,
+        virtual_routes: &Arc<VirtualOutput>,
+    ) -> Arc<offline::OfflineListings> {
+        let key = OfflineKey {
+            definitions: self.definitions.version(),
+            virtual_routes: Arc::clone(virtual_routes),
+        };
+        self.offline_memo.get_or_make(key, |before| {
+            let made = offline::build(&virtual_routes.0, &self.definitions);
+            let form_changed = before.is_none_or(|b| b.form != made.form);
+            if form_changed && made.form != offline::Form::Full {
+                tracing::warn!(bytes = made.full_bytes, budget = offline::BUDGET_BYTES,
+                    form = ?made.form,
+                    "the filters' offline listings are over their budget: they list names only, or nothing");
+            }
+            match before {
+                Some(before) if **before == made => Arc::clone(before),
+                _ => Arc::new(made),
+            }
+        })
     }
 
     /// The key the filters seal session ids with (see `session_key.rs`).
@@ -956,12 +1029,18 @@ impl Registry {
     /// [`filter_config`](Self::filter_config), its JSON, and the tools the virtual servers
     /// could not name; made again only when an input changed (see `memo.rs`).
     fn filter_made(&self) -> FilterMade {
+        let virtual_routes = self.virtual_routes();
         let key = FilterKey {
             catalog: self.catalog.version(),
-            virtual_routes: self.virtual_routes(),
+            offline: self.offline_listings(&virtual_routes),
+            virtual_routes,
             rest: self.filter_config_without_catalog(),
         };
-        let (virtual_routes, rest) = (key.virtual_routes.clone(), key.rest.clone());
+        let (virtual_routes, offline, rest) = (
+            key.virtual_routes.clone(),
+            key.offline.clone(),
+            key.rest.clone(),
+        );
         self.filter_memo.get_or_make(key, |_| {
             let (virtual_servers, unnamed) = &*virtual_routes;
             let config = FilterConfig {
@@ -970,7 +1049,16 @@ impl Registry {
                 ..rest
             };
             // Serializing plain structs with string keys cannot fail.
-            let json = serde_json::to_string(&config).unwrap_or_default();
+            let mut json = serde_json::to_string(&config).unwrap_or_default();
+            // The offline listings go into the text only, written once when they change:
+            // nothing here reads them back, and a copy of them in every configuration made
+            // (at each breaker opening) would cost as much again.
+            if !offline.json.is_empty() && json.ends_with('}') {
+                json.pop();
+                json.push_str(",\"offline_listings\":");
+                json.push_str(&offline.json);
+                json.push('}');
+            }
             FilterMade {
                 config: Arc::new(config),
                 json: json.into(),
@@ -1603,6 +1691,7 @@ pub struct InstanceView {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
 
     pub(super) fn reg() -> Registry {
         Registry::new(KeyLayout::default())
@@ -1995,6 +2084,60 @@ mod tests {
         );
     }
 
+    #[test]
+    fn the_offline_listings_follow_names_and_definitions_and_nothing_else() {
+        let mut r = reg();
+        r.put("/mcp/services/inv/i-1", V1, 7, 2, 2).unwrap();
+        let listings = |r: &mut Registry| -> (Value, Arc<str>) {
+            let sent = r.routing(1, Instant::now()).filter_config;
+            let v: Value = serde_json::from_str(&sent).unwrap();
+            (v["offline_listings"].clone(), sent)
+        };
+        let (first, _) = listings(&mut r);
+        assert_eq!(first["default"][0]["name"], "inv__a");
+        assert_eq!(first["default"][0]["description"], offline::NOT_READ);
+        // The catalog read the definition: listed as read.
+        let def = serde_json::json!({"name": "a", "description": "Does a.",
+            "inputSchema": {"type": "object", "properties": {"x": {"type": "number"}}}});
+        assert!(r.set_definitions("inv", Some(vec![def.clone()])));
+        assert!(
+            !r.set_definitions("inv", Some(vec![def])),
+            "the same read again"
+        );
+        let (read, sent) = listings(&mut r);
+        assert_eq!(read["default"][0]["description"], "Does a.");
+        assert_eq!(
+            read["default"][0]["inputSchema"]["properties"]["x"]["type"],
+            "number"
+        );
+        // A fleet opening changes the configuration but not the listings (not made again).
+        let made = r.filter_made().config;
+        let before = r.offline_listings(&r.virtual_routes());
+        r.put(
+            "/mcp/breakers/inv/a",
+            br#"{"until_ms":99999999999999,"opened_by":"gw","opened_at_ms":1}"#,
+            0,
+            9,
+            9,
+        )
+        .unwrap();
+        let (after, sent_after) = listings(&mut r);
+        assert_ne!(sent, sent_after);
+        assert!(!Arc::ptr_eq(&made, &r.filter_made().config));
+        assert!(Arc::ptr_eq(
+            &before,
+            &r.offline_listings(&r.virtual_routes())
+        ));
+        assert_eq!(read, after);
+        assert!(
+            after["default"][0].get("_meta").is_none(),
+            "no availability"
+        );
+        // Nothing read and no names: no field at all.
+        let empty = reg();
+        assert!(!empty.filter_made().json.contains("offline_listings"));
+    }
+
     pub(super) fn instance(id: &str, port: u16, tools: &[&str]) -> Vec<u8> {
         serde_json::json!({"instance_id": id, "endpoint": format!("127.0.0.1:{port}"), "tools": tools})
             .to_string()
@@ -2015,8 +2158,8 @@ mod tests {
         let mut check = |r: &mut Registry, what: &str| -> Arc<str> {
             generation += 1;
             let sent = r.routing(generation, Instant::now()).filter_config;
-            let fresh = serde_json::to_string(&*r.clone().filter_config()).unwrap();
-            assert_eq!(&*sent, fresh.as_str(), "after {what}");
+            let fresh = r.clone().filter_made().json;
+            assert_eq!(&*sent, &*fresh, "after {what}");
             sent
         };
         r.put(
