@@ -141,7 +141,10 @@ mod tests {
     use super::*;
     use toolgate_model::virtual_server::VirtualTool;
 
-    fn routes(servers: &[(&str, &[(&str, &str, &str)])]) -> BTreeMap<String, VirtualRoutes> {
+    /// (visible name, service, tool)
+    type Named<'a> = (&'a str, &'a str, &'a str);
+
+    fn routes(servers: &[(&str, &[Named])]) -> BTreeMap<String, VirtualRoutes> {
         servers
             .iter()
             .map(|(name, tools)| {
@@ -223,7 +226,7 @@ mod tests {
                     .collect::<Vec<_>>(),
             ),
         )]);
-        let refs: Vec<(&str, &str, &str)> = tools
+        let refs: Vec<Named> = tools
             .iter()
             .map(|(a, b, c)| (a.as_str(), b.as_str(), c.as_str()))
             .collect();
@@ -247,7 +250,7 @@ mod tests {
                 )
             })
             .collect();
-        let refs: Vec<(&str, &str, &str)> = many
+        let refs: Vec<Named> = many
             .iter()
             .map(|(a, b, c)| (a.as_str(), b.as_str(), c.as_str()))
             .collect();
