@@ -72,7 +72,7 @@ for svc in inventory finance code; do
 done
 
 "$BIN/toolgate-xds" bootstrap --node-id demo-envoy --listen "127.0.0.1:$GATEWAY_PORT" \
-  --xds "127.0.0.1:$XDS_PORT" --admin "127.0.0.1:$ENVOY_ADMIN_PORT" --control "127.0.0.1:$ADMIN_PORT" \
+  --xds "127.0.0.1:$XDS_PORT" --admin "127.0.0.1:$ENVOY_ADMIN_PORT" \
   --filter target/wasm32-wasip1/release/toolgate_filter.wasm >"$RUN/envoy.json"
 start envoy "$TOOLS/envoy" -c "$RUN/envoy.json" --concurrency 2 --use-dynamic-base-id --log-level info
 wait_http "http://127.0.0.1:$ENVOY_ADMIN_PORT/ready" envoy

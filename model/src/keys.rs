@@ -200,6 +200,28 @@ impl KeyLayout {
         format!("{}{service}/{tool}", self.overrides_prefix())
     }
 
+    /// `<prefix>xds/`: the toolgate-xds processes of the fleet, each under a lease.
+    pub fn xds_prefix(&self) -> String {
+        format!("{}xds/", self.prefix)
+    }
+
+    /// `<prefix>xds/<id>`: one toolgate-xds's admin listener.
+    pub fn xds_key(&self, id: &str) -> String {
+        format!("{}xds/{id}", self.prefix)
+    }
+
+    /// The id in `<prefix>xds/<id>`, checked like a service name.
+    pub fn parse_xds_key(&self, key: &str) -> Result<String, KeyError> {
+        let rest = key
+            .strip_prefix(self.xds_prefix().as_str())
+            .ok_or_else(|| KeyError::NotAService(key.to_string()))?;
+        validate_name("toolgate-xds id", rest).map_err(|source| KeyError::Name {
+            key: key.to_string(),
+            source,
+        })?;
+        Ok(rest.to_string())
+    }
+
     /// Splits `<kind_prefix><service>/<tool>` (a breaker or override key) into its names.
     pub fn parse_tool_key(
         &self,
@@ -303,6 +325,22 @@ mod tests {
                 k.parse_tool_key(&k.breakers_prefix(), bad).is_err(),
                 "{bad}"
             );
+        }
+    }
+
+    #[test]
+    fn builds_and_parses_xds_keys() {
+        let k = KeyLayout::default();
+        let key = k.xds_key("10.0.0.5_19000");
+        assert_eq!(key, "/mcp/xds/10.0.0.5_19000");
+        assert_eq!(k.parse_xds_key(&key).unwrap(), "10.0.0.5_19000");
+        for bad in [
+            "/mcp/xds/",
+            "/mcp/xds/a/b",
+            "/mcp/xds/a:1",
+            "/mcp/services/a/b",
+        ] {
+            assert!(k.parse_xds_key(bad).is_err(), "{bad}");
         }
     }
 

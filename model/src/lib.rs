@@ -5,6 +5,7 @@
 pub mod auth;
 pub mod availability;
 pub mod backoff;
+pub mod control_plane;
 pub mod endpoint;
 pub mod envoy;
 pub mod fleet;

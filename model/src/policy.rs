@@ -402,9 +402,11 @@ pub struct FilterConfig {
     /// MCP path, so that no client can write what a server takes for a verified claim.
     #[serde(skip_serializing_if = "BTreeSet::is_empty")]
     pub claim_header_names: BTreeSet<String>,
-    /// What each virtual server lists (its tools as shown there, without availability
-    /// annotations), for the filter to answer `/mcp` and `/virtual/<name>` itself when no
-    /// toolgate-xds is reachable.
+    /// What each virtual server lists (by name), for the filter to answer `tools/list` on its
+    /// own while no toolgate-xds of the fleet answers: each tool under the name shown there
+    /// with the definition toolgate-xds last read (`title`, `description`, `inputSchema`,
+    /// `outputSchema`, `annotations`), never its availability. Bounded: over its budget
+    /// only names with `{"type": "object"}` schemas (the description says so), or none.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub offline_listings: BTreeMap<String, Vec<serde_json::Value>>,
 }

@@ -122,9 +122,6 @@ impl Envoy {
             format!("127.0.0.1:{port}"),
             "--xds".into(),
             xds.xds_addr(),
-            // The filter's call reports go to this toolgate-xds, never to a default port.
-            "--control".into(),
-            xds.admin_addr(),
             "--admin".into(),
             format!("127.0.0.1:{admin_port}"),
         ];

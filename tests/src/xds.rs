@@ -117,7 +117,7 @@ impl Xds {
         self.proc.as_ref().map_or(0, |p| p.pid())
     }
 
-    /// `127.0.0.1:<admin port>`, for `toolgate-xds bootstrap --control`.
+    /// `127.0.0.1:<admin port>`: where Envoys reach its admin listener.
     pub fn admin_addr(&self) -> String {
         format!("127.0.0.1:{}", self.admin_port)
     }

@@ -1,6 +1,7 @@
 //! The Envoy bootstrap printed by `toolgate-xds bootstrap`: everything static an Envoy needs to
 //! join toolgate. The only static parts are the listener, the HTTP filters and the way to reach
-//! toolgate-xds; clusters, endpoints and routes all come over ADS.
+//! toolgate-xds; clusters, endpoints and routes all come over ADS, and so do the control
+//! cluster's hosts (the fleet's toolgate-xds admin listeners).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -38,8 +39,11 @@ pub const SERVICE_TAG_REGEX: &str =
 /// segment and has no dot, so a tool name with dots is taken whole.
 pub const TOOL_TAG_REGEX: &str = r"^wasmcustom\.toolgate\.service=[^=]+\.(tool=([^=]+)\.)[a-z_]+$";
 
-/// The cluster the filter posts its call reports to (a contract with the filter).
+/// The cluster of toolgate-xds's admin listeners: the aggregate endpoint's routes, the
+/// filter's reports and held-session requests (a contract with the filter).
 pub const CONTROL_CLUSTER: &str = "toolgate_control";
+/// toolgate-xds's liveness path, which Envoy's health checks of the control cluster ask.
+pub const CONTROL_HEALTH_PATH: &str = "/healthz";
 
 /// Envoy's own MCP filter (Envoy 1.37 and later), see [`BootstrapOptions::native_mcp_filter`].
 pub const NATIVE_MCP_FILTER: &str = "envoy.filters.http.mcp";
@@ -105,8 +109,6 @@ pub struct BootstrapOptions {
     pub xds: Upstream,
     /// Envoy's admin interface; keep it on loopback, it can change Envoy's state.
     pub admin: SocketAddr,
-    /// toolgate-xds's admin API, where the filter reports call outcomes per instance.
-    pub control: Upstream,
     /// The toolgate wasm filter; its configuration then comes over ECDS. Without it Envoy
     /// routes, but no breaker protects the tools.
     pub filter: Option<PathBuf>,
@@ -347,7 +349,7 @@ fn bootstrap(opts: &BootstrapOptions) -> Value {
             "cds_config": ads_source()
         },
         "static_resources": {
-            "clusters": [xds_cluster(&opts.xds, opts.xds_tls.as_ref()), control_cluster(&opts.control)],
+            "clusters": [xds_cluster(&opts.xds, opts.xds_tls.as_ref()), control_cluster()],
             "listeners": [listener(opts)]
         },
         "stats_config": stats_config(),
@@ -458,10 +460,49 @@ fn stats_config() -> Value {
     })
 }
 
-/// toolgate-xds's admin API, for the filter's call reports (`dispatch_http_call` needs a
-/// cluster). Plain HTTP/1.1; a report that cannot be delivered is dropped by the filter.
-fn control_cluster(control: &Upstream) -> Value {
-    control.cluster(CONTROL_CLUSTER)
+/// toolgate-xds's admin listeners: the aggregate endpoint (`/mcp`, `/virtual/<name>`), the
+/// filter's call reports and its held-session requests (`dispatch_http_call` needs a
+/// cluster). Plain HTTP/1.1. Its hosts come over ADS: the toolgate-xds that configures this
+/// Envoy at priority 0, the fleet's other live ones at priority 1 (`<prefix>xds/` in etcd),
+/// so any of them answers when the local one is gone. A dead one is skipped within a second:
+/// its first connect failure or reset ejects it (outlier detection on local-origin errors),
+/// and health checks of `/healthz` every half second find it without traffic too and bring
+/// it back once it answers. Nothing but connection failures ejects: a toolgate-xds answering
+/// 5xx is alive. No panic mode: with no healthy host Envoy answers at once, and the filter
+/// answers for the aggregate endpoint itself. Envoy waits for this assignment (and the first
+/// health checks) before it is ready; a toolgate-xds that does not serve it, from before it
+/// did, leaves Envoy waiting for the initial fetch timeout (15 s) and the cluster empty.
+fn control_cluster() -> Value {
+    json!({
+        "name": CONTROL_CLUSTER,
+        "type": "EDS",
+        "eds_cluster_config": { "eds_config": ads_source() },
+        "connect_timeout": "0.5s",
+        "common_lb_config": {
+            "healthy_panic_threshold": { "value": 0 },
+            "update_merge_window": "0s"
+        },
+        "health_checks": [{
+            "timeout": "0.5s",
+            "interval": "0.5s",
+            "no_traffic_interval": "0.5s",
+            "unhealthy_threshold": 2,
+            "healthy_threshold": 1,
+            "http_health_check": { "path": CONTROL_HEALTH_PATH }
+        }],
+        "outlier_detection": {
+            "split_external_local_origin_errors": true,
+            "consecutive_local_origin_failure": 1,
+            "enforcing_consecutive_local_origin_failure": 100,
+            "enforcing_local_origin_success_rate": 0,
+            "enforcing_consecutive_5xx": 0,
+            "enforcing_consecutive_gateway_failure": 0,
+            "enforcing_success_rate": 0,
+            "interval": "1s",
+            "base_ejection_time": "10s",
+            "max_ejection_percent": 100
+        }
+    })
 }
 
 /// toolgate-xds itself: gRPC needs HTTP/2. The keepalive PINGs find a dead control plane
@@ -823,7 +864,6 @@ mod tests {
             listen: "127.0.0.1:10000".parse().expect("addr"),
             xds: "127.0.0.1:18000".parse().expect("addr"),
             admin: "127.0.0.1:9901".parse().expect("addr"),
-            control: "127.0.0.1:19000".parse().expect("addr"),
             filter: None,
             native_mcp_filter: false,
             route_table: RouteTable::default(),
@@ -968,7 +1008,6 @@ mod tests {
     fn toolgate_xds_can_be_a_dns_name_that_envoy_resolves() {
         let mut opts = options();
         opts.xds = "toolgate-xds.toolgate.svc:18000".parse().expect("a name");
-        opts.control = "xds:19000".parse().expect("a short name");
         opts.xds_tls = Some(XdsClientTls {
             ca: "/ca.pem".into(),
             cert: "/c.pem".into(),
@@ -992,13 +1031,9 @@ mod tests {
                 ["matcher"]["exact"],
             "toolgate-xds.toolgate.svc"
         );
+        // The control cluster's hosts come over ADS, whatever the way to ADS is.
         let control = &b["static_resources"]["clusters"][1];
-        assert_eq!(control["type"], "STRICT_DNS");
-        assert_eq!(
-            control["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
-                ["socket_address"]["address"],
-            "xds"
-        );
+        assert_eq!(control["type"], "EDS");
 
         for bad in [
             "xds",

@@ -252,6 +252,7 @@ pub async fn run(
             for s in &gone {
                 reg.set_legacy_revision(s, None);
                 reg.set_discovered_tools(s, None);
+                reg.set_definitions(s, None);
             }
         }
         for w in due {
@@ -303,12 +304,17 @@ pub async fn run(
             }
             let legacy = legacy_revision(&entry.protocol_version);
             let discovered = discovered_names(&w.registered, entry);
+            // The filters' offline listings show the last definitions read (a failed read
+            // keeps them).
+            let definitions = (!entry.read_at.is_empty()).then(|| entry.tools.clone());
             drop(services);
             catalog.changed();
             let changed = {
                 let mut reg = registry.write().unwrap_or_else(|p| p.into_inner());
                 let legacy = reg.set_legacy_revision(&w.service, legacy);
-                reg.set_discovered_tools(&w.service, discovered) || legacy
+                let definitions =
+                    definitions.is_some_and(|d| reg.set_definitions(&w.service, Some(d)));
+                reg.set_discovered_tools(&w.service, discovered) || legacy || definitions
             };
             if changed {
                 publisher.changed(Instant::now());

@@ -12,6 +12,7 @@ pub mod etcd;
 pub mod failpoint;
 pub mod fleet;
 pub mod health;
+pub mod membership;
 pub mod metrics;
 pub mod registry;
 pub mod routing;

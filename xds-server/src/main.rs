@@ -94,6 +94,14 @@ struct ServeArgs {
     /// Admin API: /healthz, /metrics, /v1/registry.
     #[arg(long, default_value = "127.0.0.1:19000")]
     admin_listen: SocketAddr,
+    /// Where the fleet's Envoys reach this admin listener (IP:port), when --admin-listen is
+    /// not an address they can (0.0.0.0, or behind NAT; in Kubernetes the pod's IP).
+    /// toolgate-xds registers it in etcd (<prefix>xds/, under a lease) and every toolgate-xds
+    /// gives it to its Envoys as the aggregate endpoint's and the reports' next choice after
+    /// itself. Default: --admin-listen when it is a specific address; else this toolgate-xds
+    /// is not registered (its own Envoys reach it on loopback).
+    #[arg(long, value_name = "IP:PORT", value_parser = advertised_address)]
+    admin_advertise: Option<SocketAddr>,
     /// Directory for the last good registry, served at start when etcd is unreachable.
     #[arg(long)]
     state_dir: Option<PathBuf>,
@@ -254,6 +262,18 @@ impl HealthArgs {
     }
 }
 
+fn advertised_address(s: &str) -> Result<SocketAddr, String> {
+    let addr: SocketAddr = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not an IP address and port"))?;
+    if addr.ip().is_unspecified() || addr.port() == 0 {
+        return Err(format!(
+            "{s:?}: give the address and port other hosts reach, not 0.0.0.0 or port 0"
+        ));
+    }
+    Ok(addr)
+}
+
 fn positive_duration(s: &str) -> Result<Duration, String> {
     let d = humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e}"))?;
     if d.is_zero() {
@@ -280,10 +300,11 @@ struct BootstrapArgs {
     /// Envoy's admin listener (keep it on loopback).
     #[arg(long, default_value = "127.0.0.1:9901")]
     admin: SocketAddr,
-    /// toolgate-xds's admin API (its --admin-listen), where the filter reports call outcomes;
-    /// IP:port or a DNS name and port.
-    #[arg(long, default_value = "127.0.0.1:19000")]
-    control: bootstrap::Upstream,
+    // (Not shown in --help.) Where the filter's reports went before toolgate-xds served the
+    // control cluster's hosts over ADS; accepted so that older scripts keep working, and
+    // ignored with a note on stderr.
+    #[arg(long, hide = true)]
+    control: Option<bootstrap::Upstream>,
     /// Path of the toolgate wasm filter.
     #[arg(long)]
     filter: Option<PathBuf>,
@@ -384,6 +405,13 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Bootstrap(args) => {
+            if let Some(control) = &args.control {
+                eprintln!(
+                    "toolgate-xds bootstrap: --control {control} is ignored: Envoy learns the \
+                     fleet's toolgate-xds admin listeners over ADS (the toolgate-xds it \
+                     connects to first)"
+                );
+            }
             let opts = BootstrapOptions {
                 xds_protocol: args.xds_protocol,
                 node_id: args.node_id,
@@ -391,7 +419,6 @@ fn main() -> ExitCode {
                 listen: args.listen,
                 xds: args.xds,
                 admin: args.admin,
-                control: args.control,
                 filter: args.filter,
                 native_mcp_filter: args.native_mcp_filter,
                 route_table: args.route_table,
@@ -640,6 +667,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let admin_listener = tokio::net::TcpListener::bind(args.admin_listen)
         .await
         .with_context(|| format!("binding the admin listener on {}", args.admin_listen))?;
+    let membership = join_fleet(&args, &admin_listener, &registry, &etcd_config)?;
 
     let persisted = match &args.state_dir {
         Some(dir) => match persist::load(dir) {
@@ -750,6 +778,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         _ = sigterm.recv() => info!("SIGTERM: stopping"),
         _ = sigint.recv() => info!("SIGINT: stopping"),
     }
+    // Out of the fleet first: the other toolgate-xds drop this one from their Envoys' control
+    // cluster at once, while it still answers what is in flight.
+    if let Some(m) = membership {
+        m.leave().await;
+    }
     let _ = stop_tx.send(true);
     // A stopped prober must leave no MCP session behind on the servers it probed.
     probe_sessions.close_all().await;
@@ -766,6 +799,48 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     })
     .await;
     Ok(())
+}
+
+/// Where this toolgate-xds's Envoys reach its admin listener, and its registration in the
+/// fleet (`<prefix>xds/<id>`) when other hosts can reach it too (see `--admin-advertise`).
+fn join_fleet(
+    args: &ServeArgs,
+    admin: &tokio::net::TcpListener,
+    registry: &RwLock<Registry>,
+    etcd: &EtcdConfig,
+) -> anyhow::Result<Option<toolgate_xds::membership::Membership>> {
+    use toolgate_model::control_plane::XdsMember;
+    let bound = admin
+        .local_addr()
+        .context("reading the admin listener's address")?;
+    let advertised = args
+        .admin_advertise
+        .or((!bound.ip().is_unspecified()).then_some(bound));
+    let local = advertised.unwrap_or_else(|| {
+        let loopback: std::net::IpAddr = if bound.is_ipv4() {
+            std::net::Ipv4Addr::LOCALHOST.into()
+        } else {
+            std::net::Ipv6Addr::LOCALHOST.into()
+        };
+        SocketAddr::new(loopback, bound.port())
+    });
+    let own_id = advertised.map(XdsMember::id_for);
+    registry
+        .write()
+        .unwrap_or_else(|p| p.into_inner())
+        .set_control_local(own_id.clone(), local);
+    let (Some(addr), Some(id)) = (advertised, own_id) else {
+        warn!(admin = %bound, local = %local,
+            "the admin API listens on every address and no --admin-advertise says which one the fleet reaches: this toolgate-xds is not registered in etcd (<prefix>xds/), so no other gateway's Envoy falls back to it; its own Envoys reach it at the local address");
+        return Ok(None);
+    };
+    let key = KeyLayout::new(&args.prefix).xds_key(&id);
+    info!(%key, admin = %addr, "joining the fleet's toolgate-xds");
+    Ok(Some(toolgate_xds::membership::Membership::spawn(
+        etcd.clone(),
+        key,
+        XdsMember::new(addr, env!("CARGO_PKG_VERSION")).to_json(),
+    )))
 }
 
 /// A secret from `--<what>-token-file` or the variable `--<what>-token-env` names (never a

@@ -1,7 +1,7 @@
 //! The routing snapshot: what the registry hands to the xDS side. It is the only type the two
 //! share, so the etcd/registry side never sees protobuf and the xDS side never sees etcd.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -48,6 +48,18 @@ pub struct RoutingSnapshot {
     /// `jwt_authn` (over ECDS), the JWKS clusters and the Protected Resource Metadata routes
     /// are made from it.
     pub auth: Option<Arc<toolgate_model::auth::AuthConfig>>,
+    /// The toolgate-xds processes Envoy's control cluster holds (the aggregate endpoint, the
+    /// filters' reports and held sessions): this one first, the fleet's others after it.
+    pub control: Arc<ControlMembers>,
+}
+
+/// Where Envoy reaches the fleet's toolgate-xds admin listeners.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ControlMembers {
+    /// This toolgate-xds, as its own Envoys reach it (priority 0); `None` only before it knows.
+    pub local: Option<SocketAddr>,
+    /// Every other live toolgate-xds of the fleet, sorted (priority 1).
+    pub peers: Vec<SocketAddr>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -150,6 +162,7 @@ impl RoutingSnapshot {
             max_body_bytes: toolgate_model::RequestLimits::default().max_body_bytes,
             default_timeout_ms: toolgate_model::BreakerPolicy::default().timeout_ms,
             auth: None,
+            control: Arc::default(),
         }
     }
 }

@@ -249,6 +249,7 @@ fn snapshot(
         max_body_bytes: 1024 * 1024,
         default_timeout_ms: 60_000,
         auth: None,
+        control: Default::default(),
     })
 }
 
@@ -437,7 +438,6 @@ fn rendered_bootstrap_passes_envoy_validation() {
         listen: SocketAddr::new(LOCALHOST, free_port()),
         xds: Upstream::Ip(SocketAddr::new(LOCALHOST, free_port())),
         admin: SocketAddr::new(LOCALHOST, free_port()),
-        control: Upstream::Ip(SocketAddr::new(LOCALHOST, free_port())),
         filter: None,
         native_mcp_filter: false,
         route_table: Default::default(),
@@ -452,7 +452,6 @@ fn rendered_bootstrap_passes_envoy_validation() {
         xds: "toolgate-xds.toolgate.svc.cluster.local:18000"
             .parse()
             .expect("a name"),
-        control: "toolgate-xds:19000".parse().expect("a name"),
         filter: Some(dir.join("toolgate_filter.wasm")),
         access_log: Some(dir.join("access.log")),
         // A shard: its node metadata lists its services.
@@ -546,7 +545,6 @@ async fn follows_snapshots(protocol: XdsProtocol) {
         listen: SocketAddr::new(LOCALHOST, free_port()),
         xds: Upstream::Ip(xds),
         admin: SocketAddr::new(LOCALHOST, free_port()),
-        control: Upstream::Ip(SocketAddr::new(LOCALHOST, free_port())),
         filter: None,
         native_mcp_filter: false,
         route_table: Default::default(),
@@ -867,6 +865,7 @@ async fn follows_snapshots(protocol: XdsProtocol) {
         max_body_bytes: 1024 * 1024,
         default_timeout_ms: 60_000,
         auth: None,
+        control: Default::default(),
     }));
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
@@ -946,7 +945,6 @@ impl Rig {
             listen: SocketAddr::new(LOCALHOST, free_port()),
             xds: Upstream::Ip(xds),
             admin: SocketAddr::new(LOCALHOST, free_port()),
-            control: Upstream::Ip(SocketAddr::new(LOCALHOST, free_port())),
             filter: None,
             native_mcp_filter: false,
             route_table: Default::default(),

@@ -7,7 +7,9 @@
 pub mod admission;
 pub mod ages;
 pub mod auth;
+mod members;
 mod memo;
+pub mod offline;
 pub mod persist;
 mod policies;
 pub mod publish;
@@ -209,6 +211,14 @@ pub struct Registry {
     /// Whether the last publish had rule sets but no configuration to apply them with, so
     /// that this is logged once, when it starts, not at every push.
     auth_rules_unused: bool,
+    /// The fleet's toolgate-xds (`<prefix>xds/`), and this one's own address: what Envoy's
+    /// control cluster holds.
+    members: members::Members,
+    /// Each service's tool definitions as the tool catalog last read them: what the filters'
+    /// offline listings show.
+    definitions: Versioned<BTreeMap<String, Arc<Vec<serde_json::Value>>>>,
+    /// The last offline listings, keyed on what they were made from.
+    offline_memo: Memo<OfflineKey, Arc<offline::OfflineListings>>,
     /// The last [`virtual_routes`](Self::virtual_routes), keyed on what it was made from.
     virtual_memo: Memo<VirtualKey, Arc<VirtualOutput>>,
     order_memo: Memo<OrderKey, Arc<BTreeSet<String>>>,
@@ -238,6 +248,7 @@ pub type VirtualOutput = (BTreeMap<String, VirtualRoutes>, Vec<(String, Unnamed)
 struct FilterKey {
     catalog: u64,
     virtual_routes: Arc<VirtualOutput>,
+    offline: Arc<offline::OfflineListings>,
     rest: FilterConfig,
 }
 
@@ -245,7 +256,22 @@ impl PartialEq for FilterKey {
     fn eq(&self, other: &Self) -> bool {
         self.catalog == other.catalog
             && Arc::ptr_eq(&self.virtual_routes, &other.virtual_routes)
+            && Arc::ptr_eq(&self.offline, &other.offline)
             && self.rest == other.rest
+    }
+}
+
+/// What the offline listings are made from: the definitions' version and the virtual servers'
+/// names (by pointer, as in [`FilterKey`]).
+struct OfflineKey {
+    definitions: u64,
+    virtual_routes: Arc<VirtualOutput>,
+}
+
+impl PartialEq for OfflineKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.definitions == other.definitions
+            && Arc::ptr_eq(&self.virtual_routes, &other.virtual_routes)
     }
 }
 
@@ -300,6 +326,9 @@ impl Registry {
             discovered: BTreeMap::new(),
             auth: auth::AuthStore::default(),
             auth_rules_unused: false,
+            members: members::Members::default(),
+            definitions: Versioned::default(),
+            offline_memo: Memo::default(),
             virtual_memo: Memo::default(),
             order_memo: Memo::default(),
             filter_memo: Memo::default(),
@@ -335,6 +364,61 @@ impl Registry {
             self.mark_stale(service);
         }
         changed
+    }
+
+    /// Where this process's Envoys reach its admin listener, and its key id under
+    /// `<prefix>xds/` when it registers itself (its own key is not one of the others).
+    pub fn set_control_local(&mut self, own_id: Option<String>, local: SocketAddr) {
+        self.members.set_local(own_id, local);
+    }
+
+    /// The tool definitions the tool catalog read from `service`'s server (`None`: forget
+    /// them, the service is gone). Whether the filters' configuration changes (a publish is
+    /// then due): only a change of the definitions themselves does.
+    pub fn set_definitions(
+        &mut self,
+        service: &str,
+        tools: Option<Vec<serde_json::Value>>,
+    ) -> bool {
+        match tools {
+            Some(t) if self.definitions.get(service).is_some_and(|d| **d == t) => false,
+            Some(t) => {
+                self.definitions
+                    .modify()
+                    .insert(service.to_string(), Arc::new(t));
+                true
+            }
+            None if self.definitions.contains_key(service) => {
+                self.definitions.modify().remove(service);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// What the filters list on their own while no toolgate-xds answers, made again only when
+    /// the names or the definitions change.
+    fn offline_listings(
+        &self,
+        virtual_routes: &Arc<VirtualOutput>,
+    ) -> Arc<offline::OfflineListings> {
+        let key = OfflineKey {
+            definitions: self.definitions.version(),
+            virtual_routes: Arc::clone(virtual_routes),
+        };
+        self.offline_memo.get_or_make(key, |before| {
+            let made = offline::build(&virtual_routes.0, &self.definitions);
+            let form_changed = before.is_none_or(|b| b.form != made.form);
+            if form_changed && made.form != offline::Form::Full {
+                tracing::warn!(bytes = made.full_bytes, budget = offline::BUDGET_BYTES,
+                    form = ?made.form,
+                    "the filters' offline listings are over their budget: they list names only, or nothing");
+            }
+            match before {
+                Some(before) if **before == made => Arc::clone(before),
+                _ => Arc::new(made),
+            }
+        })
     }
 
     /// The key the filters seal session ids with (see `session_key.rs`).
@@ -496,6 +580,7 @@ impl Registry {
         let mut old_virtuals = std::mem::take(&mut self.virtuals);
         let mut old_ages = std::mem::take(&mut self.recorded_ages);
         let mut old_auth = std::mem::take(&mut self.auth);
+        let mut old_members = self.members.take();
         self.all_stale = true;
         let mut rejected = Vec::new();
         // Rule sets name services and virtual servers, which sort after `auth/` in a read:
@@ -598,15 +683,19 @@ impl Registry {
                 }
                 continue;
             }
-            let restored = match self.layout.parse_auth_key(&r.key) {
-                Ok(which) => self.auth.restore(&which, &mut old_auth),
-                Err(_) => self.restore_last_good(
-                    &r.key,
-                    &mut old_fleet,
-                    &mut old_overrides,
-                    &mut old_virtuals,
-                    &mut old_ages,
-                ),
+            let restored = if let Ok(id) = self.layout.parse_xds_key(&r.key) {
+                self.members.restore(&id, &mut old_members)
+            } else {
+                match self.layout.parse_auth_key(&r.key) {
+                    Ok(which) => self.auth.restore(&which, &mut old_auth),
+                    Err(_) => self.restore_last_good(
+                        &r.key,
+                        &mut old_fleet,
+                        &mut old_overrides,
+                        &mut old_virtuals,
+                        &mut old_ages,
+                    ),
+                }
             };
             if restored {
                 kept.push(r.key.clone());
@@ -687,6 +776,9 @@ impl Registry {
             self.put_override(key, value)
         } else if key.starts_with(&self.layout.service_ages_prefix()) {
             self.put_service_age(key, value)
+        } else if key.starts_with(&self.layout.xds_prefix()) {
+            self.members
+                .put(&self.layout, &self.endpoints, key, value, lease)
         } else {
             Ok(false)
         }
@@ -1135,12 +1227,18 @@ impl Registry {
     /// [`filter_config`](Self::filter_config), its JSON, and the tools the virtual servers
     /// could not name; made again only when an input changed (see `memo.rs`).
     fn filter_made(&self) -> FilterMade {
+        let virtual_routes = self.virtual_routes();
         let key = FilterKey {
             catalog: self.catalog.version(),
-            virtual_routes: self.virtual_routes(),
+            offline: self.offline_listings(&virtual_routes),
+            virtual_routes,
             rest: self.filter_config_without_catalog(),
         };
-        let (virtual_routes, rest) = (key.virtual_routes.clone(), key.rest.clone());
+        let (virtual_routes, offline, rest) = (
+            key.virtual_routes.clone(),
+            key.offline.clone(),
+            key.rest.clone(),
+        );
         self.filter_memo.get_or_make(key, |_| {
             let (virtual_servers, unnamed) = &*virtual_routes;
             // What changes with services (their tools, names and revisions) may wait for their
@@ -1159,7 +1257,16 @@ impl Registry {
                 ..rest
             };
             // Serializing plain structs with string keys cannot fail.
-            let json = serde_json::to_string(&config).unwrap_or_default();
+            let mut json = serde_json::to_string(&config).unwrap_or_default();
+            // The offline listings go into the text only, written once when they change:
+            // nothing here reads them back, and a copy of them in every configuration made
+            // (at each breaker opening) would cost as much again.
+            if !offline.json.is_empty() && json.ends_with('}') {
+                json.pop();
+                json.push_str(",\"offline_listings\":");
+                json.push_str(&offline.json);
+                json.push('}');
+            }
             FilterMade {
                 config: Arc::new(config),
                 json: json.into(),
@@ -1362,6 +1469,9 @@ impl Registry {
         if let Ok(which) = self.layout.parse_auth_key(key) {
             return Ok(self.auth.remove(&which));
         }
+        if let Ok(id) = self.layout.parse_xds_key(key) {
+            return Ok(self.members.remove(&id));
+        }
         if let Ok(k) = self
             .layout
             .parse_tool_key(&self.layout.breakers_prefix(), key)
@@ -1465,6 +1575,7 @@ impl Registry {
             max_body_bytes: self.request_limits.max_body_bytes,
             default_timeout_ms: filter.defaults.timeout_ms,
             auth: self.auth.config().cloned(),
+            control: self.members.control(),
         }
     }
 
@@ -1604,12 +1715,17 @@ impl Registry {
                 .to_json(),
             )
         });
+        let members = self
+            .members
+            .iter()
+            .map(|(id, m)| (self.layout.xds_key(id), m.raw.clone()));
         policies
             .chain(fleet)
             .chain(overrides)
             .chain(virtuals)
             .chain(ages)
             .chain(self.auth.raw_values(&self.layout))
+            .chain(members)
             .collect()
     }
 
@@ -1649,12 +1765,20 @@ impl Registry {
                 .into_iter()
                 .filter(|(k, _)| !k.starts_with(&services))
                 .map(|(k, v)| {
-                    let lease = self
+                    let breaker = self
                         .layout
                         .parse_tool_key(&self.layout.breakers_prefix(), &k)
                         .ok()
                         .and_then(|n| self.fleet.get(&n))
-                        .map_or(0, |e| e.lease);
+                        .map(|e| e.lease);
+                    let member = || {
+                        let id = self.layout.parse_xds_key(&k).ok()?;
+                        self.members
+                            .iter()
+                            .find(|(i, _)| **i == id)
+                            .map(|(_, m)| m.lease)
+                    };
+                    let lease = breaker.or_else(member).unwrap_or(0);
                     (k, v, lease)
                 }),
         );
@@ -1809,12 +1933,66 @@ fn is_zero(n: &u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
 
     pub(super) fn reg() -> Registry {
         Registry::new(KeyLayout::default())
     }
 
     const V1: &[u8] = br#"{"instance_id":"i-1","endpoint":"127.0.0.1:9001","tools":["a"]}"#;
+
+    #[test]
+    fn the_fleets_toolgate_xds_follow_etcd_and_a_full_read_keeps_a_last_good_one() {
+        let mut r = reg();
+        let me: SocketAddr = "127.0.0.1:19000".parse().expect("addr");
+        r.set_control_local(Some("127.0.0.1_19000".into()), me);
+        let own = br#"{"admin":"127.0.0.1:19000"}"#;
+        let other = br#"{"admin":"127.0.0.2:19000"}"#;
+        assert_eq!(r.put("/mcp/xds/127.0.0.1_19000", own, 5, 2, 2), Ok(true));
+        assert_eq!(r.put("/mcp/xds/127.0.0.2_19000", other, 6, 3, 3), Ok(true));
+        let control = r.routing(1, Instant::now()).control;
+        assert_eq!(control.local, Some(me));
+        assert_eq!(control.peers, ["127.0.0.2:19000".parse().expect("addr")]);
+        let rejected = r
+            .put("/mcp/xds/127.0.0.2_19000", b"{}", 6, 3, 4)
+            .expect_err("invalid");
+        assert_eq!(rejected.reason, "bad_xds_member");
+        // A full read where the other's value is invalid and a third is new: the other keeps
+        // its last good value; our own key is never one of the others.
+        let read = r.reset(
+            [
+                ("/mcp/xds/127.0.0.1_19000", &own[..], 5, 2, 2),
+                ("/mcp/xds/127.0.0.2_19000", &b"{}"[..], 6, 3, 4),
+                (
+                    "/mcp/xds/127.0.0.3_19000",
+                    &br#"{"admin":"127.0.0.3:19000"}"#[..],
+                    7,
+                    5,
+                    5,
+                ),
+            ],
+            5,
+        );
+        assert_eq!(read.kept, ["/mcp/xds/127.0.0.2_19000"]);
+        let control = r.routing(2, Instant::now()).control;
+        assert_eq!(
+            control.peers,
+            [
+                "127.0.0.2:19000".parse().expect("addr"),
+                "127.0.0.3:19000".parse().expect("addr")
+            ]
+        );
+        assert!(r.delete("/mcp/xds/127.0.0.3_19000"));
+        assert_eq!(
+            r.routing(3, Instant::now()).control.peers,
+            ["127.0.0.2:19000".parse().expect("addr")]
+        );
+        // Members are in the state-dir snapshot like any other key.
+        assert!(r
+            .raw_values()
+            .iter()
+            .any(|(k, _)| k == "/mcp/xds/127.0.0.2_19000"));
+    }
 
     #[test]
     fn put_and_delete_drive_the_routing() {
@@ -2256,6 +2434,60 @@ mod tests {
         );
     }
 
+    #[test]
+    fn the_offline_listings_follow_names_and_definitions_and_nothing_else() {
+        let mut r = reg();
+        r.put("/mcp/services/inv/i-1", V1, 7, 2, 2).unwrap();
+        let listings = |r: &mut Registry| -> (Value, Arc<str>) {
+            let sent = r.routing(1, Instant::now()).filter_config;
+            let v: Value = serde_json::from_str(&sent).unwrap();
+            (v["offline_listings"].clone(), sent)
+        };
+        let (first, _) = listings(&mut r);
+        assert_eq!(first["default"][0]["name"], "inv__a");
+        assert_eq!(first["default"][0]["description"], offline::NOT_READ);
+        // The catalog read the definition: listed as read.
+        let def = serde_json::json!({"name": "a", "description": "Does a.",
+            "inputSchema": {"type": "object", "properties": {"x": {"type": "number"}}}});
+        assert!(r.set_definitions("inv", Some(vec![def.clone()])));
+        assert!(
+            !r.set_definitions("inv", Some(vec![def])),
+            "the same read again"
+        );
+        let (read, sent) = listings(&mut r);
+        assert_eq!(read["default"][0]["description"], "Does a.");
+        assert_eq!(
+            read["default"][0]["inputSchema"]["properties"]["x"]["type"],
+            "number"
+        );
+        // A fleet opening changes the configuration but not the listings (not made again).
+        let made = r.filter_made().config;
+        let before = r.offline_listings(&r.virtual_routes());
+        r.put(
+            "/mcp/breakers/inv/a",
+            br#"{"until_ms":99999999999999,"opened_by":"gw","opened_at_ms":1}"#,
+            0,
+            9,
+            9,
+        )
+        .unwrap();
+        let (after, sent_after) = listings(&mut r);
+        assert_ne!(sent, sent_after);
+        assert!(!Arc::ptr_eq(&made, &r.filter_made().config));
+        assert!(Arc::ptr_eq(
+            &before,
+            &r.offline_listings(&r.virtual_routes())
+        ));
+        assert_eq!(read, after);
+        assert!(
+            after["default"][0].get("_meta").is_none(),
+            "no availability"
+        );
+        // Nothing read and no names: no field at all.
+        let empty = reg();
+        assert!(!empty.filter_made().json.contains("offline_listings"));
+    }
+
     pub(super) fn instance(id: &str, port: u16, tools: &[&str]) -> Vec<u8> {
         serde_json::json!({"instance_id": id, "endpoint": format!("127.0.0.1:{port}"), "tools": tools})
             .to_string()
@@ -2276,8 +2508,8 @@ mod tests {
         let mut check = |r: &mut Registry, what: &str| -> Arc<str> {
             generation += 1;
             let sent = r.routing(generation, Instant::now()).filter_config;
-            let fresh = serde_json::to_string(&*r.clone().filter_config()).unwrap();
-            assert_eq!(&*sent, fresh.as_str(), "after {what}");
+            let fresh = r.clone().filter_made().json;
+            assert_eq!(&*sent, &*fresh, "after {what}");
             sent
         };
         r.put(

@@ -832,6 +832,7 @@ pub(super) mod tests {
             max_body_bytes: 1024 * 1024,
             default_timeout_ms: 60_000,
             auth: None,
+            control: Default::default(),
         }
     }
 
@@ -1101,6 +1102,64 @@ pub(super) mod tests {
         h.publish(routing(3, &[("a", &[1]), ("b", &[2, 5]), ("c", &[3])]))
             .await;
         assert_eq!(eds_names(&h.sent()), [vec!["mcp.b"]]);
+    }
+
+    #[tokio::test]
+    async fn a_shard_gets_the_control_assignment_and_a_member_change_sends_only_it() {
+        use crate::routing::ControlMembers;
+        use envoy_types::pb::google::protobuf::{value::Kind, ListValue, Struct, Value};
+        const CONTROL: &str = crate::bootstrap::CONTROL_CLUSTER;
+        let members = |peers: &[&str]| {
+            Arc::new(ControlMembers {
+                local: Some("127.0.0.1:19000".parse().expect("addr")),
+                peers: peers.iter().map(|p| p.parse().expect("addr")).collect(),
+            })
+        };
+        let mut h = Harness::new();
+        let mut snap = routing(1, &[("a", &[1]), ("b", &[2])]);
+        snap.control = members(&[]);
+        h.publish(snap.clone()).await;
+        // An Envoy that serves service `a` only.
+        let services = Value {
+            kind: Some(Kind::ListValue(ListValue {
+                values: vec![Value {
+                    kind: Some(Kind::StringValue("a".into())),
+                }],
+            })),
+        };
+        let toolgate = Struct {
+            fields: [(
+                super::super::shard::NODE_SERVICES_FIELD.to_string(),
+                services,
+            )]
+            .into(),
+        };
+        let metadata = Struct {
+            fields: [(
+                super::super::ecds::NODE_METADATA_KEY.to_string(),
+                Value {
+                    kind: Some(Kind::StructValue(toolgate)),
+                },
+            )]
+            .into(),
+        };
+        let names = ["mcp.a", "mcp.b", CONTROL];
+        let mut first = request(EDS, &names, "", "");
+        if let Some(node) = first.node.as_mut() {
+            node.metadata = Some(metadata);
+        }
+        h.request(first).await;
+        let r = h.sent().remove(0);
+        assert_eq!(
+            eds_names(std::slice::from_ref(&r)),
+            [vec!["mcp.a", CONTROL]]
+        );
+        h.request(ack(&r, &names)).await;
+        // A second toolgate-xds joins the fleet: only the control assignment goes.
+        snap.generation = 2;
+        snap.control = members(&["127.0.0.2:19000"]);
+        h.publish(snap).await;
+        assert_eq!(eds_names(&h.sent()), [vec![CONTROL]]);
     }
 
     #[tokio::test]

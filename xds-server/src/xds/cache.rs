@@ -18,7 +18,7 @@ use envoy_types::pb::google::protobuf::Any;
 use super::resources::{self, ResourceOptions, ResourceType};
 use super::route_table::{self, EncodedRoutes};
 use crate::bootstrap::RouteTable;
-use crate::routing::{RoutingSnapshot, ServiceRoute, ServiceRoutes};
+use crate::routing::{ControlMembers, RoutingSnapshot, ServiceRoute, ServiceRoutes};
 
 /// The traces one version keeps, the oldest changes' first: each costs an `xds.push` span per
 /// Envoy that gets the version, and a burst of skipped snapshots holds up to 16 traces each.
@@ -182,6 +182,8 @@ pub struct SnapshotCache {
     auth: Option<Arc<toolgate_model::auth::AuthConfig>>,
     /// The default timeout of the last applied snapshot (the shared routes wait it).
     default_timeout_ms: Option<u64>,
+    /// The control cluster's members of the last applied snapshot.
+    control: Option<Arc<ControlMembers>>,
     current: Option<Arc<CacheSnapshot>>,
     /// The routes of the last applied snapshot's services, encoded: a new route configuration
     /// is assembled from them rather than built and encoded whole.
@@ -253,6 +255,7 @@ impl SnapshotCache {
         self.virtual_servers.clone_from(&snapshot.virtual_servers);
         self.auth.clone_from(&snapshot.auth);
         self.default_timeout_ms = Some(snapshot.default_timeout_ms);
+        self.control = Some(Arc::clone(&snapshot.control));
         self.current = Some(Arc::new(CacheSnapshot {
             generation: snapshot.generation,
             types,
@@ -321,6 +324,12 @@ impl SnapshotCache {
                     assignments.put(name, &resources::load_assignment(service, route));
                 }
             }
+        }
+        if self.control.as_deref() != Some(&*snapshot.control) {
+            assignments.put(
+                crate::bootstrap::CONTROL_CLUSTER.to_string(),
+                &resources::control_load_assignment(&snapshot.control),
+            );
         }
         let mut routes = Patch::new(previous(ResourceType::Route));
         if route_table_changed {
@@ -774,6 +783,7 @@ mod tests {
             max_body_bytes: 1024 * 1024,
             default_timeout_ms: 60_000,
             auth: None,
+            control: Default::default(),
         }
     }
 

@@ -996,6 +996,35 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_control_assignment_is_sent_once_and_again_only_when_the_members_change() {
+        use crate::routing::ControlMembers;
+        const CONTROL: &str = crate::bootstrap::CONTROL_CLUSTER;
+        let members = |peers: &[&str]| {
+            Arc::new(ControlMembers {
+                local: Some("127.0.0.1:19000".parse().expect("addr")),
+                peers: peers.iter().map(|p| p.parse().expect("addr")).collect(),
+            })
+        };
+        let mut h = subscribed(&[("a", &[1])]).await;
+        // The bootstrap's static cluster asks for its assignment by name.
+        let sent = h.request_and_ack(subscribe(EDS, &[CONTROL])).await;
+        assert_eq!(sent.iter().map(names).collect::<Vec<_>>(), [vec![CONTROL]]);
+        // An instance change: not the control assignment.
+        h.publish(routing(2, &[("a", &[1, 2])])).await;
+        let sent = h.sent();
+        assert_eq!(sent.iter().map(names).collect::<Vec<_>>(), [vec!["mcp.a"]]);
+        for r in &sent {
+            h.request(ack(r)).await;
+        }
+        // Another toolgate-xds joins: the control assignment alone.
+        let mut snap = routing(3, &[("a", &[1, 2])]);
+        snap.control = members(&["127.0.0.2:19000"]);
+        h.publish(snap).await;
+        let sent = h.sent();
+        assert_eq!(sent.iter().map(names).collect::<Vec<_>>(), [vec![CONTROL]]);
+    }
+
+    #[tokio::test]
     async fn a_new_service_sends_its_cluster_and_its_assignment_and_routes_only_of_its_own() {
         let mut h = subscribed(&[("a", &[1]), ("b", &[2])]).await;
         let summary = |sent: &[DeltaDiscoveryResponse]| -> Vec<(&str, Vec<String>, Vec<String>)> {

@@ -50,7 +50,9 @@ use prost::{Message, Name};
 use toolgate_model::envoy::CLUSTER_HEADER;
 use toolgate_model::instance::DEFAULT_MCP_PATH;
 
-use crate::routing::{EndpointHealth, RouteEndpoint, RoutingSnapshot, ServiceRoute};
+use crate::routing::{
+    ControlMembers, EndpointHealth, RouteEndpoint, RoutingSnapshot, ServiceRoute,
+};
 
 /// The route configuration with two routes per service, for an Envoy without the toolgate
 /// filter; the bootstrap's HTTP connection manager asks for it by this name.
@@ -182,6 +184,10 @@ pub(crate) fn build(snapshot: &RoutingSnapshot) -> BTreeMap<ResourceType, NamedR
         );
         assignments.insert(name, Arc::new(to_any(&load_assignment(service, route))));
     }
+    assignments.insert(
+        crate::bootstrap::CONTROL_CLUSTER.to_string(),
+        Arc::new(to_any(&control_load_assignment(&snapshot.control))),
+    );
     let mut routes = NamedResources::new();
     routes.insert(
         ROUTE_CONFIG_NAME.to_string(),
@@ -367,6 +373,43 @@ pub fn load_assignment(service: &str, route: &ServiceRoute) -> ClusterLoadAssign
                 ..Default::default()
             }]
         },
+        ..Default::default()
+    }
+}
+
+/// The control cluster's assignment ([`crate::bootstrap::CONTROL_CLUSTER`], a static cluster
+/// of the bootstrap fed over EDS): this toolgate-xds at priority 0, the fleet's other live
+/// toolgate-xds at priority 1. Envoy sends the aggregate endpoint's requests, the filters'
+/// reports and their held-session requests to priority 1 only while priority 0 fails its
+/// health checks or is ejected; a request that failed on one is retried on the other (see
+/// [`virtual_routes`]). Priorities do not skip: without a local address the others are 0.
+pub fn control_load_assignment(members: &ControlMembers) -> ClusterLoadAssignment {
+    let endpoint = |addr: std::net::SocketAddr| LbEndpoint {
+        health_status: HealthStatus::Healthy as i32,
+        host_identifier: Some(HostIdentifier::Endpoint(Endpoint {
+            address: Some(socket_address(addr.ip(), addr.port())),
+            ..Default::default()
+        })),
+        ..Default::default()
+    };
+    let mut endpoints = Vec::new();
+    if let Some(local) = members.local {
+        endpoints.push(LocalityLbEndpoints {
+            lb_endpoints: vec![endpoint(local)],
+            priority: 0,
+            ..Default::default()
+        });
+    }
+    if !members.peers.is_empty() {
+        endpoints.push(LocalityLbEndpoints {
+            lb_endpoints: members.peers.iter().copied().map(endpoint).collect(),
+            priority: endpoints.len() as u32,
+            ..Default::default()
+        });
+    }
+    ClusterLoadAssignment {
+        cluster_name: crate::bootstrap::CONTROL_CLUSTER.to_string(),
+        endpoints,
         ..Default::default()
     }
 }
@@ -597,12 +640,15 @@ fn virtual_route(path: &str, name: &str, timeout_ms: u64, get_stream: bool) -> R
         name: format!("{path}{}", if get_stream { "/get-stream" } else { "" }),
         // The path without its query; `/mcp/…` and `/virtual/x/…` are not this route.
         r#match: Some(mcp_match(PathSpecifier::Path(path.to_string()), get_stream)),
-        action: Some(route::Action::Route(mcp_route_action(
-            crate::bootstrap::CONTROL_CLUSTER.to_string(),
-            format!("{AGGREGATE_UPSTREAM_PREFIX}{name}"),
-            timeout_ms,
-            get_stream,
-        ))),
+        action: Some(route::Action::Route(RouteAction {
+            retry_policy: Some(control_retry()),
+            ..mcp_route_action(
+                crate::bootstrap::CONTROL_CLUSTER.to_string(),
+                format!("{AGGREGATE_UPSTREAM_PREFIX}{name}"),
+                timeout_ms,
+                get_stream,
+            )
+        })),
         typed_per_filter_config: no_session_affinity(),
         ..Default::default()
     }
@@ -775,6 +821,27 @@ fn connect_failure_retry() -> RetryPolicy {
     }
 }
 
+/// The aggregate endpoint's retries. Its requests go to a toolgate-xds and none of them runs a
+/// tool (`tools/call` goes to the tool's service), so one that found its toolgate-xds gone,
+/// refused or reset before an answer (killed while it held the request), goes again, to
+/// another host and another priority: a dead local toolgate-xds hands it to the fleet's next,
+/// without waiting for the health checks to notice.
+fn control_retry() -> RetryPolicy {
+    use envoy_types::pb::envoy::extensions::retry::priority::previous_priorities::v3::PreviousPrioritiesConfig;
+    RetryPolicy {
+        retry_on: "connect-failure,refused-stream,reset".to_string(),
+        retry_priority: Some(retry_policy::RetryPriority {
+            name: "envoy.retry_priorities.previous_priorities".to_string(),
+            config_type: Some(retry_policy::retry_priority::ConfigType::TypedConfig(
+                to_any(&PreviousPrioritiesConfig {
+                    update_frequency: 1,
+                }),
+            )),
+        }),
+        ..connect_failure_retry()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -836,6 +903,7 @@ mod tests {
             max_body_bytes: 1024 * 1024,
             default_timeout_ms: 60_000,
             auth: None,
+            control: Default::default(),
         }
     }
 
@@ -876,9 +944,14 @@ mod tests {
             names(ResourceType::Cluster),
             ["mcp.billing", "mcp.inventory"]
         );
+        // And the control cluster's, a static cluster of the bootstrap.
         assert_eq!(
             names(ResourceType::Endpoint),
-            ["mcp.billing", "mcp.inventory"]
+            [
+                "mcp.billing",
+                "mcp.inventory",
+                crate::bootstrap::CONTROL_CLUSTER
+            ]
         );
         assert_eq!(
             names(ResourceType::Route),
@@ -888,6 +961,72 @@ mod tests {
         let billing: ClusterLoadAssignment = decode(&built[&ResourceType::Endpoint]["mcp.billing"]);
         assert_eq!(billing.cluster_name, "mcp.billing");
         assert!(billing.endpoints.is_empty());
+    }
+
+    #[test]
+    fn the_control_assignment_has_this_toolgate_xds_at_priority_0_and_the_others_at_1() {
+        let addr = |s: &str| s.parse::<std::net::SocketAddr>().expect("addr");
+        let mut snapshot = two_services();
+        snapshot.control = Arc::new(ControlMembers {
+            local: Some(addr("10.0.0.1:19000")),
+            peers: vec![addr("10.0.0.2:19000"), addr("[fd00::3]:19000")],
+        });
+        let built = build(&snapshot);
+        let cla: ClusterLoadAssignment =
+            decode(&built[&ResourceType::Endpoint][crate::bootstrap::CONTROL_CLUSTER]);
+        assert_eq!(cla.cluster_name, crate::bootstrap::CONTROL_CLUSTER);
+        let by_priority: Vec<(u32, Vec<String>)> = cla
+            .endpoints
+            .iter()
+            .map(|l| {
+                let hosts = l
+                    .lb_endpoints
+                    .iter()
+                    .map(|e| {
+                        let Some(HostIdentifier::Endpoint(ep)) = &e.host_identifier else {
+                            panic!("an endpoint")
+                        };
+                        assert_eq!(e.health_status, HealthStatus::Healthy as i32);
+                        let Some(address::Address::SocketAddress(sa)) =
+                            ep.address.as_ref().and_then(|a| a.address.as_ref())
+                        else {
+                            panic!("a socket address")
+                        };
+                        let Some(PortSpecifier::PortValue(port)) = sa.port_specifier else {
+                            panic!("a port")
+                        };
+                        format!("{}:{port}", sa.address)
+                    })
+                    .collect();
+                (l.priority, hosts)
+            })
+            .collect();
+        assert_eq!(
+            by_priority,
+            [
+                (0, vec!["10.0.0.1:19000".to_string()]),
+                (
+                    1,
+                    vec!["10.0.0.2:19000".to_string(), "fd00::3:19000".to_string()]
+                )
+            ]
+        );
+
+        // Alone in its fleet: itself only. Not knowing itself (never in a running process):
+        // the others take priority 0, as priorities must not skip.
+        snapshot.control = Arc::new(ControlMembers {
+            local: Some(addr("10.0.0.1:19000")),
+            peers: Vec::new(),
+        });
+        let alone = control_load_assignment(&snapshot.control);
+        assert_eq!(alone.endpoints.len(), 1);
+        assert_eq!(alone.endpoints[0].priority, 0);
+        let others = control_load_assignment(&ControlMembers {
+            local: None,
+            peers: vec![addr("10.0.0.2:19000")],
+        });
+        assert_eq!(others.endpoints.len(), 1);
+        assert_eq!(others.endpoints[0].priority, 0);
     }
 
     #[test]
@@ -1122,13 +1261,33 @@ mod tests {
             "envoy.retry_host_predicates.previous_hosts"
         );
         for r in &vh.routes {
-            if let Some(route::Action::Route(a)) = &r.action {
+            let Some(route::Action::Route(a)) = &r.action else {
+                continue;
+            };
+            if !is_virtual(r) {
                 assert_eq!(
                     a.retry_policy, None,
                     "route {} has its own retry policy",
                     r.name
                 );
+                continue;
             }
+            // The aggregate endpoint's requests run no tool: one its toolgate-xds dropped
+            // (reset) goes again, to another priority of the control cluster.
+            let own = a
+                .retry_policy
+                .as_ref()
+                .expect("the aggregate's retry policy");
+            assert_eq!(
+                own.retry_on, "connect-failure,refused-stream,reset",
+                "{}",
+                r.name
+            );
+            assert_eq!(
+                own.retry_priority.as_ref().map(|p| p.name.as_str()),
+                Some("envoy.retry_priorities.previous_priorities")
+            );
+            assert_eq!(own.retry_host_predicate, retry.retry_host_predicate);
         }
         let summary: Vec<(String, bool, String, String, i64)> = vh
             .routes
@@ -1270,7 +1429,11 @@ mod tests {
     fn no_services_still_yields_an_empty_route_configuration() {
         let built = build(&RoutingSnapshot::empty());
         assert!(built[&ResourceType::Cluster].is_empty());
-        assert!(built[&ResourceType::Endpoint].is_empty());
+        assert_eq!(
+            built[&ResourceType::Endpoint].keys().collect::<Vec<_>>(),
+            [crate::bootstrap::CONTROL_CLUSTER],
+            "only the control cluster's assignment"
+        );
         let rc: RouteConfiguration = decode(&built[&ResourceType::Route][ROUTE_CONFIG_NAME]);
         assert!(
             rc.virtual_hosts[0].routes.iter().all(is_virtual),

@@ -131,6 +131,7 @@ mod tests {
             max_body_bytes: 4096,
             default_timeout_ms: 60_000,
             auth: None,
+            control: Default::default(),
         }
     }
 
