@@ -73,6 +73,8 @@ impl Kind {
             UpstreamFailure::NoResponse => Some(Kind::Reset),
             // Never sent to an instance: nothing to say of one.
             UpstreamFailure::SessionRefused(_) | UpstreamFailure::SessionLimit { .. } => None,
+            // The instance answered that it needs a session: nothing against it.
+            UpstreamFailure::NoControlPlane => None,
         }
     }
 }

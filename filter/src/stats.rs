@@ -57,17 +57,21 @@ pub const CALLS_UNLISTED: &str = "toolgate.calls.unlisted";
 /// Requests of the aggregate endpoint the filter answered itself because no toolgate-xds
 /// was reachable.
 pub const OFFLINE_ANSWERS: &str = "toolgate.aggregate.answered_offline";
+/// Calls of the aggregate endpoint sent to their service without a held session because no
+/// toolgate-xds answered and none was held.
+pub const UNSESSIONED_CALLS: &str = "toolgate.aggregate.calls_without_session";
 /// Configurations this filter refused (it judges with the last one it accepted, or refuses
 /// calls when it has none).
 pub const CONFIG_REJECTED: &str = "toolgate.filter_config_rejected";
 /// The gateway's counters defined when a configuration is taken.
-const GATEWAY_COUNTERS: [&str; 6] = [
+const GATEWAY_COUNTERS: [&str; 7] = [
     TOOLS_LIST_ANNOTATED,
     TOOLS_LIST_UNREAD,
     RESPONSES_UNREAD,
     CALLS_UNLISTED,
     CONFIG_REJECTED,
     OFFLINE_ANSWERS,
+    UNSESSIONED_CALLS,
 ];
 
 /// Values of the `state` gauge: what the gateway does with a call now.

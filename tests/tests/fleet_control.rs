@@ -336,3 +336,135 @@ async fn a_toolgate_xds_registers_its_admin_listener_under_a_lease_and_revokes_i
     println!("SIGTERM -> A's key gone: {:?}", stopping.elapsed());
     assert_eq!(members().await.len(), 1);
 }
+
+/// What is wrong with an answer of `/mcp` that is not MCP: anything but a JSON-RPC 2.0
+/// response carrying the request's id (a plain-text 503 is what Envoy says when the route's
+/// cluster has no host).
+fn not_mcp(what: &str, r: &Reply) -> Option<String> {
+    let Some(m) = &r.message else {
+        return Some(format!(
+            "{what}: not JSON-RPC: HTTP {} {}",
+            r.status, r.body
+        ));
+    };
+    if m["jsonrpc"] != "2.0" || (m.get("result").is_none() && m.get("error").is_none()) {
+        return Some(format!("{what}: not a JSON-RPC response: {}", r.body));
+    }
+    None
+}
+
+/// The names and input schemas a `tools/list` result lists, sorted.
+fn definitions(r: &Reply) -> Vec<Value> {
+    let mut tools: Vec<Value> = r
+        .result()
+        .and_then(|res| res["tools"].as_array())
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|t| json!({"name": t["name"], "inputSchema": t["inputSchema"]}))
+        .collect();
+    tools.sort_by_key(|t| t["name"].to_string());
+    tools
+}
+
+#[tokio::test]
+async fn with_the_only_toolgate_xds_gone_every_answer_of_mcp_is_mcp() {
+    let env = TestEnv::new("fleet_control_offline");
+    let etcd = Etcd::start(&env).await;
+    let mut a = Gateway::start(&env, "a", &etcd).await;
+    // A server without sessions (its calls need nothing from toolgate-xds) and one with
+    // sessions (a client of `/mcp` needs a session the gateway holds with it).
+    let stateless = Member::python(
+        &env,
+        &etcd.endpoint(),
+        "orders",
+        "orders-1",
+        &["--stateless", "--json-response"],
+        TTL,
+    )
+    .await;
+    let m = Member::start(&env, &etcd.endpoint(), "svc", "svc-1", &[], TTL).await;
+    a.envoy
+        .wait_addresses("svc", &[m.server.endpoint()], Duration::from_secs(20))
+        .await;
+    a.envoy
+        .wait_addresses(
+            "orders",
+            &[stateless.server.endpoint()],
+            Duration::from_secs(20),
+        )
+        .await;
+    let url = a.mcp();
+    wait_until(
+        "/mcp lists both services with their definitions",
+        Duration::from_secs(30),
+        || async {
+            let mut s = McpSession::unconnected(&url);
+            s.initialize().await;
+            let list = s.list_tools().await;
+            lists_tool(&list)
+                && list.body.contains("orders__read_order")
+                && !list.body.contains("not available yet")
+        },
+    )
+    .await;
+    let listed_before = {
+        let mut s = McpSession::unconnected(&url);
+        s.initialize().await;
+        definitions(&s.list_tools().await)
+    };
+    let mut kept = McpSession::connect(&url).await;
+    let before = kept.call_tool(TOOL, json!({})).await;
+    assert!(failure("call before", &before).is_none(), "{}", before.body);
+
+    a.xds.kill();
+    // Envoy's control cluster has no host left once its health check fails; from the kill on,
+    // every answer must be MCP regardless.
+    let started = Instant::now();
+    let mut problems = Vec::new();
+    let mut rounds = 0;
+    while started.elapsed() < Duration::from_secs(8) {
+        rounds += 1;
+        let mut fresh = McpSession::unconnected(&url);
+        let init = fresh.initialize().await;
+        problems.extend(not_mcp("initialize (new client)", &init));
+        if init.status == StatusCode::OK {
+            let list = fresh.list_tools().await;
+            problems.extend(not_mcp("tools/list (new client)", &list));
+            if list.result().is_some() && definitions(&list) != listed_before {
+                problems.push(format!(
+                    "tools/list (new client) lists other tools than before: {}",
+                    list.body
+                ));
+            }
+            let call = fresh.call_tool("orders__read_order", json!({})).await;
+            problems.extend(failure("tools/call orders (new client)", &call));
+            let call = fresh.call_tool(TOOL, json!({})).await;
+            problems.extend(not_mcp("tools/call svc (new client)", &call));
+        }
+        for (what, r) in [
+            ("tools/list (kept)", kept.list_tools().await),
+            (
+                "tools/call svc (kept)",
+                kept.call_tool(TOOL, json!({})).await,
+            ),
+            ("ping (kept)", kept.request("ping", json!({})).await),
+        ] {
+            problems.extend(not_mcp(what, &r));
+        }
+    }
+    println!(
+        "{rounds} rounds through /mcp with no toolgate-xds; {} problems",
+        problems.len()
+    );
+    if !problems.is_empty() {
+        env.print_failure_logs();
+    }
+    assert!(rounds >= 5, "only {rounds} rounds in 8 s");
+    assert!(
+        problems.is_empty(),
+        "{} answers of /mcp were not MCP, or lost what worked; first: {:?}",
+        problems.len(),
+        problems.iter().take(5).collect::<Vec<_>>()
+    );
+}

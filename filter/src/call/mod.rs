@@ -57,7 +57,7 @@ use crate::offline;
 use crate::session::{self, Sealer};
 use crate::stats::{
     MetricHost, Stats, ToolMetrics, CALLS_UNLISTED, OFFLINE_ANSWERS, RESPONSES_UNREAD,
-    TOOLS_LIST_ANNOTATED, TOOLS_LIST_UNREAD,
+    TOOLS_LIST_ANNOTATED, TOOLS_LIST_UNREAD, UNSESSIONED_CALLS,
 };
 use crate::upstream::{verdict, Verdict};
 use toolgate_model::auth::{Caller, FilterAuth, Verdict as AuthVerdict, PAYLOAD_HEADER};
@@ -656,6 +656,9 @@ struct HeldCall {
     fallback: Option<held_session::Held>,
     /// When the session the call went with was opened, if known.
     opened_ms: Option<u64>,
+    /// Sent without a session: no toolgate-xds answered and none was held (see
+    /// [`CallFilter::go_unsessioned`]).
+    unsessioned: bool,
 }
 
 impl HeldCall {
@@ -1347,6 +1350,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 phase: HeldPhase::Sent,
                 fallback: None,
                 opened_ms,
+                unsessioned: false,
             })
         });
         let Some(mut held) = held else {
@@ -1742,6 +1746,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             phase: HeldPhase::Sent,
             fallback,
             opened_ms: None,
+            unsessioned: false,
         };
         if let Some(answer) = cached {
             held.use_answer(host, &answer);
@@ -1759,7 +1764,9 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         ) {
             return Action::Pause;
         }
-        self.session_unopened(host, held_session::Unopened::Failed)
+        // Not even asked (Envoy knows no control cluster to send to): as if unanswered.
+        self.mark_unsessioned();
+        Action::Continue
     }
 
     /// `Bearer <token>` when toolgate-xds requires one of the filters, else empty.
@@ -1863,6 +1870,12 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                         host.resume_request();
                         return Action::Continue;
                     }
+                    (None, None)
+                        if held_session::unopened(status, body)
+                            == held_session::Unopened::Failed =>
+                    {
+                        return self.go_unsessioned(host);
+                    }
                     (None, _) => None,
                 };
                 let Some(answer) = answer else {
@@ -1936,6 +1949,46 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         }
     }
 
+    /// No toolgate-xds answered and no session with the service is held for this client: the
+    /// call goes to the service without one. A server that needs none (stateless, or of a
+    /// revision without sessions) answers it; one that needs a session says "session unknown",
+    /// and the client gets a tool result saying so ([`CallFilter::unsessioned_refused`]).
+    fn go_unsessioned(&mut self, host: &impl CallHost) -> Action {
+        self.mark_unsessioned();
+        host.resume_request();
+        Action::Continue
+    }
+
+    fn mark_unsessioned(&mut self) {
+        if let Some(held) = self.held.as_mut() {
+            held.unsessioned = true;
+            held.phase = HeldPhase::Sent;
+            held.envelope = None;
+        }
+        self.shared.borrow_mut().stats.count(UNSESSIONED_CALLS);
+    }
+
+    /// A call sent without a session ([`CallFilter::go_unsessioned`]) that the server refused
+    /// for want of one: the failure, in MCP terms, in place of the server's answer.
+    fn unsessioned_refused(&mut self, host: &impl CallHost) -> Action {
+        if let Some(h) = self.held.as_mut() {
+            h.phase = HeldPhase::Sent;
+            h.unsessioned = false;
+        }
+        // Not the tool's fault, nor the instance's.
+        self.record(host, Outcome::Ignored, None);
+        let failure = UpstreamFailure::NoControlPlane;
+        let reply = match (&self.request, &self.service) {
+            (Some(judged), _) if judged.tool.is_some() => self.failure_reply(failure, self.framing),
+            (Some(judged), Some(service)) => {
+                reply::service_unavailable(self.version, &judged.id, service, failure, self.framing)
+            }
+            _ => return Action::Continue,
+        };
+        host.send_reply(200, &reply, &[]);
+        Action::Pause
+    }
+
     /// A call on a held or sealed session that the server answered "session unknown"
     /// (`toolgate_model::session_loss`): toolgate-xds decides whether the session was lost
     /// with its instance (re-opened, and the call replayed there) or ended by the client or
@@ -1943,14 +1996,23 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
     /// its body, which is held and read first ([`HeldPhase::Checking`]).
     fn replay_lost_session(&mut self, host: &impl CallHost, end_of_stream: bool) -> Option<Action> {
         let held = self.held.as_mut()?;
-        if held.phase != HeldPhase::Sent || held.envelope.is_none() || held.body.is_empty() {
+        let unsessioned = held.unsessioned && held.phase == HeldPhase::Sent;
+        if !unsessioned
+            && (held.phase != HeldPhase::Sent || held.envelope.is_none() || held.body.is_empty())
+        {
             return None;
         }
         let status = host
             .response_header(":status")
             .and_then(|s| s.parse::<u16>().ok())?;
         if toolgate_model::session_loss::session_unknown(status, None) {
+            if unsessioned {
+                return Some(self.unsessioned_refused(host));
+            }
             return self.ask_replay(host);
+        }
+        if unsessioned && status == 400 && end_of_stream {
+            return Some(self.unsessioned_refused(host));
         }
         // A 400 without a body cannot say -32000.
         if status == 400 && !end_of_stream {
@@ -2988,11 +3050,20 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         if !end_of_stream && small {
             return Action::Pause;
         }
-        let unknown = end_of_stream && small && {
-            let body = host.response_body(body_size).unwrap_or_default();
-            let code = toolgate_model::session_loss::rpc_error_code(&body);
-            toolgate_model::session_loss::session_unknown(400, code)
-        };
+        let unsessioned = self.held.as_ref().is_some_and(|h| h.unsessioned);
+        let code = (end_of_stream && small)
+            .then(|| {
+                let body = host.response_body(body_size).unwrap_or_default();
+                toolgate_model::session_loss::rpc_error_code(&body)
+            })
+            .flatten();
+        let unknown =
+            end_of_stream && small && toolgate_model::session_loss::session_unknown(400, code);
+        // Sent without a session, a 400 that is not JSON-RPC is the server asking for one (rmcp
+        // says "Session ID is required" in plain text): refused in MCP, never passed as text.
+        if unsessioned && (unknown || code.is_none()) {
+            return self.unsessioned_refused(host);
+        }
         if unknown {
             if let Some(action) = self.ask_replay(host) {
                 return action;

@@ -249,6 +249,9 @@ pub enum UpstreamFailure {
         limit: u32,
         per_caller: bool,
     },
+    /// The server needs a session, and none could be opened: no toolgate-xds of the fleet is
+    /// reachable.
+    NoControlPlane,
 }
 
 impl UpstreamFailure {
@@ -263,6 +266,7 @@ impl UpstreamFailure {
             UpstreamFailure::NoResponse => "no_response",
             UpstreamFailure::SessionRefused(_) => "session_refused",
             UpstreamFailure::SessionLimit { .. } => "session_limit",
+            UpstreamFailure::NoControlPlane => "no_control_plane",
         }
     }
 
@@ -301,6 +305,11 @@ impl UpstreamFailure {
                 }
             )
             .into(),
+            UpstreamFailure::NoControlPlane => {
+                "was not made: its server needs a session, and the gateway cannot open one \
+                 while its control plane is unreachable"
+                    .into()
+            }
         }
     }
 
@@ -313,6 +322,7 @@ impl UpstreamFailure {
                 | UpstreamFailure::NoHealthyUpstream
                 | UpstreamFailure::SessionRefused(_)
                 | UpstreamFailure::SessionLimit { .. }
+                | UpstreamFailure::NoControlPlane
         )
     }
 }
