@@ -435,8 +435,26 @@ async fn admin_changes_need_the_token_and_a_refused_one_changes_nothing() {
         "nothing refused reached etcd"
     );
 
-    // A toolgate-xds without a token refuses every change and says why.
+    // A toolgate-xds without a token refuses every change and says why. It registers its own
+    // admin listener in etcd as it starts: the revision to compare with is the one after that.
     let bare = Xds::start(&env, "bare.xds", &etcd.endpoint(), &[]).await;
+    let members = || async {
+        let mut c = etcd.client().await;
+        c.get(
+            "/mcp/xds/",
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .map(|r| r.kvs().len())
+        .unwrap_or(0)
+    };
+    wait_until(
+        "the bare toolgate-xds registered",
+        Duration::from_secs(10),
+        || async { members().await == 2 },
+    )
+    .await;
+    let revision = etcd.revision().await;
     let resp = reqwest::Client::new()
         .put(format!("{}/v1/overrides/svc/tool", bare.admin_url()))
         .bearer_auth(TOKEN)

@@ -2740,3 +2740,46 @@ fn with_no_control_plane_the_filter_answers_mcp_itself() {
         .as_str()
         .is_some_and(|m| m.contains("control plane")));
 }
+
+#[test]
+fn with_no_control_plane_a_call_goes_without_a_session_and_a_server_that_needs_one_is_answered_in_mcp(
+) {
+    let mut w = aggregate_worker();
+    let mut f = gateway_call(&mut w);
+    assert_eq!(f.stream.dispatched.borrow().len(), 1);
+    // Nothing held, and toolgate-xds away (Envoy's own 503): the call goes without a session.
+    f.call
+        .on_dispatch_response(&f.stream, Some(503), b"no healthy upstream");
+    assert_eq!(f.stream.resumed.get(), 1, "the call goes on");
+    assert!(!f
+        .stream
+        .request_headers
+        .borrow()
+        .contains_key(SESSION_HEADER));
+    assert_eq!(w.metrics.get(UNSESSIONED_CALLS), 1);
+    // A server that needs a session says so in plain text (rmcp): the client gets a tool
+    // result saying why, never the text, and nothing counts against the tool.
+    f.stream
+        .response_headers
+        .borrow_mut()
+        .insert(":status".into(), "400".into());
+    assert_eq!(f.call.on_response_headers(&f.stream, false), Action::Pause);
+    *f.stream.response_body.borrow_mut() = b"Bad Request: Session ID is required".to_vec();
+    assert_eq!(f.call.on_response_body(&f.stream, 35, true), Action::Pause);
+    let (status, reply) = f.reply();
+    assert_eq!(status, 200);
+    assert_eq!(reply["id"], 7);
+    assert_eq!(reply["result"]["isError"], true);
+    assert_eq!(
+        reply["result"]["_meta"]["io.toolgate/breaker"]["failure"],
+        "no_control_plane"
+    );
+    assert_eq!(w.window("read_order").failures, 0);
+
+    // A server that needs none answers: its answer is the client's.
+    let mut f = gateway_call(&mut w);
+    f.call
+        .on_dispatch_response(&f.stream, Some(503), b"no healthy upstream");
+    f.json(RESULT);
+    assert!(f.stream.replies.borrow().is_empty());
+}

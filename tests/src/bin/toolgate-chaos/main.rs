@@ -2,7 +2,9 @@
 //! toolgate-xds (reaching etcd through fault proxies), Envoy with the filter, and a lab
 //! service scaled from 5 to 50 pods and back, under steady agent load, while pods are killed,
 //! crash, restart and freeze, toolgate-xds is cut off from etcd, etcd is compacted behind its
-//! back, toolgate-xds restarts, Envoy hot-restarts and the etcd leader dies. At the end the
+//! back, toolgate-xds restarts (and later dies to SIGKILL, restarted 3 s on), Envoy
+//! hot-restarts, the etcd leader dies, and a server with sessions (the desk) is restarted in
+//! place under the sessions the gateway holds for agents of `/mcp`. At the end the
 //! invariants are judged from what was recorded, and printed; the exit status says whether all
 //! held. `make chaos` runs it for 10 minutes, `make chaos-quick` (CI) for 2.
 
@@ -22,13 +24,17 @@ use clap::Parser;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
-use toolgate_tests::{wait_until, Envoy, EtcdCluster, FaultProxy, TestEnv, Xds};
+use toolgate_tests::{wait_until, Envoy, EtcdCluster, FaultProxy, McpServer, Member, TestEnv, Xds};
 
 use crate::agents::Load;
 use crate::observe::Observers;
 use crate::pool::{Pool, TTL_SECS};
 
 const SERVICE: &str = "lab";
+/// A server with sessions, one instance, restarted in place (same address) during the run:
+/// agents of `/mcp` call it on sessions the gateway holds.
+const DESK: &str = "desk";
+const DESK_ID: &str = "desk-1";
 /// The lab's policy `timeout_ms`: calls to a frozen pod end after it with the gateway's
 /// reply, not the 60 s default. It also bounds how long the Envoy hot restart's parent must
 /// stay up for the calls it is still serving.
@@ -49,9 +55,12 @@ struct Args {
     /// Pods before the scale-up and after the scale-down.
     #[arg(long, default_value_t = 5)]
     base: usize,
-    /// Agents calling tools at once.
+    /// Agents calling tools at once on the lab's route.
     #[arg(long, default_value_t = 4)]
     agents: usize,
+    /// Agents on the aggregate endpoint `/mcp` besides them (the lab's tools and the desk's).
+    #[arg(long, default_value_t = 2)]
+    mcp_agents: usize,
     /// Pause between two calls of one agent.
     #[arg(long, default_value = "20ms", value_parser = humantime::parse_duration)]
     pause: Duration,
@@ -71,6 +80,8 @@ enum Action {
     RestartEtcd(usize),
     /// Compaction while toolgate-xds is cut off.
     Compact,
+    /// toolgate-xds starts again after its SIGKILL.
+    StartXds,
 }
 
 /// The run's one-off faults, as fractions of the run.
@@ -78,6 +89,8 @@ const COMPACTION_AT: f64 = 0.25;
 const XDS_RESTART_AT: f64 = 0.40;
 const ENVOY_HOT_RESTART_AT: f64 = 0.55;
 const LEADER_KILL_AT: f64 = 0.65;
+const XDS_KILL_AT: f64 = 0.70;
+const DESK_RESTARTS_AT: [f64; 2] = [0.30, 0.60];
 
 struct Run {
     env: TestEnv,
@@ -89,6 +102,9 @@ struct Run {
     xds: Xds,
     envoy: Envoy,
     pool: Pool,
+    desk: Member,
+    /// When no toolgate-xds ran (ms since the start, from..to).
+    xds_down: Vec<(f64, f64)>,
     observers: Option<Observers>,
     pending: Vec<(Duration, Action)>,
     partitioned: bool,
@@ -164,6 +180,18 @@ impl Run {
                     self.pool.spawn(&self.env);
                 }
                 Action::Restore => self.restore(),
+                Action::StartXds => {
+                    let started = Instant::now();
+                    self.xds.restart(&self.env).await;
+                    if let Some(o) = &self.observers {
+                        o.xds_restarted(self.xds.pid());
+                    }
+                    self.mark_xds_back();
+                    self.note(format!(
+                        "toolgate-xds started again after its SIGKILL ({:.2} s to /healthz)",
+                        started.elapsed().as_secs_f64()
+                    ));
+                }
                 Action::RestartEtcd(i) => {
                     let started = Instant::now();
                     self.cluster.restart(&self.env, i).await;
@@ -289,9 +317,53 @@ impl Run {
         });
     }
 
+    /// The start of a time without toolgate-xds.
+    fn mark_xds_gone(&mut self) {
+        let at = self.now().as_secs_f64() * 1000.0;
+        self.xds_down.push((at, f64::INFINITY));
+    }
+
+    fn mark_xds_back(&mut self) {
+        let at = self.now().as_secs_f64() * 1000.0;
+        if let Some(last) = self.xds_down.last_mut() {
+            last.1 = at;
+        }
+    }
+
+    async fn xds_kill(&mut self) {
+        self.xds.kill();
+        self.mark_xds_gone();
+        self.count("toolgate-xds SIGKILL");
+        self.note("toolgate-xds SIGKILLed; started again in 3 s".into());
+        self.schedule(Duration::from_secs(3), Action::StartXds);
+    }
+
+    /// The desk's server dies and a new one starts on its address at once, its registration
+    /// untouched: every session the gateway held with it is gone.
+    async fn desk_restart(&mut self) {
+        let started = Instant::now();
+        let port = self.desk.server.port;
+        self.desk.server.proc.kill();
+        let fresh = McpServer::lab_on(
+            &self.env,
+            DESK_ID,
+            port,
+            &["--tools", "read_order,write_order,echo"],
+        )
+        .await;
+        drop(std::mem::replace(&mut self.desk.server, fresh));
+        self.count("server restarted in place (sessions lost)");
+        self.note(format!(
+            "the desk's server restarted in place on port {port} in {:.2} s",
+            started.elapsed().as_secs_f64()
+        ));
+    }
+
     async fn xds_restart(&mut self) {
         let started = Instant::now();
+        self.mark_xds_gone();
         self.xds.restart(&self.env).await;
+        self.mark_xds_back();
         if let Some(o) = &self.observers {
             o.xds_restarted(self.xds.pid());
         }
@@ -382,6 +454,9 @@ impl Run {
             (self.at(XDS_RESTART_AT), "xds"),
             (self.at(ENVOY_HOT_RESTART_AT), "envoy"),
             (self.at(LEADER_KILL_AT), "leader"),
+            (self.at(XDS_KILL_AT), "xds-kill"),
+            (self.at(DESK_RESTARTS_AT[0]), "desk"),
+            (self.at(DESK_RESTARTS_AT[1]), "desk"),
         ];
         // Faults every ~1 s in a 2-minute run, every ~3 s in a 10-minute one.
         let gap_ms = (d.as_millis() as u64 / 200).clamp(1000, 3000);
@@ -416,6 +491,8 @@ impl Run {
                             "compaction" => self.compaction().await,
                             "xds" => self.xds_restart().await,
                             "envoy" => self.envoy_hot_restart().await,
+                            "xds-kill" => self.xds_kill().await,
+                            "desk" => self.desk_restart().await,
                             _ => self.kill_leader().await,
                         }
                     }
@@ -471,6 +548,8 @@ async fn setup(args: Args, seed: u64) -> Run {
     for _ in 0..args.base {
         pool.spawn(&env);
     }
+    let desk =
+        Member::start_unwatched(&env, &cluster.endpoints(), DESK, DESK_ID, &[], TTL_SECS).await;
     let admin = envoy.admin();
     let base = args.base;
     wait_until(
@@ -485,6 +564,18 @@ async fn setup(args: Args, seed: u64) -> Run {
         },
     )
     .await;
+    let mcp = format!("http://127.0.0.1:{}/mcp", envoy.port);
+    wait_until(
+        "/mcp lists the lab's and the desk's tools",
+        Duration::from_secs(30),
+        || async {
+            let mut s = toolgate_tests::McpSession::unconnected(&mcp);
+            s.initialize().await;
+            let body = s.list_tools().await.body;
+            body.contains("lab__echo") && body.contains("desk__echo")
+        },
+    )
+    .await;
     Run {
         env,
         rng: StdRng::seed_from_u64(seed),
@@ -495,6 +586,8 @@ async fn setup(args: Args, seed: u64) -> Run {
         xds,
         envoy,
         pool,
+        desk,
+        xds_down: Vec::new(),
         observers: None,
         pending: Vec::new(),
         partitioned: false,
@@ -514,12 +607,13 @@ async fn chaos(args: Args) -> ExitCode {
     let seed = args.seed.unwrap_or_else(rand::random);
     let duration = args.duration;
     println!(
-        "chaos: {} s, seed {seed}, {} -> {} -> {} pods, {} agents",
+        "chaos: {} s, seed {seed}, {} -> {} -> {} pods, {} agents on the lab's route, {} on /mcp",
         duration.as_secs(),
         args.base,
         args.instances,
         args.base,
-        args.agents
+        args.agents,
+        args.mcp_agents
     );
     let report_path = args.report.clone();
     let mut run = setup(args, seed).await;
@@ -536,6 +630,8 @@ async fn chaos(args: Args) -> ExitCode {
     let load = Load::start(
         &run.envoy.url(SERVICE),
         run.args.agents,
+        &format!("http://127.0.0.1:{}/mcp", run.envoy.port),
+        run.args.mcp_agents,
         run.args.pause,
         run.t0,
     )
@@ -550,6 +646,7 @@ async fn chaos(args: Args) -> ExitCode {
     let notes = run.notes.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let v = verdict::judge(
         &calls,
+        &run.xds_down,
         &records,
         run.args.base,
         10_000.0,

@@ -220,7 +220,7 @@ fn only_semantic_failures(calls: &[Call]) -> (Check, Value) {
     let mut bad = Vec::new();
     for c in calls {
         match &c.outcome {
-            Outcome::Answered { .. } => answered += 1,
+            Outcome::Answered { .. } | Outcome::Listed => answered += 1,
             Outcome::Semantic { kind } => *semantic.entry(kind.clone()).or_default() += 1,
             Outcome::Bare { .. } | Outcome::Transport { .. } => bad.push(c),
         }
@@ -249,6 +249,66 @@ fn only_semantic_failures(calls: &[Call]) -> (Check, Value) {
         Check {
             name: "every failure an agent saw was an MCP reply",
             passed: bad.is_empty() && !calls.is_empty(),
+            detail,
+        },
+        json,
+    )
+}
+
+/// What agents of the aggregate endpoint saw: every answer MCP (a result, or a JSON-RPC
+/// response saying what failed), through toolgate-xds's SIGKILL and a server's restart in
+/// place; and how many of them came while no toolgate-xds was running (`xds_down`, from..to ms).
+fn aggregate_answers_mcp(calls: &[Call], xds_down: &[(f64, f64)]) -> (Check, Value) {
+    let on_mcp: Vec<&Call> = calls.iter().filter(|c| c.aggregate).collect();
+    let bad: Vec<&&Call> = on_mcp
+        .iter()
+        .filter(|c| matches!(c.outcome, Outcome::Bare { .. } | Outcome::Transport { .. }))
+        .collect();
+    let during = |c: &&Call| {
+        xds_down
+            .iter()
+            .any(|(a, b)| c.sent_ms >= *a && c.sent_ms < *b)
+    };
+    let offline = on_mcp.iter().filter(|c| during(c)).count();
+    let offline_answered = on_mcp
+        .iter()
+        .filter(|c| during(c) && matches!(c.outcome, Outcome::Answered { .. } | Outcome::Listed))
+        .count();
+    let desk: Vec<&&Call> = on_mcp.iter().filter(|c| c.tool == "desk__echo").collect();
+    let desk_answered = desk
+        .iter()
+        .filter(|c| matches!(c.outcome, Outcome::Answered { .. }))
+        .count();
+    let mut detail = format!(
+        "{} requests on /mcp ({} initialize or tools/list); {} while no toolgate-xds ran, {offline_answered} of them          answered; the desk (held sessions, restarted in place): {desk_answered} of {} calls answered; {} not MCP",
+        on_mcp.len(),
+        on_mcp
+            .iter()
+            .filter(|c| matches!(c.tool, "initialize" | "tools/list"))
+            .count(),
+        offline,
+        desk.len(),
+        bad.len()
+    );
+    for c in bad.iter().take(5) {
+        let _ = write!(
+            detail,
+            "\n    {} sent at {:.0} ms (agent {}, {:.0} ms): {}",
+            c.tool, c.sent_ms, c.agent, c.took_ms, c.outcome
+        );
+    }
+    let json = json!({
+        "requests": on_mcp.len(),
+        "while_no_xds": offline,
+        "answered_while_no_xds": offline_answered,
+        "desk_calls": desk.len(),
+        "desk_answered": desk_answered,
+        "not_mcp": bad.len(),
+    });
+    (
+        Check {
+            name: "every answer on /mcp was MCP",
+            passed: bad.is_empty() && !on_mcp.is_empty(),
             detail,
         },
         json,
@@ -354,6 +414,7 @@ fn bounded_memory(records: &Records, warmup_ms: f64) -> (Check, Value) {
 
 pub fn judge(
     calls: &[Call],
+    xds_down: &[(f64, f64)],
     records: &Records,
     want_instances: usize,
     warmup_ms: f64,
@@ -365,7 +426,8 @@ pub fn judge(
     let (c2, j2) = only_semantic_failures(calls);
     let (c3, j3) = converged(records, want_instances);
     let (c4, j4) = bounded_memory(records, warmup_ms);
-    let checks: Vec<Value> = [&c1, &c2, &c3, &c4]
+    let (c5, j5) = aggregate_answers_mcp(calls, xds_down);
+    let checks: Vec<Value> = [&c1, &c2, &c3, &c4, &c5]
         .iter()
         .map(|c| json!({"check": c.name, "passed": c.passed, "detail": c.detail}))
         .collect();
@@ -376,11 +438,12 @@ pub fn judge(
         "calls": j2,
         "convergence": j3,
         "xds_memory": j4,
+        "aggregate": j5,
         "watch_breaks_of_the_run": records.watch_breaks,
         "checks": checks,
     });
     Verdict {
-        checks: vec![c1, c2, c3, c4],
+        checks: vec![c1, c2, c3, c4, c5],
         json,
     }
 }
@@ -429,6 +492,7 @@ mod tests {
             took_ms: 5.0,
             agent: 0,
             tool: "echo",
+            aggregate: false,
             outcome: Outcome::Answered {
                 instance: instance.into(),
             },
