@@ -69,7 +69,11 @@ async fn serving(stack: &Stack, service: &str, meta: &InstanceMetadata) {
         .wait_state(service, &meta.instance_id, "UP", Duration::from_secs(30))
         .await;
     stack
-        .wait_healthy_addresses(service, &[meta.endpoint.to_string()], Duration::from_secs(20))
+        .wait_healthy_addresses(
+            service,
+            &[meta.endpoint.to_string()],
+            Duration::from_secs(20),
+        )
         .await;
     stack
         .wait_filter_config(&format!("the catalog has {service}"), |c| {
@@ -194,7 +198,8 @@ async fn server_memory_joins_with_stdio_alone_and_the_official_sdks_call_it_thro
     );
 
     let url = stack.url("memory");
-    let alice = r#"{"entities":[{"name":"alice","entityType":"person","observations":["likes tea"]}]}"#;
+    let alice =
+        r#"{"entities":[{"name":"alice","entityType":"person","observations":["likes tea"]}]}"#;
     let create = format!("call:create_entities:{alice}");
     let lines = sdk::python(&url, &["initialize", "list", &create, "call:read_graph"]).await;
     assert!(
@@ -210,7 +215,10 @@ async fn server_memory_joins_with_stdio_alone_and_the_official_sdks_call_it_thro
 
     for which in Sdk::ALL {
         let run = NodeClient::new(which)
-            .step("tools/call", json!({"name": "search_nodes", "arguments": {"query": "alice"}}))
+            .step(
+                "tools/call",
+                json!({"name": "search_nodes", "arguments": {"query": "alice"}}),
+            )
             .run(&url)
             .await;
         let result = run.result("tools/call");
@@ -228,7 +236,11 @@ async fn server_memory_joins_with_stdio_alone_and_the_official_sdks_call_it_thro
         .run(&url)
         .await;
     assert_eq!(run.protocol_version(), Some("2026-07-28"), "{}", run.report);
-    assert!(text_of(run.result("tools/call")).contains("likes tea"), "{}", run.report);
+    assert!(
+        text_of(run.result("tools/call")).contains("likes tea"),
+        "{}",
+        run.report
+    );
 
     let all = aggregate_url(&stack);
     wait_listed(&all, "memory__read_graph").await;
@@ -238,10 +250,17 @@ async fn server_memory_joins_with_stdio_alone_and_the_official_sdks_call_it_thro
         "{lines:#?}"
     );
     let run = NodeClient::new(Sdk::V2)
-        .step("tools/call", json!({"name": "memory__open_nodes", "arguments": {"names": ["alice"]}}))
+        .step(
+            "tools/call",
+            json!({"name": "memory__open_nodes", "arguments": {"names": ["alice"]}}),
+        )
         .run(&all)
         .await;
-    assert!(text_of(run.result("tools/call")).contains("likes tea"), "{}", run.report);
+    assert!(
+        text_of(run.result("tools/call")).contains("likes tea"),
+        "{}",
+        run.report
+    );
 }
 
 #[tokio::test]
@@ -260,25 +279,42 @@ async fn server_filesystem_joins_and_the_sdks_read_a_file_through_both_urls() {
         ],
     );
     let (_registrar, meta) = join(&env, &stack, "fs", registrant).await;
-    assert!(meta.tools.iter().any(|t| t == "read_text_file"), "{:?}", meta.tools);
+    assert!(
+        meta.tools.iter().any(|t| t == "read_text_file"),
+        "{:?}",
+        meta.tools
+    );
 
     let url = stack.url("fs");
-    let read = format!(r#"call:read_text_file:{{"path":{}}}"#, json!(file.display().to_string()));
+    let read = format!(
+        r#"call:read_text_file:{{"path":{}}}"#,
+        json!(file.display().to_string())
+    );
     let lines = sdk::python(&url, &["initialize", &read]).await;
     assert!(
         text_of(ok(&lines, &read)).contains("hello from a stdio server"),
         "{lines:#?}"
     );
     let run = NodeClient::new(Sdk::V1)
-        .step("tools/call", json!({"name": "list_directory", "arguments": {"path": dir}}))
+        .step(
+            "tools/call",
+            json!({"name": "list_directory", "arguments": {"path": dir}}),
+        )
         .run(&url)
         .await;
-    assert!(text_of(run.result("tools/call")).contains("hello.txt"), "{}", run.report);
+    assert!(
+        text_of(run.result("tools/call")).contains("hello.txt"),
+        "{}",
+        run.report
+    );
 
     let all = aggregate_url(&stack);
     wait_listed(&all, "fs__read_text_file").await;
     let run = NodeClient::new(Sdk::V2)
-        .step("tools/call", json!({"name": "fs__read_text_file", "arguments": {"path": file}}))
+        .step(
+            "tools/call",
+            json!({"name": "fs__read_text_file", "arguments": {"path": file}}),
+        )
         .run(&all)
         .await;
     assert!(
@@ -286,7 +322,12 @@ async fn server_filesystem_joins_and_the_sdks_read_a_file_through_both_urls() {
         "{}",
         run.report
     );
-    let lines = sdk::python_in_mode(&all, "2026-07-28", &["initialize", "call:fs__list_directory:{\"path\":\".\"}"]).await;
+    let lines = sdk::python_in_mode(
+        &all,
+        "2026-07-28",
+        &["initialize", "call:fs__list_directory:{\"path\":\".\"}"],
+    )
+    .await;
     // A path outside the allowed directory is refused by the server itself: its answer
     // reached the client through the pool.
     let report = lines
@@ -308,25 +349,55 @@ async fn a_python_sdk_stdio_server_joins_and_serves_2025_sessions_and_2026_reque
     let (registrar, meta) = join(&env, &stack, "pystdio", registrant).await;
     assert!(meta.tools.iter().any(|t| t == "echo"), "{:?}", meta.tools);
     let log = registrar.log();
-    assert!(log.contains("speaks 2026-07-28"), "the pool found the revision: {log}");
+    assert!(
+        log.contains("speaks 2026-07-28"),
+        "the pool found the revision: {log}"
+    );
 
     let url = stack.url("pystdio");
     let lines = sdk::python(&url, &["initialize", "call:echo:{\"text\":\"legacy\"}"]).await;
-    assert_eq!(text_of(ok(&lines, "call:echo:{\"text\":\"legacy\"}")), "legacy");
-    let lines = sdk::python_in_mode(&url, "2026-07-28", &["initialize", "call:echo:{\"text\":\"modern\"}"]).await;
-    assert_eq!(ok(&lines, "initialize")["protocolVersion"], "2026-07-28", "{lines:#?}");
-    assert_eq!(text_of(ok(&lines, "call:echo:{\"text\":\"modern\"}")), "modern");
+    assert_eq!(
+        text_of(ok(&lines, "call:echo:{\"text\":\"legacy\"}")),
+        "legacy"
+    );
+    let lines = sdk::python_in_mode(
+        &url,
+        "2026-07-28",
+        &["initialize", "call:echo:{\"text\":\"modern\"}"],
+    )
+    .await;
+    assert_eq!(
+        ok(&lines, "initialize")["protocolVersion"],
+        "2026-07-28",
+        "{lines:#?}"
+    );
+    assert_eq!(
+        text_of(ok(&lines, "call:echo:{\"text\":\"modern\"}")),
+        "modern"
+    );
     for which in Sdk::ALL {
         let run = NodeClient::new(which)
-            .step("tools/call", json!({"name": "echo", "arguments": {"text": "node"}}))
+            .step(
+                "tools/call",
+                json!({"name": "echo", "arguments": {"text": "node"}}),
+            )
             .run(&url)
             .await;
         assert_eq!(text_of(run.result("tools/call")), "node", "{}", run.report);
     }
     let all = aggregate_url(&stack);
     wait_listed(&all, "pystdio__echo").await;
-    let lines = sdk::python_in_mode(&all, "auto", &["initialize", "call:pystdio__echo:{\"text\":\"all\"}"]).await;
-    assert_eq!(text_of(ok(&lines, "call:pystdio__echo:{\"text\":\"all\"}")), "all", "{lines:#?}");
+    let lines = sdk::python_in_mode(
+        &all,
+        "auto",
+        &["initialize", "call:pystdio__echo:{\"text\":\"all\"}"],
+    )
+    .await;
+    assert_eq!(
+        text_of(ok(&lines, "call:pystdio__echo:{\"text\":\"all\"}")),
+        "all",
+        "{lines:#?}"
+    );
 }
 
 #[tokio::test]
@@ -340,10 +411,19 @@ async fn progress_and_elicitation_from_a_stdio_tool_reach_the_python_sdk_through
     let url = stack.url("pystdio");
     let progress = "progress-call:progress:{\"steps\":3}";
     let ask = "call:ask:{\"question\":\"your favourite colour?\"}";
-    let lines = sdk::python_with(&["--elicit-answer", "blue"], &url, &["initialize", progress, ask]).await;
+    let lines = sdk::python_with(
+        &["--elicit-answer", "blue"],
+        &url,
+        &["initialize", progress, ask],
+    )
+    .await;
     let reported = ok(&lines, progress);
     let seen = reported["progress"].as_array().cloned().unwrap_or_default();
-    assert_eq!(seen.len(), 3, "three progress notifications reached the client: {lines:#?}");
+    assert_eq!(
+        seen.len(),
+        3,
+        "three progress notifications reached the client: {lines:#?}"
+    );
     assert_eq!(seen[2]["message"], "step 3 of 3");
     assert_eq!(text_of(&reported["result"]), "3 steps done");
     assert_eq!(
@@ -380,14 +460,24 @@ async fn each_session_has_a_server_of_its_own_so_its_graph_stays_its_own() {
     })
     .await;
     let bob = r#"call:create_entities:{"entities":[{"name":"bob","entityType":"person","observations":["from session b"]}]}"#;
-    let lines = sdk::python(&url, &["initialize", "call:read_graph", bob, "call:read_graph"]).await;
+    let lines = sdk::python(
+        &url,
+        &["initialize", "call:read_graph", bob, "call:read_graph"],
+    )
+    .await;
     let first = lines
         .iter()
         .find(|l| l["step"] == "call:read_graph")
         .map(|l| text_of(&l["ok"]))
         .unwrap_or_default();
-    assert!(!first.contains("alice"), "session b does not see session a's graph: {lines:#?}");
+    assert!(
+        !first.contains("alice"),
+        "session b does not see session a's graph: {lines:#?}"
+    );
     std::fs::write(&flag, "").expect("let session a go on");
+    a.next(Duration::from_secs(30))
+        .await
+        .expect("the wait step");
     let r = a.next(Duration::from_secs(30)).await.expect("a report");
     let graph = text_of(&r["ok"]);
     assert!(
@@ -409,10 +499,17 @@ async fn in_shared_mode_one_server_serves_every_session_and_each_gets_its_own_pr
     let url = stack.url("pystdio");
 
     // One process: what one session keeps, the other sees.
-    let lines = sdk::python(&url, &["initialize", "call:remember:{\"x\":\"shared\"}", "call:pid"]).await;
+    let lines = sdk::python(
+        &url,
+        &["initialize", "call:remember:{\"x\":\"shared\"}", "call:pid"],
+    )
+    .await;
     let pid = text_of(ok(&lines, "call:pid"));
     let lines = sdk::python(&url, &["initialize", "call:recall", "call:pid"]).await;
-    assert!(text_of(ok(&lines, "call:recall")).contains("'shared'"), "{lines:#?}");
+    assert!(
+        text_of(ok(&lines, "call:recall")).contains("'shared'"),
+        "{lines:#?}"
+    );
     assert_eq!(text_of(ok(&lines, "call:pid")), pid, "the same server");
 
     // Two sessions at once, the same request ids and progress tokens on both: each hears its
@@ -426,13 +523,21 @@ async fn in_shared_mode_one_server_serves_every_session_and_each_gets_its_own_pr
         let r = ok(lines, step);
         let seen = r["progress"].as_array().cloned().unwrap_or_default();
         assert_eq!(seen.len(), n, "{lines:#?}");
-        assert!(seen.iter().all(|p| p["total"] == json!(n as f64) || p["total"] == json!(n)), "{lines:#?}");
+        assert!(
+            seen.iter()
+                .all(|p| p["total"] == json!(n as f64) || p["total"] == json!(n)),
+            "{lines:#?}"
+        );
         assert_eq!(text_of(&r["result"]), format!("{n} steps done"));
     }
     // A request of the server reaches the session whose call caused it.
     let ask = "call:ask:{\"question\":\"which?\"}";
     let lines = sdk::python_with(&["--elicit-answer", "green"], &url, &["initialize", ask]).await;
-    assert_eq!(text_of(ok(&lines, ask)), "the client answered 'green'", "{lines:#?}");
+    assert_eq!(
+        text_of(ok(&lines, ask)),
+        "the client answered 'green'",
+        "{lines:#?}"
+    );
 }
 
 #[tokio::test]
@@ -448,18 +553,35 @@ async fn a_child_killed_mid_call_gets_the_agent_an_mcp_reply_and_the_next_call_a
     let mut live = PythonLive::spawn(
         &["--go-on"],
         &url,
-        &["initialize", "call:pid", &wait, "call:slow:{\"seconds\":30}", "call:pid"],
+        &[
+            "initialize",
+            "call:pid",
+            &wait,
+            "call:slow:{\"seconds\":30}",
+            "call:pid",
+        ],
     );
-    live.next(Duration::from_secs(30)).await.expect("initialize");
+    live.next(Duration::from_secs(30))
+        .await
+        .expect("initialize");
     let first = live.next(Duration::from_secs(30)).await.expect("pid");
     let pid: i32 = text_of(&first["ok"]).parse().expect("a pid");
-    live.next(Duration::from_secs(30)).await.expect("the wait step");
+    wait_until("the client waits", Duration::from_secs(20), || async {
+        Path::new(&format!("{flag}.waiting")).exists()
+    })
+    .await;
     std::fs::write(&flag, "").expect("go on");
+    live.next(Duration::from_secs(30))
+        .await
+        .expect("the wait step");
     tokio::time::sleep(Duration::from_millis(1500)).await;
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL).expect("SIGKILL");
     let killed_at = Instant::now();
 
-    let slow = live.next(Duration::from_secs(20)).await.expect("the slow call's reply");
+    let slow = live
+        .next(Duration::from_secs(20))
+        .await
+        .expect("the slow call's reply");
     assert!(
         killed_at.elapsed() < Duration::from_secs(10),
         "the reply came at once, not when the call would have ended"
@@ -469,11 +591,18 @@ async fn a_child_killed_mid_call_gets_the_agent_an_mcp_reply_and_the_next_call_a
         why.contains(&pid.to_string()) && why.contains("signal: 9"),
         "the reply names the server and what happened: {why}"
     );
-    let next = live.next(Duration::from_secs(30)).await.expect("the next call");
-    let new_pid: i32 = text_of(&next["ok"]).parse().unwrap_or_else(|_| panic!("{next}"));
+    let next = live
+        .next(Duration::from_secs(30))
+        .await
+        .expect("the next call");
+    let new_pid: i32 = text_of(&next["ok"])
+        .parse()
+        .unwrap_or_else(|_| panic!("{next}"));
     assert_ne!(new_pid, pid, "a new server serves the session");
     live.finish().await;
-    assert!(registrar.log().contains("starting the session's server again"));
+    assert!(registrar
+        .log()
+        .contains("starting the session's server again"));
 }
 
 #[tokio::test]
@@ -491,7 +620,14 @@ async fn garbage_or_a_100_mib_line_ends_only_that_child_and_other_sessions_go_on
     let mut b = PythonLive::spawn(
         &[],
         &url,
-        &["initialize", "call:remember:{\"x\":\"kept by b\"}", "call:pid", &wait, "call:recall", "call:pid"],
+        &[
+            "initialize",
+            "call:remember:{\"x\":\"kept by b\"}",
+            "call:pid",
+            &wait,
+            "call:recall",
+            "call:pid",
+        ],
     );
     for _ in 0..2 {
         b.next(Duration::from_secs(30)).await.expect("b's report");
@@ -502,7 +638,14 @@ async fn garbage_or_a_100_mib_line_ends_only_that_child_and_other_sessions_go_on
     let lines = sdk::python_with(
         &["--go-on"],
         &url,
-        &["initialize", "call:pid", "call:garbage", "call:pid", huge, "call:pid"],
+        &[
+            "initialize",
+            "call:pid",
+            "call:garbage",
+            "call:pid",
+            huge,
+            "call:pid",
+        ],
     )
     .await;
     let pids: Vec<String> = lines
@@ -510,14 +653,27 @@ async fn garbage_or_a_100_mib_line_ends_only_that_child_and_other_sessions_go_on
         .filter(|l| l["step"] == "call:pid")
         .map(|l| text_of(&l["ok"]))
         .collect();
-    assert_eq!(pids.len(), 3, "each call after a fault is served: {lines:#?}");
-    assert!(pids[0] != pids[1] && pids[1] != pids[2], "a new server after each fault: {pids:?}");
-    let garbage = lines.iter().find(|l| l["step"] == "call:garbage").expect("garbage step");
+    assert_eq!(
+        pids.len(),
+        3,
+        "each call after a fault is served: {lines:#?}"
+    );
+    assert!(
+        pids[0] != pids[1] && pids[1] != pids[2],
+        "a new server after each fault: {pids:?}"
+    );
+    let garbage = lines
+        .iter()
+        .find(|l| l["step"] == "call:garbage")
+        .expect("garbage step");
     assert!(
         failure_text(garbage).contains("not JSON-RPC"),
         "the reply names the fault: {garbage}"
     );
-    let long = lines.iter().find(|l| l["step"] == huge).expect("huge line step");
+    let long = lines
+        .iter()
+        .find(|l| l["step"] == huge)
+        .expect("huge line step");
     assert!(
         failure_text(long).contains("longer than 4194304 bytes"),
         "the reply names the fault: {long}"
@@ -525,23 +681,39 @@ async fn garbage_or_a_100_mib_line_ends_only_that_child_and_other_sessions_go_on
 
     assert!(registrar.is_running(), "the bridge survives");
     let rss = toolgate_tests::rss_kib(registrar.pid());
-    assert!(rss < 96 * 1024, "the bridge never held the 100 MiB line: RSS {rss} KiB");
+    assert!(
+        rss < 96 * 1024,
+        "the bridge never held the 100 MiB line: RSS {rss} KiB"
+    );
     std::fs::write(&flag, "").expect("let b go on");
+    b.next(Duration::from_secs(30))
+        .await
+        .expect("the wait step");
     let recall = b.next(Duration::from_secs(30)).await.expect("b's recall");
-    assert!(text_of(&recall["ok"]).contains("kept by b"), "b's server is untouched: {recall}");
+    assert!(
+        text_of(&recall["ok"]).contains("kept by b"),
+        "b's server is untouched: {recall}"
+    );
     let pid = b.next(Duration::from_secs(30)).await.expect("b's pid");
     assert_eq!(text_of(&pid["ok"]), b_pid);
     b.finish().await;
 }
 
-async fn post(http: &reqwest::Client, url: &str, session: Option<&str>, body: Value) -> reqwest::Response {
+async fn post(
+    http: &reqwest::Client,
+    url: &str,
+    session: Option<&str>,
+    body: Value,
+) -> reqwest::Response {
     let mut req = http
         .post(url)
         .header("content-type", "application/json")
         .header("accept", "application/json, text/event-stream")
         .json(&body);
     if let Some(s) = session {
-        req = req.header("mcp-session-id", s).header("mcp-protocol-version", "2025-11-25");
+        req = req
+            .header("mcp-session-id", s)
+            .header("mcp-protocol-version", "2025-11-25");
     }
     req.send().await.expect("POST to the bridge")
 }
@@ -572,7 +744,10 @@ async fn sessions_are_bounded_and_end_with_delete_or_idleness_taking_their_serve
     for _ in 0..2 {
         let resp = post(&http, &url, None, initialize()).await;
         assert_eq!(resp.status(), 200);
-        let id = resp.headers()["mcp-session-id"].to_str().expect("id").to_string();
+        let id = resp.headers()["mcp-session-id"]
+            .to_str()
+            .expect("id")
+            .to_string();
         sessions.push(id);
     }
     assert_eq!(servers(), 3, "a server per session");
@@ -589,20 +764,36 @@ async fn sessions_are_bounded_and_end_with_delete_or_idleness_taking_their_serve
         .await
         .expect("DELETE");
     assert_eq!(resp.status(), 204);
-    wait_until("the deleted session's server exits", Duration::from_secs(10), || async {
-        servers() == 2
-    })
+    wait_until(
+        "the deleted session's server exits",
+        Duration::from_secs(10),
+        || async { servers() == 2 },
+    )
     .await;
-    let gone = post(&http, &url, Some(&sessions[0]), json!({"jsonrpc": "2.0", "id": 2, "method": "ping"})).await;
+    let gone = post(
+        &http,
+        &url,
+        Some(&sessions[0]),
+        json!({"jsonrpc": "2.0", "id": 2, "method": "ping"}),
+    )
+    .await;
     assert_eq!(gone.status(), 404);
     let resp = post(&http, &url, None, initialize()).await;
     assert_eq!(resp.status(), 200, "a place again");
 
-    wait_until("idle sessions end with their servers", Duration::from_secs(15), || async {
-        servers() == 1
-    })
+    wait_until(
+        "idle sessions end with their servers",
+        Duration::from_secs(15),
+        || async { servers() == 1 },
+    )
     .await;
-    let idle = post(&http, &url, Some(&sessions[1]), json!({"jsonrpc": "2.0", "id": 3, "method": "ping"})).await;
+    let idle = post(
+        &http,
+        &url,
+        Some(&sessions[1]),
+        json!({"jsonrpc": "2.0", "id": 3, "method": "ping"}),
+    )
+    .await;
     assert_eq!(idle.status(), 404);
 }
 
@@ -620,17 +811,27 @@ async fn a_wedged_stdio_server_leaves_rotation_and_is_restarted() {
     assert_eq!(pool.len(), 1, "the pool's server alone");
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pool[0]), Signal::SIGSTOP).expect("SIGSTOP");
 
-    wait_until("the wedged server leaves rotation", Duration::from_secs(20), || async {
-        stack.healthy("pystdio").await.is_empty()
-    })
+    wait_until(
+        "the wedged server leaves rotation",
+        Duration::from_secs(20),
+        || async { stack.healthy("pystdio").await.is_empty() },
+    )
     .await;
-    wait_until("a new server is started in its place", Duration::from_secs(30), || async {
-        let now = children_of(registrar.pid());
-        now.len() == 1 && now[0] != pool[0]
-    })
+    wait_until(
+        "a new server is started in its place",
+        Duration::from_secs(30),
+        || async {
+            let now = children_of(registrar.pid());
+            now.len() == 1 && now[0] != pool[0]
+        },
+    )
     .await;
     serving(&stack, "pystdio", &meta).await;
     assert!(registrar.log().contains("hangs"), "{}", registrar.log());
-    let lines = sdk::python(&stack.url("pystdio"), &["initialize", "call:echo:{\"text\":\"back\"}"]).await;
+    let lines = sdk::python(
+        &stack.url("pystdio"),
+        &["initialize", "call:echo:{\"text\":\"back\"}"],
+    )
+    .await;
     assert_eq!(text_of(ok(&lines, "call:echo:{\"text\":\"back\"}")), "back");
 }
