@@ -12,8 +12,8 @@ use serde_json::{json, Value};
 use toolgate_model::{InstanceMetadata, ProbeKind};
 use toolgate_tests::sdk::{self, PythonLive};
 use toolgate_tests::{
-    filesystem_server, memory_server, python_bin, wait_until, NodeClient, Proc, Registrant, Sdk,
-    Stack, TestEnv,
+    children_of, filesystem_server, memory_server, python_bin, wait_until, NodeClient, Proc,
+    Registrant, Sdk, Stack, TestEnv,
 };
 
 /// `.venv/bin/python tests/python/stdio_server.py`.
@@ -148,28 +148,6 @@ fn failure_text(report: &Value) -> String {
         return text_of(r);
     }
     panic!("no MCP reply: {report}");
-}
-
-/// The processes whose parent is `pid`.
-fn children_of(pid: i32) -> Vec<i32> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(child) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
-            continue;
-        };
-        // pid (comm) state ppid ...: comm may hold spaces, so read after its ')'.
-        let ppid = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-            .and_then(|p| p.parse::<i32>().ok());
-        if ppid == Some(pid) {
-            out.push(child);
-        }
-    }
-    out
 }
 
 #[tokio::test]
@@ -804,7 +782,9 @@ async fn a_wedged_stdio_server_leaves_rotation_and_is_restarted() {
     let (python, args) = python_stdio_server();
     let registrant = Registrant::stdio(&stack.etcd.endpoint(), "pystdio")
         .arg("--spares", "0")
-        .arg("--hang-timeout", "3s")
+        // Longer than toolgate-xds takes to miss two probes (2 s apart): the gateway must see
+        // the wedge through the bridge's answers before the bridge restarts the server.
+        .arg("--hang-timeout", "8s")
         .child(&python, &args);
     let (registrar, meta) = join(&env, &stack, "pystdio", registrant).await;
     let pool = children_of(registrar.pid());
