@@ -138,11 +138,12 @@ struct Args {
     /// The cap of the delay between restarts.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     restart_delay_max: Duration,
-    #[command(flatten)]
-    stdio: StdioArgs,
     /// The server to run as a child, after `--`.
     #[arg(last = true)]
     command: Vec<String>,
+    // Last: its help heading would also take the fields after it.
+    #[command(flatten)]
+    stdio: StdioArgs,
 }
 
 /// Bridging a stdio MCP server.
