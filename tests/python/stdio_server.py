@@ -15,6 +15,9 @@ Tools:
   progress(steps)        reports `steps` progress notifications, then returns
   ask(question)          asks the client for an answer (elicitation) and returns it
   slow(seconds)          sleeps, then returns
+  until_cancelled(marker, seconds)
+                         writes `marker`.started, sleeps; if the call is cancelled, writes
+                         `marker` before it ends
   garbage()              writes a line that is not JSON-RPC on its stdout, then returns
   huge_line(mib)         writes one line of `mib` MiB on its stdout, then returns
 """
@@ -77,6 +80,19 @@ async def ask(question: str, ctx: Context) -> str:
 @server.tool()
 async def slow(seconds: float = 1.0) -> str:
     await asyncio.sleep(seconds)
+    return f"slept {seconds} s"
+
+
+@server.tool()
+async def until_cancelled(marker: str, seconds: float = 30.0) -> str:
+    with open(marker + ".started", "w") as f:
+        f.write(str(os.getpid()))
+    try:
+        await asyncio.sleep(seconds)
+    except asyncio.CancelledError:
+        with open(marker, "w") as f:
+            f.write("cancelled")
+        raise
     return f"slept {seconds} s"
 
 

@@ -776,6 +776,69 @@ async fn sessions_are_bounded_and_end_with_delete_or_idleness_taking_their_serve
 }
 
 #[tokio::test]
+async fn a_call_the_agent_cancels_is_cancelled_in_the_stdio_server_and_answered_at_once() {
+    let env = TestEnv::new("stdio_cancel");
+    let stack = Stack::start(&env).await;
+    let (python, args) = python_stdio_server();
+    let registrant = Registrant::stdio(&stack.etcd.endpoint(), "pystdio").child(&python, &args);
+    let (_registrar, _) = join(&env, &stack, "pystdio", registrant).await;
+    // Through the gateway, as an agent speaks.
+    let url = stack.url("pystdio");
+    let http = reqwest::Client::new();
+    let resp = post(&http, &url, None, initialize()).await;
+    assert_eq!(resp.status(), 200);
+    let session = resp.headers()["mcp-session-id"]
+        .to_str()
+        .expect("id")
+        .to_string();
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    post(&http, &url, Some(&session), initialized).await;
+
+    let marker = env.path("cancelled");
+    let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
+        "name": "until_cancelled", "arguments": {"marker": marker, "seconds": 30}}});
+    let pending = tokio::spawn({
+        let (http, url, session) = (http.clone(), url.clone(), session.clone());
+        async move {
+            let resp = post(&http, &url, Some(&session), call).await;
+            let status = resp.status();
+            (status, resp.text().await.unwrap_or_default())
+        }
+    });
+    let started = PathBuf::from(format!("{}.started", marker.display()));
+    wait_until("the tool runs", Duration::from_secs(20), || async {
+        started.exists()
+    })
+    .await;
+    let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+        "params": {"requestId": 7, "reason": "the agent gave up"}});
+    let resp = post(&http, &url, Some(&session), cancel).await;
+    assert_eq!(resp.status(), 202);
+    let (status, body) = tokio::time::timeout(Duration::from_secs(10), pending)
+        .await
+        .expect("the cancelled call is answered at once, not when the tool would end")
+        .expect("the call's task");
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("\"id\":7") && body.contains("cancelled by the client"),
+        "the caller hears its call was cancelled: {body}"
+    );
+    wait_until(
+        "the server's tool is cancelled",
+        Duration::from_secs(10),
+        || async { marker.exists() },
+    )
+    .await;
+
+    // The session goes on, on the same server.
+    let echo = json!({"jsonrpc": "2.0", "id": 8, "method": "tools/call", "params": {
+        "name": "echo", "arguments": {"text": "still here"}}});
+    let resp = post(&http, &url, Some(&session), echo).await;
+    let body = resp.text().await.unwrap_or_default();
+    assert!(body.contains("still here"), "{body}");
+}
+
+#[tokio::test]
 async fn a_wedged_stdio_server_leaves_rotation_and_is_restarted() {
     let env = TestEnv::new("stdio_wedged");
     let stack = Stack::start(&env).await;
