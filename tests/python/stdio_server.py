@@ -15,6 +15,7 @@ Tools:
   progress(steps)        reports `steps` progress notifications, then returns
   ask(question)          asks the client for an answer (elicitation) and returns it
   slow(seconds)          sleeps, then returns
+  complain(text)         writes the text on its stderr
   until_cancelled(marker, seconds)
                          writes `marker`.started, sleeps; if the call is cancelled, writes
                          `marker` before it ends
@@ -24,6 +25,7 @@ Tools:
 
 import asyncio
 import os
+import sys
 
 from pydantic import BaseModel
 
@@ -81,6 +83,12 @@ async def ask(question: str, ctx: Context) -> str:
 async def slow(seconds: float = 1.0) -> str:
     await asyncio.sleep(seconds)
     return f"slept {seconds} s"
+
+
+@server.tool()
+def complain(text: str) -> str:
+    print(text, file=sys.stderr, flush=True)
+    return "said it on stderr"
 
 
 @server.tool()

@@ -128,6 +128,25 @@ fn text_of(result: &Value) -> String {
         .join(" ")
 }
 
+/// A log line without its ANSI colours.
+fn without_colours(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // ESC [ ... m
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// The Python client's report of `step`; panics with every report if it is not a result.
 fn ok<'a>(lines: &'a [Value], step: &str) -> &'a Value {
     lines
@@ -333,11 +352,36 @@ async fn a_python_sdk_stdio_server_joins_and_serves_2025_sessions_and_2026_reque
     );
 
     let url = stack.url("pystdio");
-    let lines = sdk::python(&url, &["initialize", "call:echo:{\"text\":\"legacy\"}"]).await;
+    let complain = "call:complain:{\"text\":\"a line on stderr\"}";
+    let lines = sdk::python(
+        &url,
+        &[
+            "initialize",
+            "call:echo:{\"text\":\"legacy\"}",
+            complain,
+            "call:pid",
+        ],
+    )
+    .await;
     assert_eq!(
         text_of(ok(&lines, "call:echo:{\"text\":\"legacy\"}")),
         "legacy"
     );
+    ok(&lines, complain);
+    // The server's stderr is in the registrar's log, with the server's pid.
+    let pid = text_of(ok(&lines, "call:pid"));
+    wait_until(
+        "the server's stderr line is logged with its pid",
+        Duration::from_secs(10),
+        || async {
+            registrar
+                .log()
+                .lines()
+                .map(without_colours)
+                .any(|l| l.contains("a line on stderr") && l.contains(&format!("pid={pid}")))
+        },
+    )
+    .await;
     let lines = sdk::python_in_mode(
         &url,
         "2026-07-28",
