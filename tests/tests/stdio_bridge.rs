@@ -882,6 +882,136 @@ async fn a_call_the_agent_cancels_is_cancelled_in_the_stdio_server_and_answered_
     assert!(body.contains("still here"), "{body}");
 }
 
+/// The JSON-RPC message of an answer, sent as JSON or as an SSE stream.
+fn answer_of(body: &str) -> Value {
+    if let Ok(v) = serde_json::from_str::<Value>(body) {
+        return v;
+    }
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+        .find(|v| v.get("result").is_some() || v.get("error").is_some())
+        .unwrap_or(Value::Null)
+}
+
+/// Opens a 2025-11-25 session at `url`; its id.
+async fn open_session(http: &reqwest::Client, url: &str) -> String {
+    let resp = post(http, url, None, initialize()).await;
+    assert_eq!(resp.status(), 200);
+    let id = resp.headers()["mcp-session-id"]
+        .to_str()
+        .expect("id")
+        .to_string();
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    post(http, url, Some(&id), initialized).await;
+    id
+}
+
+async fn call(
+    http: &reqwest::Client,
+    url: &str,
+    session: &str,
+    id: u64,
+    tool: &str,
+    args: Value,
+) -> Value {
+    let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+        "params": {"name": tool, "arguments": args}});
+    let resp = post(http, url, Some(session), body).await;
+    answer_of(&resp.text().await.unwrap_or_default())
+}
+
+#[tokio::test]
+async fn a_server_that_stops_reading_fills_only_its_own_queue_and_other_sessions_go_on() {
+    let env = TestEnv::new("stdio_full_pipe");
+    let stack = Stack::start(&env).await;
+    let (python, args) = python_stdio_server();
+    // No hang detection: the stopped server stays, its queue full, for as long as the test
+    // looks.
+    let registrant = Registrant::stdio(&stack.etcd.endpoint(), "pystdio")
+        .arg("--hang-timeout", "0")
+        .child(&python, &args);
+    let (mut registrar, meta) = join(&env, &stack, "pystdio", registrant).await;
+    let bridge = format!("http://{}/mcp", meta.endpoint);
+    let http = reqwest::Client::new();
+
+    let a = open_session(&http, &bridge).await;
+    let a_pid: i32 = text_of(&call(&http, &bridge, &a, 2, "pid", json!({})).await["result"])
+        .parse()
+        .expect("a pid");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(a_pid), Signal::SIGSTOP).expect("SIGSTOP");
+
+    // 16 calls of 1.5 MiB to a server that reads nothing: more than its queue (16 MiB) holds.
+    let big = "x".repeat(3 << 19);
+    let mut flood = Vec::new();
+    for i in 0..16u64 {
+        let (http, bridge, a, big) = (http.clone(), bridge.clone(), a.clone(), big.clone());
+        flood.push(tokio::spawn(async move {
+            call(&http, &bridge, &a, 100 + i, "echo", json!({"text": big})).await
+        }));
+    }
+    // The calls beyond the queue are refused at once, naming the server.
+    let mut refused = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while refused.len() < 4 && Instant::now() < deadline {
+        for task in flood.iter_mut().filter(|t| t.is_finished()) {
+            let answer = task.await.expect("a call's task");
+            refused.push(answer);
+        }
+        flood.retain(|t| !t.is_finished());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        refused.len() >= 4,
+        "the calls beyond the queue were answered at once: {} of 16",
+        refused.len()
+    );
+    for answer in &refused {
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("is not reading its input") && message.contains(&a_pid.to_string()),
+            "{answer}"
+        );
+    }
+    assert!(!flood.is_empty(), "some calls wait in the queue");
+
+    // Another session, on its own server, goes on through the gateway meanwhile.
+    let t0 = Instant::now();
+    let lines = sdk::python(
+        &stack.url("pystdio"),
+        &["initialize", "call:echo:{\"text\":\"b goes on\"}"],
+    )
+    .await;
+    assert_eq!(
+        text_of(ok(&lines, "call:echo:{\"text\":\"b goes on\"}")),
+        "b goes on"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(15));
+    assert!(registrar.is_running());
+
+    // Once the server reads again, the calls that waited in its queue are answered (the
+    // others were refused as above, maybe after this test last looked).
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(a_pid), Signal::SIGCONT).expect("SIGCONT");
+    let mut answered = 0;
+    for task in flood {
+        let answer = tokio::time::timeout(Duration::from_secs(30), task)
+            .await
+            .expect("a queued call is answered")
+            .expect("a call's task");
+        if answer.get("result").is_some() {
+            assert_eq!(text_of(&answer["result"]).len(), big.len());
+            answered += 1;
+        } else {
+            let message = answer["error"]["message"].as_str().unwrap_or_default();
+            assert!(message.contains("is not reading its input"), "{answer}");
+        }
+    }
+    assert!(
+        answered >= 5,
+        "the queue held calls until the server read them: {answered} answered"
+    );
+}
+
 #[tokio::test]
 async fn a_wedged_stdio_server_leaves_rotation_and_is_restarted() {
     let env = TestEnv::new("stdio_wedged");
