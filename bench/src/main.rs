@@ -13,6 +13,7 @@ mod propagation;
 mod removal;
 mod scale;
 mod stats;
+mod stdio;
 
 use std::cell::Cell;
 use std::path::PathBuf;
@@ -50,6 +51,10 @@ enum Suite {
     /// Issue 20: the 1 KB JSON `tools/call` with a bearer token verified by `jwt_authn` and
     /// one rule per tool, against the same filter without auth (two Envoys, ABBA pairs).
     Auth,
+    /// stdio servers behind the gateway (`toolgate-register --stdio`): server-memory's
+    /// `tools/call` over its pipes, through the gateway shared, per session and pooled, and
+    /// through mcp-proxy; the session start with a server spawned per session.
+    Stdio,
 }
 
 #[derive(Parser, Debug)]
@@ -63,7 +68,7 @@ struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "propagation,removal,failfast,fleet,scale,probe-cost,aggregate,auth,dataplane"
+        default_value = "propagation,removal,failfast,fleet,scale,probe-cost,aggregate,auth,stdio,dataplane"
     )]
     suites: Vec<Suite>,
     /// Short run (about 2 minutes, a smoke test of every suite): smaller sizes, fewer trials,
@@ -80,14 +85,14 @@ struct Args {
     /// Single changes measured per instance count [default: 200; quick: 50].
     #[arg(long)]
     changes: Option<usize>,
-    /// Data plane, aggregate and auth: repetitions of each variant [default: data plane 5,
-    /// aggregate 8, auth 10; quick: 2].
+    /// Data plane, aggregate, auth and stdio: repetitions of each variant [default: data
+    /// plane 5, aggregate 8, auth 10, stdio 5; quick: 2, stdio 1].
     #[arg(long)]
     reps: Option<usize>,
-    /// Data plane, aggregate and auth: seconds per wrk run [default: 5; quick: 2].
+    /// Data plane, aggregate, auth and stdio: seconds per run [default: 5; quick: 2].
     #[arg(long)]
     secs: Option<u64>,
-    /// Data plane: wrk connections.
+    /// Data plane and stdio: connections (calls in flight).
     #[arg(long, default_value_t = 16)]
     connections: u32,
     /// Data plane and the auth breakdown: the do-nothing wasm filter (bench/noop-filter built
@@ -337,6 +342,24 @@ async fn main() -> anyhow::Result<()> {
         let r = auth::run(&env, machine.cores, &opts).await?;
         println!("{}", r.markdown());
         report["auth"] = serde_json::to_value(&r)?;
+    }
+
+    if args.suites.contains(&Suite::Stdio) {
+        let opts = stdio::Options {
+            reps: args.reps.unwrap_or(if args.quick { 1 } else { 5 }),
+            secs: args.secs.unwrap_or(if args.quick { 2 } else { 5 }),
+            warmup_secs: if args.quick { 1 } else { 2 },
+            in_flight: args.connections as usize,
+            session_starts: if args.quick { 10 } else { 50 },
+        };
+        eprintln!(
+            "stdio servers: {} runs of each variant, {} s each ...",
+            opts.reps, opts.secs
+        );
+        let env = TestEnv::new("bench_stdio");
+        let r = stdio::run(&env, &opts).await?;
+        println!("{}", r.markdown());
+        report["stdio"] = serde_json::to_value(&r)?;
     }
 
     if args.suites.contains(&Suite::Fleet) {

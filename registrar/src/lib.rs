@@ -23,6 +23,7 @@ pub mod liveness;
 pub mod probe_kind;
 pub mod ready;
 pub mod restart;
+pub mod stdio;
 pub mod tools;
 
 pub use config::{Registrar, MIN_TTL_SECS};

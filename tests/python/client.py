@@ -1,9 +1,15 @@
 """Drives one MCP session with the official Python SDK and prints what the SDK handed back.
 
-usage: client.py [--mode MODE] URL STEP [STEP ...]
-  STEP: "initialize" | "list" | "call:TOOL[:ARGUMENTS_JSON]" | "ping" | "wait:PATH"
+usage: client.py [--mode MODE] [--elicit-answer TEXT] [--go-on] URL STEP [STEP ...]
+  STEP: "initialize" | "list" | "call:TOOL[:ARGUMENTS_JSON]" | "progress-call:TOOL[:ARGUMENTS_JSON]"
+        | "ping" | "wait:PATH"
         ("wait:PATH" sends nothing: it writes PATH.waiting, every step before it done, and
-        waits until PATH exists, so a test can act between two steps of one session)
+        waits until PATH exists, so a test can act between two steps of one session;
+        "progress-call" is "call" with a progress callback: it reports
+        {"result", "progress": [{"progress", "total", "message"}, ...]})
+  --go-on: go on after a step that got an MCP error (a transport failure still stops)
+  --elicit-answer TEXT: the client supports elicitation and accepts every request of the
+        server with {"answer": TEXT} (without it the SDK declines)
   MODE: the SDK's `Client(mode=...)`: "auto" (probe `server/discover`, fall back to
         `initialize`) or a 2026-era version such as "2026-07-28". Without it, a
         `ClientSession` does the legacy `initialize` handshake itself (step "initialize").
@@ -27,6 +33,7 @@ import sys
 from mcp import Client, ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
+from mcp_types import ElicitResult
 
 
 def dump(model) -> dict:
@@ -41,7 +48,31 @@ async def wait_for_file(path: str) -> dict:
     return {}
 
 
+async def call_with_progress(call, what: str) -> dict:
+    _, tool, *rest = what.split(":", 2)
+    arguments = json.loads(rest[0]) if rest else {}
+    seen: list[dict] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append({"progress": progress, "total": total, "message": message})
+
+    result = await call(tool, arguments, progress_callback=on_progress)
+    return {"result": dump(result), "progress": seen}
+
+
+def elicitation_callback(answer: str | None):
+    if answer is None:
+        return None
+
+    async def answer_it(context, params):
+        return ElicitResult(action="accept", content={"answer": answer})
+
+    return answer_it
+
+
 async def step(session: ClientSession, what: str):
+    if what.startswith("progress-call:"):
+        return await call_with_progress(session.call_tool, what)
     if what.startswith("wait:"):
         return await wait_for_file(what[len("wait:"):])
     if what == "initialize":
@@ -58,6 +89,8 @@ async def step(session: ClientSession, what: str):
 
 
 async def client_step(client: Client, what: str):
+    if what.startswith("progress-call:"):
+        return await call_with_progress(client.call_tool, what)
     if what.startswith("wait:"):
         return await wait_for_file(what[len("wait:"):])
     if what == "initialize":
@@ -75,6 +108,9 @@ async def client_step(client: Client, what: str):
     raise ValueError(f"unknown step {what!r}")
 
 
+GO_ON = False
+
+
 async def run_steps(run, steps: list[str]) -> None:
     for what in steps:
         try:
@@ -85,29 +121,39 @@ async def run_steps(run, steps: list[str]) -> None:
                 json.dumps({"step": what, "mcp_error": {"code": e.code, "message": e.message}}),
                 flush=True,
             )
-            return
+            if not GO_ON:
+                return
         except BaseException as e:  # noqa: BLE001 - the test wants to see any failure
             print(json.dumps({"step": what, "exception": repr(e)}), flush=True)
             return
 
 
-async def main(url: str, steps: list[str], mode: str | None) -> None:
+async def main(url: str, steps: list[str], mode: str | None, answer: str | None) -> None:
     if mode is not None:
-        async with Client(url, mode=mode) as client:
+        async with Client(url, mode=mode, elicitation_callback=elicitation_callback(answer)) as client:
             await run_steps(lambda what: client_step(client, what), steps)
         return
     async with streamable_http_client(url, terminate_on_close=False) as streams:
         read, write = streams[0], streams[1]
-        async with ClientSession(read, write) as session:
+        async with ClientSession(read, write, elicitation_callback=elicitation_callback(answer)) as session:
             await run_steps(lambda what: step(session, what), steps)
 
 
 if __name__ == "__main__":
     args = sys.argv[1:]
     mode = None
-    if args[:1] == ["--mode"]:
-        mode, args = args[1], args[2:]
+    answer = None
+    while args[:1] in (["--mode"], ["--elicit-answer"], ["--go-on"]):
+        if args[0] == "--go-on":
+            GO_ON = True
+            args = args[1:]
+            continue
+        if args[0] == "--mode":
+            mode = args[1]
+        else:
+            answer = args[1]
+        args = args[2:]
     try:
-        asyncio.run(asyncio.wait_for(main(args[0], args[1:], mode), timeout=85))
+        asyncio.run(asyncio.wait_for(main(args[0], args[1:], mode, answer), timeout=85))
     except BaseException as e:  # noqa: BLE001
         print(json.dumps({"step": "session", "exception": repr(e)}), flush=True)

@@ -29,9 +29,10 @@ pub use issuer::Issuer;
 pub use mcp::{McpSession, Reply};
 pub use node::{NodeClient, NodeRun, Sdk};
 pub use paths::{
-    everything_server, filter_wasm, free_port, loopback_preload, project_bin, python_bin, tool_bin,
+    everything_server, filesystem_server, filter_wasm, free_port, loopback_preload, memory_server,
+    project_bin, python_bin, tool_bin,
 };
-pub use process::{cpu_ticks, rss_kib, Proc};
+pub use process::{children_of, cpu_ticks, rss_kib, Proc};
 pub use servers::{McpServer, Member, Registrant, ServerCommand};
 pub use stack::{Options, Stack};
 pub use testenv::TestEnv;

@@ -73,6 +73,32 @@ pub fn everything_server() -> PathBuf {
     path
 }
 
+/// `dist/index.js` of a reference server that `make setup` installs into
+/// `tests/node/node_modules` (pinned by tests/node/package.json).
+fn node_server(package: &str) -> PathBuf {
+    let path = workspace_root().join(format!(
+        "tests/node/node_modules/@modelcontextprotocol/{package}/dist/index.js"
+    ));
+    assert!(
+        path.exists(),
+        "{} is missing: run `make setup` first",
+        path.display()
+    );
+    path
+}
+
+/// `@modelcontextprotocol/server-memory`, a stdio server (a knowledge graph kept in the file
+/// `MEMORY_FILE_PATH` names). Run it as `node <this>`.
+pub fn memory_server() -> PathBuf {
+    node_server("server-memory")
+}
+
+/// `@modelcontextprotocol/server-filesystem`, a stdio server. Run it as
+/// `node <this> <allowed directory>...`.
+pub fn filesystem_server() -> PathBuf {
+    node_server("server-filesystem")
+}
+
 /// `tests/node/loopback.mjs`: a Node preload (`node --import`) that turns a listen on every
 /// interface into one on 127.0.0.1, for servers such as the everything-server that bind all
 /// interfaces and take no host setting.

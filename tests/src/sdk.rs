@@ -20,6 +20,54 @@ pub async fn python_in_mode(url: &str, mode: &str, steps: &[&str]) -> Vec<Value>
     run_python(&["--mode", mode], url, steps).await
 }
 
+/// [`python`] with `client.py` options first (`--mode MODE`, `--elicit-answer TEXT`).
+pub async fn python_with(options: &[&str], url: &str, steps: &[&str]) -> Vec<Value> {
+    run_python(options, url, steps).await
+}
+
+/// `tests/python/client.py` running, its step reports read as they come: for a test that acts
+/// while a step is in flight (kills a server under a call).
+pub struct PythonLive {
+    child: tokio::process::Child,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+impl PythonLive {
+    pub fn spawn(options: &[&str], url: &str, steps: &[&str]) -> PythonLive {
+        let mut child = tokio::process::Command::new(workspace_root().join(".venv/bin/python"))
+            .arg(workspace_root().join("tests/python/client.py"))
+            .args(options)
+            .arg(url)
+            .args(steps)
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("the python client runs");
+        let stdout = child.stdout.take().expect("piped stdout");
+        PythonLive {
+            child,
+            lines: tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout)),
+        }
+    }
+
+    /// The next step's report, within `within`; `None` once the client printed its last.
+    pub async fn next(&mut self, within: Duration) -> Option<Value> {
+        loop {
+            let line = tokio::time::timeout(within, self.lines.next_line())
+                .await
+                .expect("the python client reported its next step in time")
+                .ok()??;
+            if let Ok(v) = serde_json::from_str(&line) {
+                return Some(v);
+            }
+        }
+    }
+
+    pub async fn finish(mut self) {
+        let _ = tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await;
+    }
+}
+
 async fn run_python(options: &[&str], url: &str, steps: &[&str]) -> Vec<Value> {
     let python = workspace_root().join(".venv/bin/python");
     let script = workspace_root().join("tests/python/client.py");

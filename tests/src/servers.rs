@@ -289,6 +289,29 @@ impl Registrant {
         }
     }
 
+    /// `toolgate-register --etcd <etcd> --service <service> --stdio`: the registrar bridges a
+    /// stdio server (the child given with [`child`](Self::child)) and registers the endpoint
+    /// it serves.
+    pub fn stdio(etcd: &str, service: &str) -> Registrant {
+        Registrant {
+            args: vec![
+                "--etcd".into(),
+                etcd.into(),
+                "--service".into(),
+                service.into(),
+                "--stdio".into(),
+            ],
+            child: Vec::new(),
+            env: Vec::new(),
+        }
+    }
+
+    /// A flag without a value (`--shared`).
+    pub fn flag(mut self, flag: &str) -> Self {
+        self.args.push(flag.into());
+        self
+    }
+
     pub fn arg(mut self, flag: &str, value: &str) -> Self {
         self.args.push(flag.into());
         self.args.push(value.into());

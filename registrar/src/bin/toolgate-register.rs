@@ -5,6 +5,9 @@
 //! SIGTERM on, and exits with the child's code. A child that exits on its own is deregistered
 //! at once and, as `--restart` says, started again and registered once it passes its probe.
 //! Without `--tools` it registers the tools the server lists and keeps that list current.
+//!
+//! With `--stdio` the command is a stdio MCP server: the registrar bridges it (see
+//! `toolgate_registrar::stdio`), serving Streamable HTTP on `--listen` and registering that.
 
 use std::process::{ExitCode, ExitStatus};
 use std::time::Duration;
@@ -46,9 +49,10 @@ struct Args {
     /// Service name ([A-Za-z0-9_.-]{1,128}).
     #[arg(long)]
     service: String,
-    /// Where the instance listens, host:port (IPv6 as [::1]:8080).
-    #[arg(long)]
-    endpoint: Endpoint,
+    /// Where the instance listens, host:port (IPv6 as [::1]:8080). With --stdio: where
+    /// gateways reach the bridge (default: the --listen address).
+    #[arg(long, required_unless_present = "stdio")]
+    endpoint: Option<Endpoint>,
     /// Tool names the instance serves, comma-separated. Without it the server's own
     /// `tools/list` (over MCP) decides, and the registered list follows its changes.
     #[arg(long, value_delimiter = ',')]
@@ -137,6 +141,81 @@ struct Args {
     /// The server to run as a child, after `--`.
     #[arg(last = true)]
     command: Vec<String>,
+    // Last: its help heading would also take the fields after it.
+    #[command(flatten)]
+    stdio: StdioArgs,
+}
+
+/// Bridging a stdio MCP server.
+#[derive(clap::Args, Debug)]
+#[command(next_help_heading = "Bridging a stdio server (--stdio)")]
+struct StdioArgs {
+    /// The command after `--` is a stdio MCP server (JSON-RPC on its stdin and stdout, one
+    /// client per process): serve it as Streamable HTTP on --listen, in every revision the
+    /// gateway speaks, and register that endpoint (probed with mcp, tools listed from a
+    /// server). By default each MCP session gets a server process of its own; see --shared.
+    /// 2026-07-28 requests go to a pool of servers (--pool). A server that exits, hangs, or
+    /// writes a line that is not JSON-RPC or longer than --max-message-bytes is ended, the
+    /// calls waiting on it get JSON-RPC errors saying so, and it is started again as
+    /// --restart says. Its stderr goes to this log with its pid.
+    #[arg(long)]
+    stdio: bool,
+    /// Where the bridge serves MCP (its path is --mcp-path) [default: 127.0.0.1 on a free
+    /// port]. For an address gateways cannot reach as it is (0.0.0.0), give --endpoint.
+    #[arg(long, value_name = "ADDR", requires = "stdio")]
+    listen: Option<std::net::SocketAddr>,
+    /// One server process for every session, opened by the bridge: ids are rewritten so that
+    /// each answer and progress notification reaches its session, list changes go to every
+    /// session, and other messages of the server (requests to the client, log messages) to the
+    /// session whose call has waited longest. For servers that keep no per-client state:
+    /// far cheaper than a process per session.
+    #[arg(long, requires = "stdio")]
+    shared: bool,
+    /// The most MCP sessions at once (each with its own server process unless --shared);
+    /// beyond, `initialize` gets HTTP 503 with a JSON-RPC error saying so.
+    #[arg(long, default_value_t = 32)]
+    max_sessions: usize,
+    /// A session unused this long (no request in progress, no GET stream) ends, and its
+    /// server with it; 0 never.
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    session_idle_timeout: Duration,
+    /// Server processes kept warm for 2026-07-28 requests (which stand alone), the tool
+    /// listing and the probes; the least busy takes each request.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pool: u16,
+    /// Server processes started ahead for new sessions, so that a session does not wait for
+    /// one to start (not with --shared).
+    #[arg(long, default_value_t = 1)]
+    spares: usize,
+    /// The longest JSON-RPC message, either way: a longer request is refused (413), a server
+    /// that writes a longer line is ended. Bytes, or with KiB/MiB/GiB.
+    #[arg(long, default_value = "4MiB", value_parser = parse_bytes)]
+    max_message_bytes: usize,
+    /// A server with calls waiting that writes nothing this long is sent a ping, and ended as
+    /// hung if it does not answer that within as long; 0 never.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    hang_timeout: Duration,
+}
+
+fn parse_bytes(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let (digits, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => s.split_at(i),
+        None => (s, ""),
+    };
+    let n: usize = digits
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of bytes (4194304, 4MiB)"))?;
+    let scale: usize = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" | "K" | "k" => 1 << 10,
+        "MiB" | "M" => 1 << 20,
+        "GiB" | "G" => 1 << 30,
+        other => return Err(format!("unit {other:?} is not one of KiB, MiB, GiB")),
+    };
+    n.checked_mul(scale)
+        .filter(|n| *n > 0)
+        .ok_or_else(|| format!("{s:?} is not a usable number of bytes"))
 }
 
 fn parse_label(s: &str) -> Result<(String, String), String> {
@@ -192,49 +271,15 @@ impl From<RegisterError> for Failure {
 }
 
 async fn run(args: Args) -> Result<ExitCode, Failure> {
-    let access = args
-        .access
-        .load()
-        .map_err(|e| Failure::Usage(e.to_string()))?;
-    let given: Option<Vec<String>> = args
-        .tools
-        .as_ref()
-        .map(|t| t.iter().filter(|t| !t.is_empty()).cloned().collect());
-    let mut registrar = Registrar::new(&args.etcd, &args.service, args.endpoint.clone())
-        .etcd_access(access)
-        .prefix(&args.prefix)
-        .tools(given.clone().unwrap_or_default())
-        .ttl_secs(args.ttl)
-        .startup_timeout(args.etcd_timeout)
-        .metadata(|m| {
-            m.weight = args.weight;
-            m.mcp_path = args.mcp_path.clone();
-            m.health_path = args.health_path.clone();
-            m.version = args.server_version.clone();
-            m.zone = args.zone.clone();
-            m.labels = args.labels.iter().cloned().collect();
-        });
-    if let Some(id) = &args.instance_id {
-        registrar = registrar.instance_id(id);
+    if args.stdio.stdio {
+        return run_stdio(args).await;
     }
-    // Everything the user typed is checked before a process is started or etcd is touched.
-    registrar.validate()?;
-
-    // Bound before anything else can fail late: a probe must find the port from the start.
-    let (readiness, readiness_rx) = watch::channel(Readiness::Starting);
-    if let Some(addr) = args.ready_listen {
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|e| Failure::Usage(format!("cannot listen on --ready-listen {addr}: {e}")))?;
-        let mut closed = readiness_rx.clone();
-        tokio::spawn(async move {
-            let shutdown = async move { while closed.changed().await.is_ok() {} };
-            if let Err(e) = ready::serve(listener, readiness_rx, shutdown).await {
-                warn!(error = %e, "the readiness endpoint stopped");
-            }
-        });
-        info!(%addr, "serving GET /ready");
-    }
+    let Some(endpoint) = args.endpoint.clone() else {
+        return Err(Failure::Usage("--endpoint is required".into()));
+    };
+    let given = tools_given(&args);
+    let registrar = registrar_of(&args, endpoint.clone(), given.as_deref())?;
+    let readiness = serve_readiness(&args).await?;
 
     let mut child = match args.command.split_first() {
         Some((program, rest)) => Some(
@@ -244,20 +289,12 @@ async fn run(args: Args) -> Result<ExitCode, Failure> {
         None => None,
     };
     let mut started = tokio::time::Instant::now();
-    let mut restarts = Restarts::new(
-        args.restart,
-        restart::Limits {
-            limit: args.restart_limit,
-            window: args.restart_window,
-            delay: args.restart_delay,
-            max_delay: args.restart_delay_max,
-        },
-    );
+    let mut restarts = Restarts::new(args.restart, restart_limits(&args));
     let mut sigterm = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
 
     let target = Target::new(
-        args.endpoint.clone(),
+        endpoint.clone(),
         &args.health_path,
         &args.mcp_path,
         PROBE_TIMEOUT,
@@ -312,7 +349,7 @@ async fn run(args: Args) -> Result<ExitCode, Failure> {
             ProbeKind::Mcp => mcp.negotiated().map(|n| n.versions()).unwrap_or_default(),
             _ => Vec::new(),
         };
-        let (versions, dropped) = probe_kind::registrable_versions(&args.endpoint, listed);
+        let (versions, dropped) = probe_kind::registrable_versions(&endpoint, listed);
         if !dropped.is_empty() {
             warn!(
             ?dropped,
@@ -412,25 +449,25 @@ async fn run(args: Args) -> Result<ExitCode, Failure> {
                     } else {
                         // A server never seen accepting (registered before it runs, --tools given)
                         // is not yet watched for going away.
-                        liveness::until_accepting(&args.endpoint, args.watch_interval).await;
-                        liveness::until_refused(&args.endpoint, args.watch_interval).await
+                        liveness::until_accepting(&endpoint, args.watch_interval).await;
+                        liveness::until_refused(&endpoint, args.watch_interval).await
                     }
                 };
                 tokio::select! {
                     _ = sigterm.recv() => info!("SIGTERM: deregistering"),
                     _ = sigint.recv() => info!("SIGINT: deregistering"),
                     why = gone => {
-                        warn!(endpoint = %args.endpoint, %why,
+                        warn!(endpoint = %endpoint, %why,
                             "the server refuses connections (it crashed or stopped): deregistering \
                             until it accepts them again");
                         stopping.run(false).await;
                         readiness.send_replace(Readiness::ServerGone { why });
                         tokio::select! {
-                            () = liveness::until_accepting(&args.endpoint, args.watch_interval) => {}
+                            () = liveness::until_accepting(&endpoint, args.watch_interval) => {}
                             _ = sigterm.recv() => return Ok(ExitCode::SUCCESS),
                             _ = sigint.recv() => return Ok(ExitCode::SUCCESS),
                         }
-                        info!(endpoint = %args.endpoint,
+                        info!(endpoint = %endpoint,
                             "the server accepts connections again; registering it once it passes its probe");
                         readiness.send_replace(Readiness::Starting);
                         plan = Plan::rejoin(&args);
@@ -444,6 +481,227 @@ async fn run(args: Args) -> Result<ExitCode, Failure> {
         };
         return Ok(code);
     }
+}
+
+/// The tools given by hand (`--tools`), empty names left out.
+fn tools_given(args: &Args) -> Option<Vec<String>> {
+    args.tools
+        .as_ref()
+        .map(|t| t.iter().filter(|t| !t.is_empty()).cloned().collect())
+}
+
+fn restart_limits(args: &Args) -> restart::Limits {
+    restart::Limits {
+        limit: args.restart_limit,
+        window: args.restart_window,
+        delay: args.restart_delay,
+        max_delay: args.restart_delay_max,
+    }
+}
+
+/// What to register, from the flags; checked before a process is started or etcd is touched.
+fn registrar_of(
+    args: &Args,
+    endpoint: Endpoint,
+    given: Option<&[String]>,
+) -> Result<Registrar, Failure> {
+    let access = args
+        .access
+        .load()
+        .map_err(|e| Failure::Usage(e.to_string()))?;
+    let mut registrar = Registrar::new(&args.etcd, &args.service, endpoint)
+        .etcd_access(access)
+        .prefix(&args.prefix)
+        .tools(given.map(<[String]>::to_vec).unwrap_or_default())
+        .ttl_secs(args.ttl)
+        .startup_timeout(args.etcd_timeout)
+        .metadata(|m| {
+            m.weight = args.weight;
+            m.mcp_path = args.mcp_path.clone();
+            m.health_path = args.health_path.clone();
+            m.version = args.server_version.clone();
+            m.zone = args.zone.clone();
+            m.labels = args.labels.iter().cloned().collect();
+        });
+    if let Some(id) = &args.instance_id {
+        registrar = registrar.instance_id(id);
+    }
+    registrar.validate()?;
+    Ok(registrar)
+}
+
+/// Serves `GET /ready` when asked to; bound before anything else can fail late, so a probe
+/// finds the port from the start.
+async fn serve_readiness(args: &Args) -> Result<watch::Sender<Readiness>, Failure> {
+    let (readiness, readiness_rx) = watch::channel(Readiness::Starting);
+    if let Some(addr) = args.ready_listen {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| Failure::Usage(format!("cannot listen on --ready-listen {addr}: {e}")))?;
+        let mut closed = readiness_rx.clone();
+        tokio::spawn(async move {
+            let shutdown = async move { while closed.changed().await.is_ok() {} };
+            if let Err(e) = ready::serve(listener, readiness_rx, shutdown).await {
+                warn!(error = %e, "the readiness endpoint stopped");
+            }
+        });
+        info!(%addr, "serving GET /ready");
+    }
+    Ok(readiness)
+}
+
+/// `--stdio`: the bridge serves the stdio server on --listen; the registrar registers the
+/// bridge's endpoint, as it would a server's, until a signal (or the bridge giving up, as
+/// --restart says).
+async fn run_stdio(args: Args) -> Result<ExitCode, Failure> {
+    if args.command.is_empty() {
+        return Err(Failure::Usage(
+            "--stdio needs the stdio server's command after `--`".into(),
+        ));
+    }
+    if matches!(args.probe, Requested::Kind(k) if k != ProbeKind::Mcp) {
+        return Err(Failure::Usage(
+            "--stdio serves MCP and nothing else: its probe is mcp (leave --probe out)".into(),
+        ));
+    }
+    if !args.mcp_path.starts_with('/') {
+        return Err(Failure::Usage(format!(
+            "--mcp-path {:?} must start with /",
+            args.mcp_path
+        )));
+    }
+    let listen = args
+        .stdio
+        .listen
+        .unwrap_or_else(|| std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| Failure::Usage(format!("cannot listen on --listen {listen}: {e}")))?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| Failure::Other(anyhow::anyhow!("the bridge's address: {e}")))?;
+    let endpoint = match (&args.endpoint, bound.ip().is_unspecified()) {
+        (Some(e), _) => e.clone(),
+        (None, false) => bound
+            .to_string()
+            .parse::<Endpoint>()
+            .map_err(|e| Failure::Usage(e.to_string()))?,
+        (None, true) => {
+            return Err(Failure::Usage(format!(
+                "--listen {bound} is every address: give --endpoint, the address gateways reach                  this bridge at"
+            )))
+        }
+    };
+    let given = tools_given(&args);
+    let registrar = registrar_of(&args, endpoint.clone(), given.as_deref())?;
+    let readiness = serve_readiness(&args).await?;
+    let mut sigterm = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+    let mut sigint = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
+
+    let options = toolgate_registrar::stdio::Options {
+        command: args.command.clone(),
+        mcp_path: args.mcp_path.clone(),
+        shared: args.stdio.shared,
+        max_sessions: args.stdio.max_sessions,
+        session_idle_timeout: args.stdio.session_idle_timeout,
+        pool: usize::from(args.stdio.pool),
+        spares: args.stdio.spares,
+        max_message_bytes: args.stdio.max_message_bytes,
+        hang_timeout: args.stdio.hang_timeout,
+        startup_timeout: args.wait_healthy_timeout,
+        stop_timeout: args.stop_timeout,
+        restart: args.restart,
+        restart_limits: restart_limits(&args),
+    };
+    let mode = if options.shared {
+        "one server for every session (--shared)"
+    } else {
+        "a server per session"
+    };
+    info!(listen = %bound, %endpoint, command = ?args.command, mode, pool = options.pool,
+        "bridging a stdio MCP server");
+    let bridge = toolgate_registrar::stdio::Bridge::start(listener, options);
+
+    let target = Target::new(
+        endpoint.clone(),
+        &args.health_path,
+        &args.mcp_path,
+        PROBE_TIMEOUT,
+    );
+    let mut mcp = target.mcp_client();
+    let plan = Plan {
+        requested: Requested::Kind(ProbeKind::Mcp),
+        wait: true,
+        patience: args.wait_healthy_timeout,
+        must_detect: true,
+    };
+    let prepared = tokio::select! {
+        r = prepare(&target, &mut mcp, &plan, given.as_deref(), || true) => r,
+        fatal = bridge.failed() => Err(fatal.why),
+        _ = sigterm.recv() => { bridge.shutdown().await; return Ok(ExitCode::SUCCESS) }
+        _ = sigint.recv() => { bridge.shutdown().await; return Ok(ExitCode::SUCCESS) }
+    };
+    let prepared = match prepared {
+        Ok(p) => p,
+        Err(e) => {
+            bridge.shutdown().await;
+            return Err(Failure::Other(anyhow::anyhow!(e)));
+        }
+    };
+    let listed = mcp.negotiated().map(|n| n.versions()).unwrap_or_default();
+    let (versions, _) = probe_kind::registrable_versions(&endpoint, listed);
+    let this_pass = registrar.metadata(|m| {
+        m.probe = ProbeKind::Mcp;
+        m.protocol_versions = versions;
+        if let Some(listing) = &prepared.listing {
+            m.tools = listing.names.clone();
+        }
+    });
+    let registration = match this_pass.register().await {
+        Ok(r) => r,
+        Err(e) => {
+            bridge.shutdown().await;
+            return Err(e.into());
+        }
+    };
+    track_readiness(&registration, readiness.clone());
+    let follower = match &prepared.listing {
+        Some(listing) => {
+            let (stop, stop_rx) = oneshot::channel();
+            let f = Follower::new(
+                mcp,
+                registration.updater(),
+                listing,
+                args.tools_refresh,
+                ListLimits::default(),
+                PROBE_TIMEOUT,
+            );
+            Some((stop, tokio::spawn(f.run(stop_rx))))
+        }
+        None => None,
+    };
+    let stopping = Stopping {
+        registration,
+        readiness: &readiness,
+        follower,
+    };
+    let fatal = tokio::select! {
+        _ = sigterm.recv() => { info!("SIGTERM: deregistering, then stopping the bridge"); None }
+        _ = sigint.recv() => { info!("SIGINT: deregistering, then stopping the bridge"); None }
+        fatal = bridge.failed() => Some(fatal),
+    };
+    stopping.run(true).await;
+    bridge.shutdown().await;
+    Ok(match fatal {
+        None => ExitCode::SUCCESS,
+        Some(f) => {
+            error!("deregistered: {}", f.why);
+            match f.status {
+                Some(status) if !status.success() => exit_code(status),
+                _ => ExitCode::FAILURE,
+            }
+        }
+    })
 }
 
 /// How long one probe or MCP request of the instance may take.
