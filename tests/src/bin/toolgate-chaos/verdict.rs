@@ -280,7 +280,7 @@ fn aggregate_answers_mcp(calls: &[Call], xds_down: &[(f64, f64)]) -> (Check, Val
         .filter(|c| matches!(c.outcome, Outcome::Answered { .. }))
         .count();
     let mut detail = format!(
-        "{} requests on /mcp ({} initialize or tools/list); {} while no toolgate-xds ran, {offline_answered} of them          answered; the desk (held sessions, restarted in place): {desk_answered} of {} calls answered; {} not MCP",
+        "{} requests on /mcp ({} initialize or tools/list); {} while no toolgate-xds ran, {offline_answered} of them answered; the desk (held sessions, restarted in place): {desk_answered} of {} calls answered; {} not MCP",
         on_mcp.len(),
         on_mcp
             .iter()
