@@ -1982,7 +1982,7 @@ mod tests {
                 "127.0.0.3:19000".parse().expect("addr")
             ]
         );
-        assert!(r.delete("/mcp/xds/127.0.0.3_19000"));
+        assert_eq!(r.delete("/mcp/xds/127.0.0.3_19000"), Ok(true));
         assert_eq!(
             r.routing(3, Instant::now()).control.peers,
             ["127.0.0.2:19000".parse().expect("addr")]

@@ -135,7 +135,7 @@ async fn run(
     };
     while !*stopped.borrow() {
         n += 1;
-        if aggregate && n % 10 == 0 {
+        if aggregate && n.is_multiple_of(10) {
             // A new agent arrives: it initializes and lists.
             let mut fresh = McpSession::unconnected(&session.url);
             let sent = Instant::now();
