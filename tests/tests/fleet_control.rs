@@ -475,3 +475,105 @@ async fn with_the_only_toolgate_xds_gone_every_answer_of_mcp_is_mcp() {
         problems.iter().take(5).collect::<Vec<_>>()
     );
 }
+
+#[tokio::test]
+async fn the_official_sdks_call_through_mcp_across_a_sigkill_of_its_toolgate_xds() {
+    use toolgate_tests::{NodeClient, Sdk};
+    let env = TestEnv::new("fleet_control_sdks");
+    let etcd = Etcd::start(&env).await;
+    let mut a = Gateway::start(&env, "a", &etcd).await;
+    let b = Gateway::start(&env, "b", &etcd).await;
+    let m = Member::start(&env, &etcd.endpoint(), "svc", "svc-1", &[], TTL).await;
+    for gw in [&a, &b] {
+        gw.envoy
+            .wait_addresses("svc", &[m.server.endpoint()], Duration::from_secs(20))
+            .await;
+    }
+    let url = a.mcp();
+    wait_until("/mcp lists the tool", Duration::from_secs(30), || async {
+        let mut s = McpSession::unconnected(&url);
+        s.initialize().await.status == StatusCode::OK && lists_tool(&s.list_tools().await)
+    })
+    .await;
+    // Each client calls once, waits for its go file (written right after the kill), then
+    // calls five times and lists.
+    let go = |who: &str| env.path(&format!("go.{who}"));
+    let call = format!("call:{TOOL}");
+    let python_steps = |go: &std::path::Path, session: bool| -> Vec<String> {
+        // A ClientSession initializes as its first step; the 2026 Client did at its start.
+        let mut s: Vec<String> = session
+            .then(|| "initialize".to_string())
+            .into_iter()
+            .collect();
+        s.extend([call.clone(), format!("wait:{}", go.display())]);
+        s.extend(std::iter::repeat_n(call.clone(), 5));
+        s.push("list".into());
+        s
+    };
+    let mut tasks = Vec::new();
+    for (who, mode) in [("py-session", None), ("py-2026", Some("2026-07-28"))] {
+        let steps = python_steps(&go(who), mode.is_none());
+        let url = url.clone();
+        tasks.push((
+            who,
+            tokio::spawn(async move {
+                let steps: Vec<&str> = steps.iter().map(String::as_str).collect();
+                let out = match mode {
+                    Some(mode) => sdk::python_in_mode(&url, mode, &steps).await,
+                    None => sdk::python(&url, &steps).await,
+                };
+                let ok = out.len() == steps.len() && out.iter().all(|s| s.get("ok").is_some());
+                (ok, Value::from(out).to_string())
+            }),
+        ));
+    }
+    for (who, version) in [("ts-v1", Sdk::V1), ("ts-v2", Sdk::V2)] {
+        let mut client = NodeClient::new(version)
+            .timeout(Duration::from_secs(60))
+            .step("tools/call", json!({"name": TOOL, "arguments": {}}))
+            .step("toolgate/wait-file", json!({"path": go(who)}));
+        for _ in 0..5 {
+            client = client.step("tools/call", json!({"name": TOOL, "arguments": {}}));
+        }
+        let client = client.step("tools/list", json!({}));
+        let url = url.clone();
+        tasks.push((
+            who,
+            tokio::spawn(async move {
+                let run = client.run(&url).await;
+                (
+                    run.exit_code == Some(0),
+                    format!("{} {}", run.report, run.stderr),
+                )
+            }),
+        ));
+    }
+    let whos = ["py-session", "py-2026", "ts-v1", "ts-v2"];
+    // A client whose first call failed never waits: the reports below say why.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !whos
+        .iter()
+        .all(|w| env.path(&format!("go.{w}.waiting")).exists())
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    a.xds.kill();
+    for w in whos {
+        std::fs::write(go(w), b"go").expect("writing a go file");
+    }
+    let mut failed = Vec::new();
+    for (who, task) in tasks {
+        let (ok, report) = task.await.expect("a client task");
+        if !ok {
+            failed.push(format!("{who}: {report}"));
+        }
+    }
+    if !failed.is_empty() {
+        env.print_failure_logs();
+    }
+    assert!(
+        failed.is_empty(),
+        "SDK clients failed across the SIGKILL: {failed:#?}"
+    );
+}
