@@ -468,6 +468,19 @@ async fn with_the_only_toolgate_xds_gone_every_answer_of_mcp_is_mcp() {
         env.print_failure_logs();
     }
     assert!(rounds >= 5, "only {rounds} rounds in 8 s");
+    // Operators see it: Envoy counts what the filters answered alone.
+    let prometheus = a.envoy.prometheus().await;
+    for counter in [
+        "toolgate_aggregate_answered_offline",
+        "toolgate_aggregate_calls_without_session",
+    ] {
+        assert!(
+            prometheus
+                .lines()
+                .any(|l| l.starts_with(counter) && !l.ends_with(" 0")),
+            "{counter} counted nothing"
+        );
+    }
     assert!(
         problems.is_empty(),
         "{} answers of /mcp were not MCP, or lost what worked; first: {:?}",
