@@ -145,7 +145,9 @@ pub struct Shared<S, M> {
     pub config: FilterConfig,
     pub breakers: Breakers<S>,
     pub stats: Stats<M>,
-    pub feedback: Feedback,
+    /// Shared by every root context of the VM (see `host::root`): a new configuration's root
+    /// takes over the counts the old one had not posted.
+    pub feedback: Rc<RefCell<Feedback>>,
     pub unlisted: Unlisted,
     /// Seals `Mcp-Session-Id` when the configuration carries a key.
     pub sealer: Option<Sealer>,
@@ -167,7 +169,7 @@ impl<S: SharedStore, M: MetricHost> Shared<S, M> {
             config: FilterConfig::default(),
             breakers: Breakers::new(store, seed),
             stats: Stats::new(metrics),
-            feedback: Feedback::new(),
+            feedback: Rc::new(RefCell::new(Feedback::new())),
             unlisted: Unlisted::new(),
             sealer: None,
             visible: VisibleNames::default(),
@@ -3147,7 +3149,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             if let (Some(kind), Endpoint::Known(address), Some(service)) =
                 (report, &a.endpoint, &self.service)
             {
-                shared.feedback.record(service, address, kind);
+                shared.feedback.borrow_mut().record(service, address, kind);
             }
             if a.learning {
                 // The server knew the name: an answer (a result, or an error that does not

@@ -687,7 +687,10 @@ fn a_client_that_goes_away_is_no_evidence_against_the_tool() {
         f.call.on_log(&f.stream);
         assert_eq!(w.window("slow_order").calls, 0, "{details}");
     }
-    assert!(w.shared.borrow().feedback.is_empty(), "no call feedback");
+    assert!(
+        w.shared.borrow().feedback.borrow().is_empty(),
+        "no call feedback"
+    );
     let f = w.tools_call("slow_order");
     f.stream.properties.borrow_mut().insert(
         "response.code_details".into(),

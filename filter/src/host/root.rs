@@ -17,7 +17,7 @@ use super::stream::Stream;
 use super::{log, now_ms, seed, HostMetrics, HostShared, HostStore};
 use crate::breaker::{parse_breaker_key, CasMismatch, Force, Transition};
 use crate::call::{transition_line, Shared};
-use crate::feedback::{self, Answer, Batch, Delivery};
+use crate::feedback::{self, Answer, Batch, Delivery, Feedback};
 use crate::fleet;
 use crate::keeper::{Keeper, Taken};
 use crate::stats::CONFIG_REJECTED;
@@ -31,6 +31,9 @@ thread_local! {
     /// One per VM (a wasm VM runs on one thread): every root context Envoy makes for a new
     /// configuration finds the last one the VM accepted here.
     static KEEPER: RefCell<Keeper> = RefCell::new(Keeper::default());
+    /// The call counts not posted yet, one per VM: a configuration change replaces the root
+    /// context (and its state) while calls are counted, and those counts must not go with it.
+    static FEEDBACK: Rc<RefCell<Feedback>> = Rc::new(RefCell::new(Feedback::new()));
 }
 
 fn log_unapplied(key: &str, what: &str) {
@@ -79,8 +82,10 @@ pub(super) struct Root {
 impl Root {
     pub(super) fn new() -> Root {
         let seed = seed();
+        let mut shared = Shared::new(HostStore, HostMetrics, seed);
+        shared.feedback = FEEDBACK.with(Rc::clone);
         Root {
-            shared: Rc::new(RefCell::new(Shared::new(HostStore, HostMetrics, seed))),
+            shared: Rc::new(RefCell::new(shared)),
             queue: Rc::new(RefCell::new(Queue::new())),
             delivery: Delivery::new(),
             gateway: None,
@@ -371,7 +376,8 @@ impl RootContext for Root {
                     events.push(event);
                 }
             }
-            (shared.feedback.flush(now), events)
+            let batch = shared.feedback.borrow_mut().flush(now);
+            (batch, events)
         };
         // Sent with the shared state released: the host call must not find it borrowed.
         if let Some(batch) = batch {
