@@ -104,7 +104,9 @@ etcd once it answers (its tools listed over MCP) and restarts it if it crashes. 
 lab server, whose tools then appear on /mcp as lab__echo, lab__read_order, lab__write_order:
   $BIN/toolgate-register --etcd $ETCD --service lab --endpoint 127.0.0.1:9201 -- $BIN/toolgate-lab --listen 127.0.0.1:9201
 Any MCP server that speaks Streamable HTTP joins the same way: its address after --endpoint,
-its own command after --.
+its own command after --. A stdio server joins with --stdio (the registrar serves it over HTTP,
+a process per MCP session), for example the reference memory server, as memory__*:
+  $BIN/toolgate-register --etcd $ETCD --service memory --stdio -- $PWD/tests/node/node_modules/.bin/mcp-server-memory
 
 See a breaker work: crash both finance servers (SIGKILL), then call tax_calc at once. The first
 calls come back as tool results explaining the failure; after 10 the breaker opens and the
