@@ -14,9 +14,10 @@ pub fn server_info(name: &str) -> Value {
     json!({"name": format!("toolgate/{name}"), "version": env!("CARGO_PKG_VERSION")})
 }
 
-/// Tools only, and clients are told when the list changes.
-pub fn capabilities() -> Value {
-    json!({"tools": {"listChanged": true}})
+/// Tools (clients are told when their list changes), and resources and prompts when a
+/// serving service of this virtual server offers them.
+pub fn capabilities(listing: &Listing) -> Value {
+    listing.capabilities()
 }
 
 /// A result as the revision wants it: 2026-07-28 results carry `resultType` and the server's
@@ -85,7 +86,7 @@ pub fn initialize(
     };
     let mut result = Map::new();
     result.insert("protocolVersion".into(), json!(version));
-    result.insert("capabilities".into(), self::capabilities());
+    result.insert("capabilities".into(), self::capabilities(listing));
     result.insert("serverInfo".into(), server_info(name));
     if let Some(i) = &listing.instructions {
         result.insert("instructions".into(), json!(i));
@@ -122,20 +123,32 @@ pub fn tools_list<'a>(
     listing: &'a Listing,
     params: &Value,
 ) -> Result<ListResult<'a>, RpcError> {
+    let (tools, rest) = page_of(revision, name, listing, params, "tools/list")?;
+    Ok(ListResult { tools, rest })
+}
+
+/// One page of `list` after `params.cursor`, and the rest of the result (`nextCursor`...).
+fn page_of<'a>(
+    revision: Revision,
+    name: &str,
+    list: &'a Listing,
+    params: &Value,
+    method: &str,
+) -> Result<(&'a [Box<RawValue>], Map<String, Value>), RpcError> {
     let cursor = match params.get("cursor") {
         None | Some(Value::Null) => None,
         Some(Value::String(c)) => Some(c.as_str()),
         Some(other) => {
             return Err(RpcError::new(
                 INVALID_PARAMS,
-                format!("tools/list: the cursor must be a string, not {other}"),
+                format!("{method}: the cursor must be a string, not {other}"),
             ))
         }
     };
-    let page = listing.page(cursor).map_err(|BadCursor(c)| {
+    let page = list.page(cursor).map_err(|BadCursor(c)| {
         RpcError::new(
             INVALID_PARAMS,
-            format!("tools/list: invalid cursor {c:?} (use the nextCursor of a previous page)"),
+            format!("{method}: invalid cursor {c:?} (use the nextCursor of a previous page)"),
         )
     })?;
     let mut rest = Map::new();
@@ -148,10 +161,54 @@ pub fn tools_list<'a>(
         rest.insert("cacheScope".into(), json!("public"));
         rest.insert("ttlMs".into(), json!(0));
     }
-    Ok(ListResult {
-        tools: page.rendered,
-        rest: finish_map(revision, name, rest),
-    })
+    Ok((page.rendered, finish_map(revision, name, rest)))
+}
+
+/// A page of a list besides tools, its items under `key`.
+#[derive(Debug)]
+pub struct ItemsResult<'a> {
+    key: &'static str,
+    items: &'a [Box<RawValue>],
+    rest: Map<String, Value>,
+}
+
+impl serde::Serialize for ItemsResult<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(Some(1 + self.rest.len()))?;
+        m.serialize_entry(self.key, self.items)?;
+        for (k, v) in &self.rest {
+            m.serialize_entry(k, v)?;
+        }
+        m.end()
+    }
+}
+
+/// `resources/list`, `resources/templates/list`, `prompts/list`: one page of what toolgate-xds
+/// read, with the cursors of `tools/list`; `None` for another method.
+pub fn surface_list<'a>(
+    revision: Revision,
+    name: &str,
+    listing: &'a Listing,
+    method: &str,
+    params: &Value,
+) -> Option<Result<ItemsResult<'a>, RpcError>> {
+    static EMPTY: std::sync::OnceLock<Listing> = std::sync::OnceLock::new();
+    let surface = listing.surface.as_deref();
+    let (key, list) = match method {
+        "resources/list" => ("resources", surface.map(|s| &s.resources)),
+        "resources/templates/list" => ("resourceTemplates", surface.map(|s| &s.templates)),
+        "prompts/list" => ("prompts", surface.map(|s| &s.prompts)),
+        _ => return None,
+    };
+    let list = list.unwrap_or_else(|| EMPTY.get_or_init(Listing::default));
+    Some(
+        page_of(revision, name, list, params, method).map(|(items, rest)| ItemsResult {
+            key,
+            items,
+            rest,
+        }),
+    )
 }
 
 /// `server/discover` (2026-07-28).
@@ -161,7 +218,7 @@ pub fn discover(name: &str, listing: &Listing) -> Value {
         "supportedVersions".into(),
         json!(super::jsonrpc::supported()),
     );
-    result.insert("capabilities".into(), capabilities());
+    result.insert("capabilities".into(), capabilities(listing));
     if let Some(i) = &listing.instructions {
         result.insert("instructions".into(), json!(i));
     }
@@ -196,18 +253,20 @@ pub fn listen_filter(params: &Value) -> Result<Value, RpcError> {
 /// Methods this endpoint refuses, with why.
 pub fn refused(method: &str) -> Option<RpcError> {
     match method {
-        "resources/list"
-        | "resources/templates/list"
-        | "resources/read"
-        | "resources/subscribe"
-        | "resources/unsubscribe"
-        | "prompts/list"
-        | "prompts/get"
-        | "completion/complete" => Some(RpcError::new(
-            METHOD_NOT_FOUND,
+        "resources/subscribe" | "resources/unsubscribe" | "completion/complete" => {
+            Some(RpcError::new(
+                METHOD_NOT_FOUND,
+                format!(
+                    "{method}: served only on the per-service routes (/mcp/<service>); this \
+                     endpoint serves tools, resources and prompts"
+                ),
+            ))
+        }
+        "resources/read" | "prompts/get" => Some(RpcError::new(
+            INTERNAL_ERROR,
             format!(
-                "{method}: resources and prompts are served only on the per-service routes \
-                     (/mcp/<service>); this endpoint serves tools"
+                "{method} is routed by the gateway to the service that offers it and should \
+                 not reach the catalog; send it through the gateway's MCP endpoint"
             ),
         )),
         "tools/call" => Some(RpcError::new(
@@ -374,10 +433,12 @@ mod tests {
 
     #[test]
     fn refusals_and_errors_validate() {
-        let e = refused("resources/list").expect("refused");
+        let e = refused("completion/complete").expect("refused");
         assert_eq!(e.code, METHOD_NOT_FOUND);
         assert!(e.message.contains("/mcp/<service>"));
-        assert!(refused("prompts/get").is_some());
+        assert!(refused("resources/subscribe").is_some());
+        assert!(refused("resources/list").is_none(), "served from the listing");
+        assert_eq!(refused("prompts/get").map(|e| e.code), Some(INTERNAL_ERROR));
         assert_eq!(refused("tools/call").map(|e| e.code), Some(INTERNAL_ERROR));
         assert!(refused("tools/list").is_none());
         let response = e.to_response(Some(&json!(3)));
