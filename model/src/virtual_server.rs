@@ -569,7 +569,11 @@ mod tests {
         let names: Vec<&str> = resources.keys().map(String::as_str).collect();
         assert_eq!(
             names,
-            ["b://only", "secret://report", "toolgate+beta:secret://report"]
+            [
+                "b://only",
+                "secret://report",
+                "toolgate+beta:secret://report"
+            ]
         );
         assert_eq!(resources["secret://report"].service, "alpha");
         let routes = VirtualRoutes {

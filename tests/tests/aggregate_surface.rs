@@ -276,7 +276,10 @@ async fn put_virtual(stack: &Stack, name: &str, body: Value) {
         .send()
         .await
         .expect("PUT /v1/virtual");
-    assert!(resp.status().is_success(), "PUT /v1/virtual/{name}: {resp:?}");
+    assert!(
+        resp.status().is_success(),
+        "PUT /v1/virtual/{name}: {resp:?}"
+    );
 }
 
 #[tokio::test]
@@ -389,7 +392,12 @@ async fn two_services_with_the_same_resource_uri_and_prompt_name_are_both_reacha
     let lines = sdk::python_with(
         &["--go-on"],
         &nobeta,
-        &["initialize", "prompts", "prompt:beta__greeting", "resources"],
+        &[
+            "initialize",
+            "prompts",
+            "prompt:beta__greeting",
+            "resources",
+        ],
     )
     .await;
     assert_eq!(

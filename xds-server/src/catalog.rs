@@ -83,6 +83,22 @@ pub enum ServiceState {
 }
 
 impl ServiceCatalog {
+    /// An entry read with `surface` (and no tools), for tests of what is built on it.
+    #[cfg(test)]
+    pub fn read_with(surface: Surface) -> Self {
+        let mut entry = ServiceCatalog::new(
+            &Presence {
+                instances: 1,
+                serving: true,
+                read: None,
+            },
+            SystemTime::now(),
+        );
+        entry.surface = surface;
+        entry.read_at = "2026-01-01T00:00:00.000Z".into();
+        entry
+    }
+
     fn new(presence: &Presence, now: SystemTime) -> Self {
         let mut entry = ServiceCatalog {
             registered: Vec::new(),
@@ -496,7 +512,10 @@ async fn list_all(
             _ => return items,
         }
     }
-    warnings.push(format!("{method}: stopped after {} pages", ListLimits::default().max_pages));
+    warnings.push(format!(
+        "{method}: stopped after {} pages",
+        ListLimits::default().max_pages
+    ));
     items
 }
 
@@ -547,10 +566,12 @@ async fn read_tools(
     let _ = client.close().await;
     let listing = listed.map_err(|e| format!("tools/list at {}: {e}", w.url))?;
     let mut warnings: Vec<String> = surface_warnings;
-    warnings.extend(listing
-        .refused
-        .iter()
-        .map(|r| format!("the server lists tool {:?}, refused: {}", r.name, r.why)));
+    warnings.extend(
+        listing
+            .refused
+            .iter()
+            .map(|r| format!("the server lists tool {:?}, refused: {}", r.name, r.why)),
+    );
     if let Some(cut) = &listing.cut {
         warnings.push(format!("the listing was cut: {cut}"));
     }

@@ -1667,7 +1667,12 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
     /// URI) looked up in the virtual server's routes, put back as its server wrote it, and the
     /// request sent to that service's route like a call (the session held for the client, the
     /// service's limits), with no breaker: its answer counts only in the health feedback.
-    fn route_surface(&mut self, host: &impl CallHost, request: &Request<'_>, bytes: &[u8]) -> Action {
+    fn route_surface(
+        &mut self,
+        host: &impl CallHost,
+        request: &Request<'_>,
+        bytes: &[u8],
+    ) -> Action {
         let Some(server) = self.on_virtual.as_ref().map(|v| v.server.clone()) else {
             return Action::Continue;
         };
@@ -1692,16 +1697,20 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         };
         let found = {
             let shared = self.shared.borrow();
-            shared.config.virtual_servers.get(&server).and_then(|routes| {
-                if prompt {
-                    routes
-                        .prompts
-                        .get(asked)
-                        .map(|t| (t.service.clone(), t.tool.clone()))
-                } else {
-                    routes.resource_target(asked)
-                }
-            })
+            shared
+                .config
+                .virtual_servers
+                .get(&server)
+                .and_then(|routes| {
+                    if prompt {
+                        routes
+                            .prompts
+                            .get(asked)
+                            .map(|t| (t.service.clone(), t.tool.clone()))
+                    } else {
+                        routes.resource_target(asked)
+                    }
+                })
         };
         let Some((service, own)) = found else {
             let endpoint = aggregate::endpoint_path(&server);
@@ -1732,8 +1741,8 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             );
             return self.answer(host, 200, &reply);
         };
-        let routed = aggregate::span_in(bytes, raw)
-            .and_then(|span| aggregate::with_name(bytes, span, &own));
+        let routed =
+            aggregate::span_in(bytes, raw).and_then(|span| aggregate::with_name(bytes, span, &own));
         let Some(routed) = routed else {
             return self.refuse(host, 200, Some(&request.id), Refusal::ToolNameAbsent);
         };
@@ -3096,8 +3105,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                     std::mem::replace(&mut self.watch, Watch::None)
                 {
                     let body = host.response_body(body_size).unwrap_or_default();
-                    if let Some(edited) = crate::mcp::resource_uri::rewrite(&body, &own, &visible)
-                    {
+                    if let Some(edited) = crate::mcp::resource_uri::rewrite(&body, &own, &visible) {
                         host.set_response_body(body_size, &edited);
                     }
                 }

@@ -1174,7 +1174,8 @@ fn prompts_and_resources_on_mcp_go_to_their_service_under_their_own_names() {
         "toolgate+orders:dup://x"
     );
     // A URI kept as it is goes unchanged, byte for byte.
-    let body = r#"{"jsonrpc":"2.0","id":3,"method":"resources/read","params":{"uri":"secret://report"}}"#;
+    let body =
+        r#"{"jsonrpc":"2.0","id":3,"method":"resources/read","params":{"uri":"secret://report"}}"#;
     let f = w.request_to("/mcp", &[], body);
     assert!(f.went_upstream());
     assert_eq!(sent_body(&f), body);
@@ -1196,7 +1197,11 @@ fn prompts_and_resources_on_mcp_go_to_their_service_under_their_own_names() {
     ] {
         let f = w.request_to("/virtual/ops", &[], body);
         let (status, reply) = f.reply();
-        assert_eq!((status, reply["error"]["code"].as_i64()), (200, Some(code)), "{body}");
+        assert_eq!(
+            (status, reply["error"]["code"].as_i64()),
+            (200, Some(code)),
+            "{body}"
+        );
     }
 }
 

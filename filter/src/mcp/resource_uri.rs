@@ -78,9 +78,13 @@ mod tests {
         assert_eq!(v["result"]["contents"][0]["uri"], VISIBLE);
         assert_eq!(v["id"], 3);
         let sse = "event: message\r\ndata: {\"jsonrpc\":\"2.0\",\"id\":3,\"result\":{\"contents\":[{\"uri\":\"secret://report\"},{\"uri\":\"other://x\"}]}}\r\n\r\n";
-        let out = String::from_utf8(rewrite(sse.as_bytes(), OWN, VISIBLE).expect("sse")).expect("utf-8");
+        let out =
+            String::from_utf8(rewrite(sse.as_bytes(), OWN, VISIBLE).expect("sse")).expect("utf-8");
         assert!(out.starts_with("event: message\r\ndata: {"), "{out}");
-        assert!(out.contains(VISIBLE) && out.contains("other://x") && out.ends_with("}\r\n\r\n"), "{out}");
+        assert!(
+            out.contains(VISIBLE) && out.contains("other://x") && out.ends_with("}\r\n\r\n"),
+            "{out}"
+        );
         let error = br#"{"jsonrpc":"2.0","id":3,"error":{"code":-32002,"message":"no"}}"#;
         assert_eq!(rewrite(error, OWN, VISIBLE), None);
         assert_eq!(rewrite(b"not json", OWN, VISIBLE), None);

@@ -366,19 +366,29 @@ impl<'a> Inputs<'a> {
             }
         }
         for (visible, t) in &routes.prompts {
-            let Some(def) = self.surfaces.get(t.service.as_str()).and_then(|i| i.prompts.get(t.tool.as_str())) else {
+            let Some(def) = self
+                .surfaces
+                .get(t.service.as_str())
+                .and_then(|i| i.prompts.get(t.tool.as_str()))
+            else {
                 continue;
             };
             if let Some(avail) = shown(&t.service) {
-                out.prompts.push(visible.clone(), render(def, "name", visible, avail));
+                out.prompts
+                    .push(visible.clone(), render(def, "name", visible, avail));
             }
         }
         for (visible, t) in &routes.resources {
-            let Some(def) = self.surfaces.get(t.service.as_str()).and_then(|i| i.resources.get(t.tool.as_str())) else {
+            let Some(def) = self
+                .surfaces
+                .get(t.service.as_str())
+                .and_then(|i| i.resources.get(t.tool.as_str()))
+            else {
                 continue;
             };
             if let Some(avail) = shown(&t.service) {
-                out.resources.push(visible.clone(), render(def, "uri", visible, avail));
+                out.resources
+                    .push(visible.clone(), render(def, "uri", visible, avail));
             }
         }
         let mut templates: Vec<&VirtualTemplate> = routes.templates.iter().collect();
@@ -390,12 +400,19 @@ impl<'a> Inputs<'a> {
             let index = self.surfaces.get(t.service.as_str());
             // The server's own template first: a server may offer a template that looks
             // rewritten.
-            let def = index.and_then(|i| i.templates.get(t.visible.as_str()).or_else(|| i.templates.get(own)));
+            let def = index.and_then(|i| {
+                i.templates
+                    .get(t.visible.as_str())
+                    .or_else(|| i.templates.get(own))
+            });
             let Some(def) = def else {
                 continue;
             };
             if let Some(avail) = shown(&t.service) {
-                out.templates.push(t.visible.clone(), render(def, "uriTemplate", &t.visible, avail));
+                out.templates.push(
+                    t.visible.clone(),
+                    render(def, "uriTemplate", &t.visible, avail),
+                );
             }
         }
         out
@@ -466,6 +483,63 @@ mod tests {
 
     fn names(l: &Listing) -> Vec<&str> {
         l.tools.iter().map(|(n, _)| n.as_str()).collect()
+    }
+
+    #[test]
+    fn resources_and_prompts_are_merged_named_and_rewritten_where_they_collide() {
+        let mut r = registry();
+        let surface = |templates: &[&str]| Surface {
+            offers_resources: true,
+            offers_prompts: true,
+            resources: vec![json!({"uri": "secret://report", "name": "report"})],
+            resource_templates: templates
+                .iter()
+                .map(|t| json!({"uriTemplate": t, "name": "t"}))
+                .collect(),
+            prompts: vec![json!({"name": "greet", "description": "Greets."})],
+        };
+        let cat = BTreeMap::from([
+            (
+                "inv".to_string(),
+                ServiceCatalog::read_with(surface(&["demo://{id}"])),
+            ),
+            (
+                "fin".to_string(),
+                ServiceCatalog::read_with(surface(&["demo://{id}"])),
+            ),
+        ]);
+        for (service, entry) in &cat {
+            assert!(r.set_surface(service, Some(entry.surface.routes())));
+        }
+        r.routing(2, std::time::Instant::now());
+        let inputs = Inputs::read(&r, &cat, crate::fleet::now_ms());
+        let l = inputs.listing("default").expect("default");
+        let s = l.surface.as_deref().expect("a surface");
+        assert_eq!(names(&s.prompts), ["fin__greet", "inv__greet"]);
+        assert_eq!(s.prompts.tools[1].1["description"], "Greets.");
+        // `inv` registered first (create revision 2): it keeps the URI and the template.
+        assert_eq!(
+            names(&s.resources),
+            ["secret://report", "toolgate+fin:secret://report"]
+        );
+        assert_eq!(
+            s.resources.tools[1].1["uri"],
+            "toolgate+fin:secret://report"
+        );
+        assert_eq!(
+            names(&s.templates),
+            ["demo://{id}", "toolgate+fin:demo://{id}"]
+        );
+        let routes = &inputs.config.virtual_servers["default"];
+        assert_eq!(routes.resources["secret://report"].service, "inv");
+        assert_eq!(
+            routes.resource_target("toolgate+fin:demo://7"),
+            Some(("fin".into(), "demo://7".into()))
+        );
+        assert_eq!(
+            l.capabilities(),
+            json!({"tools": {"listChanged": true}, "resources": {}, "prompts": {}})
+        );
     }
 
     #[test]

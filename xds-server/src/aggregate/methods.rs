@@ -402,6 +402,95 @@ mod tests {
     }
 
     #[test]
+    fn resource_and_prompt_pages_validate_in_every_revision() {
+        use crate::aggregate::listing::SurfaceListing;
+        let mut l = listing(1);
+        let resources = (0..120)
+            .map(|i| {
+                let uri = format!("demo://r/{i:03}");
+                (uri.clone(), json!({"uri": uri, "name": format!("r{i}")}))
+            })
+            .collect();
+        l.surface = Some(std::sync::Arc::new(SurfaceListing {
+            resources: Listing::of(None, resources),
+            templates: Listing::of(
+                None,
+                vec![(
+                    "demo://t/{id}".into(),
+                    json!({"uriTemplate": "demo://t/{id}", "name": "t"}),
+                )],
+            ),
+            prompts: Listing::of(
+                None,
+                vec![("ev__p".into(), json!({"name": "ev__p", "arguments": []}))],
+            ),
+            offers_resources: true,
+            offers_prompts: true,
+        }));
+        let page = |revision, method, params: Value| {
+            let r = surface_list(revision, "default", &l, method, &params)
+                .expect("a list method")
+                .expect("a page");
+            serde_json::to_value(r).expect("serializes")
+        };
+        for version in ["2025-03-26", "2025-06-18", "2025-11-25"] {
+            let first = page(Revision::Legacy, "resources/list", json!({}));
+            assert_eq!(first["resources"].as_array().map(Vec::len), Some(100));
+            assert_valid(version, "ListResourcesResult", &first);
+            let next = page(
+                Revision::Legacy,
+                "resources/list",
+                json!({"cursor": first["nextCursor"]}),
+            );
+            assert_eq!(next["resources"].as_array().map(Vec::len), Some(20));
+            assert_valid(
+                version,
+                "ListResourceTemplatesResult",
+                &page(Revision::Legacy, "resources/templates/list", json!({})),
+            );
+            assert_valid(
+                version,
+                "ListPromptsResult",
+                &page(Revision::Legacy, "prompts/list", json!({})),
+            );
+            let (result, _) = initialize(
+                "default",
+                &l,
+                &json!({"protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "a", "version": "1"}}),
+            )
+            .expect("initialize");
+            assert_eq!(result["capabilities"]["resources"], json!({}));
+            assert_eq!(result["capabilities"]["prompts"], json!({}));
+            assert_valid(version, "InitializeResult", &result);
+        }
+        for (method, schema) in [
+            ("resources/list", "ListResourcesResult"),
+            ("resources/templates/list", "ListResourceTemplatesResult"),
+            ("prompts/list", "ListPromptsResult"),
+        ] {
+            let modern = page(Revision::Modern, method, json!({}));
+            assert_eq!(modern["resultType"], "complete");
+            assert_valid("2026-07-28", schema, &modern);
+        }
+        assert_valid("2026-07-28", "DiscoverResult", &discover("default", &l));
+        let e = surface_list(
+            Revision::Legacy,
+            "default",
+            &l,
+            "prompts/list",
+            &json!({"cursor": "bogus"}),
+        )
+        .expect("a list method")
+        .unwrap_err();
+        assert!(
+            e.message.starts_with("prompts/list: invalid cursor"),
+            "{}",
+            e.message
+        );
+        assert!(surface_list(Revision::Legacy, "default", &l, "tools/list", &json!({})).is_none());
+    }
+
+    #[test]
     fn discover_ping_and_listen_validate_for_2026() {
         let d = discover("default", &listing(1));
         assert_eq!(d["supportedVersions"][0], "2026-07-28");
@@ -437,7 +526,10 @@ mod tests {
         assert_eq!(e.code, METHOD_NOT_FOUND);
         assert!(e.message.contains("/mcp/<service>"));
         assert!(refused("resources/subscribe").is_some());
-        assert!(refused("resources/list").is_none(), "served from the listing");
+        assert!(
+            refused("resources/list").is_none(),
+            "served from the listing"
+        );
         assert_eq!(refused("prompts/get").map(|e| e.code), Some(INTERNAL_ERROR));
         assert_eq!(refused("tools/call").map(|e| e.code), Some(INTERNAL_ERROR));
         assert!(refused("tools/list").is_none());

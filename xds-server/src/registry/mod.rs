@@ -1219,7 +1219,9 @@ impl Registry {
             let mut union: BTreeSet<String> = definitions
                 .values()
                 .flat_map(|vs| {
-                    order_sensitive(vs, services()).into_iter().chain(order_sensitive(vs, prompted()))
+                    order_sensitive(vs, services())
+                        .into_iter()
+                        .chain(order_sensitive(vs, prompted()))
                 })
                 .map(str::to_string)
                 .collect();
@@ -1227,7 +1229,10 @@ impl Registry {
             let mut owners: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
             for (service, f) in self.surfaces.iter() {
                 for uri in f.resources.iter().chain(&f.templates) {
-                    owners.entry(uri.as_str()).or_default().insert(service.as_str());
+                    owners
+                        .entry(uri.as_str())
+                        .or_default()
+                        .insert(service.as_str());
                 }
             }
             for shared in owners.values().filter(|o| o.len() > 1) {
