@@ -123,18 +123,27 @@ pub fn tools_list<'a>(
     listing: &'a Listing,
     params: &Value,
 ) -> Result<ListResult<'a>, RpcError> {
-    let (tools, rest) = page_of(revision, name, listing, params, "tools/list")?;
-    Ok(ListResult { tools, rest })
+    let page = page_of(revision, name, listing, params, "tools/list")?;
+    Ok(ListResult {
+        tools: page.items,
+        rest: page.rest,
+    })
 }
 
-/// One page of `list` after `params.cursor`, and the rest of the result (`nextCursor`...).
+/// One page of a list: its items as JSON text, and the rest of the result (`nextCursor`...).
+struct PageOf<'a> {
+    items: &'a [Box<RawValue>],
+    rest: Map<String, Value>,
+}
+
+/// The page of `list` after `params.cursor`.
 fn page_of<'a>(
     revision: Revision,
     name: &str,
     list: &'a Listing,
     params: &Value,
     method: &str,
-) -> Result<(&'a [Box<RawValue>], Map<String, Value>), RpcError> {
+) -> Result<PageOf<'a>, RpcError> {
     let cursor = match params.get("cursor") {
         None | Some(Value::Null) => None,
         Some(Value::String(c)) => Some(c.as_str()),
@@ -161,7 +170,10 @@ fn page_of<'a>(
         rest.insert("cacheScope".into(), json!("public"));
         rest.insert("ttlMs".into(), json!(0));
     }
-    Ok((page.rendered, finish_map(revision, name, rest)))
+    Ok(PageOf {
+        items: page.rendered,
+        rest: finish_map(revision, name, rest),
+    })
 }
 
 /// A page of a list besides tools, its items under `key`.
@@ -203,10 +215,10 @@ pub fn surface_list<'a>(
     };
     let list = list.unwrap_or_else(|| EMPTY.get_or_init(Listing::default));
     Some(
-        page_of(revision, name, list, params, method).map(|(items, rest)| ItemsResult {
+        page_of(revision, name, list, params, method).map(|page| ItemsResult {
             key,
-            items,
-            rest,
+            items: page.items,
+            rest: page.rest,
         }),
     )
 }
