@@ -1157,8 +1157,26 @@ fn prompts_and_resources_on_mcp_go_to_their_service_under_their_own_names() {
         r#"{"jsonrpc":"2.0","id":1,"method":"prompts/get","params":{"name":"greeting","arguments":{"name":"Ada"}}}"#
     );
     assert_eq!(f.stream.request_headers.borrow()[":path"], "/mcp/orders");
-    f.json(r#"{"jsonrpc":"2.0","id":1,"result":{"messages":[]}}"#);
+    f.stream
+        .properties
+        .borrow_mut()
+        .insert("upstream.address".into(), b"127.0.0.1:9".to_vec());
+    f.respond(
+        503,
+        &[("content-type", "text/plain")],
+        Some("upstream connect error"),
+    );
     assert_eq!(w.window("greeting").calls, 0, "no breaker counts a prompt");
+    let report = w
+        .shared
+        .borrow_mut()
+        .feedback
+        .flush(w.now)
+        .expect("a report");
+    let report = json_of(&report.body.expect("a body"));
+    assert_eq!(report["reports"][0]["service"], "orders", "{report}");
+    assert_eq!(report["reports"][0]["address"], "127.0.0.1:9", "{report}");
+    assert_eq!(report["reports"][0]["http_5xx"], 1, "{report}");
 
     // A rewritten URI goes as the server wrote it, and comes back as the agent read it.
     let body = r#"{"jsonrpc":"2.0","id":2,"method":"resources/read","params":{"uri":"toolgate+orders:dup://x"}}"#;
