@@ -1302,7 +1302,7 @@ impl Registry {
         for (name, vs) in definitions {
             let (mut r, u) = resolve(vs, &services);
             unnamed.extend(u.into_iter().map(|u| (name.clone(), u)));
-            if !prompts.is_empty() {
+            if !surfaces.is_empty() {
                 r.prompts = resolve(vs, &prompts).0.tools;
                 (r.resources, r.templates) = resolve_resources(vs, &resources);
             }
