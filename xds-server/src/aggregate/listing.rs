@@ -540,6 +540,30 @@ mod tests {
             l.capabilities(),
             json!({"tools": {"listChanged": true}, "resources": {}, "prompts": {}})
         );
+
+        // `fin` loses its instance: its items are annotated, or hidden.
+        assert_eq!(r.delete("/mcp/services/fin/i-1"), Ok(true));
+        r.routing(3, std::time::Instant::now());
+        let mut inputs = Inputs::read(&r, &cat, crate::fleet::now_ms());
+        let l = inputs.listing("default").expect("default");
+        let s = l.surface.as_deref().expect("a surface");
+        assert_eq!(
+            s.prompts.tools[0].1["_meta"][AVAILABILITY_KEY]["state"],
+            "no_instance"
+        );
+        assert!(s.prompts.tools[1].1.get("_meta").is_none(), "inv serves");
+        inputs.servers.insert(
+            "default".into(),
+            VirtualServer {
+                unavailable: WhenUnavailable::Hide,
+                ..VirtualServer::default()
+            },
+        );
+        let l = inputs.listing("default").expect("default");
+        let s = l.surface.as_deref().expect("a surface");
+        assert_eq!(names(&s.prompts), ["inv__greet"]);
+        assert_eq!(names(&s.resources), ["secret://report"]);
+        assert_eq!(names(&s.templates), ["demo://{id}"]);
     }
 
     #[test]
