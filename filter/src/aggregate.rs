@@ -192,6 +192,7 @@ mod tests {
                     tool: "read".into(),
                 },
             )]),
+            ..VirtualRoutes::default()
         };
         let names = VisibleNames::new(&BTreeMap::from([("default".to_string(), routes)]));
         assert_eq!(names.get("default", "orders", "read"), Some("orders__read"));

@@ -249,14 +249,119 @@ pub struct VirtualTool {
 }
 
 /// What the filter needs of one virtual server: the names the agent may call and what each
-/// calls. Built by toolgate-xds ([`resolve`]) and delivered in the filter's configuration.
+/// calls, and where its prompts and resources are. Built by toolgate-xds ([`resolve`],
+/// [`resolve_resources`]) and delivered in the filter's configuration.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct VirtualRoutes {
     pub tools: BTreeMap<String, VirtualTool>,
+    /// Prompts by visible name (named like tools); `tool` is the prompt's own name.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub prompts: BTreeMap<String, VirtualTool>,
+    /// Resources by the URI the agent sees; `tool` is the URI its server wrote.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub resources: BTreeMap<String, VirtualTool>,
+    /// Resource templates as the agent sees them, oldest service first: a URI that is no
+    /// listed resource goes to the first whose template it matches.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub templates: Vec<VirtualTemplate>,
+}
+
+/// A resource template as the agent sees it on one virtual server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VirtualTemplate {
+    /// The template as listed (prefixed with `toolgate+<service>:` when another service
+    /// offers the same one).
+    pub visible: String,
+    pub service: String,
+}
+
+/// The scheme prefix of a URI rewritten because two services offer it:
+/// `toolgate+<service>:<the server's URI>`.
+pub const URI_PREFIX: &str = "toolgate+";
+
+/// The URI an agent sees for `uri` of `service` when an older service offers the same one.
+pub fn prefixed_uri(service: &str, uri: &str) -> String {
+    format!("{URI_PREFIX}{service}:{uri}")
+}
+
+/// The service and the server's URI of a rewritten URI; `None` for any other.
+pub fn unprefixed_uri(uri: &str) -> Option<(&str, &str)> {
+    let (service, inner) = uri.strip_prefix(URI_PREFIX)?.split_once(':')?;
+    validate_name("service", service).ok()?;
+    Some((service, inner))
+}
+
+/// Whether `uri` is one of the URIs an RFC 6570 template makes: its literal parts in order,
+/// each expression standing for any run of characters (a query expression `{?a,b}` also for
+/// none). Loose on purpose: it only picks the server to ask, which judges the URI itself.
+pub fn template_matches(template: &str, uri: &str) -> bool {
+    if template.len() > MAX_URI_LEN || uri.len() > MAX_URI_LEN {
+        return false;
+    }
+    // `None` stands for an expression.
+    let mut pattern: Vec<Option<u8>> = Vec::with_capacity(template.len());
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        pattern.extend(rest[..open].bytes().map(Some));
+        let Some(close) = rest[open..].find('}') else {
+            return false;
+        };
+        pattern.push(None);
+        rest = &rest[open + close + 1..];
+    }
+    pattern.extend(rest.bytes().map(Some));
+    matches_pattern(&pattern, uri.as_bytes())
+}
+
+/// The longest URI or template routed by its template.
+pub const MAX_URI_LEN: usize = 2048;
+
+/// [`glob`] over a pattern whose wildcards are `None`: linear enough for [`MAX_URI_LEN`].
+fn matches_pattern(pattern: &[Option<u8>], text: &[u8]) -> bool {
+    let (mut p, mut t) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while t < text.len() {
+        match pattern.get(p) {
+            Some(Some(c)) if *c == text[t] => {
+                p += 1;
+                t += 1;
+            }
+            Some(None) => {
+                star = Some((p, t));
+                p += 1;
+            }
+            _ => match star {
+                Some((sp, st)) => {
+                    p = sp + 1;
+                    t = st + 1;
+                    star = Some((sp, st + 1));
+                }
+                None => return false,
+            },
+        }
+    }
+    pattern[p..].iter().all(Option::is_none)
 }
 
 impl VirtualRoutes {
+    /// The service and the server's URI of a URI an agent reads here: a listed resource, a
+    /// rewritten URI of a service offered here, else the first template it matches.
+    pub fn resource_target(&self, uri: &str) -> Option<(String, String)> {
+        if let Some(t) = self.resources.get(uri) {
+            return Some((t.service.clone(), t.tool.clone()));
+        }
+        if let Some((service, inner)) = unprefixed_uri(uri) {
+            let offered = self.resources.values().any(|t| t.service == service)
+                || self.templates.iter().any(|t| t.service == service);
+            return offered.then(|| (service.to_string(), inner.to_string()));
+        }
+        self.templates
+            .iter()
+            .find(|t| template_matches(&t.visible, uri))
+            .map(|t| (t.service.clone(), uri.to_string()))
+    }
+
     /// The name the agent sees for a tool of a service on this endpoint, if it is offered.
     pub fn visible_name(&self, service: &str, tool: &str) -> Option<&str> {
         self.tools
@@ -383,9 +488,141 @@ pub fn resolve(vs: &VirtualServer, services: &[ServiceTools<'_>]) -> (VirtualRou
     (routes, unnamed)
 }
 
+/// A service's resources as [`resolve_resources`] needs them: its age, its resources' URIs
+/// and its templates.
+#[derive(Debug, Clone)]
+pub struct ServiceResources<'a> {
+    pub service: &'a str,
+    pub since_revision: i64,
+    pub uris: Vec<&'a str>,
+    pub templates: Vec<&'a str>,
+}
+
+/// The resources and templates of one virtual server's services. A URI (or template) keeps
+/// the server's text unless an older service offers the same: then it is
+/// `toolgate+<service>:<uri>`, which is never taken by a server (no two services share a
+/// name), so every resource of every offered service is reachable and a URI an agent once
+/// saw stays with its resource while both services live.
+pub fn resolve_resources(
+    vs: &VirtualServer,
+    services: &[ServiceResources<'_>],
+) -> (BTreeMap<String, VirtualTool>, Vec<VirtualTemplate>) {
+    let mut order: Vec<&ServiceResources<'_>> = services
+        .iter()
+        .filter(|s| vs.offers_service(s.service))
+        .collect();
+    order.sort_by(|a, b| (a.since_revision, a.service).cmp(&(b.since_revision, b.service)));
+    let mut resources = BTreeMap::new();
+    let mut templates: Vec<VirtualTemplate> = Vec::new();
+    let mut seen_templates = BTreeSet::new();
+    for s in order {
+        for uri in &s.uris {
+            let visible = if resources.contains_key(*uri) {
+                prefixed_uri(s.service, uri)
+            } else {
+                uri.to_string()
+            };
+            resources.entry(visible).or_insert_with(|| VirtualTool {
+                service: s.service.to_string(),
+                tool: uri.to_string(),
+            });
+        }
+        for t in &s.templates {
+            let visible = if seen_templates.contains(*t) {
+                prefixed_uri(s.service, t)
+            } else {
+                t.to_string()
+            };
+            if seen_templates.insert(visible.clone()) {
+                templates.push(VirtualTemplate {
+                    visible,
+                    service: s.service.to_string(),
+                });
+            }
+        }
+    }
+    (resources, templates)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn colliding_uris_are_prefixed_for_the_younger_service_and_route_back() {
+        let vs = VirtualServer::everything();
+        let services = [
+            ServiceResources {
+                service: "beta",
+                since_revision: 9,
+                uris: vec!["secret://report", "b://only"],
+                templates: vec!["file:///{path}"],
+            },
+            ServiceResources {
+                service: "alpha",
+                since_revision: 3,
+                uris: vec!["secret://report"],
+                templates: vec!["file:///{path}", "demo://text/{id}"],
+            },
+        ];
+        let (resources, templates) = resolve_resources(&vs, &services);
+        let names: Vec<&str> = resources.keys().map(String::as_str).collect();
+        assert_eq!(
+            names,
+            [
+                "b://only",
+                "secret://report",
+                "toolgate+beta:secret://report"
+            ]
+        );
+        assert_eq!(resources["secret://report"].service, "alpha");
+        let routes = VirtualRoutes {
+            resources,
+            templates,
+            ..VirtualRoutes::default()
+        };
+        let target = |u: &str| routes.resource_target(u);
+        assert_eq!(
+            target("toolgate+beta:secret://report"),
+            Some(("beta".into(), "secret://report".into()))
+        );
+        assert_eq!(
+            target("secret://report"),
+            Some(("alpha".into(), "secret://report".into()))
+        );
+        // A rewritten URI that no listed resource has, by the service's templates.
+        assert_eq!(
+            target("toolgate+beta:file:///etc/x"),
+            Some(("beta".into(), "file:///etc/x".into()))
+        );
+        assert_eq!(
+            target("file:///etc/x"),
+            Some(("alpha".into(), "file:///etc/x".into()))
+        );
+        assert_eq!(
+            target("demo://text/7"),
+            Some(("alpha".into(), "demo://text/7".into()))
+        );
+        assert_eq!(target("toolgate+gamma:secret://report"), None);
+        assert_eq!(target("nothing://here"), None);
+        let only_alpha = VirtualServer {
+            services: vec!["alpha".into()],
+            ..VirtualServer::default()
+        };
+        let (resources, _) = resolve_resources(&only_alpha, &services);
+        assert_eq!(resources.len(), 1, "beta is not offered there");
+    }
+
+    #[test]
+    fn templates_match_their_literal_parts_only() {
+        assert!(template_matches("demo://text/{id}", "demo://text/1"));
+        assert!(!template_matches("demo://text/{id}", "demo://blob/1"));
+        assert!(template_matches("a{x}b{y}c", "a1b2c"));
+        assert!(!template_matches("what?{x}", "whatX1"));
+        assert!(template_matches("what?{x}", "what?1"));
+        assert!(template_matches("q{?a,b}", "q"));
+        assert!(!template_matches("broken{x", "broken1"));
+    }
 
     fn svc<'a>(service: &'a str, since: i64, tools: &[&'a str]) -> ServiceTools<'a> {
         ServiceTools {

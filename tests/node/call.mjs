@@ -5,8 +5,8 @@
 //
 // usage: node call.mjs [--sdk 1|2] [--protocol-version V] [--timeout-ms N] URL [STEP [PARAMS_JSON]]...
 //
-//   STEP is an MCP method (tools/list, tools/call, ping, prompts/list, resources/list,
-//   server/discover, or any other method name, sent as a generic request); a JSON object
+//   STEP is an MCP method (tools/list, tools/call, ping, prompts/list, prompts/get,
+//   resources/list, resources/templates/list, resources/read, server/discover, or any other method name, sent as a generic request); a JSON object
 //   after it is its params, e.g. tools/call '{"name":"echo","arguments":{"text":"hi"}}'.
 //   --protocol-version: the version the client offers. 2.x offers 2025-era versions in its
 //   `initialize` and pins 2026-era ones through `server/discover`; 1.x always offers its
@@ -112,6 +112,12 @@ async function sdk2(opts) {
                     return client.listPrompts(params, requestOptions);
                 case 'resources/list':
                     return client.listResources(params, requestOptions);
+                case 'resources/templates/list':
+                    return client.listResourceTemplates(params, requestOptions);
+                case 'resources/read':
+                    return client.readResource(params, requestOptions);
+                case 'prompts/get':
+                    return client.getPrompt(params, requestOptions);
                 default:
                     return client.request({ method, params }, anyResult, requestOptions);
             }
@@ -174,6 +180,12 @@ async function sdk1(opts) {
                     return client.listPrompts(params, requestOptions);
                 case 'resources/list':
                     return client.listResources(params, requestOptions);
+                case 'resources/templates/list':
+                    return client.listResourceTemplates(params, requestOptions);
+                case 'resources/read':
+                    return client.readResource(params, requestOptions);
+                case 'prompts/get':
+                    return client.getPrompt(params, requestOptions);
                 default:
                     return client.request({ method, params }, ResultSchema, requestOptions);
             }

@@ -2,7 +2,8 @@
 
 usage: client.py [--mode MODE] [--elicit-answer TEXT] [--go-on] URL STEP [STEP ...]
   STEP: "initialize" | "list" | "call:TOOL[:ARGUMENTS_JSON]" | "progress-call:TOOL[:ARGUMENTS_JSON]"
-        | "ping" | "wait:PATH"
+        | "ping" | "wait:PATH" | "resources" | "templates" | "read:URI" | "prompts"
+        | "prompt:NAME[:ARGUMENTS_JSON]"
         ("wait:PATH" sends nothing: it writes PATH.waiting, every step before it done, and
         waits until PATH exists, so a test can act between two steps of one session;
         "progress-call" is "call" with a progress callback: it reports
@@ -70,7 +71,27 @@ def elicitation_callback(answer: str | None):
     return answer_it
 
 
+async def surface_step(api, what: str):
+    """Resources and prompts, the same calls on a `ClientSession` and on a `Client`."""
+    if what == "resources":
+        return await api.list_resources()
+    if what == "templates":
+        return await api.list_resource_templates()
+    if what.startswith("read:"):
+        return await api.read_resource(what[len("read:"):])
+    if what == "prompts":
+        return await api.list_prompts()
+    if what.startswith("prompt:"):
+        _, name, *rest = what.split(":", 2)
+        arguments = json.loads(rest[0]) if rest else None
+        return await api.get_prompt(name, arguments)
+    return None
+
+
 async def step(session: ClientSession, what: str):
+    surface = await surface_step(session, what)
+    if surface is not None:
+        return surface
     if what.startswith("progress-call:"):
         return await call_with_progress(session.call_tool, what)
     if what.startswith("wait:"):
@@ -89,6 +110,9 @@ async def step(session: ClientSession, what: str):
 
 
 async def client_step(client: Client, what: str):
+    surface = await surface_step(client, what)
+    if surface is not None:
+        return surface
     if what.startswith("progress-call:"):
         return await call_with_progress(client.call_tool, what)
     if what.startswith("wait:"):
@@ -98,6 +122,7 @@ async def client_step(client: Client, what: str):
         return {
             "protocolVersion": client.protocol_version,
             "serverInfo": dump(info) if info is not None else None,
+            "capabilities": dump(client.server_capabilities),
         }
     if what == "list":
         return await client.list_tools()

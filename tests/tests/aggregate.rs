@@ -253,9 +253,9 @@ async fn one_endpoint_lists_every_service_and_tells_its_clients_what_changed() {
         "{discovered}"
     );
     assert_eq!(discovered["result"]["resultType"], "complete");
-    let refused = modern("resources/list", json!({}))
+    let refused = modern("completion/complete", json!({}))
         .await
-        .expect("resources/list");
+        .expect("completion/complete");
     assert_eq!(
         refused.status(),
         404,

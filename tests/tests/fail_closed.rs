@@ -154,6 +154,33 @@ async fn a_service_with_rules_needs_a_token_for_every_request() {
     assert_eq!(m.server.calls("secret_report").await, 0);
     assert_eq!(m.server.calls("greeting").await, 0);
 
+    // Nor through `/mcp`, which needs no token itself but routes the resource and the prompt
+    // to `orders`.
+    stack
+        .wait_filter_config("the routes of orders' prompt and resource on /mcp", |c| {
+            c["virtual_servers"]["default"]["prompts"]["orders__greeting"].is_object()
+                && c["virtual_servers"]["default"]["resources"]["secret://report"].is_object()
+        })
+        .await;
+    let aggregate = format!("{base}/mcp");
+    let mut s = McpSession::unconnected(&aggregate);
+    assert_eq!(s.initialize().await.status, StatusCode::OK);
+    for (method, params) in [
+        ("resources/read", json!({"uri": "secret://report"})),
+        ("prompts/get", json!({"name": "orders__greeting"})),
+    ] {
+        let r = s.request(method, params).await;
+        assert!(!r.body.contains("TOP-SECRET"), "/mcp {method}: {}", r.body);
+        assert_eq!(
+            r.status,
+            StatusCode::UNAUTHORIZED,
+            "/mcp {method}: {}",
+            r.body
+        );
+    }
+    assert_eq!(m.server.calls("secret_report").await, 0);
+    assert_eq!(m.server.calls("greeting").await, 0);
+
     // A caller with a valid token reads it.
     let token = issuer.token().sub("alice").aud(&url).sign();
     wait_until(
@@ -172,6 +199,18 @@ async fn a_service_with_rules_needs_a_token_for_every_request() {
         },
     )
     .await;
+    // A token for `/mcp` (its audience is the endpoint's URL).
+    let mut s = McpSession::unconnected(&aggregate);
+    s.bearer = Some(issuer.token().sub("alice").aud(&aggregate).sign());
+    assert_eq!(s.initialize().await.status, StatusCode::OK);
+    let r = s
+        .request("resources/read", json!({"uri": "secret://report"}))
+        .await;
+    assert!(
+        r.body.contains("TOP-SECRET"),
+        "/mcp with a token: {}",
+        r.body
+    );
 }
 
 #[tokio::test]

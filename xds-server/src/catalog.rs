@@ -48,6 +48,9 @@ pub struct ServiceCatalog {
     pub registered: Vec<String>,
     /// The definitions of the registered tools the server listed, in the server's order.
     pub tools: Vec<Value>,
+    /// What the server offers besides tools, read with them (see [`Surface`]).
+    #[serde(flatten)]
+    pub surface: Surface,
     /// The instance read, and the revision it spoke.
     pub from_instance: String,
     pub protocol_version: String,
@@ -80,10 +83,27 @@ pub enum ServiceState {
 }
 
 impl ServiceCatalog {
+    /// An entry read with `surface` (and no tools), for tests of what is built on it.
+    #[cfg(test)]
+    pub fn read_with(surface: Surface) -> Self {
+        let mut entry = ServiceCatalog::new(
+            &Presence {
+                instances: 1,
+                serving: true,
+                read: None,
+            },
+            SystemTime::now(),
+        );
+        entry.surface = surface;
+        entry.read_at = "2026-01-01T00:00:00.000Z".into();
+        entry
+    }
+
     fn new(presence: &Presence, now: SystemTime) -> Self {
         let mut entry = ServiceCatalog {
             registered: Vec::new(),
             tools: Vec::new(),
+            surface: Surface::default(),
             from_instance: String::new(),
             protocol_version: String::new(),
             read_at: String::new(),
@@ -125,6 +145,42 @@ impl ServiceCatalog {
             self.failures.saturating_sub(1),
         );
         self.error.is_some() && self.tried.is_none_or(|t| t.elapsed() >= wait)
+    }
+}
+
+/// A server's resources, resource templates and prompts, as it listed them (each at most
+/// [`MAX_SURFACE_ITEMS`]), and whether its capabilities offer them at all. Read with its tools,
+/// at the same moments: a server whose resources change while its tool list stays is not read
+/// again for them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Surface {
+    pub offers_resources: bool,
+    pub offers_prompts: bool,
+    pub resources: Vec<Value>,
+    pub resource_templates: Vec<Value>,
+    pub prompts: Vec<Value>,
+}
+
+/// Resources, templates or prompts kept per service: each goes into every Envoy's filter
+/// configuration (by its URI or name), so a server listing a whole file system is cut here.
+pub const MAX_SURFACE_ITEMS: usize = 1_000;
+
+impl Surface {
+    /// What the filters route by: prompt names, resource URIs and templates.
+    pub fn routes(&self) -> crate::registry::SurfaceRoutes {
+        let strings = |items: &[Value], field: &str| -> Vec<String> {
+            items
+                .iter()
+                .filter_map(|v| v.get(field)?.as_str())
+                .filter(|s| s.len() <= toolgate_model::virtual_server::MAX_URI_LEN)
+                .map(str::to_string)
+                .collect()
+        };
+        crate::registry::SurfaceRoutes {
+            prompts: strings(&self.prompts, "name"),
+            resources: strings(&self.resources, "uri"),
+            templates: strings(&self.resource_templates, "uriTemplate"),
+        }
     }
 }
 
@@ -253,6 +309,7 @@ pub async fn run(
                 reg.set_legacy_revision(s, None);
                 reg.set_discovered_tools(s, None);
                 reg.set_definitions(s, None);
+                reg.set_surface(s, None);
             }
         }
         for w in due {
@@ -277,7 +334,7 @@ pub async fn run(
             entry.tried = Some(Instant::now());
             entry.from_instance = w.instance.clone();
             match read {
-                Ok((tools, version, mut warnings)) => {
+                Ok((tools, surface, version, mut warnings)) => {
                     info!(service = %w.service, instance = %w.instance, tools = tools.len(),
                         %version, "tool catalog read");
                     for note in &warnings {
@@ -285,6 +342,7 @@ pub async fn run(
                     }
                     warnings.splice(0..0, w.warnings.iter().cloned());
                     entry.tools = tools;
+                    entry.surface = surface;
                     entry.protocol_version = version;
                     entry.read_at = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
                     entry.error = None;
@@ -307,6 +365,7 @@ pub async fn run(
             // The filters' offline listings show the last definitions read (a failed read
             // keeps them).
             let definitions = (!entry.read_at.is_empty()).then(|| entry.tools.clone());
+            let surface = (!entry.read_at.is_empty()).then(|| entry.surface.routes());
             drop(services);
             catalog.changed();
             let changed = {
@@ -314,7 +373,8 @@ pub async fn run(
                 let legacy = reg.set_legacy_revision(&w.service, legacy);
                 let definitions =
                     definitions.is_some_and(|d| reg.set_definitions(&w.service, Some(d)));
-                reg.set_discovered_tools(&w.service, discovered) || legacy || definitions
+                let surface = surface.is_some_and(|s| reg.set_surface(&w.service, Some(s)));
+                reg.set_discovered_tools(&w.service, discovered) || legacy || definitions || surface
             };
             if changed {
                 publisher.changed(Instant::now());
@@ -413,14 +473,91 @@ fn wanted(service: &str, instances: &[(&str, &crate::registry::Instance)]) -> Op
     })
 }
 
-/// Lists the tools of one instance and keeps the definitions of the registered ones.
+/// Every page of one list method (`resources/list`...), up to [`MAX_SURFACE_ITEMS`] items;
+/// a failure or a cut is a warning, and what was read so far stays.
+async fn list_all(
+    client: &mut McpClient,
+    method: &str,
+    field: &str,
+    warnings: &mut Vec<String>,
+) -> Vec<Value> {
+    let mut items = Vec::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..ListLimits::default().max_pages {
+        let params = match &cursor {
+            Some(c) => serde_json::json!({ "cursor": c }),
+            None => serde_json::json!({}),
+        };
+        let page = match client.request(method, params).await {
+            Ok(page) => page,
+            Err(e) => {
+                warnings.push(format!("{method}: {e}"));
+                return items;
+            }
+        };
+        let listed = page.get(field).and_then(Value::as_array);
+        for item in listed.into_iter().flatten() {
+            if items.len() == MAX_SURFACE_ITEMS {
+                warnings.push(format!(
+                    "{method}: stopped at {MAX_SURFACE_ITEMS}; the server lists more"
+                ));
+                return items;
+            }
+            if item.is_object() {
+                items.push(item.clone());
+            }
+        }
+        match page.get("nextCursor").and_then(Value::as_str) {
+            Some(next) if cursor.as_deref() != Some(next) => cursor = Some(next.to_string()),
+            _ => return items,
+        }
+    }
+    warnings.push(format!(
+        "{method}: stopped after {} pages",
+        ListLimits::default().max_pages
+    ));
+    items
+}
+
+/// Reads what the server offers besides tools, as its capabilities say.
+async fn read_surface(client: &mut McpClient, warnings: &mut Vec<String>) -> Surface {
+    let caps = client.capabilities().clone();
+    let mut surface = Surface {
+        offers_resources: caps.get("resources").is_some_and(Value::is_object),
+        offers_prompts: caps.get("prompts").is_some_and(Value::is_object),
+        ..Surface::default()
+    };
+    if surface.offers_resources {
+        surface.resources = list_all(client, "resources/list", "resources", warnings).await;
+        surface.resource_templates = list_all(
+            client,
+            "resources/templates/list",
+            "resourceTemplates",
+            warnings,
+        )
+        .await;
+    }
+    if surface.offers_prompts {
+        surface.prompts = list_all(client, "prompts/list", "prompts", warnings).await;
+    }
+    surface
+}
+
+/// Lists the tools of one instance and keeps the definitions of the registered ones, with
+/// what it offers besides tools.
 async fn read_tools(
     http: &reqwest::Client,
     w: &Wanted,
     timeout: Duration,
-) -> Result<(Vec<Value>, String, Vec<String>), String> {
+) -> Result<(Vec<Value>, Surface, String, Vec<String>), String> {
     let mut client = McpClient::new(http.clone(), w.url.clone(), timeout, CLIENT_NAME);
     let listed = client.list_tools(ListLimits::default()).await;
+    let mut surface_warnings = Vec::new();
+    let surface = if listed.is_ok() {
+        read_surface(&mut client, &mut surface_warnings).await
+    } else {
+        Surface::default()
+    };
     let version = client
         .negotiated()
         .map(|n| n.version().to_string())
@@ -428,11 +565,13 @@ async fn read_tools(
     // The builder keeps no session between reads.
     let _ = client.close().await;
     let listing = listed.map_err(|e| format!("tools/list at {}: {e}", w.url))?;
-    let mut warnings: Vec<String> = listing
-        .refused
-        .iter()
-        .map(|r| format!("the server lists tool {:?}, refused: {}", r.name, r.why))
-        .collect();
+    let mut warnings: Vec<String> = surface_warnings;
+    warnings.extend(
+        listing
+            .refused
+            .iter()
+            .map(|r| format!("the server lists tool {:?}, refused: {}", r.name, r.why)),
+    );
     if let Some(cut) = &listing.cut {
         warnings.push(format!("the listing was cut: {cut}"));
     }
@@ -458,7 +597,7 @@ async fn read_tools(
             .map(|(d, _)| d)
             .collect()
     };
-    Ok((tools, version, warnings))
+    Ok((tools, surface, version, warnings))
 }
 
 #[cfg(test)]

@@ -48,9 +48,12 @@ use crate::mcp::reply::{
     UpstreamFailure,
 };
 use crate::mcp::request::{
-    nests_deeper_than, read_body, Body, Refusal, Request, ToolName, SERVER_DISCOVER, TOOLS_CALL,
-    TOOLS_LIST,
+    nests_deeper_than, read_body, Body, Refusal, Request, ToolName, PROMPTS_GET, RESOURCES_READ,
+    SERVER_DISCOVER, TOOLS_CALL, TOOLS_LIST,
 };
+
+/// MCP's error code for a resource no server has.
+const RESOURCE_NOT_FOUND: i64 = -32002;
 use crate::mcp::response::{classify_response, is_client_fault, ResponseClass};
 use crate::mcp::sse::SseScanner;
 use crate::offline;
@@ -480,6 +483,12 @@ enum Watch {
     Listing {
         sse: bool,
     },
+    /// The answer to a `resources/read` of a rewritten URI, held whole (within
+    /// [`HOLD_LIMIT`]) to give its contents the URI the agent asked for.
+    ResourceUri {
+        own: String,
+        visible: String,
+    },
 }
 
 /// Seconds a client is told to wait before it opens a GET stream again when no server is
@@ -586,6 +595,11 @@ pub struct Call<S, M> {
     /// `Mcp-Session-Id` as the client sent it (before unsealing): what its cancellations
     /// name.
     client_session: Option<String>,
+    /// A `resources/read` or `prompts/get` of the aggregate endpoint sent to its service: its
+    /// answer counts for or against the instance (health feedback), never for a breaker.
+    surface_feedback: bool,
+    /// The server's URI and the one the agent read, when the gateway rewrote it.
+    surface_uri: Option<(String, String)>,
 }
 
 impl AuthState {
@@ -750,6 +764,8 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             init_params: None,
             declared_length: false,
             completing: false,
+            surface_feedback: false,
+            surface_uri: None,
             auth: AuthState::default(),
             no_body: false,
             client_session: None,
@@ -1572,6 +1588,16 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         request: Request<'_>,
         bytes: &[u8],
     ) -> Action {
+        if request.method == PROMPTS_GET || request.method == RESOURCES_READ {
+            self.log_field(host, log_field::METHOD, &request.method);
+            self.request = Some(Judged {
+                id: request.id.clone(),
+                discover: false,
+                tool: None,
+                list: false,
+            });
+            return self.route_surface(host, &request, bytes);
+        }
         let visible = match self.called_tool(host, &request) {
             Ok(Some(tool)) => tool,
             Ok(None) => return Action::Continue,
@@ -1637,6 +1663,117 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 self.route_call(host, &routed, &service, &tool)
             }
         }
+    }
+
+    /// A `prompts/get` or `resources/read` on the aggregate endpoint: the prompt's name (or the
+    /// URI) looked up in the virtual server's routes, put back as its server wrote it, and the
+    /// request sent to that service's route like a call (the session held for the client, the
+    /// service's limits), with no breaker: its answer counts only in the health feedback.
+    fn route_surface(
+        &mut self,
+        host: &impl CallHost,
+        request: &Request<'_>,
+        bytes: &[u8],
+    ) -> Action {
+        let Some(server) = self.on_virtual.as_ref().map(|v| v.server.clone()) else {
+            return Action::Continue;
+        };
+        let prompt = request.method == PROMPTS_GET;
+        let (asked, raw) = if prompt {
+            (request.params_name.as_deref(), request.params_name_raw)
+        } else {
+            (request.params_uri.as_deref(), request.params_uri_raw)
+        };
+        let (Some(asked), Some(raw)) = (asked, raw) else {
+            let field = if prompt { "params.name" } else { "params.uri" };
+            let message = format!("{}: {field} must be a string", request.method);
+            let reply = reply::error(
+                self.version,
+                Some(&request.id),
+                crate::mcp::request::INVALID_PARAMS,
+                &message,
+                None::<()>,
+                self.framing,
+            );
+            return self.answer(host, 200, &reply);
+        };
+        let found = {
+            let shared = self.shared.borrow();
+            shared
+                .config
+                .virtual_servers
+                .get(&server)
+                .and_then(|routes| {
+                    if prompt {
+                        routes
+                            .prompts
+                            .get(asked)
+                            .map(|t| (t.service.clone(), t.tool.clone()))
+                    } else {
+                        routes.resource_target(asked)
+                    }
+                })
+        };
+        let Some((service, own)) = found else {
+            let endpoint = aggregate::endpoint_path(&server);
+            let (code, message) = if prompt {
+                (
+                    crate::mcp::request::INVALID_PARAMS,
+                    format!(
+                        "Unknown prompt: this endpoint (`{endpoint}`) offers no prompt `{asked}`. \
+                         Call prompts/list for the prompts it has."
+                    ),
+                )
+            } else {
+                (
+                    RESOURCE_NOT_FOUND,
+                    format!(
+                        "Resource not found: no service of this endpoint (`{endpoint}`) offers \
+                         `{asked}`. Call resources/list and resources/templates/list for what it has."
+                    ),
+                )
+            };
+            let reply = reply::error(
+                self.version,
+                Some(&request.id),
+                code,
+                &message,
+                None::<()>,
+                self.framing,
+            );
+            return self.answer(host, 200, &reply);
+        };
+        let routed =
+            aggregate::span_in(bytes, raw).and_then(|span| aggregate::with_name(bytes, span, &own));
+        let Some(routed) = routed else {
+            return self.refuse(host, 200, Some(&request.id), Refusal::ToolNameAbsent);
+        };
+        // A service that requires a token for its tools requires one for everything else it
+        // serves, as on its own route (its rules name tools, so any valid token reads).
+        let unauthenticated = self
+            .shared
+            .borrow()
+            .config
+            .auth
+            .as_ref()
+            .is_some_and(|a| a.requires_service(&service))
+            && self.auth.caller().is_none();
+        if unauthenticated {
+            let label = if self.shared.borrow().config.catalog.contains_key(&service) {
+                service.clone()
+            } else {
+                crate::stats::OVERFLOW.to_string()
+            };
+            let what = format!("the MCP endpoint `{}`", aggregate::endpoint_path(&server));
+            return self.refuse_unauthenticated(host, &label, &what, Some(&request.id));
+        }
+        self.forward_claims(host, &service);
+        self.service = Some(service.clone());
+        self.surface_feedback = true;
+        if !prompt && own != asked {
+            self.surface_uri = Some((own.clone(), asked.to_string()));
+        }
+        self.route_call(host, &routed, &service, &own)
     }
 
     /// Sends a call made on the aggregate endpoint to its service's own route, `/mcp/<service>`,
@@ -2506,6 +2643,17 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         if Kind::of_verdict(v).is_some() {
             self.read_endpoint(host);
         }
+        if std::mem::take(&mut self.surface_feedback) {
+            self.surface_outcome(host, Kind::of_verdict(v));
+            if let Some((own, visible)) = self.surface_uri.take() {
+                if status == 200 && !encoded && !end_of_stream {
+                    // The rewritten answer is longer.
+                    host.set_response_header("content-length", None);
+                    self.watch = Watch::ResourceUri { own, visible };
+                    return Action::Pause;
+                }
+            }
+        }
         match v {
             Verdict::Answered if encoded => self.unread_answer(host, end_of_stream),
             Verdict::Answered => {
@@ -2946,6 +3094,25 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 let sse = *sse;
                 self.listing_body(host, sse, body_size, end_of_stream)
             }
+            Watch::ResourceUri { .. } => {
+                if !end_of_stream {
+                    if body_size > HOLD_LIMIT {
+                        // Too large to hold: it goes as the server wrote it.
+                        self.watch = Watch::None;
+                        return Action::Continue;
+                    }
+                    return Action::Pause;
+                }
+                if let Watch::ResourceUri { own, visible } =
+                    std::mem::replace(&mut self.watch, Watch::None)
+                {
+                    let body = host.response_body(body_size).unwrap_or_default();
+                    if let Some(edited) = crate::mcp::resource_uri::rewrite(&body, &own, &visible) {
+                        host.set_response_body(body_size, &edited);
+                    }
+                }
+                Action::Continue
+            }
             Watch::Replace(_) => {
                 if !end_of_stream {
                     return Action::Pause;
@@ -3101,6 +3268,24 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         host.property(&["response", "code_details"])
             .map(|b| String::from_utf8_lossy(&b).into_owned())
             .unwrap_or_default()
+    }
+
+    /// What the answer of a routed `resources/read` or `prompts/get` says of its instance.
+    fn surface_outcome(&mut self, host: &impl CallHost, kind: Option<Kind>) {
+        let (Some(kind), Some(service)) = (kind, &self.service) else {
+            return;
+        };
+        let Some(address) = host
+            .property(&["upstream", "address"])
+            .and_then(|b| String::from_utf8(b).ok())
+            .filter(|a| !a.is_empty())
+        else {
+            return;
+        };
+        self.shared
+            .borrow_mut()
+            .feedback
+            .record(service, &address, kind);
     }
 
     /// Reads the upstream address of the admitted call, if not read yet.

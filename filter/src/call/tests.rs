@@ -903,6 +903,12 @@ fn aggregate_worker() -> Worker {
                     .iter()
                     .map(|t| (format!("orders__{t}"), tool(t)))
                     .collect(),
+                prompts: BTreeMap::from([("orders__greeting".to_string(), tool("greeting"))]),
+                resources: BTreeMap::from([
+                    ("secret://report".to_string(), tool("secret://report")),
+                    ("toolgate+orders:dup://x".to_string(), tool("dup://x")),
+                ]),
+                ..VirtualRoutes::default()
             },
         ),
         (
@@ -912,6 +918,7 @@ fn aggregate_worker() -> Worker {
                     ("read_order".to_string(), tool("read_order")),
                     ("orders__slow_order".to_string(), tool("slow_order")),
                 ]),
+                ..VirtualRoutes::default()
             },
         ),
     ]);
@@ -1140,6 +1147,83 @@ fn a_breaker_opened_through_mcp_is_the_services_breaker() {
         .expect("text");
     assert!(text.contains("`orders__read_order`"), "{text}");
     assert_eq!(w.window("write_order").failures, 10);
+}
+
+#[test]
+fn prompts_and_resources_on_mcp_go_to_their_service_under_their_own_names() {
+    let mut w = aggregate_worker();
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"prompts/get","params":{"name":"orders__greeting","arguments":{"name":"Ada"}}}"#;
+    let mut f = w.request_to("/mcp", &[], body);
+    assert!(f.went_upstream());
+    assert_eq!(
+        sent_body(&f),
+        r#"{"jsonrpc":"2.0","id":1,"method":"prompts/get","params":{"name":"greeting","arguments":{"name":"Ada"}}}"#
+    );
+    assert_eq!(f.stream.request_headers.borrow()[":path"], "/mcp/orders");
+    f.stream
+        .properties
+        .borrow_mut()
+        .insert("upstream.address".into(), b"127.0.0.1:9".to_vec());
+    f.respond(
+        503,
+        &[("content-type", "text/plain")],
+        Some("upstream connect error"),
+    );
+    assert_eq!(w.window("greeting").calls, 0, "no breaker counts a prompt");
+    let report = w
+        .shared
+        .borrow_mut()
+        .feedback
+        .flush(w.now)
+        .expect("a report");
+    let report = json_of(&report.body.expect("a body"));
+    assert_eq!(report["reports"][0]["service"], "orders", "{report}");
+    assert_eq!(report["reports"][0]["address"], "127.0.0.1:9", "{report}");
+    assert_eq!(report["reports"][0]["http_5xx"], 1, "{report}");
+
+    // A rewritten URI goes as the server wrote it, and comes back as the agent read it.
+    let body = r#"{"jsonrpc":"2.0","id":2,"method":"resources/read","params":{"uri":"toolgate+orders:dup://x"}}"#;
+    let mut f = w.request_to("/mcp", &[], body);
+    assert!(f.went_upstream());
+    assert_eq!(
+        sent_body(&f),
+        r#"{"jsonrpc":"2.0","id":2,"method":"resources/read","params":{"uri":"dup://x"}}"#
+    );
+    f.json(r#"{"jsonrpc":"2.0","id":2,"result":{"contents":[{"uri":"dup://x","text":"t"}]}}"#);
+    assert_eq!(
+        f.body_json()["result"]["contents"][0]["uri"],
+        "toolgate+orders:dup://x"
+    );
+    // A URI kept as it is goes unchanged, byte for byte.
+    let body =
+        r#"{"jsonrpc":"2.0","id":3,"method":"resources/read","params":{"uri":"secret://report"}}"#;
+    let f = w.request_to("/mcp", &[], body);
+    assert!(f.went_upstream());
+    assert_eq!(sent_body(&f), body);
+
+    // What the endpoint does not offer reaches no server.
+    for (body, code) in [
+        (
+            r#"{"jsonrpc":"2.0","id":4,"method":"prompts/get","params":{"name":"greeting"}}"#,
+            -32602,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":5,"method":"resources/read","params":{"uri":"nothing://here"}}"#,
+            -32002,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":6,"method":"resources/read","params":{"uri":7}}"#,
+            -32602,
+        ),
+    ] {
+        let f = w.request_to("/virtual/ops", &[], body);
+        let (status, reply) = f.reply();
+        assert_eq!(
+            (status, reply["error"]["code"].as_i64()),
+            (200, Some(code)),
+            "{body}"
+        );
+    }
 }
 
 #[test]

@@ -30,6 +30,8 @@ pub const INVALID_PARAMS: i64 = -32602;
 
 pub const TOOLS_CALL: &str = "tools/call";
 pub const TOOLS_LIST: &str = "tools/list";
+pub const PROMPTS_GET: &str = "prompts/get";
+pub const RESOURCES_READ: &str = "resources/read";
 /// The 2026-07-28 revision's stateless discovery, which SDKs send first as their version probe.
 pub const SERVER_DISCOVER: &str = "server/discover";
 
@@ -59,6 +61,8 @@ pub struct Request<'a> {
     pub params_name_raw: Option<&'a str>,
     /// `params.uri` when it is a string (resources/read, resources/subscribe, …).
     pub params_uri: Option<Cow<'a, str>>,
+    /// That string as it is written in the body (see `params_name_raw`).
+    pub params_uri_raw: Option<&'a str>,
 }
 
 /// The tool a `tools/call` names.
@@ -316,6 +320,7 @@ fn read_message(body: &[u8]) -> Result<Body<'_>, Refusal> {
                 params_name: params.name,
                 params_name_raw: params.name_raw,
                 params_uri: params.uri,
+                params_uri_raw: params.uri_raw,
             }))
         }
         (Some(method), None) => {
@@ -450,6 +455,7 @@ struct Params<'a> {
     name: Option<Cow<'a, str>>,
     name_raw: Option<&'a str>,
     uri: Option<Cow<'a, str>>,
+    uri_raw: Option<&'a str>,
 }
 
 struct ParamsSeed<'c>(&'c Cell<Option<Refusal>>);
@@ -511,7 +517,13 @@ impl<'de, 'c> Visitor<'de> for ParamsVisitor<'c> {
                         return Err(self.refuse(Refusal::DuplicateKey("params.uri")));
                     }
                     seen_uri = true;
-                    params.uri = map.next_value::<MaybeStr<'de>>()?.into_str();
+                    let raw = map.next_value::<&'de RawValue>()?.get();
+                    if raw.starts_with('"') {
+                        let value = serde_json::from_str::<MaybeStr<'de>>(raw)
+                            .map_err(|e| de::Error::custom(format_args!("params.uri: {e}")))?;
+                        params.uri = value.into_str();
+                        params.uri_raw = Some(raw);
+                    }
                 }
                 _ => {
                     map.next_value::<IgnoredAny>()?;

@@ -223,7 +223,11 @@ fn legacy(
                 Err(e) => error_response(&e, Some(id)),
             }
         }
-        m => Err(methods::refused(m).unwrap_or_else(|| methods::unknown(m))),
+        m => match methods::surface_list(Revision::Legacy, name, listing, m, params) {
+            Some(Ok(page)) => return result_response(id, &page),
+            Some(Err(e)) => Err(e),
+            None => Err(methods::refused(m).unwrap_or_else(|| methods::unknown(m))),
+        },
     };
     match answer {
         Ok(result) => json_response(StatusCode::OK, &jsonrpc::result(id, result)),
@@ -262,7 +266,11 @@ fn modern(
                 Err(e) => error_response(&e, Some(id)),
             }
         }
-        m => Err(methods::refused(m).unwrap_or_else(|| methods::unknown(m))),
+        m => match methods::surface_list(Revision::Modern, name, listing, m, params) {
+            Some(Ok(page)) => return result_response(id, &page),
+            Some(Err(e)) => Err(e),
+            None => Err(methods::refused(m).unwrap_or_else(|| methods::unknown(m))),
+        },
     };
     match answer {
         Ok(result) => json_response(StatusCode::OK, &jsonrpc::result(id, result)),

@@ -15,9 +15,11 @@ use toolgate_model::availability::annotate;
 pub use toolgate_model::availability::{Availability, Unavailable, AVAILABILITY_KEY};
 use toolgate_model::fleet::OverrideMode;
 use toolgate_model::policy::FilterConfig;
-use toolgate_model::virtual_server::{VirtualRoutes, VirtualServer, WhenUnavailable};
+use toolgate_model::virtual_server::{
+    unprefixed_uri, VirtualRoutes, VirtualServer, VirtualTemplate, WhenUnavailable,
+};
 
-use crate::catalog::ServiceCatalog;
+use crate::catalog::{ServiceCatalog, Surface};
 use crate::health::machine::State;
 use crate::registry::Registry;
 
@@ -42,6 +44,47 @@ pub struct Listing {
     /// When the earliest fleet breaker this listing shows open closes (ms since the epoch): the
     /// listing is due again then, even if nothing else changes.
     pub next_expiry_ms: Option<u64>,
+    /// The resources, templates and prompts of the same services, and the capabilities
+    /// (`None`: none; an `Option`, as a default one would hold listings that hold one).
+    pub surface: Option<Arc<SurfaceListing>>,
+}
+
+/// What a virtual server lists besides tools, each list in the order of what it is paged by
+/// (the visible URI, template or name), with the capabilities that follow from it.
+#[derive(Debug, Clone, Default)]
+pub struct SurfaceListing {
+    pub resources: Listing,
+    pub templates: Listing,
+    pub prompts: Listing,
+    /// Whether a serving service of this virtual server offers resources, prompts.
+    pub offers_resources: bool,
+    pub offers_prompts: bool,
+}
+
+impl Listing {
+    /// The `capabilities` of `initialize` and `server/discover`: tools (clients are told when
+    /// their list changes), and resources and prompts when a serving service of this virtual
+    /// server offers them.
+    pub fn capabilities(&self) -> Value {
+        match &self.surface {
+            Some(s) => s.capabilities(),
+            None => SurfaceListing::default().capabilities(),
+        }
+    }
+}
+
+impl SurfaceListing {
+    fn capabilities(&self) -> Value {
+        let mut caps = Map::new();
+        caps.insert("tools".into(), json!({"listChanged": true}));
+        if self.offers_resources {
+            caps.insert("resources".into(), json!({}));
+        }
+        if self.offers_prompts {
+            caps.insert("prompts".into(), json!({}));
+        }
+        Value::Object(caps)
+    }
 }
 
 /// A tool as shown: its visible name and its definition.
@@ -133,7 +176,34 @@ pub struct Inputs<'a> {
     pub serving: BTreeSet<String>,
     /// service → tool → definition, and the service's read time.
     pub definitions: HashMap<&'a str, (HashMap<&'a str, &'a Value>, &'a str)>,
+    /// service → what its server offers besides tools, by prompt name, URI and template.
+    pub surfaces: HashMap<&'a str, SurfaceIndex<'a>>,
     pub now_ms: u64,
+}
+
+/// One service's resources, templates and prompts as read, by what the routes name them.
+pub struct SurfaceIndex<'a> {
+    pub surface: &'a Surface,
+    pub prompts: HashMap<&'a str, &'a Value>,
+    pub resources: HashMap<&'a str, &'a Value>,
+    pub templates: HashMap<&'a str, &'a Value>,
+}
+
+impl<'a> SurfaceIndex<'a> {
+    fn of(surface: &'a Surface) -> Self {
+        let by = |items: &'a [Value], field: &str| -> HashMap<&'a str, &'a Value> {
+            items
+                .iter()
+                .filter_map(|v| Some((v.get(field)?.as_str()?, v)))
+                .collect()
+        };
+        SurfaceIndex {
+            surface,
+            prompts: by(&surface.prompts, "name"),
+            resources: by(&surface.resources, "uri"),
+            templates: by(&surface.resource_templates, "uriTemplate"),
+        }
+    }
 }
 
 impl<'a> Inputs<'a> {
@@ -164,11 +234,16 @@ impl<'a> Inputs<'a> {
                 (service.as_str(), (tools, entry.read_at.as_str()))
             })
             .collect();
+        let surfaces = catalog
+            .iter()
+            .map(|(service, entry)| (service.as_str(), SurfaceIndex::of(&entry.surface)))
+            .collect();
         Inputs {
             servers: reg.virtual_servers(),
             config: reg.filter_config(),
             serving,
             definitions,
+            surfaces,
             now_ms,
         }
     }
@@ -253,7 +328,94 @@ impl<'a> Inputs<'a> {
             listing.push(visible.clone(), render(visible, def, avail.as_ref()));
         }
         listing.fingerprint = hasher.finish();
+        listing.surface = Some(Arc::new(self.surface_listing(vs, routes)));
         Some(listing)
+    }
+
+    /// The resources, templates and prompts of one virtual server: each as its server listed
+    /// it under the name or URI the agent sees. One of a service without a serving instance
+    /// is annotated like a tool (`no_instance`), or hidden, as the virtual server says.
+    fn surface_listing(&self, vs: &VirtualServer, routes: &VirtualRoutes) -> SurfaceListing {
+        let mut out = SurfaceListing::default();
+        let no_instance = Availability {
+            why: Unavailable::NoInstance,
+            fallback: None,
+        };
+        // `None`: hidden; else the availability to show, if any.
+        let shown = |service: &str| -> Option<Option<&Availability>> {
+            if self.serving.contains(service) {
+                Some(None)
+            } else if vs.unavailable == WhenUnavailable::Hide {
+                None
+            } else {
+                Some(Some(&no_instance))
+            }
+        };
+        let render = |def: &Value, field: &str, visible: &str, avail: Option<&Availability>| {
+            let mut item = def.as_object().cloned().unwrap_or_default();
+            item.insert(field.into(), json!(visible));
+            if let Some(a) = avail {
+                annotate(&mut item, a);
+            }
+            Value::Object(item)
+        };
+        for (service, index) in &self.surfaces {
+            if vs.offers_service(service) && self.serving.contains(*service) {
+                out.offers_resources |= index.surface.offers_resources;
+                out.offers_prompts |= index.surface.offers_prompts;
+            }
+        }
+        for (visible, t) in &routes.prompts {
+            let Some(def) = self
+                .surfaces
+                .get(t.service.as_str())
+                .and_then(|i| i.prompts.get(t.tool.as_str()))
+            else {
+                continue;
+            };
+            if let Some(avail) = shown(&t.service) {
+                out.prompts
+                    .push(visible.clone(), render(def, "name", visible, avail));
+            }
+        }
+        for (visible, t) in &routes.resources {
+            let Some(def) = self
+                .surfaces
+                .get(t.service.as_str())
+                .and_then(|i| i.resources.get(t.tool.as_str()))
+            else {
+                continue;
+            };
+            if let Some(avail) = shown(&t.service) {
+                out.resources
+                    .push(visible.clone(), render(def, "uri", visible, avail));
+            }
+        }
+        let mut templates: Vec<&VirtualTemplate> = routes.templates.iter().collect();
+        templates.sort_by(|a, b| a.visible.cmp(&b.visible));
+        for t in templates {
+            let own = unprefixed_uri(&t.visible)
+                .filter(|(s, _)| *s == t.service)
+                .map_or(t.visible.as_str(), |(_, inner)| inner);
+            let index = self.surfaces.get(t.service.as_str());
+            // The server's own template first: a server may offer a template that looks
+            // rewritten.
+            let def = index.and_then(|i| {
+                i.templates
+                    .get(t.visible.as_str())
+                    .or_else(|| i.templates.get(own))
+            });
+            let Some(def) = def else {
+                continue;
+            };
+            if let Some(avail) = shown(&t.service) {
+                out.templates.push(
+                    t.visible.clone(),
+                    render(def, "uriTemplate", &t.visible, avail),
+                );
+            }
+        }
+        out
     }
 }
 
@@ -321,6 +483,87 @@ mod tests {
 
     fn names(l: &Listing) -> Vec<&str> {
         l.tools.iter().map(|(n, _)| n.as_str()).collect()
+    }
+
+    #[test]
+    fn resources_and_prompts_are_merged_named_and_rewritten_where_they_collide() {
+        let mut r = registry();
+        let surface = |templates: &[&str]| Surface {
+            offers_resources: true,
+            offers_prompts: true,
+            resources: vec![json!({"uri": "secret://report", "name": "report"})],
+            resource_templates: templates
+                .iter()
+                .map(|t| json!({"uriTemplate": t, "name": "t"}))
+                .collect(),
+            prompts: vec![json!({"name": "greet", "description": "Greets."})],
+        };
+        let cat = BTreeMap::from([
+            (
+                "inv".to_string(),
+                ServiceCatalog::read_with(surface(&["demo://{id}"])),
+            ),
+            (
+                "fin".to_string(),
+                ServiceCatalog::read_with(surface(&["demo://{id}"])),
+            ),
+        ]);
+        for (service, entry) in &cat {
+            assert!(r.set_surface(service, Some(entry.surface.routes())));
+        }
+        r.routing(2, std::time::Instant::now());
+        let inputs = Inputs::read(&r, &cat, crate::fleet::now_ms());
+        let l = inputs.listing("default").expect("default");
+        let s = l.surface.as_deref().expect("a surface");
+        assert_eq!(names(&s.prompts), ["fin__greet", "inv__greet"]);
+        assert_eq!(s.prompts.tools[1].1["description"], "Greets.");
+        // `inv` registered first (create revision 2): it keeps the URI and the template.
+        assert_eq!(
+            names(&s.resources),
+            ["secret://report", "toolgate+fin:secret://report"]
+        );
+        assert_eq!(
+            s.resources.tools[1].1["uri"],
+            "toolgate+fin:secret://report"
+        );
+        assert_eq!(
+            names(&s.templates),
+            ["demo://{id}", "toolgate+fin:demo://{id}"]
+        );
+        let routes = &inputs.config.virtual_servers["default"];
+        assert_eq!(routes.resources["secret://report"].service, "inv");
+        assert_eq!(
+            routes.resource_target("toolgate+fin:demo://7"),
+            Some(("fin".into(), "demo://7".into()))
+        );
+        assert_eq!(
+            l.capabilities(),
+            json!({"tools": {"listChanged": true}, "resources": {}, "prompts": {}})
+        );
+
+        // `fin` loses its instance: its items are annotated, or hidden.
+        assert_eq!(r.delete("/mcp/services/fin/i-1"), Ok(true));
+        r.routing(3, std::time::Instant::now());
+        let mut inputs = Inputs::read(&r, &cat, crate::fleet::now_ms());
+        let l = inputs.listing("default").expect("default");
+        let s = l.surface.as_deref().expect("a surface");
+        assert_eq!(
+            s.prompts.tools[0].1["_meta"][AVAILABILITY_KEY]["state"],
+            "no_instance"
+        );
+        assert!(s.prompts.tools[1].1.get("_meta").is_none(), "inv serves");
+        inputs.servers.insert(
+            "default".into(),
+            VirtualServer {
+                unavailable: WhenUnavailable::Hide,
+                ..VirtualServer::default()
+            },
+        );
+        let l = inputs.listing("default").expect("default");
+        let s = l.surface.as_deref().expect("a surface");
+        assert_eq!(names(&s.prompts), ["inv__greet"]);
+        assert_eq!(names(&s.resources), ["secret://report"]);
+        assert_eq!(names(&s.templates), ["demo://{id}"]);
     }
 
     #[test]

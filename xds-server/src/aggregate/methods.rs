@@ -14,9 +14,10 @@ pub fn server_info(name: &str) -> Value {
     json!({"name": format!("toolgate/{name}"), "version": env!("CARGO_PKG_VERSION")})
 }
 
-/// Tools only, and clients are told when the list changes.
-pub fn capabilities() -> Value {
-    json!({"tools": {"listChanged": true}})
+/// Tools (clients are told when their list changes), and resources and prompts when a
+/// serving service of this virtual server offers them.
+pub fn capabilities(listing: &Listing) -> Value {
+    listing.capabilities()
 }
 
 /// A result as the revision wants it: 2026-07-28 results carry `resultType` and the server's
@@ -85,7 +86,7 @@ pub fn initialize(
     };
     let mut result = Map::new();
     result.insert("protocolVersion".into(), json!(version));
-    result.insert("capabilities".into(), self::capabilities());
+    result.insert("capabilities".into(), self::capabilities(listing));
     result.insert("serverInfo".into(), server_info(name));
     if let Some(i) = &listing.instructions {
         result.insert("instructions".into(), json!(i));
@@ -122,20 +123,41 @@ pub fn tools_list<'a>(
     listing: &'a Listing,
     params: &Value,
 ) -> Result<ListResult<'a>, RpcError> {
+    let page = page_of(revision, name, listing, params, "tools/list")?;
+    Ok(ListResult {
+        tools: page.items,
+        rest: page.rest,
+    })
+}
+
+/// One page of a list: its items as JSON text, and the rest of the result (`nextCursor`...).
+struct PageOf<'a> {
+    items: &'a [Box<RawValue>],
+    rest: Map<String, Value>,
+}
+
+/// The page of `list` after `params.cursor`.
+fn page_of<'a>(
+    revision: Revision,
+    name: &str,
+    list: &'a Listing,
+    params: &Value,
+    method: &str,
+) -> Result<PageOf<'a>, RpcError> {
     let cursor = match params.get("cursor") {
         None | Some(Value::Null) => None,
         Some(Value::String(c)) => Some(c.as_str()),
         Some(other) => {
             return Err(RpcError::new(
                 INVALID_PARAMS,
-                format!("tools/list: the cursor must be a string, not {other}"),
+                format!("{method}: the cursor must be a string, not {other}"),
             ))
         }
     };
-    let page = listing.page(cursor).map_err(|BadCursor(c)| {
+    let page = list.page(cursor).map_err(|BadCursor(c)| {
         RpcError::new(
             INVALID_PARAMS,
-            format!("tools/list: invalid cursor {c:?} (use the nextCursor of a previous page)"),
+            format!("{method}: invalid cursor {c:?} (use the nextCursor of a previous page)"),
         )
     })?;
     let mut rest = Map::new();
@@ -148,10 +170,57 @@ pub fn tools_list<'a>(
         rest.insert("cacheScope".into(), json!("public"));
         rest.insert("ttlMs".into(), json!(0));
     }
-    Ok(ListResult {
-        tools: page.rendered,
+    Ok(PageOf {
+        items: page.rendered,
         rest: finish_map(revision, name, rest),
     })
+}
+
+/// A page of a list besides tools, its items under `key`.
+#[derive(Debug)]
+pub struct ItemsResult<'a> {
+    key: &'static str,
+    items: &'a [Box<RawValue>],
+    rest: Map<String, Value>,
+}
+
+impl serde::Serialize for ItemsResult<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(Some(1 + self.rest.len()))?;
+        m.serialize_entry(self.key, self.items)?;
+        for (k, v) in &self.rest {
+            m.serialize_entry(k, v)?;
+        }
+        m.end()
+    }
+}
+
+/// `resources/list`, `resources/templates/list`, `prompts/list`: one page of what toolgate-xds
+/// read, with the cursors of `tools/list`; `None` for another method.
+pub fn surface_list<'a>(
+    revision: Revision,
+    name: &str,
+    listing: &'a Listing,
+    method: &str,
+    params: &Value,
+) -> Option<Result<ItemsResult<'a>, RpcError>> {
+    static EMPTY: std::sync::OnceLock<Listing> = std::sync::OnceLock::new();
+    let surface = listing.surface.as_deref();
+    let (key, list) = match method {
+        "resources/list" => ("resources", surface.map(|s| &s.resources)),
+        "resources/templates/list" => ("resourceTemplates", surface.map(|s| &s.templates)),
+        "prompts/list" => ("prompts", surface.map(|s| &s.prompts)),
+        _ => return None,
+    };
+    let list = list.unwrap_or_else(|| EMPTY.get_or_init(Listing::default));
+    Some(
+        page_of(revision, name, list, params, method).map(|page| ItemsResult {
+            key,
+            items: page.items,
+            rest: page.rest,
+        }),
+    )
 }
 
 /// `server/discover` (2026-07-28).
@@ -161,7 +230,7 @@ pub fn discover(name: &str, listing: &Listing) -> Value {
         "supportedVersions".into(),
         json!(super::jsonrpc::supported()),
     );
-    result.insert("capabilities".into(), capabilities());
+    result.insert("capabilities".into(), capabilities(listing));
     if let Some(i) = &listing.instructions {
         result.insert("instructions".into(), json!(i));
     }
@@ -196,18 +265,20 @@ pub fn listen_filter(params: &Value) -> Result<Value, RpcError> {
 /// Methods this endpoint refuses, with why.
 pub fn refused(method: &str) -> Option<RpcError> {
     match method {
-        "resources/list"
-        | "resources/templates/list"
-        | "resources/read"
-        | "resources/subscribe"
-        | "resources/unsubscribe"
-        | "prompts/list"
-        | "prompts/get"
-        | "completion/complete" => Some(RpcError::new(
-            METHOD_NOT_FOUND,
+        "resources/subscribe" | "resources/unsubscribe" | "completion/complete" => {
+            Some(RpcError::new(
+                METHOD_NOT_FOUND,
+                format!(
+                    "{method}: served only on the per-service routes (/mcp/<service>); this \
+                     endpoint serves tools, resources and prompts"
+                ),
+            ))
+        }
+        "resources/read" | "prompts/get" => Some(RpcError::new(
+            INTERNAL_ERROR,
             format!(
-                "{method}: resources and prompts are served only on the per-service routes \
-                     (/mcp/<service>); this endpoint serves tools"
+                "{method} is routed by the gateway to the service that offers it and should \
+                 not reach the catalog; send it through the gateway's MCP endpoint"
             ),
         )),
         "tools/call" => Some(RpcError::new(
@@ -343,6 +414,95 @@ mod tests {
     }
 
     #[test]
+    fn resource_and_prompt_pages_validate_in_every_revision() {
+        use crate::aggregate::listing::SurfaceListing;
+        let mut l = listing(1);
+        let resources = (0..120)
+            .map(|i| {
+                let uri = format!("demo://r/{i:03}");
+                (uri.clone(), json!({"uri": uri, "name": format!("r{i}")}))
+            })
+            .collect();
+        l.surface = Some(std::sync::Arc::new(SurfaceListing {
+            resources: Listing::of(None, resources),
+            templates: Listing::of(
+                None,
+                vec![(
+                    "demo://t/{id}".into(),
+                    json!({"uriTemplate": "demo://t/{id}", "name": "t"}),
+                )],
+            ),
+            prompts: Listing::of(
+                None,
+                vec![("ev__p".into(), json!({"name": "ev__p", "arguments": []}))],
+            ),
+            offers_resources: true,
+            offers_prompts: true,
+        }));
+        let page = |revision, method, params: Value| {
+            let r = surface_list(revision, "default", &l, method, &params)
+                .expect("a list method")
+                .expect("a page");
+            serde_json::to_value(r).expect("serializes")
+        };
+        for version in ["2025-03-26", "2025-06-18", "2025-11-25"] {
+            let first = page(Revision::Legacy, "resources/list", json!({}));
+            assert_eq!(first["resources"].as_array().map(Vec::len), Some(100));
+            assert_valid(version, "ListResourcesResult", &first);
+            let next = page(
+                Revision::Legacy,
+                "resources/list",
+                json!({"cursor": first["nextCursor"]}),
+            );
+            assert_eq!(next["resources"].as_array().map(Vec::len), Some(20));
+            assert_valid(
+                version,
+                "ListResourceTemplatesResult",
+                &page(Revision::Legacy, "resources/templates/list", json!({})),
+            );
+            assert_valid(
+                version,
+                "ListPromptsResult",
+                &page(Revision::Legacy, "prompts/list", json!({})),
+            );
+            let (result, _) = initialize(
+                "default",
+                &l,
+                &json!({"protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "a", "version": "1"}}),
+            )
+            .expect("initialize");
+            assert_eq!(result["capabilities"]["resources"], json!({}));
+            assert_eq!(result["capabilities"]["prompts"], json!({}));
+            assert_valid(version, "InitializeResult", &result);
+        }
+        for (method, schema) in [
+            ("resources/list", "ListResourcesResult"),
+            ("resources/templates/list", "ListResourceTemplatesResult"),
+            ("prompts/list", "ListPromptsResult"),
+        ] {
+            let modern = page(Revision::Modern, method, json!({}));
+            assert_eq!(modern["resultType"], "complete");
+            assert_valid("2026-07-28", schema, &modern);
+        }
+        assert_valid("2026-07-28", "DiscoverResult", &discover("default", &l));
+        let e = surface_list(
+            Revision::Legacy,
+            "default",
+            &l,
+            "prompts/list",
+            &json!({"cursor": "bogus"}),
+        )
+        .expect("a list method")
+        .unwrap_err();
+        assert!(
+            e.message.starts_with("prompts/list: invalid cursor"),
+            "{}",
+            e.message
+        );
+        assert!(surface_list(Revision::Legacy, "default", &l, "tools/list", &json!({})).is_none());
+    }
+
+    #[test]
     fn discover_ping_and_listen_validate_for_2026() {
         let d = discover("default", &listing(1));
         assert_eq!(d["supportedVersions"][0], "2026-07-28");
@@ -374,10 +534,15 @@ mod tests {
 
     #[test]
     fn refusals_and_errors_validate() {
-        let e = refused("resources/list").expect("refused");
+        let e = refused("completion/complete").expect("refused");
         assert_eq!(e.code, METHOD_NOT_FOUND);
         assert!(e.message.contains("/mcp/<service>"));
-        assert!(refused("prompts/get").is_some());
+        assert!(refused("resources/subscribe").is_some());
+        assert!(
+            refused("resources/list").is_none(),
+            "served from the listing"
+        );
+        assert_eq!(refused("prompts/get").map(|e| e.code), Some(INTERNAL_ERROR));
         assert_eq!(refused("tools/call").map(|e| e.code), Some(INTERNAL_ERROR));
         assert!(refused("tools/list").is_none());
         let response = e.to_response(Some(&json!(3)));

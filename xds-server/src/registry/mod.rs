@@ -26,7 +26,8 @@ use toolgate_model::auth::{AuthConfig, ToolRules};
 use toolgate_model::fleet::{FleetOpen, Override, MAX_REASON_LEN};
 use toolgate_model::policy::{FilterConfig, PolicyOverrides, RequestLimits};
 use toolgate_model::virtual_server::{
-    order_sensitive, resolve, ServiceTools, Unnamed, VirtualRoutes, VirtualServer, DEFAULT_VIRTUAL,
+    order_sensitive, resolve, resolve_resources, ServiceResources, ServiceTools, Unnamed,
+    VirtualRoutes, VirtualServer, DEFAULT_VIRTUAL,
 };
 use toolgate_model::{InstanceMetadata, KeyLayout, ProbeKind, ServiceKey};
 
@@ -217,6 +218,9 @@ pub struct Registry {
     /// Each service's tool definitions as the tool catalog last read them: what the filters'
     /// offline listings show.
     definitions: Versioned<BTreeMap<String, Arc<Vec<serde_json::Value>>>>,
+    /// Each service's prompt names, resource URIs and templates as the tool catalog last read
+    /// them: the virtual servers route `prompts/get` and `resources/read` by them.
+    surfaces: Versioned<BTreeMap<String, SurfaceRoutes>>,
     /// The last offline listings, keyed on what they were made from.
     offline_memo: Memo<OfflineKey, Arc<offline::OfflineListings>>,
     /// The last [`virtual_routes`](Self::virtual_routes), keyed on what it was made from.
@@ -230,12 +234,22 @@ pub struct Registry {
     value_hasher: std::hash::RandomState,
 }
 
-/// What [`Registry::virtual_routes`] computes from: the catalog's version, the ages of the
-/// services whose age can decide a name (see `order_sensitive`), in name order, and the
-/// virtual servers' definitions.
-type VirtualKey = (u64, Vec<i64>, BTreeMap<String, VirtualServer>);
-/// The catalog's version and the definitions → the services whose age can decide a name.
-type OrderKey = (u64, BTreeMap<String, VirtualServer>);
+/// What [`Registry::virtual_routes`] computes from: the versions of the catalog and of the
+/// surfaces, the ages of the services whose age can decide a name (see `order_sensitive`), in
+/// name order, and the virtual servers' definitions.
+type VirtualKey = (u64, u64, Vec<i64>, BTreeMap<String, VirtualServer>);
+/// The versions of the catalog and the surfaces, and the definitions → the services whose age
+/// can decide a name.
+type OrderKey = (u64, u64, BTreeMap<String, VirtualServer>);
+
+/// What a service offers besides tools, by what the filters route on: its prompts' names,
+/// its resources' URIs and its resource templates (see `crate::catalog::Surface`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SurfaceRoutes {
+    pub prompts: Vec<String>,
+    pub resources: Vec<String>,
+    pub templates: Vec<String>,
+}
 pub type VirtualOutput = (BTreeMap<String, VirtualRoutes>, Vec<(String, Unnamed)>);
 
 /// What the filters' configuration is made from: the catalog's version (the large input,
@@ -328,6 +342,7 @@ impl Registry {
             auth_rules_unused: false,
             members: members::Members::default(),
             definitions: Versioned::default(),
+            surfaces: Versioned::default(),
             offline_memo: Memo::default(),
             virtual_memo: Memo::default(),
             order_memo: Memo::default(),
@@ -390,6 +405,23 @@ impl Registry {
             }
             None if self.definitions.contains_key(service) => {
                 self.definitions.modify().remove(service);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The prompts, resources and templates the tool catalog read from `service`'s server
+    /// (`None`: forget them, the service is gone). Whether the filters' configuration changes.
+    pub fn set_surface(&mut self, service: &str, surface: Option<SurfaceRoutes>) -> bool {
+        match surface {
+            Some(s) if self.surfaces.get(service) == Some(&s) => false,
+            Some(s) => {
+                self.surfaces.modify().insert(service.to_string(), s);
+                true
+            }
+            None if self.surfaces.contains_key(service) => {
+                self.surfaces.modify().remove(service);
                 true
             }
             None => false,
@@ -1165,27 +1197,59 @@ impl Registry {
         let definitions = self.virtual_servers();
         // Ages decide only contests: resolving again for every instance that replaces a
         // service's oldest one was most of a publish at 100,000 instances.
-        let sensitive =
-            self.order_memo
-                .get_or_make((self.catalog.version(), definitions.clone()), |_| {
-                    let tools: Vec<(&str, Vec<&str>)> = self
-                        .catalog
-                        .iter()
-                        .map(|(s, t)| (s.as_str(), t.iter().map(String::as_str).collect()))
-                        .collect();
-                    let services = || tools.iter().map(|(s, t)| (*s, t.as_slice()));
-                    let union: BTreeSet<String> = definitions
-                        .values()
-                        .flat_map(|vs| order_sensitive(vs, services()))
-                        .map(str::to_string)
-                        .collect();
-                    Arc::new(union)
-                });
+        let order_key = (
+            self.catalog.version(),
+            self.surfaces.version(),
+            definitions.clone(),
+        );
+        let sensitive = self.order_memo.get_or_make(order_key, |_| {
+            let tools: Vec<(&str, Vec<&str>)> = self
+                .catalog
+                .iter()
+                .map(|(s, t)| (s.as_str(), t.iter().map(String::as_str).collect()))
+                .collect();
+            let prompts: Vec<(&str, Vec<&str>)> = self
+                .surfaces
+                .iter()
+                .filter(|(s, _)| self.catalog.contains_key(*s))
+                .map(|(s, f)| (s.as_str(), f.prompts.iter().map(String::as_str).collect()))
+                .collect();
+            let services = || tools.iter().map(|(s, t)| (*s, t.as_slice()));
+            let prompted = || prompts.iter().map(|(s, p)| (*s, p.as_slice()));
+            let mut union: BTreeSet<String> = definitions
+                .values()
+                .flat_map(|vs| {
+                    order_sensitive(vs, services())
+                        .into_iter()
+                        .chain(order_sensitive(vs, prompted()))
+                })
+                .map(str::to_string)
+                .collect();
+            // A resource URI or template two services offer goes to the older one.
+            let mut owners: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+            for (service, f) in self.surfaces.iter() {
+                for uri in f.resources.iter().chain(&f.templates) {
+                    owners
+                        .entry(uri.as_str())
+                        .or_default()
+                        .insert(service.as_str());
+                }
+            }
+            for shared in owners.values().filter(|o| o.len() > 1) {
+                union.extend(shared.iter().map(|s| s.to_string()));
+            }
+            Arc::new(union)
+        });
         let ages: Vec<i64> = sensitive
             .iter()
             .map(|s| self.service_age(s).unwrap_or(i64::MAX))
             .collect();
-        let key = (self.catalog.version(), ages, definitions.clone());
+        let key = (
+            self.catalog.version(),
+            self.surfaces.version(),
+            ages,
+            definitions.clone(),
+        );
         self.virtual_memo.get_or_make(key, |before| {
             let made = self.resolve_virtual_routes(&definitions);
             match before {
@@ -1208,11 +1272,40 @@ impl Registry {
                 tools: tools.iter().map(String::as_str).collect(),
             })
             .collect();
+        // Prompts are named like tools, by the same rules; resources keep their URIs unless
+        // an older service has the same one. Only services with a route have them.
+        let surfaces: Vec<(&str, i64, &SurfaceRoutes)> = self
+            .surfaces
+            .iter()
+            .filter(|(s, _)| self.catalog.contains_key(*s))
+            .map(|(s, f)| (s.as_str(), self.service_age(s).unwrap_or(i64::MAX), f))
+            .collect();
+        let prompts: Vec<ServiceTools<'_>> = surfaces
+            .iter()
+            .map(|(service, since_revision, f)| ServiceTools {
+                service,
+                since_revision: *since_revision,
+                tools: f.prompts.iter().map(String::as_str).collect(),
+            })
+            .collect();
+        let resources: Vec<ServiceResources<'_>> = surfaces
+            .iter()
+            .map(|(service, since_revision, f)| ServiceResources {
+                service,
+                since_revision: *since_revision,
+                uris: f.resources.iter().map(String::as_str).collect(),
+                templates: f.templates.iter().map(String::as_str).collect(),
+            })
+            .collect();
         let mut routes = BTreeMap::new();
         let mut unnamed = Vec::new();
         for (name, vs) in definitions {
-            let (r, u) = resolve(vs, &services);
+            let (mut r, u) = resolve(vs, &services);
             unnamed.extend(u.into_iter().map(|u| (name.clone(), u)));
+            if !surfaces.is_empty() {
+                r.prompts = resolve(vs, &prompts).0.tools;
+                (r.resources, r.templates) = resolve_resources(vs, &resources);
+            }
             routes.insert(name.clone(), r);
         }
         (routes, unnamed)

@@ -160,7 +160,13 @@ mod tests {
                         )
                     })
                     .collect();
-                (name.to_string(), VirtualRoutes { tools })
+                (
+                    name.to_string(),
+                    VirtualRoutes {
+                        tools,
+                        ..VirtualRoutes::default()
+                    },
+                )
             })
             .collect()
     }
