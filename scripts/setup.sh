@@ -75,7 +75,8 @@ ln -sf "$envoy_real" "$BIN/envoy"
 for b in etcd etcdctl etcdutl; do ln -sf "$etcd_dir/$b" "$BIN/$b"; done
 
 # The official TypeScript MCP SDKs (@modelcontextprotocol/sdk 1.x, @modelcontextprotocol/client
-# 2.x) for the tests' Node client (tests/node/call.mjs), exactly as tests/node/package-lock.json
+# 2.x) for the tests' Node client (tests/node/call.mjs), the reference servers, and the official
+# conformance suite (0.1.13: later releases need Node 22), exactly as tests/node/package-lock.json
 # pins them. `npm ci` starts from an empty node_modules every time, so it runs only when the
 # lockfile differs from the one last installed.
 NODE_DIR=tests/node

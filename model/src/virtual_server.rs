@@ -346,7 +346,8 @@ fn matches_pattern(pattern: &[Option<u8>], text: &[u8]) -> bool {
 
 impl VirtualRoutes {
     /// The service and the server's URI of a URI an agent reads here: a listed resource, a
-    /// rewritten URI of a service offered here, else the first template it matches.
+    /// rewritten URI of a service offered here, else the first template it matches, else the
+    /// one service offering resources here if there is only one.
     pub fn resource_target(&self, uri: &str) -> Option<(String, String)> {
         if let Some(t) = self.resources.get(uri) {
             return Some((t.service.clone(), t.tool.clone()));
@@ -356,10 +357,25 @@ impl VirtualRoutes {
                 || self.templates.iter().any(|t| t.service == service);
             return offered.then(|| (service.to_string(), inner.to_string()));
         }
-        self.templates
+        if let Some(t) = self
+            .templates
             .iter()
             .find(|t| template_matches(&t.visible, uri))
-            .map(|t| (t.service.clone(), uri.to_string()))
+        {
+            return Some((t.service.clone(), uri.to_string()));
+        }
+        // A URI nothing listed names, where only one service offers resources: that service
+        // is the only one that can know it (servers accept URIs they do not list), and it
+        // judges the URI itself. With several, the gateway cannot guess and says so.
+        let mut services = self
+            .resources
+            .values()
+            .map(|t| &t.service)
+            .chain(self.templates.iter().map(|t| &t.service));
+        let only = services.next()?;
+        services
+            .all(|s| s == only)
+            .then(|| (only.clone(), uri.to_string()))
     }
 
     /// The name the agent sees for a tool of a service on this endpoint, if it is offered.

@@ -29,8 +29,8 @@ pub use issuer::Issuer;
 pub use mcp::{McpSession, Reply};
 pub use node::{NodeClient, NodeRun, Sdk};
 pub use paths::{
-    everything_server, filesystem_server, filter_wasm, free_port, loopback_preload, memory_server,
-    project_bin, python_bin, tool_bin,
+    conformance_cli, everything_server, filesystem_server, filter_wasm, free_port,
+    loopback_preload, memory_server, project_bin, python_bin, tool_bin,
 };
 pub use process::{children_of, cpu_ticks, rss_kib, Proc};
 pub use servers::{McpServer, Member, Registrant, ServerCommand};

@@ -87,6 +87,12 @@ fn node_server(package: &str) -> PathBuf {
     path
 }
 
+/// The official MCP conformance suite's command line (`@modelcontextprotocol/conformance`),
+/// run as `node <this> server --url <url> -o <dir>`.
+pub fn conformance_cli() -> PathBuf {
+    node_server("conformance")
+}
+
 /// `@modelcontextprotocol/server-memory`, a stdio server (a knowledge graph kept in the file
 /// `MEMORY_FILE_PATH` names). Run it as `node <this>`.
 pub fn memory_server() -> PathBuf {

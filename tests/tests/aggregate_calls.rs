@@ -205,19 +205,34 @@ async fn calls_on_mcp_reach_the_owning_service_with_the_tools_own_name() {
     )
     .await;
 
-    // Names the endpoint does not offer are refused by the gateway; no server is asked.
-    for (path, name, named) in [
-        ("/mcp", "inventory__nope", "/mcp"),
-        ("/mcp", "read_order", "/mcp"),
-        ("/mcp", "nowhere__read_order", "/mcp"),
-        ("/virtual/nothing", "inventory__read_order", "nothing"),
+    // Names the endpoint does not offer are answered by the gateway, as the reference servers
+    // answer an unknown tool: a tool result the model reads (`isError`), naming the endpoint;
+    // no server is asked. An endpoint that does not exist is a protocol error.
+    for (path, name) in [
+        ("/mcp", "inventory__nope"),
+        ("/mcp", "read_order"),
+        ("/mcp", "nowhere__read_order"),
     ] {
         let (status, body) = gw.call(path, name, json!({}), &[]).await;
         assert_eq!(status, StatusCode::OK, "{path} {name}: {body}");
-        assert_eq!(body["error"]["code"], -32602, "{path} {name}: {body}");
-        let message = body["error"]["message"].as_str().unwrap_or("");
-        assert!(message.contains(&format!("`{named}`")), "{message}");
+        assert_eq!(body["result"]["isError"], true, "{path} {name}: {body}");
+        assert_eq!(
+            body["result"]["_meta"]["io.toolgate/breaker"]["state"], "not_offered",
+            "{body}"
+        );
+        let text = body["result"]["content"][0]["text"].as_str().unwrap_or("");
+        assert!(
+            text.contains("`/mcp`") && text.contains(&format!("`{name}`")),
+            "{text}"
+        );
     }
+    let (status, body) = gw
+        .call("/virtual/nothing", "inventory__read_order", json!({}), &[])
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["error"]["code"], -32602, "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or("");
+    assert!(message.contains("`nothing`"), "{message}");
     assert_eq!(inventory.server.calls("read_order").await, 1);
     assert_eq!(billing.server.calls("read_order").await, 1);
 

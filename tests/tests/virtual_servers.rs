@@ -380,14 +380,19 @@ async fn each_naming_mode_reaches_the_right_server_and_a_narrow_server_refuses_t
     assert_eq!(alpha.server.calls("echo").await, 3);
     assert_eq!(beta.server.calls("echo").await, 2);
 
-    // The narrow server refuses what it does not include, by any spelling, with a JSON-RPC
-    // error naming it; no server is asked.
+    // The narrow server answers what it does not include, by any spelling, with a tool
+    // result naming it (`isError`, as an unknown tool); no server is asked.
     let mut s = McpSession::connect(&virtual_url(&stack, "narrow")).await;
     for name in ["alpha__read_order", "read_order", "beta__echo", "echo"] {
         let reply = s.call_tool(name, json!({"order_id": "o-1"})).await;
         let message = reply.message.clone().unwrap_or_default();
-        assert_eq!(message["error"]["code"], -32602, "{name}: {}", reply.body);
-        let text = message["error"]["message"].as_str().unwrap_or("");
+        assert_eq!(message["result"]["isError"], true, "{name}: {}", reply.body);
+        assert_eq!(
+            reply.breaker_state().as_deref(),
+            Some("not_offered"),
+            "{name}"
+        );
+        let text = reply.text();
         assert!(text.contains("`/virtual/narrow`"), "{name}: {text}");
     }
     assert_eq!(alpha.server.calls("read_order").await, 0);

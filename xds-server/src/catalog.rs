@@ -156,6 +156,10 @@ impl ServiceCatalog {
 pub struct Surface {
     pub offers_resources: bool,
     pub offers_prompts: bool,
+    /// `logging` and `completions` in its capabilities: the gateway passes `logging/setLevel`
+    /// on to it and routes `completion/complete` to it.
+    pub offers_logging: bool,
+    pub offers_completions: bool,
     pub resources: Vec<Value>,
     pub resource_templates: Vec<Value>,
     pub prompts: Vec<Value>,
@@ -525,6 +529,8 @@ async fn read_surface(client: &mut McpClient, warnings: &mut Vec<String>) -> Sur
     let mut surface = Surface {
         offers_resources: caps.get("resources").is_some_and(Value::is_object),
         offers_prompts: caps.get("prompts").is_some_and(Value::is_object),
+        offers_logging: caps.get("logging").is_some_and(Value::is_object),
+        offers_completions: caps.get("completions").is_some_and(Value::is_object),
         ..Surface::default()
     };
     if surface.offers_resources {

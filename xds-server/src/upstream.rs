@@ -366,6 +366,16 @@ pub struct UpstreamSessions {
     table: Mutex<Table>,
     /// Per service: its bulkhead's `max_requests`, and that many replay permits.
     replays: Mutex<HashMap<String, (u32, Arc<Semaphore>)>>,
+    /// The log level each client session asked for (`logging/setLevel` on the aggregate
+    /// endpoint), by owner base: sent on every session held for it, and on each opened later.
+    levels: Mutex<HashMap<String, String>>,
+}
+
+/// The base of an owner: without the verified user it may be bound to.
+fn base_of(owner: &str) -> &str {
+    owner
+        .split_once(toolgate_model::session_owner::IDENTITY_SEPARATOR)
+        .map_or(owner, |(base, _)| base)
 }
 
 /// The metrics label of an owner's kind.
@@ -411,6 +421,7 @@ impl UpstreamSessions {
             limits,
             table: Mutex::new(Table::default()),
             replays: Mutex::new(HashMap::new()),
+            levels: Mutex::new(HashMap::new()),
         }
     }
 
@@ -602,12 +613,24 @@ impl UpstreamSessions {
             self.delete_later(h);
         }
         let opened = match self.initialize(service, params, avoid).await {
-            Ok((client, candidate)) => self.hold(key, caller, client, candidate),
+            Ok((client, candidate)) => self.hold(key.clone(), caller, client, candidate),
             Err(e) => {
                 self.release(&key.1, caller);
                 return Err(e);
             }
         };
+        let level = self
+            .levels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(base_of(owner))
+            .cloned();
+        if let Some(level) = level {
+            let session = self.table().held.get(&key).and_then(|h| h.session.clone());
+            if let Some(session) = session {
+                self.send_level(service, &session, &level).await;
+            }
+        }
         if replaced || lost.is_some() {
             self.metrics
                 .upstream_sessions_reopened
@@ -830,9 +853,79 @@ impl UpstreamSessions {
             .collect()
     }
 
+    /// A client session (`base`, an owner without its user) asked for `level` of log messages
+    /// (`logging/setLevel`): sent now on every session held for it, whatever its user, and
+    /// kept to be sent on each session opened for it later. How many servers took it.
+    pub async fn set_log_level(&self, base: &str, level: &str) -> usize {
+        {
+            let mut levels = self.levels.lock().unwrap_or_else(|p| p.into_inner());
+            // As many as sessions can be held: a level is forgotten with its client session
+            // (close_owner), so this bound is only ever met by a flood of sessions.
+            if levels.len() < MAX_HELD || levels.contains_key(base) {
+                levels.insert(base.to_string(), level.to_string());
+            }
+        }
+        let held: Vec<(String, OpenSession)> = self
+            .table()
+            .held
+            .iter()
+            .filter(|((owner, _), _)| is_owner_of(owner, base))
+            .filter_map(|((_, service), h)| Some((service.clone(), h.session.clone()?)))
+            .collect();
+        let mut took = 0;
+        for (service, session) in held {
+            if self.send_level(&service, &session, level).await {
+                took += 1;
+            }
+        }
+        took
+    }
+
+    /// `logging/setLevel` on one held session; whether the server took it (a server without
+    /// the logging capability refuses, which changes nothing).
+    async fn send_level(&self, service: &str, session: &OpenSession, level: &str) -> bool {
+        let mut client =
+            McpClient::new(self.http.clone(), session.url.clone(), TIMEOUT, "toolgate");
+        client.assume(Negotiated::Session {
+            version: session.version.clone(),
+            session: Some(session.id.clone()),
+        });
+        let body = serde_json::json!({
+            "jsonrpc": "2.0",
+            "id": "toolgate-set-level",
+            "method": "logging/setLevel",
+            "params": {"level": level},
+        });
+        match client
+            .forward_with(body.to_string().into_bytes(), &[])
+            .await
+        {
+            Ok(f) if f.status == 200 && String::from_utf8_lossy(&f.body).contains("\"result\"") => {
+                true
+            }
+            Ok(f) => {
+                info!(
+                    service,
+                    status = f.status,
+                    level,
+                    "a server did not take a client's log level (it may not log)"
+                );
+                false
+            }
+            Err(e) => {
+                info!(service, error = %e, level, "sending a client's log level to a server failed");
+                false
+            }
+        }
+    }
+
     /// Deletes every session held for the client session `base` (an owner without its user;
     /// every user's: the client's session ended).
     pub async fn close_owner(&self, base: &str) -> usize {
+        self.levels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(base);
         let gone: Vec<Held> = {
             let mut table = self.table();
             let keys: Vec<Key> = table

@@ -48,7 +48,8 @@ use crate::mcp::reply::{
     UpstreamFailure,
 };
 use crate::mcp::request::{
-    nests_deeper_than, read_body, Body, Refusal, Request, ToolName, PROMPTS_GET, RESOURCES_READ,
+    completion_ref, nests_deeper_than, read_body, Body, CompletionRef, Refusal, Request, ToolName,
+    COMPLETION_COMPLETE, PROMPTS_GET, RESOURCES_READ, RESOURCES_SUBSCRIBE, RESOURCES_UNSUBSCRIBE,
     SERVER_DISCOVER, TOOLS_CALL, TOOLS_LIST,
 };
 
@@ -356,10 +357,13 @@ impl Refused {
                 retry_after_secs: Some(*retry_after_secs),
                 fallback_tool: fallback.as_deref(),
             }),
-            Refused::Plain(_)
-            | Refused::NotOffered { .. }
-            | Refused::NoVirtualServer(_)
-            | Refused::NotPermitted { .. } => None,
+            Refused::NotOffered { endpoint, tool } => Some(Unavailable {
+                kind: UnavailableKind::NotOffered { endpoint },
+                tool: Some(tool),
+                retry_after_secs: None,
+                fallback_tool: None,
+            }),
+            Refused::Plain(_) | Refused::NoVirtualServer(_) | Refused::NotPermitted { .. } => None,
         }
     }
 
@@ -368,9 +372,6 @@ impl Refused {
             return reply::tool_unavailable(version, id, &details, framing);
         }
         match self {
-            Refused::NotOffered { endpoint, tool } => {
-                reply::tool_not_offered(version, id, endpoint, tool, framing)
-            }
             Refused::NoVirtualServer(name) => {
                 reply::unknown_virtual_server(version, id, name, framing)
             }
@@ -1588,7 +1589,15 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         request: Request<'_>,
         bytes: &[u8],
     ) -> Action {
-        if request.method == PROMPTS_GET || request.method == RESOURCES_READ {
+        if [
+            PROMPTS_GET,
+            RESOURCES_READ,
+            RESOURCES_SUBSCRIBE,
+            RESOURCES_UNSUBSCRIBE,
+            COMPLETION_COMPLETE,
+        ]
+        .contains(&request.method.as_ref())
+        {
             self.log_field(host, log_field::METHOD, &request.method);
             self.request = Some(Judged {
                 id: request.id.clone(),
@@ -1665,10 +1674,12 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         }
     }
 
-    /// A `prompts/get` or `resources/read` on the aggregate endpoint: the prompt's name (or the
-    /// URI) looked up in the virtual server's routes, put back as its server wrote it, and the
-    /// request sent to that service's route like a call (the session held for the client, the
-    /// service's limits), with no breaker: its answer counts only in the health feedback.
+    /// A request about one prompt or one resource on the aggregate endpoint (`prompts/get`,
+    /// `resources/read`, `resources/subscribe` / `unsubscribe`, and `completion/complete` by
+    /// the prompt or resource it completes): the prompt's name (or the URI) looked up in the
+    /// virtual server's routes, put back as its server wrote it, and the request sent to that
+    /// service's route like a call (the session held for the client, the service's limits),
+    /// with no breaker: its answer counts only in the health feedback.
     fn route_surface(
         &mut self,
         host: &impl CallHost,
@@ -1678,15 +1689,32 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         let Some(server) = self.on_virtual.as_ref().map(|v| v.server.clone()) else {
             return Action::Continue;
         };
-        let prompt = request.method == PROMPTS_GET;
-        let (asked, raw) = if prompt {
-            (request.params_name.as_deref(), request.params_name_raw)
+        let completed = if request.method == COMPLETION_COMPLETE {
+            request.params_ref_raw.and_then(completion_ref)
         } else {
-            (request.params_uri.as_deref(), request.params_uri_raw)
+            None
+        };
+        let (prompt, asked, raw) = match &completed {
+            Some(CompletionRef::Prompt { name, raw }) => (true, Some(name.as_ref()), Some(*raw)),
+            Some(CompletionRef::Resource { uri, raw }) => (false, Some(uri.as_ref()), Some(*raw)),
+            None if request.method == COMPLETION_COMPLETE => (false, None, None),
+            None if request.method == PROMPTS_GET => (
+                true,
+                request.params_name.as_deref(),
+                request.params_name_raw,
+            ),
+            None => (false, request.params_uri.as_deref(), request.params_uri_raw),
         };
         let (Some(asked), Some(raw)) = (asked, raw) else {
-            let field = if prompt { "params.name" } else { "params.uri" };
-            let message = format!("{}: {field} must be a string", request.method);
+            let field = if request.method == COMPLETION_COMPLETE {
+                "params.ref must be {\"type\": \"ref/prompt\", \"name\": <string>} or \
+                 {\"type\": \"ref/resource\", \"uri\": <string>}"
+            } else if prompt {
+                "params.name must be a string"
+            } else {
+                "params.uri must be a string"
+            };
+            let message = format!("{}: {field}", request.method);
             let reply = reply::error(
                 self.version,
                 Some(&request.id),
@@ -1770,7 +1798,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         self.forward_claims(host, &service);
         self.service = Some(service.clone());
         self.surface_feedback = true;
-        if !prompt && own != asked {
+        if request.method == RESOURCES_READ && own != asked {
             self.surface_uri = Some((own.clone(), asked.to_string()));
         }
         self.route_call(host, &routed, &service, &own)
@@ -3283,8 +3311,9 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             return;
         };
         self.shared
-            .borrow_mut()
+            .borrow()
             .feedback
+            .borrow_mut()
             .record(service, &address, kind);
     }
 

@@ -1104,8 +1104,15 @@ fn names_an_endpoint_does_not_offer_are_refused_and_reach_nothing() {
         assert!(!f.went_upstream(), "{path} {name}");
         let (status, reply) = f.reply();
         assert_eq!(status, 200);
-        assert_eq!(reply["error"]["code"], -32602, "{reply}");
-        let message = reply["error"]["message"].as_str().expect("message");
+        // A tool result, as the reference servers answer an unknown tool.
+        assert_eq!(reply["result"]["isError"], true, "{reply}");
+        assert_eq!(
+            reply["result"]["_meta"]["io.toolgate/breaker"]["state"],
+            "not_offered"
+        );
+        let message = reply["result"]["content"][0]["text"]
+            .as_str()
+            .expect("text");
         assert!(
             message.contains(&format!("`{name}`")) && message.contains(&format!("`{endpoint}`")),
             "{message}"
@@ -1172,8 +1179,9 @@ fn prompts_and_resources_on_mcp_go_to_their_service_under_their_own_names() {
     assert_eq!(w.window("greeting").calls, 0, "no breaker counts a prompt");
     let report = w
         .shared
-        .borrow_mut()
+        .borrow()
         .feedback
+        .borrow_mut()
         .flush(w.now)
         .expect("a report");
     let report = json_of(&report.body.expect("a body"));

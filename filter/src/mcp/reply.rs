@@ -202,6 +202,11 @@ pub enum UnavailableKind<'a> {
     /// The gateway has no configuration it accepted: it cannot judge the call, so it does not
     /// make it.
     Unconfigured,
+    /// The aggregate endpoint `endpoint` (`/mcp`, `/virtual/<name>`) offers no tool of this
+    /// name (unknown, or excluded by its selection). A tool result rather than a protocol
+    /// error, as the reference servers answer an unknown tool: the model reads it and lists
+    /// the tools again, where a client library would raise.
+    NotOffered { endpoint: &'a str },
 }
 
 /// Why a breaker opened, with the figures that tripped it.
@@ -419,6 +424,7 @@ impl UnavailableKind<'_> {
             UnavailableKind::UpstreamFailure { .. } => "upstream_failure",
             UnavailableKind::Overloaded => "overloaded",
             UnavailableKind::Unconfigured => "unconfigured",
+            UnavailableKind::NotOffered { .. } => "not_offered",
         }
     }
 
@@ -431,6 +437,9 @@ impl UnavailableKind<'_> {
             UnavailableKind::UpstreamFailure { what } => what.clause(),
             UnavailableKind::Overloaded => "too many calls to its server are in flight".into(),
             UnavailableKind::Unconfigured => UNCONFIGURED.into(),
+            UnavailableKind::NotOffered { .. } => {
+                "this endpoint offers no tool of this name".into()
+            }
         }
     }
 }
@@ -502,6 +511,12 @@ impl Unavailable<'_> {
                     "{subject} cannot be called: {UNCONFIGURED}, so it judges no call and \
                      makes none. An operator must look at the gateway."
                 );
+            }
+            UnavailableKind::NotOffered { endpoint } => {
+                text.push_str(&tool_not_offered_message(
+                    endpoint,
+                    self.tool.unwrap_or_default(),
+                ));
             }
         }
         if let Some(n) = self.retry_after_secs {
@@ -891,28 +906,7 @@ pub fn refused(
     error(version, id, refusal.code(), &message, None::<()>, framing)
 }
 
-/// The answer to a `tools/call` on the aggregate endpoint `endpoint` (`/mcp`,
-/// `/virtual/<name>`) of a name it does not offer (unknown, or excluded by its selection).
-/// `tool` is a valid tool name.
-pub fn tool_not_offered(
-    version: ProtocolVersion,
-    id: &RawId,
-    endpoint: &str,
-    tool: &str,
-    framing: Framing,
-) -> Reply {
-    let message = tool_not_offered_message(endpoint, tool);
-    error(
-        version,
-        Some(id),
-        INVALID_PARAMS,
-        &message,
-        None::<()>,
-        framing,
-    )
-}
-
-/// The message of [`tool_not_offered`].
+/// What an aggregate endpoint says of a tool it does not offer ([`UnavailableKind::NotOffered`]).
 pub fn tool_not_offered_message(endpoint: &str, tool: &str) -> String {
     format!(
         "Unknown tool: this endpoint (`{endpoint}`) offers no tool `{tool}`. Call tools/list \

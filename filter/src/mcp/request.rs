@@ -17,6 +17,7 @@ use std::cell::Cell;
 use std::fmt;
 
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::jsonrpc::{first_non_ws, MaybeStr, RawId, Str};
@@ -32,6 +33,9 @@ pub const TOOLS_CALL: &str = "tools/call";
 pub const TOOLS_LIST: &str = "tools/list";
 pub const PROMPTS_GET: &str = "prompts/get";
 pub const RESOURCES_READ: &str = "resources/read";
+pub const RESOURCES_SUBSCRIBE: &str = "resources/subscribe";
+pub const RESOURCES_UNSUBSCRIBE: &str = "resources/unsubscribe";
+pub const COMPLETION_COMPLETE: &str = "completion/complete";
 /// The 2026-07-28 revision's stateless discovery, which SDKs send first as their version probe.
 pub const SERVER_DISCOVER: &str = "server/discover";
 
@@ -63,6 +67,42 @@ pub struct Request<'a> {
     pub params_uri: Option<Cow<'a, str>>,
     /// That string as it is written in the body (see `params_name_raw`).
     pub params_uri_raw: Option<&'a str>,
+    /// `params.ref` (completion/complete) when it is an object, as written in the body: read
+    /// by [`completion_ref`] only for that method, so other requests pay nothing for it.
+    pub params_ref_raw: Option<&'a str>,
+}
+
+/// What a `completion/complete` completes: a prompt by name or a resource (template) by URI,
+/// each as written in the body (a slice of it, quotes included) and as read.
+#[derive(Debug, PartialEq)]
+pub enum CompletionRef<'a> {
+    Prompt { name: Cow<'a, str>, raw: &'a str },
+    Resource { uri: Cow<'a, str>, raw: &'a str },
+}
+
+/// `params.ref` of a `completion/complete` (`{"type": "ref/prompt", "name": …}` or
+/// `{"type": "ref/resource", "uri": …}`); `None` for anything else.
+pub fn completion_ref<'a>(raw: &'a str) -> Option<CompletionRef<'a>> {
+    #[derive(Deserialize)]
+    struct Ref<'a> {
+        #[serde(rename = "type", borrow)]
+        kind: Cow<'a, str>,
+        #[serde(borrow, default)]
+        name: Option<&'a RawValue>,
+        #[serde(borrow, default)]
+        uri: Option<&'a RawValue>,
+    }
+    let r: Ref<'_> = serde_json::from_str(raw).ok()?;
+    let string = |v: Option<&'a RawValue>| -> Option<(Cow<'a, str>, &'a str)> {
+        let raw = v?.get();
+        let value: Cow<'a, str> = serde_json::from_str(raw).ok()?;
+        Some((value, raw))
+    };
+    match r.kind.as_ref() {
+        "ref/prompt" => string(r.name).map(|(name, raw)| CompletionRef::Prompt { name, raw }),
+        "ref/resource" => string(r.uri).map(|(uri, raw)| CompletionRef::Resource { uri, raw }),
+        _ => None,
+    }
 }
 
 /// The tool a `tools/call` names.
@@ -321,6 +361,7 @@ fn read_message(body: &[u8]) -> Result<Body<'_>, Refusal> {
                 params_name_raw: params.name_raw,
                 params_uri: params.uri,
                 params_uri_raw: params.uri_raw,
+                params_ref_raw: params.ref_raw,
             }))
         }
         (Some(method), None) => {
@@ -456,6 +497,7 @@ struct Params<'a> {
     name_raw: Option<&'a str>,
     uri: Option<Cow<'a, str>>,
     uri_raw: Option<&'a str>,
+    ref_raw: Option<&'a str>,
 }
 
 struct ParamsSeed<'c>(&'c Cell<Option<Refusal>>);
@@ -494,7 +536,7 @@ impl<'de, 'c> Visitor<'de> for ParamsVisitor<'c> {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut params = Params::default();
-        let (mut seen_name, mut seen_uri) = (false, false);
+        let (mut seen_name, mut seen_uri, mut seen_ref) = (false, false, false);
         while let Some(key) = map.next_key::<Str<'de>>()? {
             match key.0.as_ref() {
                 "name" => {
@@ -524,6 +566,14 @@ impl<'de, 'c> Visitor<'de> for ParamsVisitor<'c> {
                         params.uri = value.into_str();
                         params.uri_raw = Some(raw);
                     }
+                }
+                "ref" => {
+                    if seen_ref {
+                        return Err(self.refuse(Refusal::DuplicateKey("params.ref")));
+                    }
+                    seen_ref = true;
+                    let raw = map.next_value::<&'de RawValue>()?.get();
+                    params.ref_raw = raw.starts_with('{').then_some(raw);
                 }
                 _ => {
                     map.next_value::<IgnoredAny>()?;

@@ -24,7 +24,7 @@ pub const SESSION_HEADER: &str = "mcp-session-id";
 /// The methods counted by name; anything else is `other`, so a client cannot grow the label
 /// set.
 fn method_label(method: &str) -> &'static str {
-    const KNOWN: [&str; 15] = [
+    const KNOWN: [&str; 18] = [
         "initialize",
         "notifications/initialized",
         "ping",
@@ -38,6 +38,9 @@ fn method_label(method: &str) -> &'static str {
         "prompts/list",
         "prompts/get",
         "completion/complete",
+        "resources/subscribe",
+        "resources/unsubscribe",
+        "logging/setLevel",
         "notifications/cancelled",
         "GET",
     ];
@@ -179,12 +182,47 @@ pub async fn post(
                 Ok(r) => r,
                 Err(e) => return error_response(&e, Some(&id)),
             };
+            if method == "logging/setLevel" && revision == Revision::Legacy {
+                return set_level(&s, &name, &headers, &id, &params).await;
+            }
             match revision {
                 Revision::Legacy => legacy(a, &name, &listing, &headers, &id, &method, &params),
                 Revision::Modern => modern(a, &name, &listing, &id, &method, &params),
             }
         }
     }
+}
+
+/// `logging/setLevel` of a gateway session: passed on to every session the gateway holds for
+/// it (and to each it opens later), so each server logs to the client at that level.
+async fn set_level(
+    s: &AdminState,
+    name: &str,
+    headers: &HeaderMap,
+    id: &Value,
+    params: &Value,
+) -> Response {
+    let session = match session_of(&s.aggregate, name, headers) {
+        Ok(session) => session,
+        Err(e) => return error_response(&e, Some(id)),
+    };
+    let level = match methods::log_level(params) {
+        Ok(level) => level,
+        Err(e) => return error_response(&e, Some(id)),
+    };
+    if let Some(base) = toolgate_model::session_owner::owner_of(
+        toolgate_model::session_owner::OwnerKind::Gateway,
+        &session,
+    ) {
+        let took = s.upstream.set_log_level(&base, level).await;
+        tracing::debug!(
+            virtual_server = name,
+            level,
+            servers = took,
+            "a client set its log level"
+        );
+    }
+    json_response(StatusCode::OK, &jsonrpc::result(id, serde_json::json!({})))
 }
 
 fn legacy(

@@ -56,9 +56,12 @@ pub struct SurfaceListing {
     pub resources: Listing,
     pub templates: Listing,
     pub prompts: Listing,
-    /// Whether a serving service of this virtual server offers resources, prompts.
+    /// Whether a serving service of this virtual server offers resources, prompts, logging,
+    /// completions.
     pub offers_resources: bool,
     pub offers_prompts: bool,
+    pub offers_logging: bool,
+    pub offers_completions: bool,
 }
 
 impl Listing {
@@ -82,6 +85,14 @@ impl SurfaceListing {
         }
         if self.offers_prompts {
             caps.insert("prompts".into(), json!({}));
+        }
+        // `logging/setLevel` is passed on to every session held for the client; messages a
+        // server logs during a call reach the client on that call's stream.
+        if self.offers_logging {
+            caps.insert("logging".into(), json!({}));
+        }
+        if self.offers_completions {
+            caps.insert("completions".into(), json!({}));
         }
         Value::Object(caps)
     }
@@ -363,6 +374,8 @@ impl<'a> Inputs<'a> {
             if vs.offers_service(service) && self.serving.contains(*service) {
                 out.offers_resources |= index.surface.offers_resources;
                 out.offers_prompts |= index.surface.offers_prompts;
+                out.offers_logging |= index.surface.offers_logging;
+                out.offers_completions |= index.surface.offers_completions;
             }
         }
         for (visible, t) in &routes.prompts {
@@ -491,6 +504,8 @@ mod tests {
         let surface = |templates: &[&str]| Surface {
             offers_resources: true,
             offers_prompts: true,
+            offers_logging: false,
+            offers_completions: false,
             resources: vec![json!({"uri": "secret://report", "name": "report"})],
             resource_templates: templates
                 .iter()

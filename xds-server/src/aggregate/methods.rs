@@ -262,29 +262,46 @@ pub fn listen_filter(params: &Value) -> Result<Value, RpcError> {
     Ok(Value::Object(honoured))
 }
 
-/// Methods this endpoint refuses, with why.
-pub fn refused(method: &str) -> Option<RpcError> {
-    match method {
-        "resources/subscribe" | "resources/unsubscribe" | "completion/complete" => {
-            Some(RpcError::new(
-                METHOD_NOT_FOUND,
-                format!(
-                    "{method}: served only on the per-service routes (/mcp/<service>); this \
-                     endpoint serves tools, resources and prompts"
-                ),
-            ))
-        }
-        "resources/read" | "prompts/get" => Some(RpcError::new(
-            INTERNAL_ERROR,
+/// The level of a `logging/setLevel`: one of RFC 5424's eight, as MCP names them.
+pub fn log_level(params: &Value) -> Result<&str, RpcError> {
+    const LEVELS: [&str; 8] = [
+        "debug",
+        "info",
+        "notice",
+        "warning",
+        "error",
+        "critical",
+        "alert",
+        "emergency",
+    ];
+    match params.get("level").and_then(Value::as_str) {
+        Some(level) if LEVELS.contains(&level) => Ok(level),
+        other => Err(RpcError::new(
+            INVALID_PARAMS,
             format!(
-                "{method} is routed by the gateway to the service that offers it and should \
-                 not reach the catalog; send it through the gateway's MCP endpoint"
+                "logging/setLevel: params.level must be one of {}; got {}",
+                LEVELS.join(", "),
+                other.map_or_else(|| "none".to_string(), |l| format!("{l:?}"))
             ),
         )),
-        "tools/call" => Some(RpcError::new(
+    }
+}
+
+/// Methods the filter routes to the service that offers what they name: reaching the catalog
+/// means the request did not come through the gateway's MCP endpoint.
+pub fn refused(method: &str) -> Option<RpcError> {
+    match method {
+        "tools/call"
+        | "resources/read"
+        | "resources/subscribe"
+        | "resources/unsubscribe"
+        | "prompts/get"
+        | "completion/complete" => Some(RpcError::new(
             INTERNAL_ERROR,
-            "tools/call is routed by the gateway to the tool's own service and should not reach \
-             the catalog; call the tool through the gateway's MCP endpoint",
+            format!(
+                "{method} is routed by the gateway to the service that offers what it names and \
+                 should not reach the catalog; send it through the gateway's MCP endpoint"
+            ),
         )),
         _ => None,
     }
@@ -438,6 +455,8 @@ mod tests {
             ),
             offers_resources: true,
             offers_prompts: true,
+            offers_logging: false,
+            offers_completions: false,
         }));
         let page = |revision, method, params: Value| {
             let r = surface_list(revision, "default", &l, method, &params)
@@ -534,10 +553,16 @@ mod tests {
 
     #[test]
     fn refusals_and_errors_validate() {
+        // What the filter routes never reaches the catalog through the gateway.
         let e = refused("completion/complete").expect("refused");
-        assert_eq!(e.code, METHOD_NOT_FOUND);
-        assert!(e.message.contains("/mcp/<service>"));
+        assert_eq!(e.code, INTERNAL_ERROR);
+        assert!(e.message.contains("routed by the gateway"), "{}", e.message);
         assert!(refused("resources/subscribe").is_some());
+        assert!(refused("logging/setLevel").is_none(), "answered here");
+        assert_eq!(log_level(&json!({"level": "info"})).ok(), Some("info"));
+        let bad = log_level(&json!({"level": "loud"})).expect_err("refused");
+        assert_eq!(bad.code, INVALID_PARAMS);
+        assert!(bad.message.contains("\"loud\""), "{}", bad.message);
         assert!(
             refused("resources/list").is_none(),
             "served from the listing"
