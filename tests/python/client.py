@@ -3,7 +3,8 @@
 usage: client.py [--mode MODE] [--elicit-answer TEXT] [--go-on] URL STEP [STEP ...]
   STEP: "initialize" | "list" | "call:TOOL[:ARGUMENTS_JSON]" | "progress-call:TOOL[:ARGUMENTS_JSON]"
         | "ping" | "wait:PATH" | "resources" | "templates" | "read:URI" | "prompts"
-        | "prompt:NAME[:ARGUMENTS_JSON]"
+        | "prompt:NAME[:ARGUMENTS_JSON]" | "complete:PROMPT:ARGUMENT:VALUE" | "set-level:LEVEL"
+        | "subscribe:URI" | "unsubscribe:URI"
         ("wait:PATH" sends nothing: it writes PATH.waiting, every step before it done, and
         waits until PATH exists, so a test can act between two steps of one session;
         "progress-call" is "call" with a progress callback: it reports
@@ -34,7 +35,7 @@ import sys
 from mcp import Client, ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
-from mcp_types import ElicitResult
+from mcp_types import ElicitResult, PromptReference
 
 
 def dump(model) -> dict:
@@ -85,6 +86,16 @@ async def surface_step(api, what: str):
         _, name, *rest = what.split(":", 2)
         arguments = json.loads(rest[0]) if rest else None
         return await api.get_prompt(name, arguments)
+    if what.startswith("complete:"):
+        _, prompt, argument, value = what.split(":", 3)
+        ref = PromptReference(type="ref/prompt", name=prompt)
+        return await api.complete(ref, {"name": argument, "value": value})
+    if what.startswith("set-level:"):
+        return await api.set_logging_level(what[len("set-level:"):])
+    if what.startswith("subscribe:"):
+        return await api.subscribe_resource(what[len("subscribe:"):])
+    if what.startswith("unsubscribe:"):
+        return await api.unsubscribe_resource(what[len("unsubscribe:"):])
     return None
 
 

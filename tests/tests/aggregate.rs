@@ -253,9 +253,7 @@ async fn one_endpoint_lists_every_service_and_tells_its_clients_what_changed() {
         "{discovered}"
     );
     assert_eq!(discovered["result"]["resultType"], "complete");
-    let refused = modern("completion/complete", json!({}))
-        .await
-        .expect("completion/complete");
+    let refused = modern("tasks/list", json!({})).await.expect("tasks/list");
     assert_eq!(
         refused.status(),
         404,

@@ -169,6 +169,51 @@ async fn the_official_clients_list_and_read_resources_and_get_prompts_through_on
     assert!(!prompt_texts(simple).is_empty(), "{simple}");
     assert!(before >= 1, "the python server counted no read of {SECRET}");
 
+    // A completion goes to the service of the prompt it completes; the log level to every
+    // server holding a session for the client (here the everything-server, which the
+    // completion made hold one); a subscription to the service of its URI.
+    let completing = "complete:ev__completable-prompt:department:Eng";
+    let subscribing = format!("subscribe:{EV_DYNAMIC}");
+    let unsubscribing = format!("unsubscribe:{EV_DYNAMIC}");
+    let lines = sdk::python(
+        &url,
+        &[
+            "initialize",
+            completing,
+            "set-level:warning",
+            &subscribing,
+            &unsubscribing,
+        ],
+    )
+    .await;
+    let completed = py_ok(&env, &lines, completing);
+    assert_eq!(
+        completed["completion"]["values"],
+        json!(["Engineering"]),
+        "{completed}"
+    );
+    py_ok(&env, &lines, "set-level:warning");
+    py_ok(&env, &lines, &subscribing);
+    py_ok(&env, &lines, &unsubscribing);
+    // toolgate-xds logs in colour: the escapes go before the line is read.
+    let xds_log = std::fs::read_to_string(env.path("xds.log")).unwrap_or_default();
+    let mut plain = String::with_capacity(xds_log.len());
+    let mut in_escape = false;
+    for c in xds_log.chars() {
+        match (in_escape, c) {
+            (false, '\x1b') => in_escape = true,
+            (false, c) => plain.push(c),
+            (true, 'm') => in_escape = false,
+            (true, _) => {}
+        }
+    }
+    assert!(
+        plain
+            .lines()
+            .any(|l| l.contains("passed a client's log level") && l.contains("servers=1")),
+        "the level did not reach the everything-server's session"
+    );
+
     // The Python SDK speaking 2026-07-28 (no sessions): the everything-server speaks only
     // revisions with sessions, so the gateway holds one for this client.
     let lines = sdk::python_in_mode(

@@ -116,7 +116,25 @@ impl InitParams {
         }
         Ok(v)
     }
+
+    /// The parameters without the capabilities that let a server send the client requests
+    /// (`elicitation`, `sampling`, `roots`): on the aggregate endpoint the client's answer
+    /// to such a request reaches the gateway, not the server, so a server told the client
+    /// can answer would wait for nothing. Told it cannot, the server does without (or says
+    /// so in its result) instead.
+    pub fn without_client_requests(&self) -> InitParams {
+        let mut params = self.clone();
+        if let Some(caps) = params.capabilities.as_object_mut() {
+            for kind in CLIENT_REQUEST_CAPABILITIES {
+                caps.remove(kind);
+            }
+        }
+        params
+    }
 }
+
+/// The client capabilities under which a server may send the client requests of its own.
+pub const CLIENT_REQUEST_CAPABILITIES: [&str; 3] = ["elicitation", "sampling", "roots"];
 
 /// Where a client's calls to a service go now.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -612,6 +630,18 @@ impl UpstreamSessions {
         for h in evicted {
             self.delete_later(h);
         }
+        // Held for a client of the aggregate endpoint: see `without_client_requests`.
+        let aggregate_client = matches!(
+            OwnerKind::of(owner),
+            Some(OwnerKind::Gateway | OwnerKind::Stateless)
+        );
+        let stripped;
+        let params = if aggregate_client {
+            stripped = params.without_client_requests();
+            &stripped
+        } else {
+            params
+        };
         let opened = match self.initialize(service, params, avoid).await {
             Ok((client, candidate)) => self.hold(key.clone(), caller, client, candidate),
             Err(e) => {
@@ -872,13 +902,15 @@ impl UpstreamSessions {
             .filter(|((owner, _), _)| is_owner_of(owner, base))
             .filter_map(|((_, service), h)| Some((service.clone(), h.session.clone()?)))
             .collect();
-        let mut took = 0;
-        for (service, session) in held {
-            if self.send_level(&service, &session, level).await {
-                took += 1;
-            }
-        }
-        took
+        // All at once: one slow server delays the answer by its own timeout, not the sum.
+        let sent = held
+            .iter()
+            .map(|(service, session)| self.send_level(service, session, level));
+        futures::future::join_all(sent)
+            .await
+            .into_iter()
+            .filter(|took| *took)
+            .count()
     }
 
     /// `logging/setLevel` on one held session; whether the server took it (a server without
@@ -1132,6 +1164,24 @@ mod tests {
         let addr: SocketAddr = "127.0.0.1:44117".parse().expect("addr");
         assert_eq!(envelope(addr, "8c1f3a"), "MTI3LjAuMC4xOjQ0MTE3;UV:OGMxZjNh");
         assert_eq!(address_of(&envelope(addr, "x")), Some(addr));
+    }
+
+    #[test]
+    fn a_client_of_the_aggregate_endpoint_is_not_offered_to_servers_as_answering_requests() {
+        let params = InitParams {
+            protocol_version: "2025-11-25".into(),
+            capabilities: serde_json::json!({
+                "elicitation": {}, "sampling": {}, "roots": {"listChanged": true},
+                "experimental": {"x": {}}
+            }),
+            client_info: serde_json::json!({"name": "agent", "version": "1"}),
+        };
+        let stripped = params.without_client_requests();
+        assert_eq!(
+            stripped.capabilities,
+            serde_json::json!({"experimental": {"x": {}}})
+        );
+        assert_eq!(stripped.client_info, params.client_info);
     }
 
     #[test]

@@ -215,11 +215,11 @@ async fn set_level(
         &session,
     ) {
         let took = s.upstream.set_log_level(&base, level).await;
-        tracing::debug!(
+        tracing::info!(
             virtual_server = name,
             level,
             servers = took,
-            "a client set its log level"
+            "passed a client's log level on to the servers holding a session for it"
         );
     }
     json_response(StatusCode::OK, &jsonrpc::result(id, serde_json::json!({})))
