@@ -1,12 +1,13 @@
-//! The aggregate endpoint (issue 19), on real processes: `tools/list` on `/mcp` over many
-//! services (latency per page, and no request reaching a server), `tools/call` through `/mcp`
-//! against the same call on its per-service route (alternating wrk runs, same Envoy), and how
-//! fast the listing follows the fleet: a new service's tools listed with their definitions, a
-//! breaker opening annotated.
+//! The aggregate endpoint, on real processes: `tools/list`, `resources/list` and
+//! `prompts/list` on `/mcp` over many services (latency per page, and no request reaching a
+//! server), `tools/call` and `resources/read` through `/mcp` against the same request on its
+//! per-service route (alternating wrk runs, same Envoy), and how fast the listing follows the
+//! fleet: a new service's tools listed with their definitions, a breaker opening annotated.
 //!
 //! Every service is an etcd registration of one lab server (stateless, JSON answers) with the
-//! same tools, so 100 services cost one process; toolgate-xds probes and reads each one's
-//! definitions as it would distinct servers.
+//! same tools, documents and prompt, so 100 services cost one process; toolgate-xds probes and
+//! reads each one's definitions as it would distinct servers (the same URIs from every service:
+//! all but the oldest service's are listed rewritten, `toolgate+<service>:lab://doc/<i>`).
 
 use std::time::{Duration, Instant};
 
@@ -48,6 +49,21 @@ pub struct AggregateBench {
     /// path costs, unlike throughput hardly moved by other load on the machine.
     pub envoy_cpu_us_route: f64,
     pub envoy_cpu_us_mcp: f64,
+    /// Resources (`documents` per service) and prompts (one per service) listed on `/mcp`.
+    pub resources: usize,
+    pub prompts: usize,
+    /// One `resources/list` and one `prompts/list` page on `/mcp`, client to client.
+    pub resources_page: Summary,
+    pub prompts_page: Summary,
+    /// Requests Envoy sent to any service's cluster while those lists ran (goal: none).
+    pub upstream_requests_during_surface_lists: u64,
+    /// `resources/read` requests per second, through `/mcp` and on the service's route.
+    pub read_rps_route: Vec<f64>,
+    pub read_rps_mcp: Vec<f64>,
+    pub read_median_route: f64,
+    pub read_median_mcp: f64,
+    /// Median of the pairs' ratios, as for `tools/call`.
+    pub read_ratio: f64,
     /// etcd put of a new service -> its tools listed with their read definitions.
     pub new_service_listed: Summary,
     /// A fleet breaker opening in etcd -> the tool annotated `open` in the listing.
@@ -89,6 +105,17 @@ impl Fleet {
 
     /// A stateless-style request (no session): `tools/list` in 2026-07-28 terms.
     async fn list_page(&self, path: &str, cursor: Option<&str>) -> anyhow::Result<Value> {
+        self.page_of("tools/list", path, cursor).await
+    }
+
+    /// One page of a listing method (`tools/list`, `resources/list`, `prompts/list`), as a
+    /// 2026-07-28 client without a session asks for it.
+    async fn page_of(
+        &self,
+        method: &str,
+        path: &str,
+        cursor: Option<&str>,
+    ) -> anyhow::Result<Value> {
         let mut params = json!({"_meta": {
             "io.modelcontextprotocol/protocolVersion": "2026-07-28",
             "io.modelcontextprotocol/clientInfo": {"name": "bench", "version": "0"},
@@ -103,19 +130,55 @@ impl Fleet {
             .header("content-type", "application/json")
             .header("accept", "application/json, text/event-stream")
             .header("mcp-protocol-version", "2026-07-28")
-            .header("mcp-method", "tools/list")
+            .header("mcp-method", method)
             .body(
-                json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": params})
-                    .to_string(),
+                json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string(),
             )
             .send()
             .await?;
         let status = resp.status();
-        let body: Value = resp.json().await.context("tools/list answer")?;
+        let body: Value = resp.json().await.context("listing answer")?;
         if !status.is_success() || body.get("result").is_none() {
-            bail!("tools/list on {path}: HTTP {status}: {body}");
+            bail!("{method} on {path}: HTTP {status}: {body}");
         }
         Ok(body["result"].clone())
+    }
+
+    /// Every item `method` lists on `path` (in the result's `field`), following the cursors.
+    async fn all_of(&self, method: &str, field: &str, path: &str) -> anyhow::Result<Vec<Value>> {
+        let mut items = Vec::new();
+        let mut cursor: Option<String> = None;
+        for _ in 0..1000 {
+            let page = self.page_of(method, path, cursor.as_deref()).await?;
+            items.extend(page[field].as_array().cloned().unwrap_or_default());
+            match page["nextCursor"].as_str() {
+                Some(c) => cursor = Some(c.to_string()),
+                None => return Ok(items),
+            }
+        }
+        bail!("{method} on {path}: more than 1000 pages")
+    }
+
+    /// `n` pages of `method` on `/mcp`, each page in turn: their latencies.
+    async fn page_latency(&self, method: &str, n: usize) -> anyhow::Result<Summary> {
+        let mut cursors: Vec<Option<String>> = vec![None];
+        loop {
+            let page = self
+                .page_of(method, "/mcp", cursors.last().cloned().flatten().as_deref())
+                .await?;
+            match page["nextCursor"].as_str() {
+                Some(c) => cursors.push(Some(c.to_string())),
+                None => break,
+            }
+        }
+        let mut samples = Vec::with_capacity(n);
+        for i in 0..n {
+            let cursor = cursors[i % cursors.len()].clone();
+            let t0 = Instant::now();
+            self.page_of(method, "/mcp", cursor.as_deref()).await?;
+            samples.push(t0.elapsed());
+        }
+        Ok(summarize(&samples))
     }
 
     /// Every tool `path` lists, following the cursors.
@@ -158,6 +221,77 @@ fn read(tool: &Value) -> bool {
         .contains("not available yet")
 }
 
+/// Resources each service offers (the lab's `--documents`); one prompt each besides.
+const DOCUMENTS: usize = 10;
+
+/// Requests per second on `route_url` and on `mcp_url` (the same request through `/mcp`), in
+/// back-to-back pairs, every other pair the other way round (ABBA): a machine that slows down
+/// or speeds up during the run weighs on both sides alike. With Envoy's CPU time per request.
+struct Paired {
+    route_rps: Vec<f64>,
+    mcp_rps: Vec<f64>,
+    route_cpu_us: Vec<f64>,
+    mcp_cpu_us: Vec<f64>,
+}
+
+async fn paired_runs(
+    envoy_pid: i32,
+    (route_script, route_url): (&std::path::Path, &str),
+    (mcp_script, mcp_url): (&std::path::Path, &str),
+    opts: &Options,
+) -> anyhow::Result<Paired> {
+    let (mut route_rps, mut mcp_rps) = (Vec::new(), Vec::new());
+    let (mut route_cpu, mut mcp_cpu) = (Vec::new(), Vec::new());
+    for rep in 0..opts.reps {
+        let mut runs = [
+            (route_script, route_url, &mut route_rps, &mut route_cpu),
+            (mcp_script, mcp_url, &mut mcp_rps, &mut mcp_cpu),
+        ];
+        if rep % 2 == 1 {
+            runs.reverse();
+        }
+        for (script, url, out, cpu) in runs {
+            let cpu0 = crate::machine::cpu_ns(envoy_pid);
+            let r = wrk(script, url, opts.secs, 16).await?;
+            let used_ns = crate::machine::cpu_ns(envoy_pid).saturating_sub(cpu0);
+            if r.status + r.connect + r.read + r.write + r.timeout > 0.0 {
+                bail!(
+                    "wrk on {url}: errors (status {}, timeout {})",
+                    r.status,
+                    r.timeout
+                );
+            }
+            cpu.push(used_ns as f64 / 1e3 / r.requests.max(1.0));
+            out.push(r.requests / (r.duration_us / 1e6));
+        }
+    }
+    Ok(Paired {
+        route_rps,
+        mcp_rps,
+        route_cpu_us: route_cpu,
+        mcp_cpu_us: mcp_cpu,
+    })
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// The median of the pairs' ratios (`/mcp` over the route): a pair shares the machine's
+/// state of the moment (this 2-core VM's steal time moves throughput by tens of percent
+/// between runs).
+fn pair_ratio(p: &Paired) -> f64 {
+    let ratios: Vec<f64> = p
+        .mcp_rps
+        .iter()
+        .zip(&p.route_rps)
+        .map(|(m, r)| m / r.max(1.0))
+        .collect();
+    median(&ratios)
+}
+
 pub async fn run(env: &TestEnv, opts: &Options) -> anyhow::Result<AggregateBench> {
     let etcd = Etcd::start(env).await;
     let xds = Xds::start(env, "xds", &etcd.endpoint(), &[]).await;
@@ -181,6 +315,8 @@ pub async fn run(env: &TestEnv, opts: &Options) -> anyhow::Result<AggregateBench
             "--json-response",
             "--tools",
             &tools.join(","),
+            "--documents",
+            &DOCUMENTS.to_string(),
         ],
     )
     .await;
@@ -272,52 +408,64 @@ pub async fn run(env: &TestEnv, opts: &Options) -> anyhow::Result<AggregateBench
     std::fs::write(&mcp_script, lua_script(&call("s0__t0"), &[]))?;
     let route_url = fleet.envoy.url("s0");
     let mcp_url = fleet.mcp_url("/mcp");
-    let (mut route_rps, mut mcp_rps) = (Vec::new(), Vec::new());
-    let (mut route_cpu, mut mcp_cpu) = (Vec::new(), Vec::new());
     let envoy_pid = fleet
         .envoy
         .proc
         .as_ref()
         .map(|p| p.pid())
         .context("Envoy is not running")?;
-    for rep in 0..opts.reps {
-        let mut runs = [
-            (&route_script, &route_url, &mut route_rps, &mut route_cpu),
-            (&mcp_script, &mcp_url, &mut mcp_rps, &mut mcp_cpu),
-        ];
-        // Every other pair the other way round (ABBA): a machine that slows down or speeds up
-        // during the run weighs on both sides alike.
-        if rep % 2 == 1 {
-            runs.reverse();
+    let calls = paired_runs(
+        envoy_pid,
+        (&route_script, &route_url),
+        (&mcp_script, &mcp_url),
+        opts,
+    )
+    .await?;
+    let call_ratio = pair_ratio(&calls);
+
+    // Resources and prompts on /mcp: served from the listing, no server asked.
+    let want_resources = opts.services * DOCUMENTS;
+    let started = Instant::now();
+    let (resources, prompts) = loop {
+        let resources = fleet.all_of("resources/list", "resources", "/mcp").await?;
+        let prompts = fleet.all_of("prompts/list", "prompts", "/mcp").await?;
+        if resources.len() >= want_resources && prompts.len() >= opts.services {
+            break (resources.len(), prompts.len());
         }
-        for (script, url, out, cpu) in runs {
-            let cpu0 = crate::machine::cpu_ns(envoy_pid);
-            let r = wrk(script, url, opts.secs, 16).await?;
-            let used_ns = crate::machine::cpu_ns(envoy_pid).saturating_sub(cpu0);
-            if r.status + r.connect + r.read + r.write + r.timeout > 0.0 {
-                bail!(
-                    "wrk on {url}: errors (status {}, timeout {})",
-                    r.status,
-                    r.timeout
-                );
-            }
-            cpu.push(used_ns as f64 / 1e3 / r.requests.max(1.0));
-            out.push(r.requests / (r.duration_us / 1e6));
+        if started.elapsed() > Duration::from_secs(60) {
+            bail!(
+                "/mcp listed {} of {want_resources} resources and {} of {} prompts after 60 s",
+                resources.len(),
+                prompts.len(),
+                opts.services
+            );
         }
-    }
-    let median = |v: &[f64]| {
-        let mut v = v.to_vec();
-        v.sort_by(|a, b| a.total_cmp(b));
-        v.get(v.len() / 2).copied().unwrap_or(0.0)
+        tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    // The ratio of each pair, then their median: a pair shares the machine's state of the
-    // moment (this 2-core VM's steal time moves throughput by tens of percent between runs).
-    let pair_ratios: Vec<f64> = mcp_rps
-        .iter()
-        .zip(&route_rps)
-        .map(|(m, r)| m / r.max(1.0))
-        .collect();
-    let call_ratio = median(&pair_ratios);
+    let before = fleet.upstream_requests().await;
+    let resources_page = fleet
+        .page_latency("resources/list", opts.list_requests)
+        .await?;
+    let prompts_page = fleet
+        .page_latency("prompts/list", opts.list_requests)
+        .await?;
+    let surface_upstream = fleet.upstream_requests().await.saturating_sub(before);
+
+    // resources/read: the same read on the service's route and through /mcp. `s0` registered
+    // first, so it keeps the URI as its server wrote it.
+    let read_body = json!({"jsonrpc": "2.0", "id": 1, "method": "resources/read",
+        "params": {"uri": "lab://doc/0"}})
+    .to_string();
+    let read_script = dir.join("read.lua");
+    std::fs::write(&read_script, lua_script(&read_body, &[]))?;
+    let reads = paired_runs(
+        envoy_pid,
+        (&read_script, &route_url),
+        (&read_script, &mcp_url),
+        opts,
+    )
+    .await?;
+    let read_ratio = pair_ratio(&reads);
 
     // A new service: etcd put -> its tools listed, definitions read.
     let mut listed = Vec::new();
@@ -381,13 +529,23 @@ pub async fn run(env: &TestEnv, opts: &Options) -> anyhow::Result<AggregateBench
         tools: want,
         list_page,
         upstream_requests_during_lists: upstream,
-        call_median_route: median(&route_rps),
-        call_median_mcp: median(&mcp_rps),
-        call_rps_route: route_rps,
-        call_rps_mcp: mcp_rps,
+        call_median_route: median(&calls.route_rps),
+        call_median_mcp: median(&calls.mcp_rps),
         call_ratio,
-        envoy_cpu_us_route: median(&route_cpu),
-        envoy_cpu_us_mcp: median(&mcp_cpu),
+        envoy_cpu_us_route: median(&calls.route_cpu_us),
+        envoy_cpu_us_mcp: median(&calls.mcp_cpu_us),
+        call_rps_route: calls.route_rps,
+        call_rps_mcp: calls.mcp_rps,
+        resources,
+        prompts,
+        resources_page,
+        prompts_page,
+        upstream_requests_during_surface_lists: surface_upstream,
+        read_median_route: median(&reads.route_rps),
+        read_median_mcp: median(&reads.mcp_rps),
+        read_ratio,
+        read_rps_route: reads.route_rps,
+        read_rps_mcp: reads.mcp_rps,
         new_service_listed: summarize(&listed),
         breaker_annotated: summarize(&annotated),
     })

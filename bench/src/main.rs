@@ -45,8 +45,9 @@ enum Suite {
     Scale,
     /// toolgate-xds's CPU and memory probing 1,000 instances, `http` against `mcp`.
     ProbeCost,
-    /// One endpoint for every tool: `tools/list` on `/mcp` at 100 services, a call through
-    /// `/mcp` against its service's route, and how fast the listing follows the fleet.
+    /// One endpoint for every tool: `tools/list`, `resources/list` and `prompts/list` on `/mcp`
+    /// at 100 services, a call and a resource read through `/mcp` against its service's route,
+    /// and how fast the listing follows the fleet.
     Aggregate,
     /// Issue 20: the 1 KB JSON `tools/call` with a bearer token verified by `jwt_authn` and
     /// one rule per tool, against the same filter without auth (two Envoys, ABBA pairs).
@@ -469,6 +470,10 @@ fn aggregate_table(r: &aggregate::AggregateBench) -> String {
          | requests reaching a server during the lists | {} | 0 | {} |\n\
          | tools/call through /mcp / on its route, median of back-to-back pairs (rps {:.0} / {:.0}) | {:.2} | >= 0.95 | {} |\n\
          | Envoy CPU per call, /mcp / its route | {:.1} / {:.1} µs | | |\n\
+         | resources/list page on /mcp p50 / p99 ({} requests, {} resources) | {:.2} / {:.2} ms | p99 <= 2 ms | {} |\n\
+         | prompts/list page on /mcp p50 / p99 ({} requests, {} prompts) | {:.2} / {:.2} ms | p99 <= 2 ms | {} |\n\
+         | requests reaching a server during those lists | {} | 0 | {} |\n\
+         | resources/read through /mcp / on its route, median of back-to-back pairs (rps {:.0} / {:.0}) | {:.2} | >= 0.95 | {} |\n\
          | new service -> listed with definitions p50 / p99 ({}) | {:.0} / {:.0} ms | p99 <= 1000 ms | {} |\n\
          | breaker opened -> annotated p50 / p99 ({}) | {:.0} / {:.0} ms | p99 <= 1000 ms | {} |\n",
         r.services,
@@ -485,6 +490,22 @@ fn aggregate_table(r: &aggregate::AggregateBench) -> String {
         verdict(r.call_ratio >= 0.95),
         r.envoy_cpu_us_mcp,
         r.envoy_cpu_us_route,
+        r.resources_page.n,
+        r.resources,
+        r.resources_page.p50_ms,
+        r.resources_page.p99_ms,
+        verdict(r.resources_page.p99_ms <= 2.0),
+        r.prompts_page.n,
+        r.prompts,
+        r.prompts_page.p50_ms,
+        r.prompts_page.p99_ms,
+        verdict(r.prompts_page.p99_ms <= 2.0),
+        r.upstream_requests_during_surface_lists,
+        verdict(r.upstream_requests_during_surface_lists == 0),
+        r.read_median_mcp,
+        r.read_median_route,
+        r.read_ratio,
+        verdict(r.read_ratio >= 0.95),
         r.new_service_listed.n,
         r.new_service_listed.p50_ms,
         r.new_service_listed.p99_ms,

@@ -46,6 +46,10 @@ struct Cli {
     /// Probability (0.0 to 1.0) that a call to a tool with a failure mode fails.
     #[arg(long, default_value = "1.0", value_parser = knobs::parse_fail_rate)]
     fail_rate: f64,
+    /// Serve this many resources (`lab://doc/0` …, about 1 KB of text each) and a prompt
+    /// (`brief`), with the capabilities that say so; 0 serves tools only.
+    #[arg(long, default_value_t = 0)]
+    documents: usize,
     /// Make /health answer 503.
     #[arg(long)]
     health_fail: bool,
@@ -107,12 +111,14 @@ async fn main() -> anyhow::Result<()> {
         .unwrap_or_else(|| format!("lab-{}", std::process::id()));
     let tools = cli.tools();
     tracing::info!(instance = %instance_id, ?tools, ?knobs, "starting");
-    let lab = Arc::new(LabState::new(
+    let mut state = LabState::new(
         instance_id,
         tools,
         knobs,
         cli.transport.options(),
         shutdown.clone(),
-    ));
+    );
+    state.documents = cli.documents;
+    let lab = Arc::new(state);
     http::serve(cli.listen, lab::app(lab, !cli.no_health), shutdown).await
 }

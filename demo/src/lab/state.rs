@@ -21,6 +21,8 @@ use crate::mcp::TransportOptions;
 pub struct LabState {
     pub instance_id: String,
     pub tools: Vec<String>,
+    /// Resources `lab://doc/<i>` served, and with them one prompt (`brief`); 0: tools only.
+    pub documents: usize,
     pub transport: TransportOptions,
     /// Cancelled on SIGTERM/SIGINT; releases requests parked by `hang`.
     pub shutdown: CancellationToken,
@@ -61,6 +63,7 @@ impl LabState {
         Self {
             instance_id,
             tools,
+            documents: 0,
             transport,
             shutdown,
             knobs: Mutex::new(knobs),
