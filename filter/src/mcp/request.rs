@@ -622,6 +622,40 @@ mod tests {
     }
 
     #[test]
+    fn a_completion_names_its_prompt_or_resource_exactly_as_written() {
+        let body = r#"{"jsonrpc":"2.0","id":3,"method":"completion/complete","params":{"ref":{"type":"ref/prompt","n\u0061me":"gr\u0065et"},"argument":{"name":"x","value":"y"}}}"#;
+        let r = request(body);
+        let raw = r.params_ref_raw.expect("the ref, raw");
+        match completion_ref(raw) {
+            Some(CompletionRef::Prompt { name, raw }) => {
+                assert_eq!(name, "greet");
+                assert_eq!(raw, r#""gr\u0065et""#, "the string as written, to replace");
+            }
+            other => panic!("{other:?}"),
+        }
+        let uri = r#"{"type":"ref/resource","uri":"demo://t/{id}"}"#;
+        assert!(matches!(
+            completion_ref(uri),
+            Some(CompletionRef::Resource { uri, .. }) if uri == "demo://t/{id}"
+        ));
+        // Anything else is no reference: a duplicate member, a name that is no string, an
+        // unknown type.
+        for bad in [
+            r#"{"type":"ref/prompt","name":"a","name":"b"}"#,
+            r#"{"type":"ref/prompt","name":7}"#,
+            r#"{"type":"ref/tool","name":"a"}"#,
+            r#"{"name":"a"}"#,
+        ] {
+            assert_eq!(completion_ref(bad), None, "{bad}");
+        }
+        // `ref` twice is refused like any member the gateway reads.
+        assert_eq!(
+            refusal(br#"{"jsonrpc":"2.0","id":1,"method":"completion/complete","params":{"ref":{},"ref":{}}}"#),
+            Refusal::DuplicateKey("params.ref")
+        );
+    }
+
+    #[test]
     fn tools_call_yields_method_id_and_tool() {
         let r = request(
             r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"write_order","arguments":{"name":"not this","x":[1,2,{"y":null}]}}}"#,
