@@ -27,7 +27,7 @@ test: build lint
 	$(CARGO) test $(PROFILE) --workspace -- --test-threads=$${TEST_THREADS:-2}
 	@echo "make test: discovery, fleet and security again, Envoy speaking state-of-the-world ADS"
 	TOOLGATE_TEST_XDS_PROTOCOL=sotw $(CARGO) test $(PROFILE) -p toolgate-tests \
-		--test discovery --test fleet --test security -- --test-threads=$${TEST_THREADS:-2}
+		--test gateway -- discovery:: fleet:: security:: --test-threads=$${TEST_THREADS:-2}
 
 demo: build
 	@bash scripts/demo.sh
@@ -86,8 +86,8 @@ chaos-quick-sotw: build
 .PHONY: abuse
 
 abuse: build
-	$(CARGO) test $(PROFILE) -p toolgate-tests --test abuse --test fail_closed \
-		--test fail_closed_config --test fail_closed_sessions -- --test-threads=$${TEST_THREADS:-2}
+	$(CARGO) test $(PROFILE) -p toolgate-tests --test gateway -- abuse:: fail_closed:: fail_closed_config:: fail_closed_sessions:: \
+		--test-threads=$${TEST_THREADS:-2}
 
 .PHONY: bench bench-quick bench-filters
 
