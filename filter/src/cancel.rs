@@ -49,7 +49,7 @@ fn canonical_id(id_json: &str) -> Option<String> {
 }
 
 /// The note of one (session, id): 64 bits of FNV-1a, written as hex.
-fn note(session: &str, id_json: &str) -> Option<String> {
+pub(crate) fn note(session: &str, id_json: &str) -> Option<String> {
     let id = canonical_id(id_json)?;
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in session.bytes().chain([0]).chain(id.bytes()) {

@@ -12,6 +12,7 @@
 //! name in a call made there. `host/` is the only code that calls proxy-wasm.
 
 pub mod aggregate;
+pub mod asked;
 pub mod auth;
 pub mod breaker;
 pub mod call;

@@ -67,6 +67,8 @@ impl Target {
             self.timeout,
             "toolgate-register",
         )
+        // Its listing decides the registered tools: it sees what a client of /mcp may.
+        .offering(toolgate_probe::mcp::offered_for_listing())
     }
 
     async fn socket_addr(&self) -> Result<SocketAddr, String> {

@@ -1,6 +1,6 @@
 """Drives one MCP session with the official Python SDK and prints what the SDK handed back.
 
-usage: client.py [--mode MODE] [--elicit-answer TEXT] [--go-on] URL STEP [STEP ...]
+usage: client.py [--mode MODE] [--elicit-answer TEXT] [--sample-answer TEXT] [--go-on] URL STEP [STEP ...]
   STEP: "initialize" | "list" | "call:TOOL[:ARGUMENTS_JSON]" | "progress-call:TOOL[:ARGUMENTS_JSON]"
         | "ping" | "wait:PATH" | "resources" | "templates" | "read:URI" | "prompts"
         | "prompt:NAME[:ARGUMENTS_JSON]" | "complete:PROMPT:ARGUMENT:VALUE" | "set-level:LEVEL"
@@ -12,6 +12,8 @@ usage: client.py [--mode MODE] [--elicit-answer TEXT] [--go-on] URL STEP [STEP .
   --go-on: go on after a step that got an MCP error (a transport failure still stops)
   --elicit-answer TEXT: the client supports elicitation and accepts every request of the
         server with {"answer": TEXT} (without it the SDK declines)
+  --sample-answer TEXT: the client supports sampling and answers every sampling request of
+        the server with an assistant message TEXT from model "toolgate-test"
   MODE: the SDK's `Client(mode=...)`: "auto" (probe `server/discover`, fall back to
         `initialize`) or a 2026-era version such as "2026-07-28". Without it, a
         `ClientSession` does the legacy `initialize` handshake itself (step "initialize").
@@ -35,7 +37,7 @@ import sys
 from mcp import Client, ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
-from mcp_types import ElicitResult, PromptReference
+from mcp_types import CreateMessageResult, ElicitResult, PromptReference, TextContent
 
 
 def dump(model) -> dict:
@@ -68,6 +70,18 @@ def elicitation_callback(answer: str | None):
 
     async def answer_it(context, params):
         return ElicitResult(action="accept", content={"answer": answer})
+
+    return answer_it
+
+
+def sampling_callback(answer: str | None):
+    if answer is None:
+        return None
+
+    async def answer_it(context, params):
+        return CreateMessageResult(
+            role="assistant", content=TextContent(type="text", text=answer), model="toolgate-test"
+        )
 
     return answer_it
 
@@ -164,22 +178,26 @@ async def run_steps(run, steps: list[str]) -> None:
             return
 
 
-async def main(url: str, steps: list[str], mode: str | None, answer: str | None) -> None:
+async def main(url: str, steps: list[str], mode: str | None, answers: dict) -> None:
+    callbacks = {
+        "elicitation_callback": elicitation_callback(answers.get("--elicit-answer")),
+        "sampling_callback": sampling_callback(answers.get("--sample-answer")),
+    }
     if mode is not None:
-        async with Client(url, mode=mode, elicitation_callback=elicitation_callback(answer)) as client:
+        async with Client(url, mode=mode, **callbacks) as client:
             await run_steps(lambda what: client_step(client, what), steps)
         return
     async with streamable_http_client(url, terminate_on_close=False) as streams:
         read, write = streams[0], streams[1]
-        async with ClientSession(read, write, elicitation_callback=elicitation_callback(answer)) as session:
+        async with ClientSession(read, write, **callbacks) as session:
             await run_steps(lambda what: step(session, what), steps)
 
 
 if __name__ == "__main__":
     args = sys.argv[1:]
     mode = None
-    answer = None
-    while args[:1] in (["--mode"], ["--elicit-answer"], ["--go-on"]):
+    answers: dict = {}
+    while args[:1] in (["--mode"], ["--elicit-answer"], ["--sample-answer"], ["--go-on"]):
         if args[0] == "--go-on":
             GO_ON = True
             args = args[1:]
@@ -187,9 +205,9 @@ if __name__ == "__main__":
         if args[0] == "--mode":
             mode = args[1]
         else:
-            answer = args[1]
+            answers[args[0]] = args[1]
         args = args[2:]
     try:
-        asyncio.run(asyncio.wait_for(main(args[0], args[1:], mode, answer), timeout=85))
+        asyncio.run(asyncio.wait_for(main(args[0], args[1:], mode, answers), timeout=85))
     except BaseException as e:  # noqa: BLE001
         print(json.dumps({"step": "session", "exception": repr(e)}), flush=True)

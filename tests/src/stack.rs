@@ -101,6 +101,12 @@ impl Stack {
         self.envoy.url(service)
     }
 
+    /// The aggregate endpoint, `/mcp`, of this stack's Envoy.
+    pub fn aggregate_url(&self) -> String {
+        let service_url = self.url("x");
+        format!("{}/mcp", service_url.trim_end_matches("/mcp/x"))
+    }
+
     /// Puts a breaker policy (`key`: `<service>` or `<service>/<tool>`) into etcd and waits
     /// until Envoy's filter has it.
     pub async fn policy(&self, key: &str, policy: Value) {

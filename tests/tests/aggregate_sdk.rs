@@ -46,11 +46,6 @@ async fn listed(url: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
-fn mcp_url(stack: &Stack) -> String {
-    let service_url = stack.url("x");
-    format!("{}/mcp", service_url.trim_end_matches("/mcp/x"))
-}
-
 fn text_of(result: &Value) -> String {
     result["content"]
         .as_array()
@@ -87,7 +82,7 @@ impl ThreeServers {
         stack
             .wait_healthy("py", &[&py], Duration::from_secs(20))
             .await;
-        let url = mcp_url(&stack);
+        let url = stack.aggregate_url();
         wait_until(
             "/mcp lists the tools of all three",
             Duration::from_secs(20),
@@ -222,7 +217,7 @@ async fn a_restarted_stateful_server_costs_a_client_of_mcp_nothing() {
     stack
         .wait_healthy("orders", &[&lab], Duration::from_secs(20))
         .await;
-    let url = mcp_url(&stack);
+    let url = stack.aggregate_url();
     wait_until("/mcp lists the lab", Duration::from_secs(20), || async {
         listed(&url).await.iter().any(|n| n == LAB)
     })

@@ -22,11 +22,6 @@ const SECRET_TEXT: &str = "TOP-SECRET-RESOURCE-CONTENT";
 const EV_TEMPLATE: &str = "demo://resource/dynamic/text/{resourceId}";
 const EV_DYNAMIC: &str = "demo://resource/dynamic/text/1";
 
-fn mcp_url(stack: &Stack) -> String {
-    let service_url = stack.url("x");
-    format!("{}/mcp", service_url.trim_end_matches("/mcp/x"))
-}
-
 async fn everything(env: &TestEnv, stack: &Stack) -> (Proc, Proc) {
     let cmd = ServerCommand::everything(free_port());
     let server = cmd.spawn(env, "ev");
@@ -92,7 +87,7 @@ async fn the_official_clients_list_and_read_resources_and_get_prompts_through_on
     stack
         .wait_healthy("py", &[&py], Duration::from_secs(20))
         .await;
-    let url = mcp_url(&stack);
+    let url = stack.aggregate_url();
     wait_until(
         "/mcp lists the prompts of both servers that have them",
         Duration::from_secs(20),
@@ -348,7 +343,7 @@ async fn two_services_with_the_same_resource_uri_and_prompt_name_are_both_reacha
         json!({"naming": "bare", "exclude": ["beta/greeting"]}),
     )
     .await;
-    let url = mcp_url(&stack);
+    let url = stack.aggregate_url();
     let bare = url.replace("/mcp", "/virtual/bare");
     let nobeta = url.replace("/mcp", "/virtual/nobeta");
     let beta_uri = format!("toolgate+beta:{SECRET}");

@@ -556,7 +556,8 @@ async fn read_tools(
     w: &Wanted,
     timeout: Duration,
 ) -> Result<(Vec<Value>, Surface, String, Vec<String>), String> {
-    let mut client = McpClient::new(http.clone(), w.url.clone(), timeout, CLIENT_NAME);
+    let mut client = McpClient::new(http.clone(), w.url.clone(), timeout, CLIENT_NAME)
+        .offering(toolgate_probe::mcp::offered_for_listing());
     let listed = client.list_tools(ListLimits::default()).await;
     let mut surface_warnings = Vec::new();
     let surface = if listed.is_ok() {

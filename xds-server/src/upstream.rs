@@ -117,16 +117,15 @@ impl InitParams {
         Ok(v)
     }
 
-    /// The parameters without the capabilities that let a server send the client requests
-    /// (`elicitation`, `sampling`, `roots`): on the aggregate endpoint the client's answer
-    /// to such a request reaches the gateway, not the server, so a server told the client
-    /// can answer would wait for nothing. Told it cannot, the server does without (or says
-    /// so in its result) instead.
-    pub fn without_client_requests(&self) -> InitParams {
+    /// The parameters without the capabilities (of `kinds`) under which a server would send
+    /// the client requests whose answers could not reach it: a server told the client can
+    /// answer would wait for nothing; told it cannot, it does without (or says so in its
+    /// result) instead.
+    pub fn without(&self, kinds: &[&str]) -> InitParams {
         let mut params = self.clone();
         if let Some(caps) = params.capabilities.as_object_mut() {
-            for kind in CLIENT_REQUEST_CAPABILITIES {
-                caps.remove(kind);
+            for kind in kinds {
+                caps.remove(*kind);
             }
         }
         params
@@ -135,6 +134,12 @@ impl InitParams {
 
 /// The client capabilities under which a server may send the client requests of its own.
 pub const CLIENT_REQUEST_CAPABILITIES: [&str; 3] = ["elicitation", "sampling", "roots"];
+
+/// What a gateway session's client cannot answer through the aggregate endpoint. Elicitation
+/// and sampling requests come during a call, on its stream, and the client's answer finds
+/// its server again (the filter notes who asked: `filter/src/asked.rs`); a server asks for
+/// roots outside any call, on a stream of its session the gateway does not relay.
+pub const UNANSWERABLE_ON_GATEWAY_SESSIONS: [&str; 1] = ["roots"];
 
 /// Where a client's calls to a service go now.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -279,6 +284,39 @@ impl std::fmt::Display for OpenError {
                 "the gateway holds at most {limit} sessions with this service per {}, none idle long enough to end",
                 bound.as_str()
             ),
+        }
+    }
+}
+
+/// The `logging/setLevel` request the gateway sends a server for its client.
+fn level_request(level: &str) -> Vec<u8> {
+    serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": "toolgate-set-level",
+        "method": "logging/setLevel",
+        "params": {"level": level},
+    })
+    .to_string()
+    .into_bytes()
+}
+
+/// Whether a server took a client's log level (a server without the logging capability
+/// refuses, which changes nothing).
+fn level_taken(service: &str, level: &str, answer: &Result<Forwarded, Failure>) -> bool {
+    match answer {
+        Ok(f) if f.status == 200 && String::from_utf8_lossy(&f.body).contains("\"result\"") => true,
+        Ok(f) => {
+            info!(
+                service,
+                status = f.status,
+                level,
+                "a server did not take a client's log level (it may not log)"
+            );
+            false
+        }
+        Err(e) => {
+            info!(service, error = %e, level, "sending a client's log level to a server failed");
+            false
         }
     }
 }
@@ -630,18 +668,15 @@ impl UpstreamSessions {
         for h in evicted {
             self.delete_later(h);
         }
-        // Held for a client of the aggregate endpoint: see `without_client_requests`.
-        let aggregate_client = matches!(
-            OwnerKind::of(owner),
-            Some(OwnerKind::Gateway | OwnerKind::Stateless)
-        );
-        let stripped;
-        let params = if aggregate_client {
-            stripped = params.without_client_requests();
-            &stripped
-        } else {
-            params
+        // Held for a client of the aggregate endpoint: see `InitParams::without`. A stateless
+        // (2026-07-28) client has no session for a server's request to reach it on.
+        let unanswerable: &[&str] = match OwnerKind::of(owner) {
+            Some(OwnerKind::Gateway) => &UNANSWERABLE_ON_GATEWAY_SESSIONS,
+            Some(OwnerKind::Stateless) => &CLIENT_REQUEST_CAPABILITIES,
+            _ => &[],
         };
+        let stripped = params.without(unanswerable);
+        let params = &stripped;
         let opened = match self.initialize(service, params, avoid).await {
             Ok((client, candidate)) => self.hold(key.clone(), caller, client, candidate),
             Err(e) => {
@@ -895,6 +930,52 @@ impl UpstreamSessions {
                 levels.insert(base.to_string(), level.to_string());
             }
         }
+        let body = level_request(level);
+        self.send_to_all(base, &body, |service, answer| {
+            level_taken(service, level, answer)
+        })
+        .await
+    }
+
+    /// `logging/setLevel` on one held session; whether the server took it.
+    async fn send_level(&self, service: &str, session: &OpenSession, level: &str) -> bool {
+        let answer = self.send_on(session, level_request(level)).await;
+        level_taken(service, level, &answer)
+    }
+
+    /// A client's `notifications/cancelled` (its body as the client wrote it), sent on every
+    /// session held for the client session `base`. Its request ids number the client's
+    /// requests across all of them, so only the server the cancelled request went to has one
+    /// by that id in flight: the others ignore it, as the specification lets a receiver do
+    /// with a request it does not know. Returns how many servers accepted it.
+    pub async fn cancel_everywhere(&self, base: &str, body: &[u8]) -> usize {
+        self.send_to_all(base, body, |service, answer| match answer {
+            Ok(f) if (200..300).contains(&f.status) => true,
+            Ok(f) => {
+                info!(
+                    service,
+                    status = f.status,
+                    "a server refused a client's cancellation"
+                );
+                false
+            }
+            Err(e) => {
+                info!(service, error = %e, "passing a client's cancellation on to a server failed");
+                false
+            }
+        })
+        .await
+    }
+
+    /// Sends `body` on every session held for the client session `base`, all at once (one
+    /// slow server delays the end by its own timeout, not the sum), and counts the answers
+    /// `took` accepts.
+    async fn send_to_all(
+        &self,
+        base: &str,
+        body: &[u8],
+        took: impl Fn(&str, &Result<Forwarded, Failure>) -> bool,
+    ) -> usize {
         let held: Vec<(String, OpenSession)> = self
             .table()
             .held
@@ -902,53 +983,25 @@ impl UpstreamSessions {
             .filter(|((owner, _), _)| is_owner_of(owner, base))
             .filter_map(|((_, service), h)| Some((service.clone(), h.session.clone()?)))
             .collect();
-        // All at once: one slow server delays the answer by its own timeout, not the sum.
-        let sent = held
-            .iter()
-            .map(|(service, session)| self.send_level(service, session, level));
+        let sent = held.iter().map(|(service, session)| async move {
+            (service, self.send_on(session, body.to_vec()).await)
+        });
         futures::future::join_all(sent)
             .await
-            .into_iter()
-            .filter(|took| *took)
+            .iter()
+            .filter(|(service, answer)| took(service, answer))
             .count()
     }
 
-    /// `logging/setLevel` on one held session; whether the server took it (a server without
-    /// the logging capability refuses, which changes nothing).
-    async fn send_level(&self, service: &str, session: &OpenSession, level: &str) -> bool {
+    /// One message on a held session, as its client would send it.
+    async fn send_on(&self, session: &OpenSession, body: Vec<u8>) -> Result<Forwarded, Failure> {
         let mut client =
             McpClient::new(self.http.clone(), session.url.clone(), TIMEOUT, "toolgate");
         client.assume(Negotiated::Session {
             version: session.version.clone(),
             session: Some(session.id.clone()),
         });
-        let body = serde_json::json!({
-            "jsonrpc": "2.0",
-            "id": "toolgate-set-level",
-            "method": "logging/setLevel",
-            "params": {"level": level},
-        });
-        match client
-            .forward_with(body.to_string().into_bytes(), &[])
-            .await
-        {
-            Ok(f) if f.status == 200 && String::from_utf8_lossy(&f.body).contains("\"result\"") => {
-                true
-            }
-            Ok(f) => {
-                info!(
-                    service,
-                    status = f.status,
-                    level,
-                    "a server did not take a client's log level (it may not log)"
-                );
-                false
-            }
-            Err(e) => {
-                info!(service, error = %e, level, "sending a client's log level to a server failed");
-                false
-            }
-        }
+        client.forward_with(body, &[]).await
     }
 
     /// Deletes every session held for the client session `base` (an owner without its user;
@@ -1176,7 +1229,7 @@ mod tests {
             }),
             client_info: serde_json::json!({"name": "agent", "version": "1"}),
         };
-        let stripped = params.without_client_requests();
+        let stripped = params.without(&CLIENT_REQUEST_CAPABILITIES);
         assert_eq!(
             stripped.capabilities,
             serde_json::json!({"experimental": {"x": {}}})

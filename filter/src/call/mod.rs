@@ -31,6 +31,7 @@ use toolgate_model::policy::FilterConfig;
 use toolgate_model::BreakerPolicy;
 
 use crate::aggregate::{self, Target, VisibleNames};
+use crate::asked;
 use crate::auth::{self, Denial};
 use crate::breaker::{
     breaker_key, Admission, Breakers, Cause, Force, Outcome, SharedStore, State, Transition,
@@ -477,6 +478,9 @@ enum Watch {
     /// A JSON response too large to hold, streamed; this call's copy if it came in pieces.
     Json(Vec<u8>),
     Sse(SseScanner),
+    /// The stream of a call on the aggregate endpoint that nothing else reads: read only for
+    /// the server's questions to the client (`crate::asked`).
+    Questions(SseScanner),
     /// The upstream failed: the body is replaced by this reply at the end of the stream.
     Replace(Reply),
     /// A server's `tools/list` answer, held to be annotated: a JSON body until complete
@@ -1565,7 +1569,77 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 }
                 Action::Continue
             }
-            (Body::Response, _) => Action::Continue,
+            (Body::Response, None) => self.route_answer(host, &bytes),
+            (Body::Response, Some(_)) => Action::Continue,
+        }
+    }
+
+    /// A client's answer on the aggregate endpoint to a question a server asked during a call
+    /// (`crate::asked`): sent to that service's route on the session held for the client. An
+    /// answer to nothing noted goes on to toolgate-xds, which accepts it (202) as a server
+    /// would an answer it no longer waits for.
+    fn route_answer(&mut self, host: &impl CallHost, bytes: &[u8]) -> Action {
+        self.log_field(host, log_field::METHOD, "response");
+        let (Some(session), Some(id)) = (&self.client_session, asked::response_id(bytes)) else {
+            return Action::Continue;
+        };
+        let service = {
+            let shared = self.shared.borrow();
+            asked::asker(shared.breakers.store(), session, &id, host.now_ms())
+        };
+        let Some(service) = service else {
+            host.log(
+                Level::Info,
+                &format!("toolgate: an answer with id {id} on the aggregate endpoint matches no server's question; dropped"),
+            );
+            return Action::Continue;
+        };
+        self.forward_claims(host, &service);
+        self.service = Some(service.clone());
+        self.route_call(host, bytes, &service, "")
+    }
+
+    /// A scanner noting the server's questions, for the SSE answer to a request routed from
+    /// the aggregate endpoint on a client's session (where an answer needs finding its way
+    /// back); `None` for any other.
+    fn question_scanner(&self, host: &impl CallHost) -> Option<SseScanner> {
+        let routed = self.on_virtual.as_ref().is_some_and(|v| v.routed);
+        let sse = host
+            .response_header("content-type")
+            .is_some_and(|t| t.starts_with("text/event-stream"));
+        if !routed || !sse || self.client_session.is_none() {
+            return None;
+        }
+        let judged = self.request.as_ref()?;
+        Some(SseScanner::new(judged.id.clone()).noting_requests())
+    }
+
+    /// Notes which service asked the client of this call the questions `ids` (see
+    /// `crate::asked`), so that the client's answers reach it.
+    fn note_questions(&self, host: &impl CallHost, ids: Vec<String>) {
+        if ids.is_empty() {
+            return;
+        }
+        let (Some(session), Some(service)) = (&self.client_session, &self.service) else {
+            return;
+        };
+        let shared = self.shared.borrow();
+        for id in ids {
+            match asked::note(shared.breakers.store(), session, &id, service, host.now_ms()) {
+                asked::Noted::Noted => {}
+                asked::Noted::Replaced { earlier } => host.log(
+                    Level::Warn,
+                    &format!(
+                        "toolgate: services {earlier:?} and {service:?} both asked one client session a question with id {id}; its answer goes to {service:?}, and {earlier:?} waits in vain"
+                    ),
+                ),
+                asked::Noted::Failed => host.log(
+                    Level::Warn,
+                    &format!(
+                        "toolgate: could not note that service {service:?} asked a question with id {id}; the client's answer will not reach it"
+                    ),
+                ),
+            }
         }
     }
 
@@ -2690,6 +2764,9 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                     if listing && status == 200 && !end_of_stream {
                         return self.watch_listing(host);
                     }
+                    if let Some(scanner) = self.question_scanner(host) {
+                        self.watch = Watch::Questions(scanner);
+                    }
                     return Action::Continue;
                 }
                 if end_of_stream {
@@ -2700,7 +2777,11 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 let content_type = host.response_header("content-type").unwrap_or_default();
                 if content_type.starts_with("text/event-stream") {
                     if let Some(judged) = &self.request {
-                        self.watch = Watch::Sse(SseScanner::new(judged.id.clone()));
+                        let scanner = match self.question_scanner(host) {
+                            Some(noting) => noting,
+                            None => SseScanner::new(judged.id.clone()),
+                        };
+                        self.watch = Watch::Sse(scanner);
                     }
                     // The stream may end without the response, and then gets one more event:
                     // a declared length would cut it off.
@@ -3199,6 +3280,16 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 }
                 Action::Continue
             }
+            Watch::Questions(scanner) => {
+                let chunk = host.response_body(body_size).unwrap_or_default();
+                let answered = scanner.feed(&chunk).is_some();
+                let asked = scanner.take_requests();
+                if answered || end_of_stream {
+                    self.watch = Watch::None;
+                }
+                self.note_questions(host, asked);
+                Action::Continue
+            }
             Watch::Sse(scanner) => {
                 // Streamed through: only the chunk at hand is read, never the whole stream.
                 let chunk = host.response_body(body_size).unwrap_or_default();
@@ -3207,6 +3298,8 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                     None if end_of_stream => scanner.finish(),
                     None => None,
                 };
+                let asked = scanner.take_requests();
+                self.note_questions(host, asked);
                 let Some(class) = found else {
                     return Action::Continue;
                 };

@@ -42,7 +42,15 @@ pub struct SseScanner {
     event_type_len: usize,
     event_type_long: bool,
     done: bool,
+    /// Whether to keep the ids of the server's own requests (`noting_requests`).
+    noting: bool,
+    /// Ids (raw JSON) of the requests the server made in the events read since the last
+    /// `take_requests`, at most [`MAX_NOTED`].
+    requests: Vec<String>,
 }
+
+/// Server requests kept between two `take_requests`: a call's stream carries a few.
+const MAX_NOTED: usize = 16;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum LineState {
@@ -86,7 +94,21 @@ impl SseScanner {
             event_type_len: 0,
             event_type_long: false,
             done: false,
+            noting: false,
+            requests: Vec::new(),
         }
+    }
+
+    /// Also keeps the ids of the requests the server makes on the stream (its questions to
+    /// the client: see `crate::asked`).
+    pub fn noting_requests(mut self) -> Self {
+        self.noting = true;
+        self
+    }
+
+    /// The ids of the server's requests read since the last call.
+    pub fn take_requests(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.requests)
     }
 
     /// Scans the next chunk; returns the classification once the event carrying the response to
@@ -297,6 +319,13 @@ impl SseScanner {
         } else {
             ResponseClass::Other
         };
+        if self.noting && has_data && is_message && class == ResponseClass::Other {
+            if let Some(id) = server_request_id(&self.data) {
+                if self.requests.len() < MAX_NOTED {
+                    self.requests.push(id);
+                }
+            }
+        }
         self.data.clear();
         if self.data.capacity() > KEEP_CAPACITY {
             self.data = Vec::new();
@@ -312,6 +341,20 @@ impl SseScanner {
             }
         }
     }
+}
+
+/// The id (raw JSON) of a JSON-RPC request: an object with both `method` and `id`, each once.
+fn server_request_id(data: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Request<'a> {
+        #[serde(borrow)]
+        id: Option<&'a serde_json::value::RawValue>,
+        method: Option<serde::de::IgnoredAny>,
+    }
+    let request: Request<'_> = serde_json::from_slice(data).ok()?;
+    request.method?;
+    let id = request.id?.get();
+    (id != "null").then(|| id.to_string())
 }
 
 #[cfg(test)]
@@ -474,5 +517,29 @@ mod tests {
             s.feed(b"data: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n\n"),
             Some(ResponseClass::Result { is_error: false })
         );
+    }
+
+    #[test]
+    fn the_servers_own_requests_are_noted_when_asked() {
+        let stream = concat!(
+            "data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{}}\n\n",
+            "data: {\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"elicitation/create\",\"params\":{}}\n\n",
+            "data: {\"jsonrpc\":\"2.0\",\"id\":\"s-1\",\"method\":\"sampling/createMessage\"}\n\n",
+            "data: {\"jsonrpc\":\"2.0\",\"id\":2,\"id\":3,\"method\":\"x\"}\n\n",
+            "data: {\"jsonrpc\":\"2.0\",\"id\":\"req-1\",\"result\":{\"content\":[]}}\n\n",
+        );
+        let mut noting = scanner().noting_requests();
+        assert!(matches!(
+            noting.feed(stream.as_bytes()),
+            Some(ResponseClass::Result { is_error: false })
+        ));
+        assert_eq!(
+            noting.take_requests(),
+            vec!["0".to_string(), "\"s-1\"".to_string()]
+        );
+        assert!(noting.take_requests().is_empty());
+        let mut plain = scanner();
+        assert!(plain.feed(stream.as_bytes()).is_some());
+        assert!(plain.take_requests().is_empty());
     }
 }

@@ -200,9 +200,20 @@ pub struct McpClient {
     max_response_bytes: usize,
     negotiated: Option<Negotiated>,
     capabilities: Value,
+    /// The client capabilities this client states (`{}` unless [`McpClient::offering`]).
+    offered: Value,
     next_id: u64,
     /// The server forgot the session this client kept (see [`McpClient::take_session_lost`]).
     session_lost: bool,
+}
+
+/// The client capabilities a reader of what a server offers states: those of a client of the
+/// aggregate endpoint that can answer a server's questions during a call. A server may list
+/// some tools only to such a client (the everything-server's elicitation and sampling tools);
+/// a client that cannot answer calls them on a session opened with its own capabilities and
+/// gets the server's own answer.
+pub fn offered_for_listing() -> Value {
+    json!({"elicitation": {}, "sampling": {}})
 }
 
 impl McpClient {
@@ -222,9 +233,18 @@ impl McpClient {
             max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
             negotiated: None,
             capabilities: Value::Null,
+            offered: json!({}),
             next_id: 1,
             session_lost: false,
         }
+    }
+
+    /// States client `capabilities` (in `initialize`, or in every 2026-07-28 request). The
+    /// client still answers no request of the server: for a reader of what a server offers
+    /// to a client that could.
+    pub fn offering(mut self, capabilities: Value) -> Self {
+        self.offered = capabilities;
+        self
     }
 
     pub fn max_response_bytes(mut self, bytes: usize) -> Self {
@@ -378,7 +398,7 @@ impl McpClient {
     async fn initialize(&mut self) -> Result<Negotiated, Failure> {
         let params = json!({
             "protocolVersion": SESSION_REVISION,
-            "capabilities": {},
+            "capabilities": self.offered,
             "clientInfo": {"name": self.client_name, "version": env!("CARGO_PKG_VERSION")},
         });
         self.initialize_with(params).await
@@ -599,7 +619,7 @@ impl McpClient {
                 );
                 meta.insert(
                     "io.modelcontextprotocol/clientCapabilities".into(),
-                    json!({}),
+                    self.offered.clone(),
                 );
             }
         }

@@ -170,8 +170,12 @@ pub async fn post(
             count(a, &name, &method);
             let revision = jsonrpc::revision(&headers, &Value::Null);
             if revision == Ok(Revision::Legacy) {
-                if let Err(e) = session_of(a, &name, &headers) {
-                    return error_response(&e, None);
+                let session = match session_of(a, &name, &headers) {
+                    Ok(session) => session,
+                    Err(e) => return error_response(&e, None),
+                };
+                if method == CANCELLED {
+                    cancel_everywhere(&s, &name, &session, bytes.to_vec());
                 }
             }
             StatusCode::ACCEPTED.into_response()
@@ -191,6 +195,30 @@ pub async fn post(
             }
         }
     }
+}
+
+const CANCELLED: &str = "notifications/cancelled";
+
+/// A client's `notifications/cancelled` on a gateway session: passed on, in the background, to
+/// every server holding a session for it (see `UpstreamSessions::cancel_everywhere`); the
+/// client has its 202 at once, as a server would answer it.
+fn cancel_everywhere(s: &AdminState, name: &str, session: &str, body: Vec<u8>) {
+    let Some(base) = toolgate_model::session_owner::owner_of(
+        toolgate_model::session_owner::OwnerKind::Gateway,
+        session,
+    ) else {
+        return;
+    };
+    let upstream = Arc::clone(&s.upstream);
+    let name = name.to_string();
+    tokio::spawn(async move {
+        let took = upstream.cancel_everywhere(&base, &body).await;
+        tracing::info!(
+            virtual_server = name,
+            servers = took,
+            "passed a client's cancellation on to the servers holding a session for it"
+        );
+    });
 }
 
 /// `logging/setLevel` of a gateway session: passed on to every session the gateway holds for

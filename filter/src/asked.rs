@@ -1,0 +1,208 @@
+//! Which server asked a client of the aggregate endpoint a question.
+//!
+//! During a call, a server may ask its client something (`elicitation/create`,
+//! `sampling/createMessage`) on the call's stream. Through `/mcp` the client answers the
+//! gateway: the answer (a JSON-RPC response, no method) carries only the id the server gave
+//! its request, and every server numbers its own. So when a routed call's stream carries a
+//! server's request, the filter notes (client session, request id) → service here, and the
+//! client's answer with that id goes to that service's route on the session held for the
+//! client. Shared by every worker of this Envoy: the answer may land on another worker than
+//! the call.
+//!
+//! Should two services ask one client session questions under the same id at the same time,
+//! the later note wins and the earlier server's question goes unanswered (it times out as
+//! it would with a client that does not answer); the filter logs it when it happens.
+//!
+//! One record, the most recent [`MAX_ENTRIES`] notes, each forgotten after [`KEEP_MS`].
+
+use crate::breaker::{SharedStore, CREATE_CAS};
+
+/// The shared-data key of the notes.
+pub const KEY: &str = "tg/asked";
+/// Questions remembered at once; the oldest go first.
+pub const MAX_ENTRIES: usize = 256;
+/// How long a question waits for its answer: as long as a call may run in practice.
+pub const KEEP_MS: u64 = 10 * 60 * 1000;
+const CAS_ATTEMPTS: usize = 4;
+
+/// What noting a question found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Noted {
+    Noted,
+    /// Another service had asked this session a question under the same id, still open.
+    Replaced {
+        earlier: String,
+    },
+    /// Not an id, a service name that cannot be stored, a host error, or lost races.
+    Failed,
+}
+
+/// (note, when, service), oldest first, the expired left out.
+fn parse(bytes: &[u8], now_ms: u64) -> Vec<(String, u64, String)> {
+    String::from_utf8_lossy(bytes)
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.splitn(3, ' ');
+            let note = fields.next()?;
+            let at: u64 = fields.next()?.parse().ok()?;
+            let service = fields.next()?;
+            (now_ms.saturating_sub(at) < KEEP_MS)
+                .then(|| (note.to_string(), at, service.to_string()))
+        })
+        .collect()
+}
+
+/// Notes that `service` asked the client of `session` a question with id `id_json` (raw
+/// JSON).
+pub fn note<S: SharedStore>(
+    store: &S,
+    session: &str,
+    id_json: &str,
+    service: &str,
+    now_ms: u64,
+) -> Noted {
+    let Some(mine) = crate::cancel::note(session, id_json) else {
+        return Noted::Failed;
+    };
+    if service.is_empty() || service.contains(char::is_whitespace) {
+        return Noted::Failed;
+    }
+    for _ in 0..CAS_ATTEMPTS {
+        let Ok(record) = store.get(KEY) else {
+            return Noted::Failed;
+        };
+        let (mut notes, cas) = match &record {
+            Some((bytes, cas)) => (parse(bytes, now_ms), *cas),
+            None => (Vec::new(), CREATE_CAS),
+        };
+        let earlier = notes
+            .iter()
+            .find(|(n, _, s)| *n == mine && s != service)
+            .map(|(_, _, s)| s.clone());
+        notes.retain(|(n, _, _)| *n != mine);
+        notes.push((mine.clone(), now_ms, service.to_string()));
+        let skip = notes.len().saturating_sub(MAX_ENTRIES);
+        let text: String = notes[skip..]
+            .iter()
+            .map(|(n, at, s)| format!("{n} {at} {s}\n"))
+            .collect();
+        if store.set(KEY, text.as_bytes(), Some(cas)).is_ok() {
+            return match earlier {
+                Some(earlier) => Noted::Replaced { earlier },
+                None => Noted::Noted,
+            };
+        }
+    }
+    Noted::Failed
+}
+
+/// The service that asked the client of `session` the question `id_json` answers.
+pub fn asker<S: SharedStore>(
+    store: &S,
+    session: &str,
+    id_json: &str,
+    now_ms: u64,
+) -> Option<String> {
+    let mine = crate::cancel::note(session, id_json)?;
+    let (bytes, _) = store.get(KEY).ok()??;
+    parse(&bytes, now_ms)
+        .into_iter()
+        .rev()
+        .find(|(n, _, _)| *n == mine)
+        .map(|(_, _, service)| service)
+}
+
+/// The `id` of a client's response (raw JSON); `None` when absent, given twice, or not
+/// readable.
+pub fn response_id(body: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Response<'a> {
+        #[serde(borrow)]
+        id: Option<&'a serde_json::value::RawValue>,
+    }
+    let response: Response<'_> = serde_json::from_slice(body).ok()?;
+    Some(response.id?.get().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::breaker::MemStore;
+
+    #[test]
+    fn an_answer_finds_the_service_that_asked_in_its_session() {
+        let store = MemStore::new();
+        assert_eq!(note(&store, "g1", "0", "everything", 1_000), Noted::Noted);
+        assert_eq!(note(&store, "g1", "\"q\"", "orders", 1_000), Noted::Noted);
+        assert_eq!(
+            asker(&store, "g1", "0", 2_000).as_deref(),
+            Some("everything")
+        );
+        assert_eq!(
+            asker(&store, "g1", "0.0", 2_000).as_deref(),
+            Some("everything")
+        );
+        assert_eq!(
+            asker(&store, "g1", "\"q\"", 2_000).as_deref(),
+            Some("orders")
+        );
+        assert_eq!(asker(&store, "g2", "0", 2_000), None, "another session");
+        assert_eq!(
+            asker(&store, "g1", "\"0\"", 2_000),
+            None,
+            "a string is another id"
+        );
+        assert_eq!(asker(&store, "g1", "0", 1_000 + KEEP_MS), None, "forgotten");
+    }
+
+    #[test]
+    fn a_second_asker_under_one_id_is_reported() {
+        let store = MemStore::new();
+        assert_eq!(note(&store, "g1", "3", "a", 1_000), Noted::Noted);
+        assert_eq!(
+            note(&store, "g1", "3", "a", 1_001),
+            Noted::Noted,
+            "the same asker again"
+        );
+        assert_eq!(
+            note(&store, "g1", "3", "b", 1_002),
+            Noted::Replaced {
+                earlier: "a".into()
+            }
+        );
+        assert_eq!(asker(&store, "g1", "3", 1_003).as_deref(), Some("b"));
+    }
+
+    #[test]
+    fn notes_are_bounded_and_bad_input_is_not_noted() {
+        let store = MemStore::new();
+        for i in 0..(MAX_ENTRIES + 5) {
+            assert_eq!(note(&store, "s", &i.to_string(), "x", 1_000), Noted::Noted);
+        }
+        assert_eq!(
+            asker(&store, "s", "0", 1_000),
+            None,
+            "the oldest went first"
+        );
+        assert_eq!(asker(&store, "s", "260", 1_000).as_deref(), Some("x"));
+        assert_eq!(note(&store, "s", "null", "x", 1), Noted::Failed);
+        assert_eq!(note(&store, "s", "1", "two words", 1), Noted::Failed);
+        assert_eq!(note(&store, "s", "1", "", 1), Noted::Failed);
+        store.fail_next_gets(1);
+        assert_eq!(note(&store, "s", "1", "x", 1), Noted::Failed);
+    }
+
+    #[test]
+    fn the_id_is_read_from_the_response() {
+        assert_eq!(
+            response_id(br#"{"jsonrpc":"2.0","id":7,"result":{}}"#).as_deref(),
+            Some("7")
+        );
+        assert_eq!(
+            response_id(br#"{"jsonrpc":"2.0","id":1,"id":2,"result":{}}"#),
+            None
+        );
+        assert_eq!(response_id(br#"{"jsonrpc":"2.0","result":{}}"#), None);
+        assert_eq!(response_id(b"not json"), None);
+    }
+}

@@ -1,0 +1,232 @@
+//! A server's own requests and a client's cancellations through one URL. The reference
+//! everything-server asks its client questions during a call (elicitation, sampling): through
+//! `/mcp` they reach the official Python SDK client on the call's stream, and its answers find
+//! the server that asked (the filter notes who asked). A client's `notifications/cancelled` on
+//! `/mcp` reaches the server running the call, which then never finishes it. Real etcd,
+//! toolgate-xds, Envoy with the filter, the everything-server unchanged.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use toolgate_tests::{free_port, sdk, wait_for, Proc, Registrant, ServerCommand, Stack, TestEnv};
+
+/// The everything-server, its tools discovered (so /mcp lists all it lists to a client that
+/// can answer its questions).
+async fn everything(env: &TestEnv, stack: &Stack) -> (Proc, Proc) {
+    let cmd = ServerCommand::everything(free_port());
+    let server = cmd.spawn(env, "ev");
+    let registrar = Registrant::new(&stack.etcd.endpoint(), "ev", &cmd.endpoint())
+        .arg("--instance-id", "ev-1")
+        .arg("--probe", "mcp")
+        .spawn(env, "ev.registrar");
+    stack
+        .wait_state("ev", "ev-1", "UP", Duration::from_secs(30))
+        .await;
+    (server, registrar)
+}
+
+/// The name /mcp lists for the everything-server's tool `tool`, once it lists it.
+async fn listed_name(url: &str, tool: &str) -> String {
+    let (name, _) = wait_for(
+        &format!("/mcp lists the everything-server's {tool}"),
+        Duration::from_secs(30),
+        || async move {
+            let lines = sdk::python(url, &["initialize", "list"]).await;
+            lines
+                .iter()
+                .filter(|l| l["step"] == "list")
+                .flat_map(|l| l["ok"]["tools"].as_array().cloned().unwrap_or_default())
+                .filter_map(|t| t["name"].as_str().map(str::to_string))
+                .find(|n| n.ends_with(tool))
+        },
+    )
+    .await;
+    name
+}
+
+/// The texts of the result the python client reported for `step`.
+fn result_text(env: &TestEnv, lines: &[Value], step: &str) -> String {
+    let Some(ok) = lines
+        .iter()
+        .find(|l| l["step"] == step)
+        .and_then(|l| l.get("ok"))
+    else {
+        env.print_failure_logs();
+        panic!("python step {step} gave no result: {lines:#?}")
+    };
+    ok["content"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["text"].as_str())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[tokio::test]
+async fn a_servers_questions_during_a_call_reach_the_client_and_its_answers_the_server() {
+    let env = TestEnv::new("aggregate_questions");
+    let stack = Stack::start(&env).await;
+    let _ev = everything(&env, &stack).await;
+    let url = stack.aggregate_url();
+    let elicit = listed_name(&url, "trigger-elicitation-request").await;
+    let sample = listed_name(&url, "trigger-sampling-request").await;
+    let eliciting = format!("call:{elicit}");
+    let sampling = format!(
+        "call:{sample}:{}",
+        json!({"prompt": "a haiku about gateways", "maxTokens": 50})
+    );
+    let lines = sdk::python_with(
+        &[
+            "--elicit-answer",
+            "blue",
+            "--sample-answer",
+            "quiet packets",
+        ],
+        &url,
+        &["initialize", &eliciting, &sampling, &eliciting],
+    )
+    .await;
+    let elicited = result_text(&env, &lines, &eliciting);
+    assert!(
+        elicited.contains("User provided the requested information") && elicited.contains("blue"),
+        "the everything-server did not get the client's answer to its elicitation: {elicited}"
+    );
+    let sampled = result_text(&env, &lines, &sampling);
+    assert!(
+        sampled.contains("quiet packets") && sampled.contains("toolgate-test"),
+        "the everything-server did not get the client's sampling answer: {sampled}"
+    );
+    // A client that cannot answer: the server's own answer to it, as directly (the
+    // everything-server offers the tool only to clients that can).
+    let lines = sdk::python_with(&["--go-on"], &url, &["initialize", &eliciting]).await;
+    let refused = lines.iter().find(|l| l["step"] == eliciting.as_str());
+    let refused_text = refused.map(Value::to_string).unwrap_or_default();
+    assert!(
+        refused_text.contains("not found") || refused_text.contains("isError\":true"),
+        "a client without elicitation got no refusal: {lines:#?}"
+    );
+}
+
+/// Initializes a session on `url` by hand; its id.
+async fn open_session(http: &reqwest::Client, url: &str) -> String {
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "cancel-test", "version": "1"}}});
+    let resp = http
+        .post(url)
+        .header("accept", "application/json, text/event-stream")
+        .json(&init)
+        .send()
+        .await
+        .expect("initialize");
+    let session = resp
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .expect("a session id")
+        .to_string();
+    let _ = resp.bytes().await;
+    let note = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    post(http, url, &session, &note).await;
+    session
+}
+
+async fn post(http: &reqwest::Client, url: &str, session: &str, body: &Value) -> u16 {
+    http.post(url)
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-session-id", session)
+        .header("mcp-protocol-version", "2025-06-18")
+        .json(body)
+        .send()
+        .await
+        .map(|r| r.status().as_u16())
+        .unwrap_or(0)
+}
+
+/// Calls the long-running tool as request 7 and reads its stream for at most `read_for`:
+/// what arrived, and when the stream ended (if it did).
+async fn long_call(
+    http: reqwest::Client,
+    url: String,
+    session: String,
+    tool: String,
+    read_for: Duration,
+) -> (String, Option<Duration>) {
+    let started = Instant::now();
+    let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
+        "name": tool, "arguments": {"duration": 3, "steps": 3}}});
+    let Ok(mut resp) = http
+        .post(&url)
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-session-id", &session)
+        .header("mcp-protocol-version", "2025-06-18")
+        .json(&call)
+        .send()
+        .await
+    else {
+        return (String::new(), None);
+    };
+    let mut seen = Vec::new();
+    let ended = loop {
+        match tokio::time::timeout_at((started + read_for).into(), resp.chunk()).await {
+            Ok(Ok(Some(chunk))) => seen.extend_from_slice(&chunk),
+            Ok(_) => break Some(started.elapsed()),
+            Err(_) => break None,
+        }
+    };
+    (String::from_utf8_lossy(&seen).into_owned(), ended)
+}
+
+#[tokio::test]
+async fn a_call_the_client_cancels_on_mcp_is_cancelled_on_its_server() {
+    let env = TestEnv::new("aggregate_cancel");
+    let stack = Stack::start(&env).await;
+    let _ev = everything(&env, &stack).await;
+    let url = stack.aggregate_url();
+    let tool = listed_name(&url, "trigger-long-running-operation").await;
+    let http = reqwest::Client::new();
+    const DONE: &str = "Long running operation completed";
+
+    // Not cancelled, the call finishes in its three seconds.
+    let session = open_session(&http, &url).await;
+    let (text, _) = long_call(
+        http.clone(),
+        url.clone(),
+        session,
+        tool.clone(),
+        Duration::from_secs(10),
+    )
+    .await;
+    if !text.contains(DONE) {
+        env.print_failure_logs();
+        panic!("the uncancelled call did not finish: {text}");
+    }
+
+    // Cancelled a second in, it never finishes: the server got the cancellation.
+    let session = open_session(&http, &url).await;
+    let call = tokio::spawn(long_call(
+        http.clone(),
+        url.clone(),
+        session.clone(),
+        tool,
+        Duration::from_secs(8),
+    ));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+        "params": {"requestId": 7, "reason": "the user gave up"}});
+    let status = post(&http, &url, &session, &cancel).await;
+    assert_eq!(status, 202, "the cancellation was not accepted");
+    let (text, _) = call.await.expect("the call's task");
+    if text.contains(DONE) {
+        env.print_failure_logs();
+        panic!("the cancelled call ran to its end on the server: {text}");
+    }
+    let xds_log = std::fs::read_to_string(env.path("xds.log")).unwrap_or_default();
+    assert!(
+        xds_log
+            .lines()
+            .any(|l| l.contains("passed a client's cancellation on") && l.contains("1")),
+        "toolgate-xds did not pass the cancellation on"
+    );
+}
