@@ -26,7 +26,7 @@ lint: setup
 test: build lint
 	$(CARGO) test $(PROFILE) --workspace -- --test-threads=$${TEST_THREADS:-2}
 	@echo "make test: discovery, fleet and security again, Envoy speaking state-of-the-world ADS"
-	TOOLGATE_TEST_XDS_PROTOCOL=sotw $(CARGO) test $(PROFILE) -p toolgate-tests \
+	TOOLGATE_TEST_XDS_PROTOCOL=sotw $(CARGO) test $(PROFILE) --workspace \
 		--test gateway -- discovery:: fleet:: security:: --test-threads=$${TEST_THREADS:-2}
 
 demo: build
