@@ -124,6 +124,20 @@ pub fn response_id(body: &[u8]) -> Option<String> {
     Some(response.id?.get().to_string())
 }
 
+/// An id for a log line: as sent, cut after 64 bytes (a server or client chooses it, and may
+/// make it long).
+pub fn shown(id_json: &str) -> String {
+    const MAX: usize = 64;
+    if id_json.len() <= MAX {
+        return id_json.to_string();
+    }
+    let mut end = MAX;
+    while !id_json.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &id_json[..end])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -190,6 +204,14 @@ mod tests {
         assert_eq!(note(&store, "s", "1", "", 1), Noted::Failed);
         store.fail_next_gets(1);
         assert_eq!(note(&store, "s", "1", "x", 1), Noted::Failed);
+    }
+
+    #[test]
+    fn long_ids_are_cut_for_the_log() {
+        assert_eq!(shown("7"), "7");
+        let long = format!("\"{}\"", "é".repeat(100));
+        let cut = shown(&long);
+        assert!(cut.ends_with("...") && cut.len() <= 67, "{cut}");
     }
 
     #[test]

@@ -425,7 +425,13 @@ pub struct UpstreamSessions {
     /// The log level each client session asked for (`logging/setLevel` on the aggregate
     /// endpoint), by owner base: sent on every session held for it, and on each opened later.
     levels: Mutex<HashMap<String, String>>,
+    /// Permits for clients' cancellations being passed on ([`MAX_CANCELLATIONS_IN_FLIGHT`]).
+    cancellations: Arc<Semaphore>,
 }
+
+/// Cancellations passed on at once: each goes to every session held for its client, so a
+/// client sending them in a loop would otherwise make the gateway send that many times more.
+pub const MAX_CANCELLATIONS_IN_FLIGHT: usize = 64;
 
 /// The base of an owner: without the verified user it may be bound to.
 fn base_of(owner: &str) -> &str {
@@ -478,6 +484,7 @@ impl UpstreamSessions {
             table: Mutex::new(Table::default()),
             replays: Mutex::new(HashMap::new()),
             levels: Mutex::new(HashMap::new()),
+            cancellations: Arc::new(Semaphore::new(MAX_CANCELLATIONS_IN_FLIGHT)),
         }
     }
 
@@ -948,8 +955,11 @@ impl UpstreamSessions {
     /// requests across all of them, so only the server the cancelled request went to has one
     /// by that id in flight: the others ignore it, as the specification lets a receiver do
     /// with a request it does not know. Returns how many servers accepted it.
-    pub async fn cancel_everywhere(&self, base: &str, body: &[u8]) -> usize {
-        self.send_to_all(base, body, |service, answer| match answer {
+    /// `None`: [`MAX_CANCELLATIONS_IN_FLIGHT`] were being passed on already, and this one
+    /// was not.
+    pub async fn cancel_everywhere(&self, base: &str, body: &[u8]) -> Option<usize> {
+        let _permit = Arc::clone(&self.cancellations).try_acquire_owned().ok()?;
+        let took = self.send_to_all(base, body, |service, answer| match answer {
             Ok(f) if (200..300).contains(&f.status) => true,
             Ok(f) => {
                 info!(
@@ -964,7 +974,8 @@ impl UpstreamSessions {
                 false
             }
         })
-        .await
+        .await;
+        Some(took)
     }
 
     /// Sends `body` on every session held for the client session `base`, all at once (one

@@ -1590,7 +1590,10 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         let Some(service) = service else {
             host.log(
                 Level::Info,
-                &format!("toolgate: an answer with id {id} on the aggregate endpoint matches no server's question; dropped"),
+                &format!(
+                    "toolgate: an answer with id {} on the aggregate endpoint matches no server's question; dropped",
+                    asked::shown(&id)
+                ),
             );
             return Action::Continue;
         };
@@ -1625,7 +1628,15 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         };
         let shared = self.shared.borrow();
         for id in ids {
-            match asked::note(shared.breakers.store(), session, &id, service, host.now_ms()) {
+            let noted = asked::note(
+                shared.breakers.store(),
+                session,
+                &id,
+                service,
+                host.now_ms(),
+            );
+            let id = asked::shown(&id);
+            match noted {
                 asked::Noted::Noted => {}
                 asked::Noted::Replaced { earlier } => host.log(
                     Level::Warn,

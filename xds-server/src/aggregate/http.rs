@@ -212,12 +212,18 @@ fn cancel_everywhere(s: &AdminState, name: &str, session: &str, body: Vec<u8>) {
     let upstream = Arc::clone(&s.upstream);
     let name = name.to_string();
     tokio::spawn(async move {
-        let took = upstream.cancel_everywhere(&base, &body).await;
-        tracing::info!(
-            virtual_server = name,
-            servers = took,
-            "passed a client's cancellation on to the servers holding a session for it"
-        );
+        match upstream.cancel_everywhere(&base, &body).await {
+            Some(took) => tracing::info!(
+                virtual_server = name,
+                servers = took,
+                "passed a client's cancellation on to the servers holding a session for it"
+            ),
+            None => tracing::warn!(
+                virtual_server = name,
+                in_flight = crate::upstream::MAX_CANCELLATIONS_IN_FLIGHT,
+                "dropped a client's cancellation: as many are being passed on already"
+            ),
+        }
     });
 }
 
