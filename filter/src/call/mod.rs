@@ -1597,9 +1597,37 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             );
             return Action::Continue;
         };
+        // As for its questions' calls: no token, no session of that service's.
+        if self.lacks_token_for(&service) {
+            let what = format!("the MCP endpoint `{}`", self.endpoint_shown());
+            return self.refuse_unauthenticated(host, &service, &what, None);
+        }
         self.forward_claims(host, &service);
         self.service = Some(service.clone());
         self.route_call(host, bytes, &service, "")
+    }
+
+    /// Whether `service` requires a token for its tools (and so for everything else it
+    /// serves) and this request presents none.
+    fn lacks_token_for(&self, service: &str) -> bool {
+        self.shared
+            .borrow()
+            .config
+            .auth
+            .as_ref()
+            .is_some_and(|a| a.requires_service(service))
+            && self.auth.caller().is_none()
+    }
+
+    /// The aggregate endpoint this request came to, as its client wrote the path.
+    fn endpoint_shown(&self) -> String {
+        let server = self
+            .on_virtual
+            .as_ref()
+            .map_or(toolgate_model::virtual_server::DEFAULT_VIRTUAL, |v| {
+                v.server.as_str()
+            });
+        aggregate::endpoint_path(server)
     }
 
     /// A scanner noting the server's questions, for the SSE answer to a request routed from
@@ -1863,15 +1891,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         };
         // A service that requires a token for its tools requires one for everything else it
         // serves, as on its own route (its rules name tools, so any valid token reads).
-        let unauthenticated = self
-            .shared
-            .borrow()
-            .config
-            .auth
-            .as_ref()
-            .is_some_and(|a| a.requires_service(&service))
-            && self.auth.caller().is_none();
-        if unauthenticated {
+        if self.lacks_token_for(&service) {
             let label = if self.shared.borrow().config.catalog.contains_key(&service) {
                 service.clone()
             } else {
