@@ -11,7 +11,7 @@ use std::rc::Rc;
 use base64::engine::general_purpose::{URL_SAFE, URL_SAFE_NO_PAD};
 use base64::Engine as _;
 use serde_json::Value;
-use toolgate_model::auth::{resource_metadata_url, Caller};
+use toolgate_model::auth::{resource_metadata_url, Caller, Item};
 
 use crate::mcp::jsonrpc::RawId;
 use crate::mcp::reply::{self, Framing, ProtocolVersion, Reply};
@@ -31,6 +31,10 @@ pub enum Denial {
     InsufficientScope,
     /// No rule grants the tool to this caller.
     ToolDenied,
+    /// No rule grants the resource to this caller.
+    ResourceDenied,
+    /// No rule grants the prompt to this caller.
+    PromptDenied,
 }
 
 impl Denial {
@@ -40,6 +44,17 @@ impl Denial {
             Denial::InvalidToken => "invalid_token",
             Denial::InsufficientScope => "insufficient_scope",
             Denial::ToolDenied => "tool_denied",
+            Denial::ResourceDenied => "resource_denied",
+            Denial::PromptDenied => "prompt_denied",
+        }
+    }
+
+    /// The denial of an item no rule grants.
+    pub fn of(item: Item) -> Denial {
+        match item {
+            Item::Tool => Denial::ToolDenied,
+            Item::Resource => Denial::ResourceDenied,
+            Item::Prompt => Denial::PromptDenied,
         }
     }
 }
@@ -159,29 +174,39 @@ pub fn unauthenticated_reply(
     )
 }
 
-/// The JSON-RPC error for a `tools/call` the rules do not grant this caller. `tool` and
-/// `what` are names the naming rule allows (plain text). With `scope`, a token with those
-/// scopes would be allowed (sent with a 403).
+/// The JSON-RPC error for a `tools/call` (a `resources/read`, a `prompts/get`, ...) the rules
+/// do not grant this caller. `name` and `what` are names the naming rule allows, or a URI
+/// (plain text, cut to [`SHOWN_NAME`] characters). With `scope`, a token with those scopes would
+/// be allowed (sent with a 403).
 pub fn not_permitted_reply(
     version: ProtocolVersion,
     id: &RawId,
-    tool: &str,
+    item: Item,
+    name: &str,
     what: &str,
     scope: Option<&str>,
     framing: Framing,
 ) -> Reply {
+    let kind = item.as_str();
+    let name = shown_name(name);
+    let verb = verb_of(item);
+    let other = match item {
+        Item::Tool => "use another tool",
+        Item::Resource => "read another resource",
+        Item::Prompt => "use another prompt",
+    };
     let (message, data) = match scope {
         Some(scope) => (
             format!(
-                "You may not use the tool `{tool}` of {what} with this token: it needs the scope `{scope}`. Ask for a token with that scope, or use another tool."
+                "You may not {verb} the {kind} `{name}` of {what} with this token: it needs the scope `{scope}`. Ask for a token with that scope, or {other}."
             ),
-            serde_json::json!({"reason": Denial::InsufficientScope.as_str(), "tool": tool, "scope": scope}),
+            serde_json::json!({"reason": Denial::InsufficientScope.as_str(), kind: name, "scope": scope}),
         ),
         None => (
             format!(
-                "You may not use the tool `{tool}` of {what}: no rule grants it to you. Do not retry; use another tool, or ask an operator for access."
+                "You may not {verb} the {kind} `{name}` of {what}: no rule grants it to you. Do not retry; {other}, or ask an operator for access."
             ),
-            serde_json::json!({"reason": Denial::ToolDenied.as_str(), "tool": tool}),
+            serde_json::json!({"reason": Denial::of(item).as_str(), kind: name}),
         ),
     };
     reply::error(
@@ -194,11 +219,29 @@ pub fn not_permitted_reply(
     )
 }
 
-/// The message of a denied call inside a batch.
-pub fn not_permitted_message(tool: &str, what: &str) -> String {
+/// The most of a name or URI a refusal repeats.
+pub const SHOWN_NAME: usize = 512;
+
+fn shown_name(name: &str) -> &str {
+    name.char_indices()
+        .nth(SHOWN_NAME)
+        .map_or(name, |(at, _)| &name[..at])
+}
+
+/// The message of a denied request inside a batch.
+pub fn not_permitted_message(item: Item, name: &str, what: &str) -> String {
+    let (verb, kind, name) = (verb_of(item), item.as_str(), shown_name(name));
     format!(
-        "You may not use the tool `{tool}` of {what}: no rule grants it to you with this token."
+        "You may not {verb} the {kind} `{name}` of {what}: no rule grants it to you with this token."
     )
+}
+
+fn verb_of(item: Item) -> &'static str {
+    match item {
+        Item::Tool => "use",
+        Item::Resource => "read",
+        Item::Prompt => "get",
+    }
 }
 
 /// A claim's value as a header value: strings as they are, numbers and booleans as JSON,

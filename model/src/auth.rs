@@ -5,7 +5,9 @@
 //!   JWKS), the Protected Resource Metadata (RFC 9728) the gateway publishes, and which
 //!   services and virtual servers require a token. Absent: nothing requires one.
 //! - `<prefix>auth/rules/<service>` and `<prefix>auth/virtual/<name>`: which callers may call
-//!   which tools. Once a rule set exists for a service, a tool no rule grants is refused.
+//!   which tools, read which resources and get which prompts. Once a rule set exists for a
+//!   service, a tool no rule grants is refused; once one of its rules names resources (or
+//!   prompts), so is a resource (a prompt) no rule grants.
 //!
 //! Token crypto is Envoy's; the filter only reads the payload `jwt_authn` verified and
 //! applies [`ToolRules::decide`].
@@ -390,13 +392,22 @@ pub struct ToolRules {
     pub claim_headers: BTreeMap<String, String>,
 }
 
-/// One grant: the tools it covers and who it grants them to. Within a rule every list that
-/// is given must match (subjects AND roles AND all scopes); a rule must give at least one.
+/// One grant: the tools, resources and prompts it covers and who it grants them to. Within a
+/// rule every list that is given must match (subjects AND roles AND all scopes); a rule must
+/// give at least one, and name at least one tool, resource or prompt.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Rule {
     /// Tool names; `*` matches any run of characters (`read_*`, `*`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tools: Vec<String>,
+    /// Resource URIs (and templates, as listed); `*` matches any run of characters
+    /// (`file:///public/*`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub resources: Vec<String>,
+    /// Prompt names; `*` as for tools.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub prompts: Vec<String>,
     /// `sub` values; `*` is any authenticated caller.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub subjects: Vec<String>,
@@ -406,6 +417,24 @@ pub struct Rule {
     /// All of these scopes.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub scopes: Vec<String>,
+}
+
+/// What a rule grants: a service's tools, resources or prompts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Item {
+    Tool,
+    Resource,
+    Prompt,
+}
+
+impl Item {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Item::Tool => "tool",
+            Item::Resource => "resource",
+            Item::Prompt => "prompt",
+        }
+    }
 }
 
 /// Headers a claim may not be copied into: they carry the protocol or the gateway's own
@@ -436,17 +465,31 @@ impl ToolRules {
         }
         for (i, rule) in self.rules.iter().enumerate() {
             let field = format!("rules[{i}]");
-            if rule.tools.is_empty() {
+            if rule.tools.is_empty() && rule.resources.is_empty() && rule.prompts.is_empty() {
                 return Err(error(
                     format!("{field}.tools"),
-                    "name the tools this rule grants (`*` for all)",
+                    "name the tools, resources or prompts this rule grants (`\"tools\": [\"*\"]` for every tool)",
                 ));
             }
-            check_list(&format!("{field}.tools"), &rule.tools)?;
-            for (j, pattern) in rule.tools.iter().enumerate() {
-                let name = pattern.replace('*', "x");
-                validate_name("tool pattern", &name)
-                    .map_err(|e| error(format!("{field}.tools[{j}]"), e.to_string()))?;
+            for (list, what, patterns) in [
+                ("tools", "tool pattern", &rule.tools),
+                ("prompts", "prompt pattern", &rule.prompts),
+            ] {
+                check_list(&format!("{field}.{list}"), patterns)?;
+                for (j, pattern) in patterns.iter().enumerate() {
+                    let name = pattern.replace('*', "x");
+                    validate_name(what, &name)
+                        .map_err(|e| error(format!("{field}.{list}[{j}]"), e.to_string()))?;
+                }
+            }
+            check_list(&format!("{field}.resources"), &rule.resources)?;
+            for (j, pattern) in rule.resources.iter().enumerate() {
+                if pattern.chars().any(|c| c.is_control() || c.is_whitespace()) {
+                    return Err(error(
+                        format!("{field}.resources[{j}]"),
+                        "a URI pattern has no spaces or control characters",
+                    ));
+                }
             }
             if rule.subjects.is_empty() && rule.roles.is_empty() && rule.scopes.is_empty() {
                 return Err(error(
@@ -490,8 +533,28 @@ impl ToolRules {
 
     /// Whether `caller` may call `tool`.
     pub fn decide(&self, tool: &str, caller: &Caller) -> Decision {
+        self.decide_item(Item::Tool, tool, caller)
+    }
+
+    /// Whether this rule set judges items of `item` at all: tools always; resources and
+    /// prompts once one of its rules names some (before that, any caller the service lets
+    /// in reads them, as it always did).
+    pub fn guards(&self, item: Item) -> bool {
+        match item {
+            Item::Tool => true,
+            Item::Resource => self.rules.iter().any(|r| !r.resources.is_empty()),
+            Item::Prompt => self.rules.iter().any(|r| !r.prompts.is_empty()),
+        }
+    }
+
+    /// Whether `caller` may use `name` (a tool, a resource URI, a prompt): allowed when one
+    /// rule naming it grants the caller, or when the set does not guard that kind.
+    pub fn decide_item(&self, item: Item, name: &str, caller: &Caller) -> Decision {
+        if !self.guards(item) {
+            return Decision::Allow;
+        }
         let mut wanting: Option<&[String]> = None;
-        for rule in self.rules.iter().filter(|r| r.covers(tool)) {
+        for rule in self.rules.iter().filter(|r| r.covers(item, name)) {
             let who = (rule.subjects.is_empty()
                 || rule
                     .subjects
@@ -516,9 +579,31 @@ impl ToolRules {
 }
 
 impl Rule {
-    fn covers(&self, tool: &str) -> bool {
-        self.tools.iter().any(|p| glob(p, tool))
+    fn covers(&self, item: Item, name: &str) -> bool {
+        match item {
+            Item::Tool => self.tools.iter().any(|p| glob(p, name)),
+            Item::Prompt => self.prompts.iter().any(|p| glob(p, name)),
+            // A URI that could name another one once its server resolves it (dot segments,
+            // escaped dots or slashes, backslashes) passes only a rule that grants every URI:
+            // `file:///public/*` must not reach `file:///public/../secret`.
+            Item::Resource if uri_may_escape(name) => self.resources.iter().any(|p| p == ALL),
+            Item::Resource => self.resources.iter().any(|p| glob(p, name)),
+        }
     }
+}
+
+/// Whether a server resolving `uri` could read something its text does not start with.
+fn uri_may_escape(uri: &str) -> bool {
+    let lower = uri.to_ascii_lowercase();
+    let path = lower.split(['?', '#']).next().unwrap_or_default();
+    path.contains('\\')
+        || path.contains("%2e")
+        || path.contains("%2f")
+        || path.contains("%5c")
+        || path
+            .split('/')
+            .skip(1)
+            .any(|segment| segment == "." || segment == "..")
 }
 
 /// `*` matches any run of characters; nothing else is special.
@@ -688,23 +773,59 @@ impl FilterAuth {
     /// that requires a token refuses a caller without one, and one with a rule set refuses
     /// what no rule grants.
     pub fn decide_service(&self, service: &str, tool: &str, caller: Option<&Caller>) -> Verdict {
-        decide(
-            self.requires(service),
-            self.services.get(service),
-            tool,
-            caller,
-        )
+        self.decide_service_item(service, Item::Tool, tool, caller)
     }
 
     /// The same for a tool as a virtual server shows it (its own rules; the service's are
     /// checked as well by the caller of this).
     pub fn decide_virtual(&self, server: &str, visible: &str, caller: Option<&Caller>) -> Verdict {
+        self.decide_virtual_item(server, Item::Tool, visible, caller)
+    }
+
+    /// [`FilterAuth::decide_service`] for any kind of item.
+    pub fn decide_service_item(
+        &self,
+        service: &str,
+        item: Item,
+        name: &str,
+        caller: Option<&Caller>,
+    ) -> Verdict {
+        decide(
+            self.requires(service),
+            self.services.get(service),
+            item,
+            name,
+            caller,
+        )
+    }
+
+    /// [`FilterAuth::decide_virtual`] for any kind of item (a prompt by the name the virtual
+    /// server shows, a resource by the URI it shows).
+    pub fn decide_virtual_item(
+        &self,
+        server: &str,
+        item: Item,
+        visible: &str,
+        caller: Option<&Caller>,
+    ) -> Verdict {
         decide(
             self.requires(server),
             self.virtual_servers.get(server),
+            item,
             visible,
             caller,
         )
+    }
+
+    /// Whether the rules of `service` (or, with `server`, that virtual server's) judge items
+    /// of `item`, so that a listing of them must be filtered for each caller.
+    pub fn guards(&self, service: Option<&str>, server: Option<&str>, item: Item) -> bool {
+        service
+            .and_then(|s| self.services.get(s))
+            .is_some_and(|r| r.guards(item))
+            || server
+                .and_then(|s| self.virtual_servers.get(s))
+                .is_some_and(|r| r.guards(item))
     }
 }
 
@@ -721,7 +842,8 @@ pub enum Verdict {
 fn decide(
     required: bool,
     rules: Option<&ToolRules>,
-    tool: &str,
+    item: Item,
+    name: &str,
     caller: Option<&Caller>,
 ) -> Verdict {
     let Some(caller) = caller else {
@@ -731,7 +853,7 @@ fn decide(
             Verdict::Allow
         };
     };
-    match rules.map(|r| r.decide(tool, caller)) {
+    match rules.map(|r| r.decide_item(item, name, caller)) {
         None | Some(Decision::Allow) => Verdict::Allow,
         Some(Decision::InsufficientScope(s)) => Verdict::InsufficientScope(s),
         Some(Decision::Denied) => Verdict::Denied,
@@ -861,6 +983,70 @@ mod tests {
     }
 
     #[test]
+    fn resources_and_prompts_are_guarded_once_a_rule_names_them() {
+        let tools_only = rules(json!({"rules": [{"tools": ["*"], "roles": ["reader"]}]}));
+        let nobody = caller("eve", &[], &[]);
+        // A rule set naming tools only leaves resources and prompts to any caller let in.
+        assert_eq!(
+            tools_only.decide_item(Item::Resource, "file:///etc/passwd", &nobody),
+            Decision::Allow
+        );
+        assert_eq!(
+            tools_only.decide_item(Item::Prompt, "any", &nobody),
+            Decision::Allow
+        );
+        assert_eq!(tools_only.decide("x", &nobody), Decision::Denied);
+        let r = rules(json!({"rules": [
+            {"resources": ["file:///public/*"], "subjects": ["*"]},
+            {"resources": ["file:///private/*"], "roles": ["staff"], "scopes": ["files:read"]},
+            {"prompts": ["summarize"], "roles": ["staff"]},
+            {"resources": ["*"], "subjects": ["root"]}
+        ]}));
+        let reader = caller("alice", &[], &[]);
+        let decide = |item, name: &str, who: &Caller| r.decide_item(item, name, who);
+        assert_eq!(
+            decide(Item::Resource, "file:///public/a.txt", &reader),
+            Decision::Allow
+        );
+        assert_eq!(
+            decide(Item::Resource, "file:///private/a.txt", &reader),
+            Decision::Denied
+        );
+        let staff = caller("bob", &["staff"], &[]);
+        assert_eq!(
+            decide(Item::Resource, "file:///private/a.txt", &staff),
+            Decision::InsufficientScope("files:read".into())
+        );
+        assert_eq!(decide(Item::Prompt, "summarize", &staff), Decision::Allow);
+        assert_eq!(decide(Item::Prompt, "summarize", &reader), Decision::Denied);
+        // A rule set naming no tools refuses every tool, as before.
+        assert_eq!(r.decide("read", &staff), Decision::Denied);
+        // A URI that may resolve elsewhere passes only a rule for every URI.
+        for escaping in [
+            "file:///public/../private/a.txt",
+            "file:///public/%2e%2e/private/a.txt",
+            "file:///public/..%2Fprivate",
+            "file:///public/.\\..\\private",
+            "file:///public/./a.txt",
+        ] {
+            assert_eq!(
+                decide(Item::Resource, escaping, &reader),
+                Decision::Denied,
+                "{escaping}"
+            );
+            assert_eq!(
+                decide(Item::Resource, escaping, &caller("root", &[], &[])),
+                Decision::Allow,
+                "{escaping}"
+            );
+        }
+        assert_eq!(
+            decide(Item::Resource, "file:///public/a..b?x=../y", &reader),
+            Decision::Allow
+        );
+    }
+
+    #[test]
     fn bad_rules_name_their_field() {
         let err = |v: serde_json::Value| ToolRules::parse(v.to_string().as_bytes()).unwrap_err();
         assert_eq!(err(json!({"rules": [{"tools": ["a"]}]})).field, "rules[0]");
@@ -875,6 +1061,22 @@ mod tests {
         assert_eq!(
             err(json!({"rules": [{"tools": ["a"], "scopes": ["a b"]}]})).field,
             "rules[0].scopes[0]"
+        );
+        assert_eq!(
+            err(json!({"rules": [{"roles": ["x"]}]})).field,
+            "rules[0].tools"
+        );
+        assert_eq!(
+            err(json!({"rules": [{"prompts": ["a b"], "roles": ["x"]}]})).field,
+            "rules[0].prompts[0]"
+        );
+        assert_eq!(
+            err(json!({"rules": [{"resources": ["file:///a b"], "roles": ["x"]}]})).field,
+            "rules[0].resources[0]"
+        );
+        assert_eq!(
+            err(json!({"rules": [{"resources": [""], "roles": ["x"]}]})).field,
+            "rules[0].resources[0]"
         );
         assert_eq!(
             err(json!({"rules": [], "claim_headers": {"sub": "Authorization"}})).field,

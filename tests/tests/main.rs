@@ -11,6 +11,7 @@ mod aggregate_questions;
 mod aggregate_sdk;
 mod aggregate_surface;
 mod auth;
+mod auth_surface;
 mod breaker;
 mod cluster;
 mod conformance;

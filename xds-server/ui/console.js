@@ -367,8 +367,8 @@ function renderVirtual() {
   patchRows(body, out.length ? out : [emptyRow(5, "No virtual server matches.")]);
 }
 
-// One compact line per rule: the tools it covers, then who it grants them to (subjects AND
-// roles AND all scopes); claims copied into headers last.
+// One compact line per rule: the tools, resources and prompts it covers, then who it grants
+// them to (subjects AND roles AND all scopes); claims copied into headers last.
 function ruleLines(rules) {
   if (!rules) return ["– (no rule set: every caller the token check lets in)"];
   const lines = (rules.rules || []).map((r) => {
@@ -376,7 +376,11 @@ function ruleLines(rules) {
     if ((r.subjects || []).length) who.push("subjects " + r.subjects.join(", "));
     if ((r.roles || []).length) who.push("roles " + r.roles.join(" | "));
     if ((r.scopes || []).length) who.push("scopes " + r.scopes.join(" + "));
-    return (r.tools || []).join(", ") + " ← " + who.join(" · ");
+    const what = [];
+    if ((r.tools || []).length) what.push(r.tools.join(", "));
+    if ((r.resources || []).length) what.push("resources " + r.resources.join(", "));
+    if ((r.prompts || []).length) what.push("prompts " + r.prompts.join(", "));
+    return what.join(" · ") + " ← " + who.join(" · ");
   });
   if (!lines.length) lines.push("no rule: every tool is refused");
   for (const [claim, header] of Object.entries(rules.claim_headers || {})) {

@@ -22,6 +22,7 @@
 //! tool the gateway would refuse now annotated (see [`crate::mcp::listing`]), as the
 //! aggregate endpoint's listing is; no other answer is.
 
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::rc::Rc;
 
@@ -43,7 +44,7 @@ use crate::fleet;
 use crate::held_session;
 use crate::mcp::headers::{check_headers, HeaderCheck};
 use crate::mcp::jsonrpc::RawId;
-use crate::mcp::listing::{edit_message, edit_sse, Edit, Listed, SseListed};
+use crate::mcp::listing::{edit_message, edit_sse, Edit, Listed, Listing, SseListed};
 use crate::mcp::reply::{
     self, BatchAnswer, Framing, OpenCause, ProtocolVersion, Reply, Unavailable, UnavailableKind,
     UpstreamFailure,
@@ -51,7 +52,7 @@ use crate::mcp::reply::{
 use crate::mcp::request::{
     completion_ref, nests_deeper_than, read_body, Body, CompletionRef, Refusal, Request, ToolName,
     COMPLETION_COMPLETE, PROMPTS_GET, RESOURCES_READ, RESOURCES_SUBSCRIBE, RESOURCES_UNSUBSCRIBE,
-    SERVER_DISCOVER, TOOLS_CALL, TOOLS_LIST,
+    SERVER_DISCOVER, TOOLS_CALL,
 };
 
 /// MCP's error code for a resource no server has.
@@ -65,8 +66,65 @@ use crate::stats::{
     TOOLS_LIST_ANNOTATED, TOOLS_LIST_UNREAD, UNSESSIONED_CALLS,
 };
 use crate::upstream::{verdict, Verdict};
-use toolgate_model::auth::{Caller, FilterAuth, Verdict as AuthVerdict, PAYLOAD_HEADER};
+use toolgate_model::auth::{Caller, FilterAuth, Item, Verdict as AuthVerdict, PAYLOAD_HEADER};
 use toolgate_model::envoy::{service_cluster, CLUSTER_HEADER};
+use toolgate_model::virtual_server::{unprefixed_uri, VirtualRoutes, VirtualTool};
+
+/// What a listing lists, as rules name it.
+fn item_listed(listing: Listing) -> Item {
+    match listing {
+        Listing::Tools => Item::Tool,
+        Listing::Resources | Listing::Templates => Item::Resource,
+        Listing::Prompts => Item::Prompt,
+    }
+}
+
+/// The service and its own name (tool, prompt, URI, template) of an item a virtual server
+/// lists as `visible`; `None` for one it does not route.
+fn routed(routes: &VirtualRoutes, listing: Listing, visible: &str) -> Option<(String, String)> {
+    let target = |t: &VirtualTool| (t.service.clone(), t.tool.clone());
+    match listing {
+        Listing::Tools => routes.tools.get(visible).map(target),
+        Listing::Prompts => routes.prompts.get(visible).map(target),
+        Listing::Resources => routes.resources.get(visible).map(target),
+        Listing::Templates => routes
+            .templates
+            .iter()
+            .find(|t| t.visible == visible)
+            .map(|t| {
+                let own = match unprefixed_uri(visible) {
+                    Some((service, inner)) if service == t.service => inner,
+                    _ => visible,
+                };
+                (t.service.clone(), own.to_string())
+            }),
+    }
+}
+
+/// The prompts and resources a request is about, as rules name them (none for a request
+/// about neither). A `completion/complete` whose `ref` cannot be read is about both, unnamed:
+/// where either is guarded, it is refused rather than passed unjudged.
+fn surface_items<'r>(request: &'r Request<'_>) -> Vec<(Item, Cow<'r, str>)> {
+    let method = request.method.as_ref();
+    let name = |n: &'r Option<Cow<'_, str>>| n.as_deref().map_or(Cow::Borrowed(""), Cow::Borrowed);
+    if method == PROMPTS_GET {
+        return vec![(Item::Prompt, name(&request.params_name))];
+    }
+    if [RESOURCES_READ, RESOURCES_SUBSCRIBE, RESOURCES_UNSUBSCRIBE].contains(&method) {
+        return vec![(Item::Resource, name(&request.params_uri))];
+    }
+    if method != COMPLETION_COMPLETE {
+        return Vec::new();
+    }
+    match request.params_ref_raw.and_then(completion_ref) {
+        Some(CompletionRef::Prompt { name, .. }) => vec![(Item::Prompt, name)],
+        Some(CompletionRef::Resource { uri, .. }) => vec![(Item::Resource, uri)],
+        None => vec![
+            (Item::Prompt, Cow::Borrowed("")),
+            (Item::Resource, Cow::Borrowed("")),
+        ],
+    }
+}
 
 #[cfg(test)]
 mod tests;
@@ -284,8 +342,9 @@ struct Judged {
     discover: bool,
     /// For an admitted `tools/call`: the tool, and the fallback its policy names.
     tool: Option<(String, Option<String>)>,
-    /// A `tools/list` on a service's route: its answer is annotated.
-    list: bool,
+    /// A listing whose answer the filter reads: a `tools/list` on a service's route (to
+    /// annotate it), or any listing that must be filtered for the caller.
+    list: Option<Listing>,
 }
 
 /// What the judge decided about one `tools/call`.
@@ -312,7 +371,8 @@ enum Refused {
     /// A call in a batch the caller may not make (issue 20).
     NotPermitted {
         service: String,
-        tool: String,
+        item: Item,
+        name: String,
     },
     ForcedOpen {
         tool: String,
@@ -420,9 +480,13 @@ impl Refused {
                 reply::tool_not_offered_message(endpoint, tool),
             ),
             Refused::Plain(refusal) => (refusal.code(), refusal.to_string()),
-            Refused::NotPermitted { service, tool } => (
+            Refused::NotPermitted {
+                service,
+                item,
+                name,
+            } => (
                 auth::NOT_AUTHORIZED,
-                auth::not_permitted_message(tool, &format!("the MCP service `{service}`")),
+                auth::not_permitted_message(*item, name, &format!("the MCP service `{service}`")),
             ),
             _ => (reply::INTERNAL_ERROR, String::new()),
         }
@@ -1077,13 +1141,15 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         }
     }
 
-    /// Whether the caller may call `tool` of `service` (shown as `visible` on virtual server
-    /// `server`, for a call made there): `Some` is the answer when not.
+    /// Whether the caller may use `name` (a tool, a prompt, a resource URI) of `service`
+    /// (shown as `visible` on virtual server `server`, for a request made there): `Some` is
+    /// the answer when not.
     fn authorize(
         &mut self,
         host: &impl CallHost,
+        item: Item,
         service: &str,
-        tool: &str,
+        name: &str,
         on: Option<(&str, &str)>,
         id: &RawId,
     ) -> Option<Action> {
@@ -1092,10 +1158,10 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             let auth = shared.config.auth.as_ref()?;
             let caller = self.auth.caller();
             let on_virtual =
-                on.map(|(server, visible)| auth.decide_virtual(server, visible, caller));
+                on.map(|(server, visible)| auth.decide_virtual_item(server, item, visible, caller));
             match on_virtual {
                 Some(v) if v != AuthVerdict::Allow => v,
-                _ => auth.decide_service(service, tool, caller),
+                _ => auth.decide_service_item(service, item, name, caller),
             }
         };
         let (label, what, shown) = match on {
@@ -1111,7 +1177,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             None => (
                 self.denial_label(Target::Service(service)),
                 format!("the MCP service `{service}`"),
-                tool,
+                name,
             ),
         };
         match verdict {
@@ -1127,6 +1193,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 let reply = auth::not_permitted_reply(
                     self.version,
                     id,
+                    item,
                     shown,
                     &what,
                     Some(&scope),
@@ -1137,46 +1204,67 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 Some(Action::Pause)
             }
             AuthVerdict::Denied => {
-                self.count_denial(host, &label, Denial::ToolDenied);
-                let reply =
-                    auth::not_permitted_reply(self.version, id, shown, &what, None, self.framing);
+                self.count_denial(host, &label, Denial::of(item));
+                let reply = auth::not_permitted_reply(
+                    self.version,
+                    id,
+                    item,
+                    shown,
+                    &what,
+                    None,
+                    self.framing,
+                );
                 Some(self.answer(host, 200, &reply))
             }
         }
     }
 
-    /// Whether this request's listing may hide tools from its caller: the service has rules,
-    /// or, on a virtual server, any rules exist or a caller without a token may meet a
-    /// service that requires one. Only such a listing is read whole (and, unreadable, not
-    /// shown).
+    /// Whether this request's listing may hide items from its caller (see
+    /// [`Self::listing_filtered_for`]).
     fn listing_filtered(&self) -> bool {
+        self.request
+            .as_ref()
+            .and_then(|j| j.list)
+            .is_some_and(|listing| self.listing_filtered_for(listing))
+    }
+
+    /// Whether a `listing` here may hide items from its caller: the service's rules guard
+    /// what it lists, or, on a virtual server, any rules do or a caller without a token may
+    /// meet a service that requires one. Only such a listing is read whole (and, unreadable,
+    /// not shown).
+    fn listing_filtered_for(&self, listing: Listing) -> bool {
         let shared = self.shared.borrow();
         let Some(auth) = &shared.config.auth else {
             return false;
         };
+        let item = item_listed(listing);
         match (&self.on_virtual, &self.service) {
             (Some(_), _) => {
-                !auth.services.is_empty()
-                    || !auth.virtual_servers.is_empty()
+                auth.services
+                    .values()
+                    .chain(auth.virtual_servers.values())
+                    .any(|rules| rules.guards(item))
                     || (self.auth.verified.is_none() && !auth.required.is_empty())
             }
-            (None, Some(service)) => auth.services.contains_key(service),
+            (None, Some(service)) => auth.guards(Some(service), None, item),
             (None, None) => false,
         }
     }
 
-    /// Whether a listing shows `tool` of `service` (as `visible` on `server`) to this caller.
+    /// Whether a listing shows `name` (a tool, a prompt, a resource URI or template) of
+    /// `service` (as `visible` on `server`) to this caller.
     fn may_list(
         &self,
         auth: &FilterAuth,
+        item: Item,
         service: &str,
-        tool: &str,
+        name: &str,
         on: Option<(&str, &str)>,
     ) -> bool {
         let caller = self.auth.caller();
         on.is_none_or(|(server, visible)| {
-            auth.decide_virtual(server, visible, caller) == AuthVerdict::Allow
-        }) && auth.decide_service(service, tool, caller) == AuthVerdict::Allow
+            auth.decide_virtual_item(server, item, visible, caller) == AuthVerdict::Allow
+        }) && auth.decide_service_item(service, item, name, caller) == AuthVerdict::Allow
     }
 
     /// A POST to judge: reads what the headers say, and holds them until the body is complete.
@@ -1716,7 +1804,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 id: request.id.clone(),
                 discover: false,
                 tool: None,
-                list: false,
+                list: None,
             });
             return self.route_surface(host, &request, bytes);
         }
@@ -1758,9 +1846,14 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             return self.refuse(host, 200, Some(&request.id), Refusal::ToolNameAbsent);
         };
         self.log_field(host, log_field::TOOL, &tool);
-        if let Some(refused) =
-            self.authorize(host, &service, &tool, Some((&server, visible)), &request.id)
-        {
+        if let Some(refused) = self.authorize(
+            host,
+            Item::Tool,
+            &service,
+            &tool,
+            Some((&server, visible)),
+            &request.id,
+        ) {
             return refused;
         }
         self.forward_claims(host, &service);
@@ -1889,16 +1982,19 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         let Some(routed) = routed else {
             return self.refuse(host, 200, Some(&request.id), Refusal::ToolNameAbsent);
         };
-        // A service that requires a token for its tools requires one for everything else it
-        // serves, as on its own route (its rules name tools, so any valid token reads).
-        if self.lacks_token_for(&service) {
-            let label = if self.shared.borrow().config.catalog.contains_key(&service) {
-                service.clone()
-            } else {
-                crate::stats::OVERFLOW.to_string()
-            };
-            let what = format!("the MCP endpoint `{}`", aggregate::endpoint_path(&server));
-            return self.refuse_unauthenticated(host, &label, &what, Some(&request.id));
+        // Judged by the rules of the service and of this virtual server, as on the service's
+        // own route: a service that requires a token for its tools requires one here too, and
+        // a prompt or resource its rules guard needs a rule granting it.
+        let item = if prompt { Item::Prompt } else { Item::Resource };
+        if let Some(refused) = self.authorize(
+            host,
+            item,
+            &service,
+            &own,
+            Some((&server, asked)),
+            &request.id,
+        ) {
+            return refused;
         }
         self.forward_claims(host, &service);
         self.service = Some(service.clone());
@@ -2439,17 +2535,17 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             id: request.id.clone(),
             discover: request.method == SERVER_DISCOVER,
             tool: None,
-            list: false,
+            list: None,
         });
         if request.method != TOOLS_CALL {
-            // A service's listing is annotated; any listing is filtered to what the caller
-            // may call once an auth configuration is on.
-            if request.method == TOOLS_LIST
-                && (self.on_virtual.is_none() || self.listing_filtered())
-            {
-                if let Some(judged) = &mut self.request {
-                    judged.list = true;
-                }
+            // A service's tool listing is annotated; any listing is filtered to what the
+            // caller may use once rules guard what it lists.
+            let listing = Listing::of_method(&request.method).filter(|&listing| {
+                (listing == Listing::Tools && self.on_virtual.is_none())
+                    || self.listing_filtered_for(listing)
+            });
+            if let Some(judged) = &mut self.request {
+                judged.list = listing;
             }
             return Ok(None);
         }
@@ -2470,11 +2566,20 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
     ) -> Action {
         let tool = match self.called_tool(host, &request) {
             Ok(Some(tool)) => tool,
-            Ok(None) => return Action::Continue,
+            Ok(None) => {
+                for (item, name) in surface_items(&request) {
+                    if let Some(refused) =
+                        self.authorize(host, item, service, &name, None, &request.id)
+                    {
+                        return refused;
+                    }
+                }
+                return Action::Continue;
+            }
             Err(answered) => return answered,
         };
         self.log_field(host, log_field::TOOL, tool);
-        if let Some(refused) = self.authorize(host, service, tool, None, &request.id) {
+        if let Some(refused) = self.authorize(host, Item::Tool, service, tool, None, &request.id) {
             return refused;
         }
         match self.verdict_on(host, service, tool) {
@@ -2636,7 +2741,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             let refused = if request.method == TOOLS_CALL {
                 self.peek_call(service, request, now)
             } else {
-                None
+                self.peek_surface(service, request)
             };
             any_refused |= refused.is_some();
             answers.push((request.id.clone(), refused));
@@ -2666,6 +2771,21 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         self.answer(host, 200, &reply)
     }
 
+    /// Whether a prompt or resource request of a batch would be refused by the rules.
+    fn peek_surface(&self, service: &str, request: &Request<'_>) -> Option<Refused> {
+        let shared = self.shared.borrow();
+        let auth = shared.config.auth.as_ref()?;
+        surface_items(request).into_iter().find_map(|(item, name)| {
+            (auth.decide_service_item(service, item, &name, self.auth.caller())
+                != AuthVerdict::Allow)
+                .then(|| Refused::NotPermitted {
+                    service: service.to_string(),
+                    item,
+                    name: name.into_owned(),
+                })
+        })
+    }
+
     /// Whether one call of a batch would be refused, without taking a probe slot or
     /// creating any state.
     fn peek_call(&self, service: &str, request: &Request<'_>, now: u64) -> Option<Refused> {
@@ -2678,7 +2798,8 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             if auth.decide_service(service, tool, self.auth.caller()) != AuthVerdict::Allow {
                 return Some(Refused::NotPermitted {
                     service: service.to_string(),
-                    tool: tool.to_string(),
+                    item: Item::Tool,
+                    name: tool.to_string(),
                 });
             }
         }
@@ -2791,7 +2912,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             Verdict::Answered if encoded => self.unread_answer(host, end_of_stream),
             Verdict::Answered => {
                 if self.admitted.is_none() {
-                    let listing = self.request.as_ref().is_some_and(|j| j.list);
+                    let listing = self.request.as_ref().is_some_and(|j| j.list.is_some());
                     if listing && status == 200 && !end_of_stream {
                         return self.watch_listing(host);
                     }
@@ -2879,7 +3000,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
     fn unread_answer(&mut self, host: &impl CallHost, end_of_stream: bool) -> Action {
         self.shared.borrow_mut().stats.count(RESPONSES_UNREAD);
         self.record(host, Outcome::Ignored, Some(Kind::Ok));
-        let listing = self.request.as_ref().is_some_and(|j| j.list);
+        let listing = self.request.as_ref().is_some_and(|j| j.list.is_some());
         if !(listing && self.listing_filtered()) {
             return Action::Continue;
         }
@@ -2944,13 +3065,30 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 let server = on.server.clone();
                 let body = read_body(&raw).ok()?;
                 let shared = self.shared.borrow();
+                let mut listing = shared.config.offline_listings.get(&server).cloned();
+                // Shown to this caller as toolgate-xds's listing would be: only what it may call.
+                if let (Some(tools), Some(auth)) = (listing.as_mut(), shared.config.auth.as_ref()) {
+                    if self.listing_filtered_for(Listing::Tools) {
+                        let routes = shared.config.virtual_servers.get(&server);
+                        tools.retain(|tool| {
+                            let name = tool["name"].as_str().unwrap_or_default();
+                            routes
+                                .and_then(|r| routed(r, Listing::Tools, name))
+                                .is_some_and(|(service, own)| {
+                                    self.may_list(
+                                        auth,
+                                        Item::Tool,
+                                        &service,
+                                        &own,
+                                        Some((&server, name)),
+                                    )
+                                })
+                        });
+                    }
+                }
                 let ctx = offline::Context {
                     server: &server,
-                    listing: shared
-                        .config
-                        .offline_listings
-                        .get(&server)
-                        .map(Vec::as_slice),
+                    listing: listing.as_deref(),
                     version: self.version,
                     framing: self.framing,
                     now_ms: host.now_ms(),
@@ -3056,37 +3194,42 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             let server = self.on_virtual.as_ref().map(|v| v.server.as_str());
             let routes = server.and_then(|s| shared.config.virtual_servers.get(s));
             let service = self.service.as_deref();
-            // A service's own listing: annotated, and filtered for the caller. A virtual
-            // server's (toolgate-xds's, annotated already): filtered, each name looked up in
-            // its routes; a name it does not route is not listed.
-            let edit = |tool: &str| match (server, service) {
+            let listing = judged.list.unwrap_or(Listing::Tools);
+            let item = item_listed(listing);
+            // A service's own listing: its tools annotated, and filtered for the caller. A
+            // virtual server's (toolgate-xds's, annotated already): filtered, each name looked
+            // up in its routes; a name it does not route is not listed.
+            let edit = |name: &str| match (server, service) {
                 (Some(server), _) => {
-                    let Some(t) = routes.and_then(|r| r.tools.get(tool)) else {
+                    let Some((service, own)) = routes.and_then(|r| routed(r, listing, name)) else {
                         return Edit::Hide;
                     };
                     match auth {
-                        Some(a) if !self.may_list(a, &t.service, &t.tool, Some((server, tool))) => {
+                        Some(a)
+                            if !self.may_list(a, item, &service, &own, Some((server, name))) =>
+                        {
                             Edit::Hide
                         }
                         _ => Edit::Keep,
                     }
                 }
                 (None, Some(service)) => match auth {
-                    Some(a) if !self.may_list(a, service, tool, None) => Edit::Hide,
-                    _ => shared
-                        .availability(service, tool, now)
+                    Some(a) if !self.may_list(a, item, service, name, None) => Edit::Hide,
+                    _ if listing == Listing::Tools => shared
+                        .availability(service, name, now)
                         .map_or(Edit::Keep, Edit::Annotate),
+                    _ => Edit::Keep,
                 },
                 (None, None) => Edit::Keep,
             };
             let listed = if sse {
-                match edit_sse(&body, &judged.id, edit, end_of_stream) {
+                match edit_sse(listing, &body, &judged.id, edit, end_of_stream) {
                     SseListed::Incomplete => return Action::Pause,
                     SseListed::Ended => Listed::NotTheResponse,
                     SseListed::Found(listed) => listed,
                 }
             } else {
-                edit_message(&body, &judged.id, edit)
+                edit_message(listing, &body, &judged.id, edit)
             };
             (listed, self.listing_filtered())
         };

@@ -2325,6 +2325,149 @@ mod auth {
     }
 
     #[test]
+    fn resource_and_prompt_rules_judge_reads_gets_completions_batches_and_listings() {
+        let mut w = Worker::new();
+        with_auth(
+            &w,
+            &["*"],
+            Some(serde_json::json!({"rules": [
+                {"tools": ["*"], "roles": ["reader"]},
+                {"resources": ["orders://public/*"], "roles": ["reader"]},
+                {"prompts": ["summary"], "roles": ["reader"]}
+            ]})),
+        );
+        let p = reader();
+        let send = |w: &mut Worker, body: &str| w.request("orders", &[(PAYLOAD_HEADER, &p)], body);
+        let read = |uri: &str| {
+            format!(
+                r#"{{"jsonrpc":"2.0","id":7,"method":"resources/read","params":{{"uri":"{uri}"}}}}"#
+            )
+        };
+        assert!(send(&mut w, &read("orders://public/today")).went_upstream());
+        for denied in [
+            read("orders://private/ledger"),
+            read("orders://public/../private/ledger"),
+            r#"{"jsonrpc":"2.0","id":7,"method":"resources/subscribe","params":{"uri":"orders://private/ledger"}}"#.to_string(),
+            r#"{"jsonrpc":"2.0","id":7,"method":"prompts/get","params":{"name":"audit"}}"#.to_string(),
+            r#"{"jsonrpc":"2.0","id":7,"method":"completion/complete","params":{"ref":{"type":"ref/prompt","name":"audit"},"argument":{"name":"a","value":""}}}"#.to_string(),
+            r#"{"jsonrpc":"2.0","id":7,"method":"completion/complete","params":{"ref":{"type":"ref/other"},"argument":{"name":"a","value":""}}}"#.to_string(),
+            r#"{"jsonrpc":"2.0","id":7,"method":"resources/read","params":{}}"#.to_string(),
+        ] {
+            let f = send(&mut w, &denied);
+            assert!(!f.went_upstream(), "{denied}");
+            let (status, body) = f.reply();
+            assert_eq!(status, 200, "{denied}");
+            assert_eq!(body["id"], 7, "{denied}");
+            assert_eq!(body["error"]["code"], crate::auth::NOT_AUTHORIZED, "{denied}");
+        }
+        let f = send(&mut w, &read("orders://private/ledger"));
+        let body = f.reply().1;
+        assert_eq!(body["error"]["data"]["reason"], "resource_denied");
+        assert_eq!(body["error"]["data"]["resource"], "orders://private/ledger");
+        assert!(
+            w.metrics
+                .get("toolgate.auth.service=orders.reason=resource_denied.denied")
+                >= 1
+        );
+        assert!(
+            w.metrics
+                .get("toolgate.auth.service=orders.reason=prompt_denied.denied")
+                >= 1
+        );
+        assert!(send(
+            &mut w,
+            r#"{"jsonrpc":"2.0","id":7,"method":"prompts/get","params":{"name":"summary"}}"#
+        )
+        .went_upstream());
+        // A 2025-03-26 batch is judged element by element: one denied read refuses it whole.
+        let batch = r#"[{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"orders://public/a"}},{"jsonrpc":"2.0","id":2,"method":"resources/read","params":{"uri":"orders://private/b"}}]"#;
+        let f = w.request(
+            "orders",
+            &[(PAYLOAD_HEADER, &p), ("mcp-protocol-version", "2025-03-26")],
+            batch,
+        );
+        assert!(!f.went_upstream(), "a batch with a denied read");
+        let answers = f.reply().1;
+        assert_eq!(
+            answers[1]["error"]["code"],
+            crate::auth::NOT_AUTHORIZED,
+            "{answers}"
+        );
+        // Listings show only what the caller may read or get.
+        let mut f = send(
+            &mut w,
+            r#"{"jsonrpc":"2.0","id":7,"method":"resources/list"}"#,
+        );
+        assert!(f.went_upstream());
+        f.json(r#"{"jsonrpc":"2.0","id":7,"result":{"resources":[{"uri":"orders://public/a","name":"a"},{"uri":"orders://private/b","name":"b"}]}}"#);
+        let listed = f.body_json()["result"]["resources"].clone();
+        assert_eq!(listed.as_array().map(Vec::len), Some(1), "{listed}");
+        assert_eq!(listed[0]["uri"], "orders://public/a");
+        let mut f = send(
+            &mut w,
+            r#"{"jsonrpc":"2.0","id":7,"method":"prompts/list"}"#,
+        );
+        f.json(r#"{"jsonrpc":"2.0","id":7,"result":{"prompts":[{"name":"audit"},{"name":"summary"}]}}"#);
+        let listed = f.body_json()["result"]["prompts"].clone();
+        assert_eq!(listed, serde_json::json!([{"name": "summary"}]));
+    }
+
+    #[test]
+    fn with_no_control_plane_the_listing_still_shows_only_what_the_caller_may_call() {
+        let mut w = super::offline_worker();
+        let listed = |w: &mut Worker, roles: &[&str]| {
+            let p = payload(
+                serde_json::json!({"iss": "http://idp", "aud": "http://gw", "sub": "alice", "roles": roles}),
+            );
+            let list = r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#;
+            let mut f = w.request_to(
+                "/mcp",
+                &[("mcp-protocol-version", "2026-07-28"), (PAYLOAD_HEADER, &p)],
+                list,
+            );
+            assert_eq!(super::no_control_plane(&mut f, true), Action::Pause);
+            let (_, m) = f.reply();
+            m["result"]["tools"].clone()
+        };
+        with_auth(
+            &w,
+            &["*"],
+            Some(serde_json::json!({"rules": [{"tools": ["read_*"], "roles": ["reader"]}]})),
+        );
+        assert_eq!(listed(&mut w, &["reader"])[0]["name"], "orders__read_order");
+        assert_eq!(listed(&mut w, &["writer"]), serde_json::json!([]));
+    }
+
+    #[test]
+    fn without_resource_rules_any_admitted_caller_reads() {
+        let mut w = Worker::new();
+        with_auth(
+            &w,
+            &["*"],
+            Some(serde_json::json!({"rules": [{"tools": ["read_*"], "roles": ["reader"]}]})),
+        );
+        let p = reader();
+        let f = w.request(
+            "orders",
+            &[(PAYLOAD_HEADER, &p)],
+            r#"{"jsonrpc":"2.0","id":7,"method":"resources/read","params":{"uri":"orders://private/ledger"}}"#,
+        );
+        assert!(f.went_upstream());
+        // And its listing is not held to be filtered.
+        let mut f = w.request(
+            "orders",
+            &[(PAYLOAD_HEADER, &p)],
+            r#"{"jsonrpc":"2.0","id":7,"method":"resources/list"}"#,
+        );
+        let body = r#"{"jsonrpc":"2.0","id":7,"result":{"resources":[{"uri":"orders://private/b","name":"b"}]}}"#;
+        f.json(body);
+        assert_eq!(
+            f.body_json()["result"]["resources"][0]["uri"],
+            "orders://private/b"
+        );
+    }
+
+    #[test]
     fn a_large_listing_passes_unless_rules_must_filter_it() {
         let big = format!(
             r#"{{"jsonrpc":"2.0","id":7,"result":{{"tools":[{{"name":"read_order","description":"{}"}}]}}}}"#,

@@ -37,6 +37,46 @@ pub enum Listed {
     },
 }
 
+/// Which listing an answer is: where its items are and what names each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listing {
+    Tools,
+    Resources,
+    Templates,
+    Prompts,
+}
+
+impl Listing {
+    pub fn of_method(method: &str) -> Option<Listing> {
+        match method {
+            "tools/list" => Some(Listing::Tools),
+            "resources/list" => Some(Listing::Resources),
+            "resources/templates/list" => Some(Listing::Templates),
+            "prompts/list" => Some(Listing::Prompts),
+            _ => None,
+        }
+    }
+
+    /// The result's member holding the items.
+    fn items(self) -> &'static str {
+        match self {
+            Listing::Tools => "tools",
+            Listing::Resources => "resources",
+            Listing::Templates => "resourceTemplates",
+            Listing::Prompts => "prompts",
+        }
+    }
+
+    /// The item's member naming it.
+    fn key(self) -> &'static str {
+        match self {
+            Listing::Tools | Listing::Prompts => "name",
+            Listing::Resources => "uri",
+            Listing::Templates => "uriTemplate",
+        }
+    }
+}
+
 /// What becomes of one listed tool.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Edit {
@@ -53,16 +93,21 @@ pub fn annotate_message(
     id: &RawId,
     mut availability: impl FnMut(&str) -> Option<Availability>,
 ) -> Listed {
-    edit_message(message, id, |tool| {
+    edit_message(Listing::Tools, message, id, |tool| {
         availability(tool).map_or(Edit::Keep, Edit::Annotate)
     })
 }
 
-/// Reads `message` as the answer to the `tools/list` of `id`, and edits each listed tool as
-/// `edit` says. A tool without a readable name is kept, unless `edit` hides every tool it
-/// is asked about unnamed (`""`): a listing filtered for a caller never shows what it could
-/// not judge.
-pub fn edit_message(message: &[u8], id: &RawId, mut edit: impl FnMut(&str) -> Edit) -> Listed {
+/// Reads `message` as the answer to the listing (`tools/list`, `prompts/list`, ...) of `id`,
+/// and edits each listed item as `edit` says (by its name, or its URI). An item without a
+/// readable name is kept, unless `edit` hides every item it is asked about unnamed (`""`):
+/// a listing filtered for a caller never shows what it could not judge.
+pub fn edit_message(
+    listing: Listing,
+    message: &[u8],
+    id: &RawId,
+    mut edit: impl FnMut(&str) -> Edit,
+) -> Listed {
     if first_non_ws(message) != Some(b'{') {
         return match serde_json::from_slice::<serde::de::IgnoredAny>(message) {
             Ok(_) => Listed::NotTheResponse,
@@ -94,7 +139,7 @@ pub fn edit_message(message: &[u8], id: &RawId, mut edit: impl FnMut(&str) -> Ed
     let Ok(Members(mut fields)) = serde_json::from_str::<Members<'_>>(result.get()) else {
         return Listed::Unread;
     };
-    let Ok(Some(tools)) = member(&fields, "tools") else {
+    let Ok(Some(tools)) = member(&fields, listing.items()) else {
         return Listed::Unread;
     };
     let Ok(mut tools) = serde_json::from_str::<Vec<&RawValue>>(tools.get()) else {
@@ -106,9 +151,9 @@ pub fn edit_message(message: &[u8], id: &RawId, mut edit: impl FnMut(&str) -> Ed
     for (i, tool) in tools.iter().enumerate() {
         // Anything but an object with a string name is not a tool anyone can call: left alone
         // unless unjudged tools are hidden.
-        let avail = match serde_json::from_str::<Named<'_>>(tool.get()) {
-            Ok(Named { name }) => edit(&name.0),
-            Err(_) => match edit("") {
+        let avail = match name_of(listing, tool) {
+            Some(name) => edit(&name),
+            None => match edit("") {
                 Edit::Hide => Edit::Hide,
                 _ => Edit::Keep,
             },
@@ -142,7 +187,7 @@ pub fn edit_message(message: &[u8], id: &RawId, mut edit: impl FnMut(&str) -> Ed
     let Ok(tools) = to_raw_value(&tools) else {
         return Listed::Unread;
     };
-    set(&mut fields, "tools", &tools);
+    set(&mut fields, listing.items(), &tools);
     let Ok(result) = to_raw_value(&Members(fields)) else {
         return Listed::Unread;
     };
@@ -174,11 +219,11 @@ fn set<'a>(members: &mut [(Str<'a>, &'a RawValue)], name: &str, value: &'a RawVa
     }
 }
 
-/// A tool, as far as its name.
-#[derive(Deserialize)]
-struct Named<'a> {
-    #[serde(borrow)]
-    name: Str<'a>,
+/// An item's name (or URI): a string member, once.
+fn name_of<'a>(listing: Listing, item: &'a RawValue) -> Option<std::borrow::Cow<'a, str>> {
+    let Members(members) = serde_json::from_str::<Members<'_>>(item.get()).ok()?;
+    let raw = member(&members, listing.key()).ok()??;
+    serde_json::from_str::<Str<'_>>(raw.get()).ok().map(|s| s.0)
 }
 
 /// A JSON object's members in their order, values unread.
@@ -239,6 +284,7 @@ pub fn annotate_sse(
     ended: bool,
 ) -> SseListed {
     edit_sse(
+        Listing::Tools,
         stream,
         id,
         |tool| availability(tool).map_or(Edit::Keep, Edit::Annotate),
@@ -248,6 +294,7 @@ pub fn annotate_sse(
 
 /// [`edit_message`] on the response found in an SSE stream (see [`annotate_sse`]).
 pub fn edit_sse(
+    listing: Listing,
     stream: &[u8],
     id: &RawId,
     mut edit: impl FnMut(&str) -> Edit,
@@ -265,7 +312,7 @@ pub fn edit_sse(
         if line.is_empty() {
             // An event with empty data is not dispatched (rmcp primes its streams with one).
             if event.is_message() && !event.data.is_empty() {
-                match edit_message(&event.data, id, &mut edit) {
+                match edit_message(listing, &event.data, id, &mut edit) {
                     Listed::NotTheResponse => {}
                     Listed::Annotated {
                         body,
@@ -592,7 +639,7 @@ mod tests {
             body: out,
             annotated: 0,
             hidden: 2,
-        } = edit_message(body, &id(), hide)
+        } = edit_message(Listing::Tools, body, &id(), hide)
         else {
             panic!("filtered")
         };
@@ -601,6 +648,53 @@ mod tests {
             r#"{"jsonrpc":"2.0","id":7,"result":{"tools":[{"name":"read_order","inputSchema":{}}],"nextCursor":"c"}}"#
         );
         // Nothing to hide: the server's bytes.
-        assert_eq!(edit_message(body, &id(), |_| Edit::Keep), Listed::Unchanged);
+        assert_eq!(
+            edit_message(Listing::Tools, body, &id(), |_| Edit::Keep),
+            Listed::Unchanged
+        );
+    }
+
+    #[test]
+    fn resource_template_and_prompt_listings_are_filtered_by_uri_template_and_name() {
+        let keep_public = |name: &str| {
+            if name.contains("public") {
+                Edit::Keep
+            } else {
+                Edit::Hide
+            }
+        };
+        for (listing, body, kept) in [
+            (
+                Listing::Resources,
+                r#"{"jsonrpc":"2.0","id":7,"result":{"resources":[{"uri":"file:///public/a","name":"a"},{"uri":"file:///secret/b","name":"public-looking"},{"uri":"file:///public/c","uri":"file:///secret/c"}]}}"#,
+                "file:///public/a",
+            ),
+            (
+                Listing::Templates,
+                r#"{"jsonrpc":"2.0","id":7,"result":{"resourceTemplates":[{"uriTemplate":"file:///secret/{p}","name":"public"},{"uriTemplate":"file:///public/{p}"}]}}"#,
+                "file:///public/{p}",
+            ),
+            (
+                Listing::Prompts,
+                r#"{"jsonrpc":"2.0","id":7,"result":{"prompts":[{"name":"private"},{"name":"public_prompt"},{"title":"public"}]}}"#,
+                "public_prompt",
+            ),
+        ] {
+            let Listed::Annotated { body: out, .. } =
+                edit_message(listing, body.as_bytes(), &id(), keep_public)
+            else {
+                panic!("{listing:?} filtered")
+            };
+            let v: Value = serde_json::from_slice(&out).expect("json");
+            let items = v["result"][listing.items()].as_array().expect("items");
+            assert_eq!(items.len(), 1, "{listing:?}: {v}");
+            assert_eq!(items[0][listing.key()], kept, "{listing:?}: {v}");
+        }
+        // A `tools` member in a resources listing is not what is filtered.
+        let odd = br#"{"jsonrpc":"2.0","id":7,"result":{"tools":[{"name":"x"}]}}"#;
+        assert_eq!(
+            edit_message(Listing::Resources, odd, &id(), |_| Edit::Hide),
+            Listed::Unread
+        );
     }
 }
