@@ -4,9 +4,12 @@ usage: client.py [--mode MODE] [--elicit-answer TEXT] [--sample-answer TEXT] [--
   STEP: "initialize" | "list" | "call:TOOL[:ARGUMENTS_JSON]" | "progress-call:TOOL[:ARGUMENTS_JSON]"
         | "ping" | "wait:PATH" | "resources" | "templates" | "read:URI" | "prompts"
         | "prompt:NAME[:ARGUMENTS_JSON]" | "complete:PROMPT:ARGUMENT:VALUE" | "set-level:LEVEL"
-        | "subscribe:URI" | "unsubscribe:URI"
+        | "subscribe:URI" | "unsubscribe:URI" | "notified:METHOD"
         ("wait:PATH" sends nothing: it writes PATH.waiting, every step before it done, and
         waits until PATH exists, so a test can act between two steps of one session;
+        "notified:METHOD" sends nothing either: it waits (up to 20 s) for a notification of
+        METHOD from the server, seen since the session began, and reports the first
+        {"method", "params"} not reported yet (a ClientSession only);
         "progress-call" is "call" with a progress callback: it reports
         {"result", "progress": [{"progress", "total", "message"}, ...]})
   --go-on: go on after a step that got an MCP error (a transport failure still stops)
@@ -121,6 +124,8 @@ async def step(session: ClientSession, what: str):
         return await call_with_progress(session.call_tool, what)
     if what.startswith("wait:"):
         return await wait_for_file(what[len("wait:"):])
+    if what.startswith("notified:"):
+        return await wait_notified(what[len("notified:"):])
     if what == "initialize":
         return await session.initialize()
     if what == "list":
@@ -160,6 +165,25 @@ async def client_step(client: Client, what: str):
 
 GO_ON = False
 
+# Every notification the session surfaced, in order, and how many `notified:` steps took.
+NOTIFIED: list[dict] = []
+TAKEN: set[int] = set()
+
+
+async def note_notification(message) -> None:
+    if isinstance(message, Exception):
+        return
+    NOTIFIED.append(dump(message))
+
+
+async def wait_notified(method: str) -> dict:
+    while True:
+        for i, seen in enumerate(NOTIFIED):
+            if i not in TAKEN and seen.get("method") == method:
+                TAKEN.add(i)
+                return seen
+        await asyncio.sleep(0.05)
+
 
 async def run_steps(run, steps: list[str]) -> None:
     for what in steps:
@@ -189,7 +213,7 @@ async def main(url: str, steps: list[str], mode: str | None, answers: dict) -> N
         return
     async with streamable_http_client(url, terminate_on_close=False) as streams:
         read, write = streams[0], streams[1]
-        async with ClientSession(read, write, **callbacks) as session:
+        async with ClientSession(read, write, message_handler=note_notification, **callbacks) as session:
             await run_steps(lambda what: step(session, what), steps)
 
 

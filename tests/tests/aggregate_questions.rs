@@ -2,7 +2,9 @@
 //! everything-server asks its client questions during a call (elicitation, sampling): through
 //! `/mcp` they reach the official Python SDK client on the call's stream, and its answers find
 //! the server that asked (the filter notes who asked). A client's `notifications/cancelled` on
-//! `/mcp` reaches the server running the call, which then never finishes it. Real etcd,
+//! `/mcp` reaches the server running the call, which then never finishes it. The updates of a
+//! resource the client subscribed to, and the log messages a server writes between calls,
+//! reach the client's GET stream from the server's own. Real etcd,
 //! toolgate-xds, Envoy with the filter, the everything-server unchanged.
 
 use std::time::{Duration, Instant};
@@ -229,4 +231,68 @@ async fn a_call_the_client_cancels_on_mcp_is_cancelled_on_its_server() {
             .any(|l| l.contains("passed a client's cancellation on") && l.contains("1")),
         "toolgate-xds did not pass the cancellation on"
     );
+}
+
+/// The report of the python client's step `step`; panics with every line when it has none.
+fn step_ok<'a>(env: &TestEnv, lines: &'a [Value], step: &str) -> &'a Value {
+    match lines
+        .iter()
+        .find(|l| l["step"] == step)
+        .and_then(|l| l.get("ok"))
+    {
+        Some(ok) => ok,
+        None => {
+            env.print_failure_logs();
+            panic!("python step {step} gave no result: {lines:#?}")
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_subscription_through_one_url_brings_the_servers_updates_and_log_messages() {
+    let env = TestEnv::new("aggregate_relay");
+    let stack = Stack::start(&env).await;
+    let _ev = everything(&env, &stack).await;
+    let url = stack.aggregate_url();
+    let updates = listed_name(&url, "toggle-subscriber-updates").await;
+    let logging = listed_name(&url, "toggle-simulated-logging").await;
+    let document = "demo://resource/static/document/architecture.md";
+    let subscribe = format!("subscribe:{document}");
+    let toggle_updates = format!("call:{updates}");
+    let toggle_logging = format!("call:{logging}");
+    // The updates and the log messages come on the server's own stream of the session the
+    // gateway holds for this client, outside any call.
+    let lines = sdk::python(
+        &url,
+        &[
+            "initialize",
+            &subscribe,
+            &toggle_updates,
+            "notified:notifications/resources/updated",
+            "notified:notifications/resources/updated",
+            &toggle_logging,
+            "notified:notifications/message",
+        ],
+    )
+    .await;
+    let init = step_ok(&env, &lines, "initialize");
+    assert_eq!(
+        init["capabilities"]["resources"]["subscribe"], true,
+        "the gateway says updates reach its clients: {init}"
+    );
+    let updated = step_ok(&env, &lines, "notified:notifications/resources/updated");
+    assert_eq!(updated["params"]["uri"], document, "{updated}");
+    let logged = step_ok(&env, &lines, "notified:notifications/message");
+    assert!(
+        logged["params"]["level"].is_string() && !logged["params"]["data"].is_null(),
+        "{logged}"
+    );
+    // Two updates: the stream stays open between them (they come 5 s apart).
+    let seen = lines
+        .iter()
+        .filter(|l| {
+            l["step"] == "notified:notifications/resources/updated" && l.get("ok").is_some()
+        })
+        .count();
+    assert_eq!(seen, 2, "{lines:#?}");
 }

@@ -160,6 +160,9 @@ pub struct Surface {
     /// on to it and routes `completion/complete` to it.
     pub offers_logging: bool,
     pub offers_completions: bool,
+    /// `resources.subscribe` in its capabilities: its updates reach a client's GET stream on
+    /// the aggregate endpoint (`aggregate::relay`).
+    pub offers_subscribe: bool,
     pub resources: Vec<Value>,
     pub resource_templates: Vec<Value>,
     pub prompts: Vec<Value>,
@@ -531,6 +534,7 @@ async fn read_surface(client: &mut McpClient, warnings: &mut Vec<String>) -> Sur
         offers_prompts: caps.get("prompts").is_some_and(Value::is_object),
         offers_logging: caps.get("logging").is_some_and(Value::is_object),
         offers_completions: caps.get("completions").is_some_and(Value::is_object),
+        offers_subscribe: caps.pointer("/resources/subscribe") == Some(&Value::Bool(true)),
         ..Surface::default()
     };
     if surface.offers_resources {

@@ -427,6 +427,9 @@ pub struct UpstreamSessions {
     levels: Mutex<HashMap<String, String>>,
     /// Permits for clients' cancellations being passed on ([`MAX_CANCELLATIONS_IN_FLIGHT`]).
     cancellations: Arc<Semaphore>,
+    /// Changes each time a session is held: relays of server notifications
+    /// (`crate::aggregate::relay`) look for their client's new ones then.
+    opened: tokio::sync::watch::Sender<u64>,
 }
 
 /// Cancellations passed on at once: each goes to every session held for its client, so a
@@ -485,7 +488,23 @@ impl UpstreamSessions {
             replays: Mutex::new(HashMap::new()),
             levels: Mutex::new(HashMap::new()),
             cancellations: Arc::new(Semaphore::new(MAX_CANCELLATIONS_IN_FLIGHT)),
+            opened: tokio::sync::watch::Sender::new(0),
         }
+    }
+
+    /// The sessions held for the client session `base` (every user's), with their services.
+    pub fn sessions_of(&self, base: &str) -> Vec<(String, OpenSession)> {
+        self.table()
+            .held
+            .iter()
+            .filter(|((owner, _), _)| is_owner_of(owner, base))
+            .filter_map(|((_, service), h)| Some((service.clone(), h.session.clone()?)))
+            .collect()
+    }
+
+    /// Changes each time a session is held.
+    pub fn openings(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.opened.subscribe()
     }
 
     fn table(&self) -> std::sync::MutexGuard<'_, Table> {
@@ -987,13 +1006,7 @@ impl UpstreamSessions {
         body: &[u8],
         took: impl Fn(&str, &Result<Forwarded, Failure>) -> bool,
     ) -> usize {
-        let held: Vec<(String, OpenSession)> = self
-            .table()
-            .held
-            .iter()
-            .filter(|((owner, _), _)| is_owner_of(owner, base))
-            .filter_map(|((_, service), h)| Some((service.clone(), h.session.clone()?)))
-            .collect();
+        let held = self.sessions_of(base);
         let sent = held.iter().map(|(service, session)| async move {
             (service, self.send_on(session, body.to_vec()).await)
         });
@@ -1190,6 +1203,7 @@ impl UpstreamSessions {
         if let Some(h) = replaced {
             self.delete_later(h);
         }
+        self.opened.send_modify(|n| *n = n.wrapping_add(1));
         opened
     }
 

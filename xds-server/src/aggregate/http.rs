@@ -16,6 +16,7 @@ use super::stream::{self, OpenStream};
 use super::{methods, Aggregate};
 use crate::admin::AdminState;
 use crate::metrics::{AggregateLabel, StreamLabel};
+use toolgate_model::session_owner::{owner_of, OwnerKind};
 
 /// The largest POST body read; a JSON-RPC message to this endpoint is a few hundred bytes.
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;
@@ -391,11 +392,21 @@ pub async fn get(
             .get_or_create(&StreamLabel { kind: "get" })
             .clone(),
     );
+    let relayed = owner_of(OwnerKind::Gateway, &session).map(|base| {
+        let shows = Arc::clone(a);
+        let server = name.clone();
+        a.relays().start(
+            Arc::clone(&s.upstream),
+            base,
+            Arc::new(move |service: &str, uri: &str| shows.shown_uri(&server, service, uri)),
+        )
+    });
     let owner = Arc::clone(a);
     stream::legacy(
         a.streams().subscribe(&name),
         a.sessions().endings(),
         move || owner.sessions().has_ended(&session),
+        relayed,
         open,
     )
 }

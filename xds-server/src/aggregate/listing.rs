@@ -62,6 +62,7 @@ pub struct SurfaceListing {
     pub offers_prompts: bool,
     pub offers_logging: bool,
     pub offers_completions: bool,
+    pub offers_subscribe: bool,
 }
 
 impl Listing {
@@ -73,6 +74,19 @@ impl Listing {
             Some(s) => s.capabilities(),
             None => SurfaceListing::default().capabilities(),
         }
+    }
+
+    /// The same for a legacy client (`initialize`): `resources.subscribe` too where a serving
+    /// service offers it, since its updates reach the client's GET stream. A 2026-07-28
+    /// client has no such stream from the gateway.
+    pub fn legacy_capabilities(&self) -> Value {
+        let mut caps = self.capabilities();
+        if self.surface.as_ref().is_some_and(|s| s.offers_subscribe) {
+            if let Some(resources) = caps.get_mut("resources").and_then(Value::as_object_mut) {
+                resources.insert("subscribe".into(), json!(true));
+            }
+        }
+        caps
     }
 }
 
@@ -376,6 +390,7 @@ impl<'a> Inputs<'a> {
                 out.offers_prompts |= index.surface.offers_prompts;
                 out.offers_logging |= index.surface.offers_logging;
                 out.offers_completions |= index.surface.offers_completions;
+                out.offers_subscribe |= index.surface.offers_subscribe;
             }
         }
         for (visible, t) in &routes.prompts {
@@ -506,6 +521,7 @@ mod tests {
             offers_prompts: true,
             offers_logging: false,
             offers_completions: false,
+            offers_subscribe: false,
             resources: vec![json!({"uri": "secret://report", "name": "report"})],
             resource_templates: templates
                 .iter()

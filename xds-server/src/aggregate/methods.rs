@@ -86,7 +86,7 @@ pub fn initialize(
     };
     let mut result = Map::new();
     result.insert("protocolVersion".into(), json!(version));
-    result.insert("capabilities".into(), self::capabilities(listing));
+    result.insert("capabilities".into(), listing.legacy_capabilities());
     result.insert("serverInfo".into(), server_info(name));
     if let Some(i) = &listing.instructions {
         result.insert("instructions".into(), json!(i));
@@ -457,6 +457,7 @@ mod tests {
             offers_prompts: true,
             offers_logging: false,
             offers_completions: false,
+            offers_subscribe: false,
         }));
         let page = |revision, method, params: Value| {
             let r = surface_list(revision, "default", &l, method, &params)

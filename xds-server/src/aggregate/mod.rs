@@ -13,6 +13,7 @@ pub mod http;
 pub mod jsonrpc;
 pub mod listing;
 pub mod methods;
+pub mod relay;
 pub mod session;
 pub mod stream;
 
@@ -56,6 +57,8 @@ pub struct Aggregate {
     listings: RwLock<Arc<BTreeMap<String, Arc<Listing>>>>,
     sessions: Sessions,
     streams: Streams,
+    /// What servers send clients outside calls, relayed to their GET streams.
+    relays: Arc<relay::Relays>,
     /// The sessions held with servers for gateway sessions: deleted when theirs ends.
     upstream: std::sync::OnceLock<Arc<crate::upstream::UpstreamSessions>>,
     /// What the last refresh read from the registry.
@@ -88,6 +91,7 @@ impl Aggregate {
             listings: RwLock::default(),
             sessions: Sessions::new(session_key),
             streams: Streams::default(),
+            relays: Arc::default(),
             upstream: std::sync::OnceLock::new(),
             last_read: Mutex::default(),
         });
@@ -218,6 +222,35 @@ impl Aggregate {
         };
         if let Ok(claims) = self.sessions.end(id, &claims.virtual_server) {
             self.session_ended(id, Some(&claims));
+        }
+    }
+
+    pub fn relays(&self) -> &Arc<relay::Relays> {
+        &self.relays
+    }
+
+    /// The URI a client of virtual server `server` sees for `uri` of `service`: the URI it
+    /// is listed under, else the server's own where a read of it leads back to `service`,
+    /// else the rewritten `toolgate+<service>:<uri>`.
+    pub fn shown_uri(&self, server: &str, service: &str, uri: &str) -> String {
+        let config = self
+            .registry
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .filter_config();
+        let Some(routes) = config.virtual_servers.get(server) else {
+            return uri.to_string();
+        };
+        if let Some((visible, _)) = routes
+            .resources
+            .iter()
+            .find(|(_, t)| t.service == service && t.tool == uri)
+        {
+            return visible.clone();
+        }
+        match routes.resource_target(uri) {
+            Some((s, own)) if s == service && own == uri => uri.to_string(),
+            _ => toolgate_model::virtual_server::prefixed_uri(service, uri),
         }
     }
 

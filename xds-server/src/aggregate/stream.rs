@@ -15,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 use futures::stream::{self, BoxStream, StreamExt};
 use prometheus_client::metrics::gauge::Gauge;
 use serde_json::{json, Value};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 use super::jsonrpc::notification;
 
@@ -117,23 +117,41 @@ fn respond(events: BoxStream<'static, Result<Event, Infallible>>) -> Response {
 }
 
 /// A legacy client's GET stream, open until the client goes or its session ends (`endings`
-/// changes and `ended` says so).
+/// changes and `ended` says so): `list_changed` on every change of the listing, and what its
+/// servers send outside calls (`relayed`, see [`super::relay`]).
 pub fn legacy(
     changes: watch::Receiver<u64>,
     endings: watch::Receiver<u64>,
     ended: impl Fn() -> bool + Send + 'static,
+    relayed: Option<mpsc::Receiver<Value>>,
     open: OpenStream,
 ) -> Response {
     let message = notification(LIST_CHANGED, None);
     let events = stream::unfold(
-        (changes, endings, ended, message, open),
-        |(mut changes, mut endings, ended, message, open)| async move {
+        (changes, endings, ended, relayed, message, open),
+        |(mut changes, mut endings, ended, mut relayed, message, open)| async move {
             loop {
+                let from_servers = async {
+                    match relayed.as_mut() {
+                        Some(rx) => rx.recv().await,
+                        None => std::future::pending().await,
+                    }
+                };
                 tokio::select! {
                     changed = changes.changed() => {
                         changed.ok()?;
                         let e = event(&message);
-                        return Some((e, (changes, endings, ended, message, open)));
+                        return Some((e, (changes, endings, ended, relayed, message, open)));
+                    }
+                    sent = from_servers => {
+                        match sent {
+                            Some(m) => {
+                                let e = event(&m);
+                                return Some((e, (changes, endings, ended, relayed, message, open)));
+                            }
+                            // The relay stopped: the list changes still come.
+                            None => relayed = None,
+                        }
                     }
                     changed = endings.changed() => {
                         changed.ok()?;
