@@ -15,6 +15,9 @@
 //   The pseudo-step toolgate/wait-file '{"path": P}' sends nothing: it writes the file
 //   P.waiting (every step before it is done) and waits until the file P exists, so a test can
 //   act (kill an instance) between two calls of one session.
+//   The pseudo-step toolgate/notified '{"method": M}' sends nothing either: it waits for a
+//   notification of method M from the server (one the SDK has no handler of its own for, seen
+//   since connect and not reported by an earlier such step) and reports it.
 //
 // stdout: {"sdk", "sdkVersion", "protocolVersion", "sessionId", "steps": [{"method", "ok",
 // "result"} | {"method", "ok": false, "error": {"name", "message", "code", "status", "data"}}]}
@@ -83,10 +86,12 @@ async function sdk2(opts) {
     if (isModern(opts.protocolVersion)) options.versionNegotiation = { mode: { pin: opts.protocolVersion } };
     else if (opts.protocolVersion) options.supportedProtocolVersions = [opts.protocolVersion];
     const client = new Client(clientInfo, options);
+    const notified = noteNotifications(client);
     const transport = new StreamableHTTPClientTransport(new URL(opts.url));
     const requestOptions = { timeout: opts.timeoutMs };
     return {
         sdk: '@modelcontextprotocol/client',
+        notified,
         sdkVersion: installedVersion('@modelcontextprotocol/client'),
         connect: async () => {
             await client.connect(transport, requestOptions);
@@ -132,11 +137,13 @@ async function sdk1(opts) {
     const { Protocol } = await import('@modelcontextprotocol/sdk/shared/protocol.js');
     const { InitializeResultSchema, ResultSchema } = await import('@modelcontextprotocol/sdk/types.js');
     const client = new Client(clientInfo, { capabilities: {} });
+    const notified = noteNotifications(client);
     const transport = new StreamableHTTPClientTransport(new URL(opts.url));
     const requestOptions = { timeout: opts.timeoutMs };
     let negotiated;
     return {
         sdk: '@modelcontextprotocol/sdk',
+        notified,
         sdkVersion: installedVersion('@modelcontextprotocol/sdk'),
         connect: async () => {
             if (opts.protocolVersion === undefined) {
@@ -204,6 +211,27 @@ function describeError(e) {
     return out;
 }
 
+// The notifications the SDK hands the application without a handler of its own, in order.
+function noteNotifications(client) {
+    const notified = [];
+    client.fallbackNotificationHandler = async (notification) => {
+        notified.push({ notification, taken: false });
+    };
+    return notified;
+}
+
+async function waitNotified(notified, method) {
+    if (!method) throw new Error('toolgate/notified needs {"method": ...}');
+    for (;;) {
+        const seen = notified.find(n => !n.taken && n.notification.method === method);
+        if (seen) {
+            seen.taken = true;
+            return seen.notification;
+        }
+        await new Promise(r => setTimeout(r, 50));
+    }
+}
+
 async function waitFile(path) {
     const { existsSync, writeFileSync } = await import('node:fs');
     if (!path) throw new Error('toolgate/wait-file needs {"path": ...}');
@@ -236,6 +264,11 @@ async function main() {
         report.steps.push({ method: 'connect', ok: true, result: await client.connect() });
         for (const step of opts.steps) {
             try {
+                if (step.method === 'toolgate/notified') {
+                    const notification = await waitNotified(client.notified, step.params?.method);
+                    report.steps.push({ method: step.method, ok: true, result: notification });
+                    continue;
+                }
                 if (step.method === 'toolgate/wait-file') {
                     await waitFile(step.params?.path);
                     report.steps.push({ method: step.method, ok: true, result: null });

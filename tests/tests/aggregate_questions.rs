@@ -10,7 +10,9 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use toolgate_tests::{free_port, sdk, wait_for, Proc, Registrant, ServerCommand, Stack, TestEnv};
+use toolgate_tests::{
+    free_port, sdk, wait_for, NodeClient, Proc, Registrant, Sdk, ServerCommand, Stack, TestEnv,
+};
 
 /// The everything-server, its tools discovered (so /mcp lists all it lists to a client that
 /// can answer its questions).
@@ -295,4 +297,53 @@ async fn a_subscription_through_one_url_brings_the_servers_updates_and_log_messa
         })
         .count();
     assert_eq!(seen, 2, "{lines:#?}");
+}
+
+#[tokio::test]
+async fn both_typescript_sdks_subscribe_through_one_url_and_hear_the_updates() {
+    let env = TestEnv::new("aggregate_relay_ts");
+    let stack = Stack::start(&env).await;
+    let _ev = everything(&env, &stack).await;
+    let url = stack.aggregate_url();
+    let updates = listed_name(&url, "toggle-subscriber-updates").await;
+    let logging = listed_name(&url, "toggle-simulated-logging").await;
+    let document = "demo://resource/static/document/architecture.md";
+    for sdk in Sdk::ALL {
+        let run = NodeClient::new(sdk)
+            .timeout(Duration::from_secs(40))
+            .step("resources/subscribe", json!({"uri": document}))
+            .step("tools/call", json!({"name": updates, "arguments": {}}))
+            .step(
+                "toolgate/notified",
+                json!({"method": "notifications/resources/updated"}),
+            )
+            .step("tools/call", json!({"name": logging, "arguments": {}}))
+            .step(
+                "toolgate/notified",
+                json!({"method": "notifications/message"}),
+            )
+            .run(&url)
+            .await;
+        if run.exit_code != Some(0) {
+            env.print_failure_logs();
+        }
+        assert_eq!(run.exit_code, Some(0), "{}: {}", run.sdk(), run.report);
+        let caps = &run.result("connect")["capabilities"];
+        assert_eq!(
+            caps["resources"]["subscribe"],
+            true,
+            "{}: {caps}",
+            run.sdk()
+        );
+        let heard: Vec<&Value> = run.report["steps"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|s| s["method"] == "toolgate/notified")
+            .map(|s| &s["result"])
+            .collect();
+        assert_eq!(heard.len(), 2, "{}: {}", run.sdk(), run.report);
+        assert_eq!(heard[0]["params"]["uri"], document, "{}", run.sdk());
+        assert_eq!(heard[1]["method"], "notifications/message", "{}", run.sdk());
+    }
 }
