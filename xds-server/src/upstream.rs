@@ -34,7 +34,7 @@
 //! `initialize` to the server, none for the client); the forgotten sessions are not deleted
 //! by the gateway and expire on the server.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
@@ -360,7 +360,8 @@ type Key = (String, String);
 /// gauges').
 #[derive(Default)]
 struct Table {
-    held: HashMap<Key, Held>,
+    /// Ordered, so that a client session's sessions (every user's) are one range.
+    held: BTreeMap<Key, Held>,
     per_service: HashMap<String, usize>,
     per_caller: HashMap<Key, usize>,
 }
@@ -403,6 +404,14 @@ impl Table {
         }
     }
 
+    /// The sessions held for the client session `base` (every user's).
+    fn of_base<'a>(&'a self, base: &'a str) -> impl Iterator<Item = (&'a Key, &'a Held)> + 'a {
+        self.held
+            .range((base.to_string(), String::new())..)
+            .take_while(move |((owner, _), _)| owner.starts_with(base))
+            .filter(move |((owner, _), _)| is_owner_of(owner, base))
+    }
+
     /// The least recently used session that `pick` takes and nobody used for `idle`.
     fn idlest(&self, idle: Duration, pick: impl Fn(&Key, &Held) -> bool) -> Option<Key> {
         self.held
@@ -427,9 +436,9 @@ pub struct UpstreamSessions {
     levels: Mutex<HashMap<String, String>>,
     /// Permits for clients' cancellations being passed on ([`MAX_CANCELLATIONS_IN_FLIGHT`]).
     cancellations: Arc<Semaphore>,
-    /// Changes each time a session is held: relays of server notifications
-    /// (`crate::aggregate::relay`) look for their client's new ones then.
-    opened: tokio::sync::watch::Sender<u64>,
+    /// By client session with a relay of server notifications (`crate::aggregate::relay`):
+    /// changes each time a session is held for it, so that its relay looks for the new one.
+    openings: Mutex<HashMap<String, tokio::sync::watch::Sender<u64>>>,
 }
 
 /// Cancellations passed on at once: each goes to every session held for its client, so a
@@ -488,23 +497,33 @@ impl UpstreamSessions {
             replays: Mutex::new(HashMap::new()),
             levels: Mutex::new(HashMap::new()),
             cancellations: Arc::new(Semaphore::new(MAX_CANCELLATIONS_IN_FLIGHT)),
-            opened: tokio::sync::watch::Sender::new(0),
+            openings: Mutex::new(HashMap::new()),
         }
     }
 
     /// The sessions held for the client session `base` (every user's), with their services.
     pub fn sessions_of(&self, base: &str) -> Vec<(String, OpenSession)> {
         self.table()
-            .held
-            .iter()
-            .filter(|((owner, _), _)| is_owner_of(owner, base))
+            .of_base(base)
             .filter_map(|((_, service), h)| Some((service.clone(), h.session.clone()?)))
             .collect()
     }
 
-    /// Changes each time a session is held.
-    pub fn openings(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.opened.subscribe()
+    fn openings(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, tokio::sync::watch::Sender<u64>>> {
+        self.openings.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Changes each time a session is held for the client session `base`.
+    pub fn openings_of(&self, base: &str) -> tokio::sync::watch::Receiver<u64> {
+        let mut openings = self.openings();
+        // The channels of relays that ended go with the next one to start.
+        openings.retain(|_, tx| tx.receiver_count() > 0);
+        openings
+            .entry(base.to_string())
+            .or_insert_with(|| tokio::sync::watch::Sender::new(0))
+            .subscribe()
     }
 
     fn table(&self) -> std::sync::MutexGuard<'_, Table> {
@@ -1037,12 +1056,7 @@ impl UpstreamSessions {
             .remove(base);
         let gone: Vec<Held> = {
             let mut table = self.table();
-            let keys: Vec<Key> = table
-                .held
-                .keys()
-                .filter(|(o, _)| is_owner_of(o, base))
-                .cloned()
-                .collect();
+            let keys: Vec<Key> = table.of_base(base).map(|(k, _)| k.clone()).collect();
             let gone: Vec<(String, Held)> = keys
                 .into_iter()
                 .filter_map(|k| table.remove(&k).map(|h| (k.1, h)))
@@ -1181,6 +1195,7 @@ impl UpstreamSessions {
                 owner: kind_label(&key.0),
             })
             .inc();
+        let base = base_of(&key.0).to_string();
         let replaced = {
             let mut table = self.table();
             let service = key.1.clone();
@@ -1203,7 +1218,9 @@ impl UpstreamSessions {
         if let Some(h) = replaced {
             self.delete_later(h);
         }
-        self.opened.send_modify(|n| *n = n.wrapping_add(1));
+        if let Some(tx) = self.openings().get(&base) {
+            tx.send_modify(|n| *n = n.wrapping_add(1));
+        }
         opened
     }
 
@@ -1291,6 +1308,30 @@ mod tests {
             ..small
         };
         assert!(bad.to_value().is_err());
+    }
+
+    #[test]
+    fn a_client_sessions_are_one_range_of_the_table() {
+        let mut t = Table::default();
+        for owner in ["gA", "gA~u1", "gAB", "gA~u2", "gB", "g", "gA~u1x"] {
+            t.insert(key(owner, "svc"), held("c", Duration::ZERO));
+        }
+        t.insert(key("gA", "other"), held("c", Duration::ZERO));
+        let found: Vec<(&str, &str)> = t
+            .of_base("gA")
+            .map(|((o, s), _)| (o.as_str(), s.as_str()))
+            .collect();
+        assert_eq!(
+            found,
+            [
+                ("gA", "other"),
+                ("gA", "svc"),
+                ("gA~u1", "svc"),
+                ("gA~u1x", "svc"),
+                ("gA~u2", "svc")
+            ]
+        );
+        assert_eq!(t.of_base("gC").count(), 0);
     }
 
     fn held(caller: &str, idle_for: Duration) -> Held {

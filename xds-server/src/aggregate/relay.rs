@@ -112,7 +112,7 @@ async fn supervise(
             return;
         }
     };
-    let mut openings = upstream.openings();
+    let mut openings = upstream.openings_of(base);
     let mut readers = JoinSet::new();
     let mut reading: HashMap<String, tokio::task::AbortHandle> = HashMap::new();
     let mut recheck = tokio::time::interval(RECHECK);
