@@ -80,6 +80,20 @@ pub fn owner_of_identity(identity: &str) -> String {
 /// Between an owner and the digest of the verified identity it is bound to.
 pub const IDENTITY_SEPARATOR: char = '~';
 
+/// The request header the filter puts on a client's GET stream of the aggregate endpoint (and
+/// removes when there is no verified caller): the digest of the caller's verified identity,
+/// so that toolgate-xds relays to that stream what the caller's own held sessions receive,
+/// never another user's of the same client session.
+pub const IDENTITY_HEADER: &str = "x-toolgate-held-identity";
+
+/// Whether `digest` is one the filter makes (32 lowercase hexadecimal characters).
+pub fn is_identity_digest(digest: &str) -> bool {
+    digest.len() == 32
+        && digest
+            .bytes()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
 /// `owner` bound to a verified identity (`identity`: a digest of the token's issuer and
 /// subject, made of characters other than [`IDENTITY_SEPARATOR`]); `owner` itself without one.
 pub fn bound_to(owner: String, identity: Option<&str>) -> String {

@@ -4,6 +4,7 @@
 //! (`../`) passes only a rule for every URI. Real etcd, toolgate-xds, Envoy verifying tokens
 //! of a local issuer, the reference everything-server unchanged.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use reqwest::StatusCode;
@@ -49,17 +50,27 @@ fn listed(r: &Reply, member: &str, field: &str) -> Vec<String> {
         .collect()
 }
 
-#[tokio::test]
-async fn resource_and_prompt_rules_hold_on_a_service_route_and_through_one_url() {
-    let env = TestEnv::new("auth_surface");
+/// The everything-server behind a gateway whose every route needs a token of `issuer`, with
+/// `rules` for `ev`; its route, `/mcp`, and the gateway's base URL.
+struct Secured {
+    stack: Stack,
+    issuer: Issuer,
+    service: String,
+    one_url: String,
+    base: String,
+    _server: toolgate_tests::Proc,
+    _registrar: toolgate_tests::Proc,
+}
+
+async fn secured(env: &TestEnv, rules: Value) -> Secured {
     let issuer = Issuer::start().await;
-    let stack = Stack::start(&env).await;
+    let stack = Stack::start(env).await;
     let cmd = ServerCommand::everything(free_port());
-    let _server = cmd.spawn(&env, "ev");
-    let _registrar = Registrant::new(&stack.etcd.endpoint(), "ev", &cmd.endpoint())
+    let server = cmd.spawn(env, "ev");
+    let registrar = Registrant::new(&stack.etcd.endpoint(), "ev", &cmd.endpoint())
         .arg("--instance-id", "ev-1")
         .arg("--probe", "mcp")
-        .spawn(&env, "ev.registrar");
+        .spawn(env, "ev.registrar");
     stack
         .wait_state("ev", "ev-1", "UP", Duration::from_secs(30))
         .await;
@@ -78,10 +89,42 @@ async fn resource_and_prompt_rules_hold_on_a_service_route_and_through_one_url()
         }),
     )
     .await;
-    put(
-        &stack,
-        "/v1/auth/rules/ev",
-        &json!({"rules": [
+    put(&stack, "/v1/auth/rules/ev", &rules).await;
+    let first = rules["rules"][0].clone();
+    stack
+        .wait_filter_config("the rules", |c| {
+            c["auth"]["services"]["ev"]["rules"][0] == first
+        })
+        .await;
+    let s = Secured {
+        stack,
+        issuer,
+        service,
+        one_url,
+        base,
+        _server: server,
+        _registrar: registrar,
+    };
+    let token = s.issuer.token().sub("probe").aud(&s.base).sign();
+    wait_until(
+        "a token is accepted (JWKS fetched)",
+        Duration::from_secs(20),
+        || async {
+            let mut c = McpSession::unconnected(&s.service);
+            c.bearer = Some(token.clone());
+            c.initialize().await.status == StatusCode::OK
+        },
+    )
+    .await;
+    s
+}
+
+#[tokio::test]
+async fn resource_and_prompt_rules_hold_on_a_service_route_and_through_one_url() {
+    let env = TestEnv::new("auth_surface");
+    let s = secured(
+        &env,
+        json!({"rules": [
             {"tools": ["*"], "subjects": ["*"]},
             {"resources": ["demo://resource/static/*"], "subjects": ["*"]},
             {"resources": ["demo://resource/dynamic/*"], "roles": ["staff"]},
@@ -90,24 +133,10 @@ async fn resource_and_prompt_rules_hold_on_a_service_route_and_through_one_url()
         ]}),
     )
     .await;
-    stack
-        .wait_filter_config("the resource and prompt rules", |c| {
-            c["auth"]["services"]["ev"]["rules"][1]["resources"][0] == "demo://resource/static/*"
-        })
-        .await;
-    let alice = issuer.token().sub("alice").aud(&base).sign();
-    let bob = issuer.token().sub("bob").aud(&base).roles(["staff"]).sign();
-    wait_until(
-        "a token is accepted (JWKS fetched)",
-        Duration::from_secs(20),
-        || async {
-            let mut s = McpSession::unconnected(&service);
-            s.bearer = Some(alice.clone());
-            s.initialize().await.status == StatusCode::OK
-        },
-    )
-    .await;
-
+    let (stack, issuer, service, one_url, base) =
+        (&s.stack, &s.issuer, &s.service, &s.one_url, &s.base);
+    let alice = issuer.token().sub("alice").aud(base).sign();
+    let bob = issuer.token().sub("bob").aud(base).roles(["staff"]).sign();
     let mut failures = Vec::new();
     // On `/mcp` the prompts carry the service's prefix.
     for (url, prefix) in [(service.as_str(), ""), (one_url.as_str(), "ev__")] {
@@ -237,4 +266,94 @@ async fn resource_and_prompt_rules_hold_on_a_service_route_and_through_one_url()
             "no toolgate_auth_denied for {reason}"
         );
     }
+}
+
+/// Everything a GET stream of `/mcp` carries, as it comes, until dropped.
+fn listen(
+    url: &str,
+    session: &str,
+    token: &str,
+) -> (Arc<Mutex<String>>, tokio::task::JoinHandle<()>) {
+    let seen = Arc::new(Mutex::new(String::new()));
+    let into = Arc::clone(&seen);
+    let request = reqwest::Client::new()
+        .get(url)
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", session)
+        .header(
+            "mcp-protocol-version",
+            toolgate_tests::mcp::PROTOCOL_VERSION,
+        )
+        .bearer_auth(token);
+    let task = tokio::spawn(async move {
+        let Ok(mut response) = request.send().await else {
+            return;
+        };
+        into.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push_str(&format!("HTTP {}\n", response.status()));
+        while let Ok(Some(chunk)) = response.chunk().await {
+            into.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push_str(&String::from_utf8_lossy(&chunk));
+        }
+    });
+    (seen, task)
+}
+
+#[tokio::test]
+async fn two_users_of_one_client_session_hear_only_their_own_servers() {
+    let env = TestEnv::new("auth_surface_relay");
+    let s = secured(
+        &env,
+        json!({"rules": [{"tools": ["*"], "subjects": ["*"]}]}),
+    )
+    .await;
+    let alice = s.issuer.token().sub("alice").aud(&s.base).sign();
+    let bob = s.issuer.token().sub("bob").aud(&s.base).sign();
+    let a = McpSession::connect_with_token(&s.one_url, &alice).await;
+    let shared = a.session.clone().expect("a gateway session");
+    // Bob uses the session Alice's agent opened: the gateway holds his servers' sessions
+    // apart from hers, and his servers' notifications must not reach her stream.
+    let mut b = McpSession::unconnected(&s.one_url);
+    b.bearer = Some(bob.clone());
+    b.session = Some(shared.clone());
+    let (hers, her_stream) = listen(&s.one_url, &shared, &alice);
+    let (his, his_stream) = listen(&s.one_url, &shared, &bob);
+    let document = "demo://resource/static/document/architecture.md";
+    let subscribed = b
+        .request("resources/subscribe", json!({"uri": document}))
+        .await;
+    assert!(subscribed.result().is_some(), "{}", subscribed.body);
+    let toggled = b
+        .request(
+            "tools/call",
+            json!({"name": "ev__toggle-subscriber-updates", "arguments": {}}),
+        )
+        .await;
+    assert!(toggled.result().is_some(), "{}", toggled.body);
+    let heard = |seen: &Arc<Mutex<String>>| {
+        seen.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains("notifications/resources/updated")
+    };
+    let his_heard = wait_until(
+        "bob's stream gets his subscription's update",
+        Duration::from_secs(20),
+        || async { heard(&his) },
+    );
+    his_heard.await;
+    // One more update period: nothing of bob's reaches alice's stream.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let hers_text = hers.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    assert!(
+        hers_text.starts_with("HTTP 200"),
+        "alice's stream is open: {hers_text}"
+    );
+    if heard(&hers) {
+        env.print_failure_logs();
+    }
+    assert!(!heard(&hers), "alice heard bob's server: {hers_text}");
+    her_stream.abort();
+    his_stream.abort();
 }

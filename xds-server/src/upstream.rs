@@ -501,10 +501,11 @@ impl UpstreamSessions {
         }
     }
 
-    /// The sessions held for the client session `base` (every user's), with their services.
-    pub fn sessions_of(&self, base: &str) -> Vec<(String, OpenSession)> {
+    /// The sessions `owner` holds (one user's of one client session), with their services.
+    pub fn sessions_of(&self, owner: &str) -> Vec<(String, OpenSession)> {
         self.table()
-            .of_base(base)
+            .of_base(base_of(owner))
+            .filter(|((o, _), _)| o == owner)
             .filter_map(|((_, service), h)| Some((service.clone(), h.session.clone()?)))
             .collect()
     }
@@ -515,8 +516,9 @@ impl UpstreamSessions {
         self.openings.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Changes each time a session is held for the client session `base`.
-    pub fn openings_of(&self, base: &str) -> tokio::sync::watch::Receiver<u64> {
+    /// Changes each time a session is held for the client session of `owner` (any user's).
+    pub fn openings_of(&self, owner: &str) -> tokio::sync::watch::Receiver<u64> {
+        let base = base_of(owner);
         let mut openings = self.openings();
         // The channels of relays that ended go with the next one to start.
         openings.retain(|_, tx| tx.receiver_count() > 0);
@@ -1025,7 +1027,11 @@ impl UpstreamSessions {
         body: &[u8],
         took: impl Fn(&str, &Result<Forwarded, Failure>) -> bool,
     ) -> usize {
-        let held = self.sessions_of(base);
+        let held: Vec<(String, OpenSession)> = self
+            .table()
+            .of_base(base)
+            .filter_map(|((_, service), h)| Some((service.clone(), h.session.clone()?)))
+            .collect();
         let sent = held.iter().map(|(service, session)| async move {
             (service, self.send_on(session, body.to_vec()).await)
         });

@@ -2439,6 +2439,41 @@ mod auth {
     }
 
     #[test]
+    fn a_get_stream_of_mcp_names_its_verified_caller_and_no_other() {
+        use toolgate_model::session_owner::{is_identity_digest, IDENTITY_HEADER};
+        let w = super::aggregate_worker();
+        with_auth(&w, &[], None);
+        let get = |headers: &[(&str, &str)]| {
+            let stream = Stream::default();
+            stream.now.set(w.now);
+            {
+                let mut h = stream.request_headers.borrow_mut();
+                h.insert(":path".into(), "/mcp".into());
+                h.insert(":method".into(), "GET".into());
+                for (k, v) in headers {
+                    h.insert(k.to_string(), v.to_string());
+                }
+            }
+            let mut call = Call::new(w.shared.clone());
+            assert_eq!(call.on_request_headers(&stream, true), Action::Continue);
+            let named = stream
+                .request_headers
+                .borrow()
+                .get(IDENTITY_HEADER)
+                .cloned();
+            named
+        };
+        let p =
+            payload(serde_json::json!({"iss": "http://idp", "aud": "http://gw", "sub": "alice"}));
+        let alice = get(&[(PAYLOAD_HEADER, &p)]).expect("the caller's identity");
+        assert!(is_identity_digest(&alice), "{alice}");
+        let b = payload(serde_json::json!({"iss": "http://idp", "aud": "http://gw", "sub": "bob"}));
+        assert_ne!(get(&[(PAYLOAD_HEADER, &b)]), Some(alice.clone()));
+        // A client naming someone is not believed: without a verified caller, no one.
+        assert_eq!(get(&[(IDENTITY_HEADER, &alice)]), None);
+    }
+
+    #[test]
     fn without_resource_rules_any_admitted_caller_reads() {
         let mut w = Worker::new();
         with_auth(

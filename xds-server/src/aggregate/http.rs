@@ -16,7 +16,9 @@ use super::stream::{self, OpenStream};
 use super::{methods, Aggregate};
 use crate::admin::AdminState;
 use crate::metrics::{AggregateLabel, StreamLabel};
-use toolgate_model::session_owner::{owner_of, OwnerKind};
+use toolgate_model::session_owner::{
+    bound_to, is_identity_digest, owner_of, OwnerKind, IDENTITY_HEADER,
+};
 
 /// The largest POST body read; a JSON-RPC message to this endpoint is a few hundred bytes.
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;
@@ -392,12 +394,18 @@ pub async fn get(
             .get_or_create(&StreamLabel { kind: "get" })
             .clone(),
     );
+    // The sessions held for this client session and this caller (the filter names the
+    // verified identity; another user of the same client session has sessions of its own).
+    let identity = headers
+        .get(IDENTITY_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|d| is_identity_digest(d));
     let relayed = owner_of(OwnerKind::Gateway, &session).map(|base| {
         let shows = Arc::clone(a);
         let server = name.clone();
         a.relays().start(
             Arc::clone(&s.upstream),
-            base,
+            bound_to(base, identity),
             Arc::new(move |service: &str, uri: &str| shows.shown_uri(&server, service, uri)),
         )
     });

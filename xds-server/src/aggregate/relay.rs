@@ -4,7 +4,9 @@
 //! A server sends those on the stream of its own session (the GET stream of Streamable HTTP).
 //! The sessions the gateway holds for a legacy client are the gateway's, so while the
 //! client's GET stream is open, toolgate-xds opens that stream on each session it holds for
-//! the client (and on each it opens later) and passes on what the client can use: the
+//! the client and the stream's verified user (the filter names the user: two users of one
+//! client session never hear each other's servers), and on each it opens later, and passes
+//! on what the client can use: the
 //! notifications in [`RELAYED`], a resource's URI shown as the virtual server shows it. A
 //! server's requests there (`roots/list`, a question outside any call) are not passed on: no
 //! answer could find its way back.
@@ -42,12 +44,13 @@ const READ_TIMEOUT: Duration = Duration::from_secs(300);
 /// The URI a client of this virtual server sees for `uri` of `service`.
 pub type ShowUri = Arc<dyn Fn(&str, &str) -> String + Send + Sync>;
 
-/// The relay of each client session: one at a time, so that a client opening GET streams in
-/// a loop does not open as many streams on each of its servers. The latest GET stream of a
-/// session gets what its servers send; an earlier one still open keeps its `list_changed`.
+/// The relay of each owner (a client session, bound to the verified user of the stream when
+/// there is one): one at a time, so that a client opening GET streams in a loop does not open
+/// as many streams on each of its servers. The latest GET stream gets what its servers send;
+/// an earlier one still open keeps its `list_changed`.
 #[derive(Default)]
 pub struct Relays {
-    /// By client session: the generation of its relay, and what keeps that relay going.
+    /// By owner: the generation of its relay, and what keeps that relay going.
     current: Mutex<HashMap<String, (u64, watch::Sender<()>)>>,
     generations: std::sync::atomic::AtomicU64,
 }
@@ -57,13 +60,13 @@ impl Relays {
         self.current.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Starts relaying for the client session `base` (stopping its earlier relay): the
-    /// notifications come out of the receiver, until it is dropped (the client's stream
-    /// ended).
+    /// Starts relaying what the sessions held for `owner` receive (stopping its earlier
+    /// relay): the notifications come out of the receiver, until it is dropped (the client's
+    /// stream ended).
     pub fn start(
         self: &Arc<Self>,
         upstream: Arc<UpstreamSessions>,
-        base: String,
+        owner: String,
         show_uri: ShowUri,
     ) -> mpsc::Receiver<Value> {
         let (tx, rx) = mpsc::channel(QUEUE);
@@ -72,13 +75,13 @@ impl Relays {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (keep, kept) = watch::channel(());
         // The earlier relay's sender is dropped here: it stops.
-        self.current().insert(base.clone(), (generation, keep));
+        self.current().insert(owner.clone(), (generation, keep));
         let relays = Arc::clone(self);
         tokio::spawn(async move {
-            supervise(upstream, &base, show_uri, tx, kept).await;
+            supervise(upstream, &owner, show_uri, tx, kept).await;
             let mut current = relays.current();
-            if current.get(&base).is_some_and(|(g, _)| *g == generation) {
-                current.remove(&base);
+            if current.get(&owner).is_some_and(|(g, _)| *g == generation) {
+                current.remove(&owner);
             }
         });
         rx
@@ -90,12 +93,12 @@ impl Relays {
     }
 }
 
-/// One reader per session held for the client, started as sessions are held and stopped when
+/// One reader per session held for `owner`, started as sessions are held and stopped when
 /// they are not any more, when the client goes, or when a later relay takes over (`kept`
 /// closes).
 async fn supervise(
     upstream: Arc<UpstreamSessions>,
-    base: &str,
+    owner: &str,
     show_uri: ShowUri,
     tx: mpsc::Sender<Value>,
     mut kept: watch::Receiver<()>,
@@ -112,12 +115,12 @@ async fn supervise(
             return;
         }
     };
-    let mut openings = upstream.openings_of(base);
+    let mut openings = upstream.openings_of(owner);
     let mut readers = JoinSet::new();
     let mut reading: HashMap<String, tokio::task::AbortHandle> = HashMap::new();
     let mut recheck = tokio::time::interval(RECHECK);
     loop {
-        let held = upstream.sessions_of(base);
+        let held = upstream.sessions_of(owner);
         reading.retain(|id, reader| {
             let still = held.iter().any(|(_, s)| &s.id == id);
             if !still {
