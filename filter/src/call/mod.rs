@@ -894,15 +894,14 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                     body: None,
                 });
                 // Whose held sessions toolgate-xds relays on a GET stream: this caller's only
-                // (set or removed here, so no client names another user).
-                let identity = match method {
-                    HttpMethod::Get => self.held_identity(),
-                    _ => None,
-                };
-                host.set_request_header(
-                    toolgate_model::session_owner::IDENTITY_HEADER,
-                    identity.as_deref(),
-                );
+                // (set or removed here, so no client names another user). Only toolgate-xds's
+                // GET handler reads it: a call's POST pays no host call for it.
+                if method == HttpMethod::Get {
+                    host.set_request_header(
+                        toolgate_model::session_owner::IDENTITY_HEADER,
+                        self.held_identity().as_deref(),
+                    );
+                }
                 // GET streams and DELETE are toolgate-xds's, with its own session ids: passed
                 // untouched, never unsealed.
                 if method != HttpMethod::Post {
