@@ -302,7 +302,7 @@ fn listen(
 }
 
 #[tokio::test]
-async fn two_users_of_one_client_session_hear_only_their_own_servers() {
+async fn two_users_of_one_client_session_hear_and_cancel_only_their_own_calls() {
     let env = TestEnv::new("auth_surface_relay");
     let s = secured(
         &env,
@@ -356,4 +356,23 @@ async fn two_users_of_one_client_session_hear_only_their_own_servers() {
     assert!(!heard(&hers), "alice heard bob's server: {hers_text}");
     her_stream.abort();
     his_stream.abort();
+
+    // Each user numbers its own requests: Alice cancelling her request 7 must not cancel
+    // Bob's request 7 running on his server (and her level of logs is hers).
+    let long = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
+        "name": "ev__trigger-long-running-operation", "arguments": {"duration": 3, "steps": 3}}});
+    let his_call = tokio::spawn(async move { b.post_raw(long.to_string(), &[]).await });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+        "params": {"requestId": 7, "reason": "alice gave up on her own request 7"}});
+    let cancelled = a.post_raw(cancel.to_string(), &[]).await;
+    assert_eq!(cancelled.status, StatusCode::ACCEPTED, "{}", cancelled.body);
+    let his = tokio::time::timeout(Duration::from_secs(15), his_call)
+        .await
+        .expect("bob's call ends in time")
+        .expect("bob's call task");
+    if !his.body.contains("Long running operation completed") {
+        env.print_failure_logs();
+        panic!("alice's cancellation reached bob's call: {}", his.body);
+    }
 }

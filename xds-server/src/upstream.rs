@@ -735,7 +735,7 @@ impl UpstreamSessions {
             .levels
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .get(base_of(owner))
+            .get(owner)
             .cloned();
         if let Some(level) = level {
             let session = self.table().held.get(&key).and_then(|h| h.session.clone());
@@ -965,20 +965,21 @@ impl UpstreamSessions {
             .collect()
     }
 
-    /// A client session (`base`, an owner without its user) asked for `level` of log messages
-    /// (`logging/setLevel`): sent now on every session held for it, whatever its user, and
-    /// kept to be sent on each session opened for it later. How many servers took it.
-    pub async fn set_log_level(&self, base: &str, level: &str) -> usize {
+    /// One user of a client session (`owner`) asked for `level` of log messages
+    /// (`logging/setLevel`): sent now on every session held for that owner, and kept to be
+    /// sent on each session opened for it later. Another user of the same client session
+    /// keeps the level it chose. How many servers took it.
+    pub async fn set_log_level(&self, owner: &str, level: &str) -> usize {
         {
             let mut levels = self.levels.lock().unwrap_or_else(|p| p.into_inner());
             // As many as sessions can be held: a level is forgotten with its client session
             // (close_owner), so this bound is only ever met by a flood of sessions.
-            if levels.len() < MAX_HELD || levels.contains_key(base) {
-                levels.insert(base.to_string(), level.to_string());
+            if levels.len() < MAX_HELD || levels.contains_key(owner) {
+                levels.insert(owner.to_string(), level.to_string());
             }
         }
         let body = level_request(level);
-        self.send_to_all(base, &body, |service, answer| {
+        self.send_to_all(owner, &body, |service, answer| {
             level_taken(service, level, answer)
         })
         .await
@@ -991,15 +992,17 @@ impl UpstreamSessions {
     }
 
     /// A client's `notifications/cancelled` (its body as the client wrote it), sent on every
-    /// session held for the client session `base`. Its request ids number the client's
-    /// requests across all of them, so only the server the cancelled request went to has one
-    /// by that id in flight: the others ignore it, as the specification lets a receiver do
-    /// with a request it does not know. Returns how many servers accepted it.
+    /// session held for `owner`: the client session and the user who sent it. Its request ids
+    /// number that user's requests across all of them, so only the server the cancelled
+    /// request went to has one by that id in flight: the others ignore it, as the
+    /// specification lets a receiver do with a request it does not know. Another user's
+    /// sessions never see it: their request 7 is not this user's. Returns how many servers
+    /// accepted it.
     /// `None`: [`MAX_CANCELLATIONS_IN_FLIGHT`] were being passed on already, and this one
     /// was not.
-    pub async fn cancel_everywhere(&self, base: &str, body: &[u8]) -> Option<usize> {
+    pub async fn cancel_everywhere(&self, owner: &str, body: &[u8]) -> Option<usize> {
         let _permit = Arc::clone(&self.cancellations).try_acquire_owned().ok()?;
-        let took = self.send_to_all(base, body, |service, answer| match answer {
+        let took = self.send_to_all(owner, body, |service, answer| match answer {
             Ok(f) if (200..300).contains(&f.status) => true,
             Ok(f) => {
                 info!(
@@ -1018,20 +1021,16 @@ impl UpstreamSessions {
         Some(took)
     }
 
-    /// Sends `body` on every session held for the client session `base`, all at once (one
-    /// slow server delays the end by its own timeout, not the sum), and counts the answers
-    /// `took` accepts.
+    /// Sends `body` on every session held for `owner` (exactly: not another user's of the
+    /// same client session), all at once (one slow server delays the end by its own timeout,
+    /// not the sum), and counts the answers `took` accepts.
     async fn send_to_all(
         &self,
-        base: &str,
+        owner: &str,
         body: &[u8],
         took: impl Fn(&str, &Result<Forwarded, Failure>) -> bool,
     ) -> usize {
-        let held: Vec<(String, OpenSession)> = self
-            .table()
-            .of_base(base)
-            .filter_map(|((_, service), h)| Some((service.clone(), h.session.clone()?)))
-            .collect();
+        let held = self.sessions_of(owner);
         let sent = held.iter().map(|(service, session)| async move {
             (service, self.send_on(session, body.to_vec()).await)
         });
@@ -1059,7 +1058,7 @@ impl UpstreamSessions {
         self.levels
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(base);
+            .retain(|owner, _| !is_owner_of(owner, base));
         let gone: Vec<Held> = {
             let mut table = self.table();
             let keys: Vec<Key> = table.of_base(base).map(|(k, _)| k.clone()).collect();

@@ -52,7 +52,7 @@ use crate::mcp::reply::{
 use crate::mcp::request::{
     completion_ref, nests_deeper_than, read_body, Body, CompletionRef, Refusal, Request, ToolName,
     COMPLETION_COMPLETE, PROMPTS_GET, RESOURCES_READ, RESOURCES_SUBSCRIBE, RESOURCES_UNSUBSCRIBE,
-    SERVER_DISCOVER, TOOLS_CALL,
+    SERVER_DISCOVER, SET_LEVEL, TOOLS_CALL,
 };
 
 /// MCP's error code for a resource no server has.
@@ -1641,6 +1641,19 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         if let Some(on) = self.on_virtual.as_mut() {
             if !matches!(&body, Body::Request(r) if r.method == TOOLS_CALL) {
                 on.body = Some(bytes.to_vec());
+            }
+            // toolgate-xds passes these on to the sessions held for this caller only: named
+            // here (or a name the client wrote removed), as for a GET stream.
+            let per_caller = match &body {
+                Body::Notification { method } => method == cancel::METHOD,
+                Body::Request(r) => r.method == SET_LEVEL,
+                _ => false,
+            };
+            if per_caller {
+                host.set_request_header(
+                    toolgate_model::session_owner::IDENTITY_HEADER,
+                    self.held_identity().as_deref(),
+                );
             }
         }
         if self.sealing && self.on_virtual.is_none() {

@@ -2474,6 +2474,51 @@ mod auth {
     }
 
     #[test]
+    fn a_cancellation_or_log_level_on_mcp_names_its_verified_caller_and_no_other() {
+        use toolgate_model::session_owner::{is_identity_digest, IDENTITY_HEADER};
+        let mut w = super::aggregate_worker();
+        with_auth(&w, &[], None);
+        let session = "tgv1.0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+        let cancel =
+            r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7}}"#;
+        let level =
+            r#"{"jsonrpc":"2.0","id":3,"method":"logging/setLevel","params":{"level":"debug"}}"#;
+        let list = r#"{"jsonrpc":"2.0","id":4,"method":"tools/list"}"#;
+        let named = |w: &mut Worker, body: &str, extra: &[(&str, &str)]| {
+            let mut headers = vec![
+                ("mcp-protocol-version", "2025-06-18"),
+                ("mcp-session-id", session),
+            ];
+            headers.extend_from_slice(extra);
+            let f = w.request_to("/mcp", &headers, body);
+            assert_eq!(f.body_action, Some(Action::Continue), "{body}");
+            let named = f
+                .stream
+                .request_headers
+                .borrow()
+                .get(IDENTITY_HEADER)
+                .cloned();
+            named
+        };
+        let p =
+            payload(serde_json::json!({"iss": "http://idp", "aud": "http://gw", "sub": "alice"}));
+        let alice = named(&mut w, cancel, &[(PAYLOAD_HEADER, &p)]).expect("alice named");
+        assert!(is_identity_digest(&alice), "{alice}");
+        assert_eq!(
+            named(&mut w, level, &[(PAYLOAD_HEADER, &p)]),
+            Some(alice.clone())
+        );
+        // Without a verified caller, a name the client wrote is taken away.
+        assert_eq!(named(&mut w, cancel, &[(IDENTITY_HEADER, &alice)]), None);
+        assert_eq!(named(&mut w, level, &[(IDENTITY_HEADER, &alice)]), None);
+        // What toolgate-xds does not pass on per caller costs no header.
+        assert_eq!(
+            named(&mut w, list, &[(IDENTITY_HEADER, "x")]),
+            Some("x".to_string())
+        );
+    }
+
+    #[test]
     fn without_resource_rules_any_admitted_caller_reads() {
         let mut w = Worker::new();
         with_auth(

@@ -36,6 +36,7 @@ pub const RESOURCES_READ: &str = "resources/read";
 pub const RESOURCES_SUBSCRIBE: &str = "resources/subscribe";
 pub const RESOURCES_UNSUBSCRIBE: &str = "resources/unsubscribe";
 pub const COMPLETION_COMPLETE: &str = "completion/complete";
+pub const SET_LEVEL: &str = "logging/setLevel";
 /// The 2026-07-28 revision's stateless discovery, which SDKs send first as their version probe.
 pub const SERVER_DISCOVER: &str = "server/discover";
 

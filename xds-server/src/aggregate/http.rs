@@ -178,7 +178,7 @@ pub async fn post(
                     Err(e) => return error_response(&e, None),
                 };
                 if method == CANCELLED {
-                    cancel_everywhere(&s, &name, &session, bytes.to_vec());
+                    cancel_everywhere(&s, &name, &session, &headers, bytes.to_vec());
                 }
             }
             StatusCode::ACCEPTED.into_response()
@@ -202,20 +202,34 @@ pub async fn post(
 
 const CANCELLED: &str = "notifications/cancelled";
 
+/// The owner of the sessions held for the caller of a request on the gateway session
+/// `session`: the client session, bound to the verified user the filter names (another user
+/// of the same client session has sessions, requests and a log level of its own).
+fn caller_owner(session: &str, headers: &HeaderMap) -> Option<String> {
+    let identity = headers
+        .get(IDENTITY_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|d| is_identity_digest(d));
+    owner_of(OwnerKind::Gateway, session).map(|base| bound_to(base, identity))
+}
+
 /// A client's `notifications/cancelled` on a gateway session: passed on, in the background, to
-/// every server holding a session for it (see `UpstreamSessions::cancel_everywhere`); the
-/// client has its 202 at once, as a server would answer it.
-fn cancel_everywhere(s: &AdminState, name: &str, session: &str, body: Vec<u8>) {
-    let Some(base) = toolgate_model::session_owner::owner_of(
-        toolgate_model::session_owner::OwnerKind::Gateway,
-        session,
-    ) else {
+/// every server holding a session for its caller (see `UpstreamSessions::cancel_everywhere`);
+/// the client has its 202 at once, as a server would answer it.
+fn cancel_everywhere(
+    s: &AdminState,
+    name: &str,
+    session: &str,
+    headers: &HeaderMap,
+    body: Vec<u8>,
+) {
+    let Some(owner) = caller_owner(session, headers) else {
         return;
     };
     let upstream = Arc::clone(&s.upstream);
     let name = name.to_string();
     tokio::spawn(async move {
-        match upstream.cancel_everywhere(&base, &body).await {
+        match upstream.cancel_everywhere(&owner, &body).await {
             Some(took) => tracing::info!(
                 virtual_server = name,
                 servers = took,
@@ -247,11 +261,8 @@ async fn set_level(
         Ok(level) => level,
         Err(e) => return error_response(&e, Some(id)),
     };
-    if let Some(base) = toolgate_model::session_owner::owner_of(
-        toolgate_model::session_owner::OwnerKind::Gateway,
-        &session,
-    ) {
-        let took = s.upstream.set_log_level(&base, level).await;
+    if let Some(owner) = caller_owner(&session, headers) {
+        let took = s.upstream.set_log_level(&owner, level).await;
         tracing::info!(
             virtual_server = name,
             level,
@@ -394,18 +405,12 @@ pub async fn get(
             .get_or_create(&StreamLabel { kind: "get" })
             .clone(),
     );
-    // The sessions held for this client session and this caller (the filter names the
-    // verified identity; another user of the same client session has sessions of its own).
-    let identity = headers
-        .get(IDENTITY_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .filter(|d| is_identity_digest(d));
-    let relayed = owner_of(OwnerKind::Gateway, &session).map(|base| {
+    let relayed = caller_owner(&session, &headers).map(|owner| {
         let shows = Arc::clone(a);
         let server = name.clone();
         a.relays().start(
             Arc::clone(&s.upstream),
-            bound_to(base, identity),
+            owner,
             Arc::new(move |service: &str, uri: &str| shows.shown_uri(&server, service, uri)),
         )
     });
