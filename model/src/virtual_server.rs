@@ -378,6 +378,17 @@ impl VirtualRoutes {
             .then(|| (only.clone(), uri.to_string()))
     }
 
+    /// The URI an agent of this endpoint is shown for `uri` of `service` (in a listing, a
+    /// notification, a resource link or an embedded resource): the server's own where a read
+    /// of it here leads back to that resource, else `toolgate+<service>:<uri>`, which always
+    /// leads back to it while the service offers resources. Inverse of [`Self::resource_target`].
+    pub fn shown_uri<'u>(&self, service: &str, uri: &'u str) -> std::borrow::Cow<'u, str> {
+        match self.resource_target(uri) {
+            Some((s, own)) if s == service && own == uri => std::borrow::Cow::Borrowed(uri),
+            _ => std::borrow::Cow::Owned(prefixed_uri(service, uri)),
+        }
+    }
+
     /// The name the agent sees for a tool of a service on this endpoint, if it is offered.
     pub fn visible_name(&self, service: &str, tool: &str) -> Option<&str> {
         self.tools
@@ -621,6 +632,22 @@ mod tests {
         );
         assert_eq!(target("toolgate+gamma:secret://report"), None);
         assert_eq!(target("nothing://here"), None);
+        // Shown back: every URI a service writes leads to it again when read here.
+        for (service, own, shown) in [
+            ("alpha", "secret://report", "secret://report"),
+            ("beta", "secret://report", "toolgate+beta:secret://report"),
+            ("beta", "b://only", "b://only"),
+            ("beta", "file:///etc/x", "toolgate+beta:file:///etc/x"),
+            ("alpha", "file:///etc/x", "file:///etc/x"),
+            ("beta", "unlisted://x", "toolgate+beta:unlisted://x"),
+        ] {
+            assert_eq!(routes.shown_uri(service, own), shown, "{service} {own}");
+            assert_eq!(
+                target(shown),
+                Some((service.to_string(), own.to_string())),
+                "{shown}"
+            );
+        }
         let only_alpha = VirtualServer {
             services: vec!["alpha".into()],
             ..VirtualServer::default()

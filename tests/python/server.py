@@ -2,7 +2,7 @@
 
 usage: server.py PORT [--stateless] [--json-response] [--no-health] [--notes] [--legacy-only]
                       [--session-idle-timeout SECONDS] [--max-sessions N] [--gzip]
-                      [--any-method]
+                      [--any-method] [--links]
 
 It is the server a hostile client would aim at: pydantic's JSON reader is lenient (duplicate keys,
 the last one wins; NaN and Infinity accepted), so whatever the gateway lets through, this server
@@ -22,7 +22,9 @@ clients must `initialize` a session.
 
 `--gzip` compresses answers for clients that accept it (Starlette's GZipMiddleware), as many
 deployed servers do; `--any-method` serves a request of any HTTP method that has a body as a
-POST, as a lenient framework might: what a gateway lets through, this server runs.
+POST, as a lenient framework might: what a gateway lets through, this server runs. `--links`
+adds `report_links`, whose result carries a resource link to `secret://report` and the report
+embedded, for a gateway that must show those URIs as it lists them.
 """
 
 import argparse
@@ -34,6 +36,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 
 from mcp.server.mcpserver import Context, MCPServer
+from mcp_types import EmbeddedResource, ResourceLink, TextResourceContents
 
 CALLS: collections.Counter = collections.Counter()
 
@@ -75,6 +78,17 @@ def secret_report() -> str:
 def greeting(name: str = "you") -> str:
     CALLS["greeting"] += 1
     return f"Say hello to {name}."
+
+
+def report_links() -> list[ResourceLink | EmbeddedResource]:
+    CALLS["report_links"] += 1
+    return [
+        ResourceLink(name="report", uri="secret://report"),
+        EmbeddedResource(
+            type="resource",
+            resource=TextResourceContents(uri="secret://report", text="TOP-SECRET-RESOURCE-CONTENT"),
+        ),
+    ]
 
 
 @server.custom_route("/calls", methods=["GET"])
@@ -190,12 +204,15 @@ def main() -> None:
     parser.add_argument("--max-sessions", type=int, default=None)
     parser.add_argument("--gzip", action="store_true")
     parser.add_argument("--any-method", action="store_true")
+    parser.add_argument("--links", action="store_true")
     args = parser.parse_args()
     if not args.no_health:
         server.custom_route("/health", methods=["GET"])(health)
     if args.notes:
         server.tool()(remember)
         server.tool()(recall)
+    if args.links:
+        server.tool()(report_links)
     options = {}
     if args.session_idle_timeout is not None:
         options["session_idle_timeout"] = args.session_idle_timeout

@@ -433,7 +433,7 @@ impl Member {
     }
 
     /// The official Python SDK server (`tests/python/server.py`, see [`McpServer::python`]),
-    /// registered with its four tools.
+    /// registered with its four tools (five with `--links`).
     pub async fn python(
         env: &TestEnv,
         etcd: &str,
@@ -443,8 +443,11 @@ impl Member {
         ttl: u32,
     ) -> Member {
         let server = McpServer::python(env, instance_id, extra).await;
-        let tools = "read_order,write_order,fail_order,slow_order";
-        Self::register(env, etcd, service, server, tools, ttl)
+        let mut tools = "read_order,write_order,fail_order,slow_order".to_string();
+        if extra.contains(&"--links") {
+            tools.push_str(",report_links");
+        }
+        Self::register(env, etcd, service, server, &tools, ttl)
     }
 
     fn register(

@@ -328,11 +328,11 @@ async fn two_services_with_the_same_resource_uri_and_prompt_name_are_both_reacha
     let stack = Stack::start(&env).await;
     let etcd = stack.etcd.endpoint();
     // `alpha` registers first: it is the older service, and keeps the bare names.
-    let alpha = Member::python(&env, &etcd, "alpha", "alpha-1", &[], 10).await;
+    let alpha = Member::python(&env, &etcd, "alpha", "alpha-1", &["--links"], 10).await;
     stack
         .wait_healthy("alpha", &[&alpha], Duration::from_secs(20))
         .await;
-    let beta = Member::python(&env, &etcd, "beta", "beta-1", &[], 10).await;
+    let beta = Member::python(&env, &etcd, "beta", "beta-1", &["--links"], 10).await;
     stack
         .wait_healthy("beta", &[&beta], Duration::from_secs(20))
         .await;
@@ -374,9 +374,19 @@ async fn two_services_with_the_same_resource_uri_and_prompt_name_are_both_reacha
         format!("read:{beta_uri}"),
         format!("prompt:alpha__greeting:{}", json!({"name": "A"})),
         format!("prompt:beta__greeting:{}", json!({"name": "B"})),
+        "call:alpha__report_links".into(),
+        "call:beta__report_links".into(),
     ];
     let steps: Vec<&str> = steps.iter().map(String::as_str).collect();
     let lines = sdk::python(&url, &steps).await;
+    // A tool's resource link and embedded resource carry the URI the resource is listed
+    // under, which a read brings back to the service that wrote it.
+    for (service, listed) in [("alpha", SECRET), ("beta", beta_uri.as_str())] {
+        let result = py_ok(&env, &lines, &format!("call:{service}__report_links"));
+        let content = &result["content"];
+        assert_eq!(content[0]["uri"], listed, "{service}: {result}");
+        assert_eq!(content[1]["resource"]["uri"], listed, "{service}: {result}");
+    }
     let mut uris = fields(&py_ok(&env, &lines, "resources")["resources"], "uri");
     uris.sort_unstable();
     assert_eq!(uris, [SECRET, beta_uri.as_str()]);

@@ -57,6 +57,7 @@ use crate::mcp::request::{
 
 /// MCP's error code for a resource no server has.
 const RESOURCE_NOT_FOUND: i64 = -32002;
+use crate::mcp::resource_uri;
 use crate::mcp::response::{classify_response, is_client_fault, ResponseClass};
 use crate::mcp::sse::SseScanner;
 use crate::offline;
@@ -657,6 +658,9 @@ pub struct Call<S, M> {
     /// whole and its results completed for the client's revision
     /// ([`held_session::complete_results`]).
     completing: bool,
+    /// A tool's result or a prompt through a virtual server that offers resources: its
+    /// resource links and embedded resources get the URIs that lead back to them there.
+    links: Option<Links>,
     /// Who is calling, when the auth configuration is on (issue 20).
     auth: AuthState,
     /// A GET or DELETE whose headers wait until it is clear no body follows.
@@ -800,6 +804,14 @@ impl HeldCall {
 }
 
 /// A request on a virtual server's path.
+/// Whose resource URIs an answer on a virtual server may carry.
+struct Links {
+    server: String,
+    service: String,
+    /// The answer is an SSE stream (edited event by event), else one JSON message.
+    sse: bool,
+}
+
 struct OnVirtual {
     server: String,
     /// The query of the agent's path (`?` included), kept on the service's path.
@@ -833,6 +845,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             init_params: None,
             declared_length: false,
             completing: false,
+            links: None,
             surface_feedback: false,
             surface_uri: None,
             auth: AuthState::default(),
@@ -1880,6 +1893,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         }
         self.forward_claims(host, &service);
         self.service = Some(service.clone());
+        self.watch_links(&server, &service);
         match self.verdict_on(host, &service, &tool) {
             Judgement::Refuse(refused) => {
                 let refused =
@@ -1899,6 +1913,25 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 self.admitted = Some(admitted);
                 self.route_call(host, &routed, &service, &tool)
             }
+        }
+    }
+
+    /// Has the answer's resource links shown as `server` shows `service`'s resources, when
+    /// that virtual server offers any (else no URI of them could lead elsewhere).
+    fn watch_links(&mut self, server: &str, service: &str) {
+        let offers = self
+            .shared
+            .borrow()
+            .config
+            .virtual_servers
+            .get(server)
+            .is_some_and(|r| !r.resources.is_empty() || !r.templates.is_empty());
+        if offers {
+            self.links = Some(Links {
+                server: server.to_string(),
+                service: service.to_string(),
+                sse: false,
+            });
         }
     }
 
@@ -2021,6 +2054,9 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         self.forward_claims(host, &service);
         self.service = Some(service.clone());
         self.surface_feedback = true;
+        if request.method == PROMPTS_GET {
+            self.watch_links(&server, &service);
+        }
         if request.method == RESOURCES_READ && own != asked {
             self.surface_uri = Some((own.clone(), asked.to_string()));
         }
@@ -2899,6 +2935,20 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         if self.stage == Stage::Stream {
             return self.stream_response(host, end_of_stream);
         }
+        if let Some(links) = self.links.as_mut() {
+            let ok = host
+                .response_header(":status")
+                .is_some_and(|s| s.starts_with('2'));
+            if ok && !encoded && !end_of_stream {
+                links.sse = host
+                    .response_header("content-type")
+                    .is_some_and(|c| c.starts_with("text/event-stream"));
+                // An edited answer is longer.
+                host.set_response_header("content-length", None);
+            } else {
+                self.links = None;
+            }
+        }
         if self.request.is_none() {
             return Action::Continue;
         }
@@ -3361,6 +3411,59 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         Action::Pause
     }
 
+    /// Resource links and embedded resources of the answer so far shown as its virtual server
+    /// shows them (see [`Links`]): the body's size after that, or `None` to wait for more (a
+    /// JSON answer until it is whole, an SSE stream until an event ends). An answer too large
+    /// to hold goes as the server wrote it.
+    fn edit_links(
+        &mut self,
+        host: &impl CallHost,
+        body_size: usize,
+        end_of_stream: bool,
+    ) -> Option<usize> {
+        let Some(links) = &self.links else {
+            return Some(body_size);
+        };
+        let body = host.response_body(body_size).unwrap_or_default();
+        let whole = end_of_stream || (links.sse && resource_uri::ends_an_event(&body));
+        if !whole {
+            if body_size <= HOLD_LIMIT {
+                return None;
+            }
+            host.log(
+                Level::Info,
+                &format!(
+                    "toolgate: an answer of `{}` too large to hold passes with its resource URIs as the server wrote them",
+                    links.service
+                ),
+            );
+            self.links = None;
+            return Some(body_size);
+        }
+        let edited = {
+            let shared = self.shared.borrow();
+            let routes = shared.config.virtual_servers.get(&links.server);
+            routes.and_then(|routes| {
+                resource_uri::rewrite_links(&body, |uri| {
+                    match routes.shown_uri(&links.service, uri) {
+                        std::borrow::Cow::Owned(shown) => Some(shown),
+                        std::borrow::Cow::Borrowed(_) => None,
+                    }
+                })
+            })
+        };
+        if end_of_stream {
+            self.links = None;
+        }
+        match edited {
+            Some(edited) => {
+                host.set_response_body(body_size, &edited);
+                Some(edited.len())
+            }
+            None => Some(body_size),
+        }
+    }
+
     pub fn on_response_body(
         &mut self,
         host: &impl CallHost,
@@ -3393,6 +3496,12 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 }
             }
         }
+        if self.links.is_some() {
+            match self.edit_links(host, body_size, end_of_stream) {
+                Some(size) => body_size = size,
+                None => return Action::Pause,
+            }
+        }
         match &mut self.watch {
             Watch::None => Action::Continue,
             Watch::Listing { sse } => {
@@ -3412,7 +3521,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                     std::mem::replace(&mut self.watch, Watch::None)
                 {
                     let body = host.response_body(body_size).unwrap_or_default();
-                    if let Some(edited) = crate::mcp::resource_uri::rewrite(&body, &own, &visible) {
+                    if let Some(edited) = resource_uri::rewrite(&body, &own, &visible) {
                         host.set_response_body(body_size, &edited);
                     }
                 }

@@ -907,6 +907,13 @@ fn aggregate_worker() -> Worker {
                 resources: BTreeMap::from([
                     ("secret://report".to_string(), tool("secret://report")),
                     ("toolgate+orders:dup://x".to_string(), tool("dup://x")),
+                    (
+                        "dup://x".to_string(),
+                        VirtualTool {
+                            service: "billing".into(),
+                            tool: "dup://x".into(),
+                        },
+                    ),
                 ]),
                 ..VirtualRoutes::default()
             },
@@ -1202,6 +1209,55 @@ fn prompts_and_resources_on_mcp_go_to_their_service_under_their_own_names() {
         f.body_json()["result"]["contents"][0]["uri"],
         "toolgate+orders:dup://x"
     );
+    // Links in a tool's result and a prompt's messages lead back to their resources too.
+    let call = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"orders__read_order","arguments":{}}}"#;
+    let mut f = w.request_to("/mcp", &[], call);
+    assert!(f.went_upstream());
+    f.json(
+        r#"{"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"resource_link","uri":"dup://x","name":"x"},{"type":"resource","resource":{"uri":"secret://report","text":"t"}},{"type":"text","text":"dup://x"}]}}"#,
+    );
+    let content = f.body_json()["result"]["content"].clone();
+    assert_eq!(content[0]["uri"], "toolgate+orders:dup://x", "{content}");
+    assert_eq!(
+        content[1]["resource"]["uri"], "secret://report",
+        "{content}"
+    );
+    assert_eq!(
+        content[2]["text"], "dup://x",
+        "text is the tool's own: {content}"
+    );
+    let get =
+        r#"{"jsonrpc":"2.0","id":8,"method":"prompts/get","params":{"name":"orders__greeting"}}"#;
+    let mut f = w.request_to("/mcp", &[], get);
+    assert!(f.went_upstream());
+    {
+        let mut h = f.stream.response_headers.borrow_mut();
+        h.insert(":status".into(), "200".into());
+        h.insert("content-type".into(), "text/event-stream".into());
+    }
+    assert_eq!(
+        f.call.on_response_headers(&f.stream, false),
+        Action::Continue
+    );
+    // Half an event waits for the rest; a whole one goes, edited.
+    let event = "event: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":8,\"result\":{\"messages\":[{\"role\":\"user\",\"content\":{\"type\":\"resource\",\"resource\":{\"uri\":\"dup://x\",\"text\":\"t\"}}}]}}\n\n";
+    let half = &event[..40];
+    *f.stream.response_body.borrow_mut() = half.as_bytes().to_vec();
+    assert_eq!(
+        f.call.on_response_body(&f.stream, half.len(), false),
+        Action::Pause
+    );
+    *f.stream.response_body.borrow_mut() = event.as_bytes().to_vec();
+    assert_eq!(
+        f.call.on_response_body(&f.stream, event.len(), false),
+        Action::Continue
+    );
+    let sent = f.body_json();
+    assert_eq!(
+        sent["result"]["messages"][0]["content"]["resource"]["uri"], "toolgate+orders:dup://x",
+        "{sent}"
+    );
+
     // A URI kept as it is goes unchanged, byte for byte.
     let body =
         r#"{"jsonrpc":"2.0","id":3,"method":"resources/read","params":{"uri":"secret://report"}}"#;

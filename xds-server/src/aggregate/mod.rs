@@ -229,28 +229,17 @@ impl Aggregate {
         &self.relays
     }
 
-    /// The URI a client of virtual server `server` sees for `uri` of `service`: the URI it
-    /// is listed under, else the server's own where a read of it leads back to `service`,
-    /// else the rewritten `toolgate+<service>:<uri>`.
+    /// The URI a client of virtual server `server` sees for `uri` of `service`
+    /// (`VirtualRoutes::shown_uri`).
     pub fn shown_uri(&self, server: &str, service: &str, uri: &str) -> String {
         let config = self
             .registry
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .filter_config();
-        let Some(routes) = config.virtual_servers.get(server) else {
-            return uri.to_string();
-        };
-        if let Some((visible, _)) = routes
-            .resources
-            .iter()
-            .find(|(_, t)| t.service == service && t.tool == uri)
-        {
-            return visible.clone();
-        }
-        match routes.resource_target(uri) {
-            Some((s, own)) if s == service && own == uri => uri.to_string(),
-            _ => toolgate_model::virtual_server::prefixed_uri(service, uri),
+        match config.virtual_servers.get(server) {
+            Some(routes) => routes.shown_uri(service, uri).into_owned(),
+            None => uri.to_string(),
         }
     }
 
