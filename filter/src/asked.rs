@@ -9,9 +9,13 @@
 //! client. Shared by every worker of this Envoy: the answer may land on another worker than
 //! the call.
 //!
-//! Should two services ask one client session questions under the same id at the same time,
-//! the later note wins and the earlier server's question goes unanswered (it times out as
-//! it would with a client that does not answer); the filter logs it when it happens.
+//! Every server numbers its questions from the same start, so two servers asking one client
+//! session at once would ask under the same id. The client therefore sees each question under
+//! an id naming its server ([`shown_id`]: `"toolgate:<service>:<the server's id>"`), and the
+//! answer goes back with the server's own ([`own_id`]). Should a question pass unrenamed (an
+//! SSE event too large to hold for editing) and another server's share its id, the later note
+//! wins and the earlier question goes unanswered (it times out as it would with a client that
+//! does not answer); the filter logs it when it happens.
 //!
 //! One record, the most recent [`MAX_ENTRIES`] notes, each forgotten after [`KEEP_MS`].
 
@@ -112,6 +116,50 @@ pub fn asker<S: SharedStore>(
         .map(|(_, _, service)| service)
 }
 
+/// What a question's id starts with when the client sees it.
+const SHOWN_PREFIX: &str = "toolgate:";
+
+/// The id the client sees for the question `service` asked with `id`: a string naming the
+/// service and holding the server's id (its JSON text), so questions of two servers never
+/// share one, and the answer can be given back its own ([`own_id`]).
+pub fn shown_id(service: &str, id: &serde_json::Value) -> serde_json::Value {
+    serde_json::Value::String(format!("{SHOWN_PREFIX}{service}:{id}"))
+}
+
+/// The service and the server's own id (a JSON value) of an id [`shown_id`] made; `None` for
+/// any other (a question that passed unrenamed, or an id the client made up).
+pub fn own_id(shown: &serde_json::Value) -> Option<(&str, serde_json::Value)> {
+    let (service, id) = shown
+        .as_str()?
+        .strip_prefix(SHOWN_PREFIX)?
+        .split_once(':')?;
+    let id: serde_json::Value = serde_json::from_str(id).ok()?;
+    (id.is_string() || id.is_number()).then_some((service, id))
+}
+
+/// Gives the server's questions (and its cancellations of them) in `message` the ids the
+/// client sees ([`shown_id`]); whether it changed anything.
+pub fn rename_questions(message: &mut serde_json::Value, service: &str) -> bool {
+    let Some(method) = message.get("method").and_then(|m| m.as_str()) else {
+        return false;
+    };
+    let cancels = method == crate::cancel::METHOD;
+    let id = if cancels {
+        message
+            .get_mut("params")
+            .and_then(|p| p.get_mut("requestId"))
+    } else {
+        message.get_mut("id")
+    };
+    match id {
+        Some(id) if id.is_string() || id.is_number() => {
+            *id = shown_id(service, id);
+            true
+        }
+        _ => false,
+    }
+}
+
 /// The `id` of a client's response (raw JSON); `None` when absent, given twice, or not
 /// readable.
 pub fn response_id(body: &[u8]) -> Option<String> {
@@ -142,6 +190,44 @@ pub fn shown(id_json: &str) -> String {
 mod tests {
     use super::*;
     use crate::breaker::MemStore;
+
+    #[test]
+    fn questions_of_two_servers_never_share_an_id_and_answers_get_theirs_back() {
+        use serde_json::json;
+        let mut a =
+            json!({"jsonrpc": "2.0", "id": 0, "method": "elicitation/create", "params": {}});
+        let mut b =
+            json!({"jsonrpc": "2.0", "id": 0, "method": "sampling/createMessage", "params": {}});
+        assert!(rename_questions(&mut a, "alpha") && rename_questions(&mut b, "beta"));
+        assert_ne!(a["id"], b["id"]);
+        assert_eq!(own_id(&a["id"]), Some(("alpha", json!(0))));
+        assert_eq!(own_id(&b["id"]), Some(("beta", json!(0))));
+        let mut s = json!({"jsonrpc": "2.0", "id": "q:1", "method": "roots/list"});
+        assert!(rename_questions(&mut s, "gamma"));
+        assert_eq!(own_id(&s["id"]), Some(("gamma", json!("q:1"))));
+        // A server withdrawing its question names it as the client saw it.
+        let mut c = json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 0}});
+        assert!(rename_questions(&mut c, "alpha"));
+        assert_eq!(c["params"]["requestId"], a["id"]);
+        // Not a question, or no id to rename: left alone.
+        for mut m in [
+            json!({"jsonrpc": "2.0", "id": 0, "result": {}}),
+            json!({"jsonrpc": "2.0", "method": "notifications/progress", "params": {}}),
+            json!({"jsonrpc": "2.0", "id": null, "method": "ping"}),
+        ] {
+            let before = m.clone();
+            assert!(!rename_questions(&mut m, "alpha"));
+            assert_eq!(m, before);
+        }
+        for made_up in [
+            json!(0),
+            json!("toolgate:alpha"),
+            json!("toolgate:alpha:[1]"),
+            json!("x"),
+        ] {
+            assert_eq!(own_id(&made_up), None, "{made_up}");
+        }
+    }
 
     #[test]
     fn an_answer_finds_the_service_that_asked_in_its_session() {

@@ -17,14 +17,20 @@ use toolgate_tests::{
 /// The everything-server, its tools discovered (so /mcp lists all it lists to a client that
 /// can answer its questions).
 async fn everything(env: &TestEnv, stack: &Stack) -> (Proc, Proc) {
+    everything_as(env, stack, "ev").await
+}
+
+/// [`everything`] registered as `service`.
+async fn everything_as(env: &TestEnv, stack: &Stack, service: &str) -> (Proc, Proc) {
     let cmd = ServerCommand::everything(free_port());
-    let server = cmd.spawn(env, "ev");
-    let registrar = Registrant::new(&stack.etcd.endpoint(), "ev", &cmd.endpoint())
-        .arg("--instance-id", "ev-1")
+    let server = cmd.spawn(env, service);
+    let instance = format!("{service}-1");
+    let registrar = Registrant::new(&stack.etcd.endpoint(), service, &cmd.endpoint())
+        .arg("--instance-id", &instance)
         .arg("--probe", "mcp")
-        .spawn(env, "ev.registrar");
+        .spawn(env, &format!("{service}.registrar"));
     stack
-        .wait_state("ev", "ev-1", "UP", Duration::from_secs(30))
+        .wait_state(service, &instance, "UP", Duration::from_secs(30))
         .await;
     (server, registrar)
 }
@@ -110,12 +116,101 @@ async fn a_servers_questions_during_a_call_reach_the_client_and_its_answers_the_
         refused_text.contains("not found") || refused_text.contains("isError\":true"),
         "a client without elicitation got no refusal: {lines:#?}"
     );
+
+    // Two servers asking one client session at once, each under the first id of its own
+    // session: the client sees two ids, and each answer reaches the server that asked.
+    let _ev2 = everything_as(&env, &stack, "ev2").await;
+    let elicit2 = listed_name(&url, "ev2__trigger-elicitation-request").await;
+    let http = reqwest::Client::new();
+    let session = open_session_with(&http, &url, json!({"elicitation": {}})).await;
+    let mut asked = Vec::new();
+    for (id, tool) in [(11, &elicit), (12, &elicit2)] {
+        let (question_tx, question_rx) = tokio::sync::oneshot::channel();
+        let call = tokio::spawn(call_until_answered(
+            http.clone(),
+            url.clone(),
+            session.clone(),
+            json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                "params": {"name": tool, "arguments": {}}}),
+            question_tx,
+        ));
+        let question = tokio::time::timeout(Duration::from_secs(20), question_rx)
+            .await
+            .ok()
+            .and_then(Result::ok);
+        let Some(question) = question else {
+            env.print_failure_logs();
+            panic!("{tool} asked no question on its stream");
+        };
+        asked.push((tool.clone(), question, call));
+    }
+    assert_ne!(
+        asked[0].1, asked[1].1,
+        "two servers' questions share an id on one client session"
+    );
+    for (tool, question, call) in asked {
+        let answer = json!({"jsonrpc": "2.0", "id": question, "result": {
+            "action": "accept", "content": {"answer": format!("for {tool}")}}});
+        assert_eq!(post(&http, &url, &session, &answer).await, 202, "{tool}");
+        let text = tokio::time::timeout(Duration::from_secs(20), call)
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or_default();
+        if !text.contains(&format!("for {tool}")) {
+            env.print_failure_logs();
+            panic!("{tool}'s server did not get its own answer: {text}");
+        }
+    }
+}
+
+/// Posts `call` and reads its SSE stream: the id of the first question the server asks on it
+/// goes to `question`; the whole stream once it ends (or after 30 s).
+async fn call_until_answered(
+    http: reqwest::Client,
+    url: String,
+    session: String,
+    call: Value,
+    question: tokio::sync::oneshot::Sender<Value>,
+) -> String {
+    let started = Instant::now();
+    let Ok(mut resp) = http
+        .post(&url)
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-session-id", &session)
+        .header("mcp-protocol-version", "2025-06-18")
+        .json(&call)
+        .send()
+        .await
+    else {
+        return String::new();
+    };
+    let mut seen = String::new();
+    let mut question = Some(question);
+    let deadline = started + Duration::from_secs(30);
+    while let Ok(Ok(Some(chunk))) = tokio::time::timeout_at(deadline.into(), resp.chunk()).await {
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+        let asked = seen
+            .lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+            .find(|m| m["method"] == "elicitation/create");
+        if let (Some(m), Some(tx)) = (asked, question.take()) {
+            let _ = tx.send(m["id"].clone());
+        }
+    }
+    seen
 }
 
 /// Initializes a session on `url` by hand; its id.
 async fn open_session(http: &reqwest::Client, url: &str) -> String {
+    open_session_with(http, url, json!({})).await
+}
+
+/// [`open_session`] for a client with `capabilities`.
+async fn open_session_with(http: &reqwest::Client, url: &str, capabilities: Value) -> String {
     let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-06-18", "capabilities": {},
+        "protocolVersion": "2025-06-18", "capabilities": capabilities,
         "clientInfo": {"name": "cancel-test", "version": "1"}}});
     let resp = http
         .post(url)

@@ -102,6 +102,14 @@ fn routed(routes: &VirtualRoutes, listing: Listing, visible: &str) -> Option<(St
     }
 }
 
+/// A JSON-RPC message (a client's answer) with `id` in place of its own; `None` when it is
+/// not one object.
+fn with_id(body: &[u8], id: serde_json::Value) -> Option<Vec<u8>> {
+    let mut message: serde_json::Value = serde_json::from_slice(body).ok()?;
+    *message.as_object_mut()?.get_mut("id")? = id;
+    serde_json::to_vec(&message).ok()
+}
+
 /// The prompts and resources a request is about, as rules name them (none for a request
 /// about neither). A `completion/complete` whose `ref` cannot be read is about both, unnamed:
 /// where either is guarded, it is refused rather than passed unjudged.
@@ -658,9 +666,8 @@ pub struct Call<S, M> {
     /// whole and its results completed for the client's revision
     /// ([`held_session::complete_results`]).
     completing: bool,
-    /// A tool's result or a prompt through a virtual server that offers resources: its
-    /// resource links and embedded resources get the URIs that lead back to them there.
-    links: Option<Links>,
+    /// An answer routed from a virtual server, edited as it passes (see [`AnswerEdit`]).
+    edit: Option<AnswerEdit>,
     /// Who is calling, when the auth configuration is on (issue 20).
     auth: AuthState,
     /// A GET or DELETE whose headers wait until it is clear no body follows.
@@ -804,10 +811,16 @@ impl HeldCall {
 }
 
 /// A request on a virtual server's path.
-/// Whose resource URIs an answer on a virtual server may carry.
-struct Links {
+/// What the filter edits in an answer routed from a virtual server to one of its services.
+struct AnswerEdit {
     server: String,
     service: String,
+    /// A tool's result or a prompt where the virtual server offers resources: resource links
+    /// and embedded resources get the URIs that lead back to them there.
+    links: bool,
+    /// A call's stream on a client session: the server's questions get ids naming it
+    /// (`crate::asked`), so two servers' questions never share one.
+    questions: bool,
     /// The answer is an SSE stream (edited event by event), else one JSON message.
     sse: bool,
 }
@@ -845,7 +858,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             init_params: None,
             declared_length: false,
             completing: false,
-            links: None,
+            edit: None,
             surface_feedback: false,
             surface_uri: None,
             auth: AuthState::default(),
@@ -1727,7 +1740,17 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         }
         self.forward_claims(host, &service);
         self.service = Some(service.clone());
-        self.route_call(host, bytes, &service, "")
+        // The server gets its answer under the id it gave its question.
+        let own = serde_json::from_str::<serde_json::Value>(&id)
+            .ok()
+            .and_then(|shown| asked::own_id(&shown).map(|(s, own)| (s == service, own)));
+        match own {
+            Some((true, own)) => match with_id(bytes, own) {
+                Some(body) => self.route_call(host, &body, &service, ""),
+                None => Action::Continue,
+            },
+            _ => self.route_call(host, bytes, &service, ""),
+        }
     }
 
     /// Whether `service` requires a token for its tools (and so for everything else it
@@ -1927,9 +1950,11 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             .get(server)
             .is_some_and(|r| !r.resources.is_empty() || !r.templates.is_empty());
         if offers {
-            self.links = Some(Links {
+            self.edit = Some(AnswerEdit {
                 server: server.to_string(),
                 service: service.to_string(),
+                links: true,
+                questions: false,
                 sse: false,
             });
         }
@@ -2935,20 +2960,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         if self.stage == Stage::Stream {
             return self.stream_response(host, end_of_stream);
         }
-        if let Some(links) = self.links.as_mut() {
-            let ok = host
-                .response_header(":status")
-                .is_some_and(|s| s.starts_with('2'));
-            if ok && !encoded && !end_of_stream {
-                links.sse = host
-                    .response_header("content-type")
-                    .is_some_and(|c| c.starts_with("text/event-stream"));
-                // An edited answer is longer.
-                host.set_response_header("content-length", None);
-            } else {
-                self.links = None;
-            }
-        }
+        self.plan_edit(host, encoded, end_of_stream);
         if self.request.is_none() {
             return Action::Continue;
         }
@@ -3411,21 +3423,58 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         Action::Pause
     }
 
-    /// Resource links and embedded resources of the answer so far shown as its virtual server
-    /// shows them (see [`Links`]): the body's size after that, or `None` to wait for more (a
-    /// JSON answer until it is whole, an SSE stream until an event ends). An answer too large
-    /// to hold goes as the server wrote it.
-    fn edit_links(
+    /// Decides, with the answer's headers, what of it to edit as it passes: resource links
+    /// (asked for by the request, see [`Self::watch_links`]) and the server's questions (on
+    /// the SSE stream of a call routed on a client's session). Nothing of an answer that
+    /// failed, is compressed or has no body.
+    fn plan_edit(&mut self, host: &impl CallHost, encoded: bool, end_of_stream: bool) {
+        let routed = self.on_virtual.as_ref().filter(|v| v.routed);
+        let (Some(on), Some(service)) = (routed, &self.service) else {
+            self.edit = None;
+            return;
+        };
+        let ok = host
+            .response_header(":status")
+            .is_some_and(|s| s.starts_with('2'));
+        if !ok || encoded || end_of_stream {
+            self.edit = None;
+            return;
+        }
+        let sse = host
+            .response_header("content-type")
+            .is_some_and(|c| c.starts_with("text/event-stream"));
+        let questions = sse && self.client_session.is_some();
+        let edit = self.edit.get_or_insert_with(|| AnswerEdit {
+            server: on.server.clone(),
+            service: service.clone(),
+            links: false,
+            questions: false,
+            sse,
+        });
+        edit.sse = sse;
+        edit.questions = questions;
+        if !edit.links && !edit.questions {
+            self.edit = None;
+            return;
+        }
+        // An edited answer is longer.
+        host.set_response_header("content-length", None);
+    }
+
+    /// The answer so far edited (see [`AnswerEdit`]): the body's size after that, or `None`
+    /// to wait for more (a JSON answer until it is whole, an SSE stream until an event ends).
+    /// An answer too large to hold goes as the server wrote it.
+    fn edit_answer(
         &mut self,
         host: &impl CallHost,
         body_size: usize,
         end_of_stream: bool,
     ) -> Option<usize> {
-        let Some(links) = &self.links else {
+        let Some(edit) = &self.edit else {
             return Some(body_size);
         };
         let body = host.response_body(body_size).unwrap_or_default();
-        let whole = end_of_stream || (links.sse && resource_uri::ends_an_event(&body));
+        let whole = end_of_stream || (edit.sse && resource_uri::ends_an_event(&body));
         if !whole {
             if body_size <= HOLD_LIMIT {
                 return None;
@@ -3433,27 +3482,37 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             host.log(
                 Level::Info,
                 &format!(
-                    "toolgate: an answer of `{}` too large to hold passes with its resource URIs as the server wrote them",
-                    links.service
+                    "toolgate: an answer of `{}` too large to hold passes with its resource URIs and question ids as the server wrote them",
+                    edit.service
                 ),
             );
-            self.links = None;
+            self.edit = None;
             return Some(body_size);
         }
-        let edited = {
+        let links = edit.links && resource_uri::may_hold_links(&body);
+        let questions = edit.questions && memchr::memmem::find(&body, b"\"method\"").is_some();
+        let edited = if links || questions {
             let shared = self.shared.borrow();
-            let routes = shared.config.virtual_servers.get(&links.server);
-            routes.and_then(|routes| {
-                resource_uri::rewrite_links(&body, |uri| {
-                    match routes.shown_uri(&links.service, uri) {
-                        std::borrow::Cow::Owned(shown) => Some(shown),
-                        std::borrow::Cow::Borrowed(_) => None,
-                    }
-                })
+            let routes = shared.config.virtual_servers.get(&edit.server);
+            let shown = |uri: &str| match routes.map(|r| r.shown_uri(&edit.service, uri)) {
+                Some(std::borrow::Cow::Owned(shown)) => Some(shown),
+                _ => None,
+            };
+            resource_uri::edit_messages(&body, |message| {
+                let mut changed = false;
+                if questions {
+                    changed |= asked::rename_questions(message, &edit.service);
+                }
+                if links {
+                    changed |= resource_uri::rewrite_links_in(message, &shown);
+                }
+                changed
             })
+        } else {
+            None
         };
         if end_of_stream {
-            self.links = None;
+            self.edit = None;
         }
         match edited {
             Some(edited) => {
@@ -3496,8 +3555,8 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 }
             }
         }
-        if self.links.is_some() {
-            match self.edit_links(host, body_size, end_of_stream) {
+        if self.edit.is_some() {
+            match self.edit_answer(host, body_size, end_of_stream) {
                 Some(size) => body_size = size,
                 None => return Action::Pause,
             }

@@ -1455,6 +1455,46 @@ fn a_gateway_session_gets_the_session_held_for_it_asked_once_per_envoy() {
 }
 
 #[test]
+fn a_servers_question_on_mcp_names_the_server_and_its_answer_goes_back_under_its_id() {
+    let mut w = aggregate_worker();
+    let mut f = gateway_call(&mut w);
+    let held =
+        r#"{"envelope":"MTI3LjAuMC4xOjE=;UV:YQ==","protocol_version":"2025-06-18","instance":"a"}"#;
+    f.call
+        .on_dispatch_response(&f.stream, Some(200), held.as_bytes());
+    {
+        let mut h = f.stream.response_headers.borrow_mut();
+        h.insert(":status".into(), "200".into());
+        h.insert("content-type".into(), "text/event-stream".into());
+    }
+    assert_eq!(
+        f.call.on_response_headers(&f.stream, false),
+        Action::Continue
+    );
+    // Every server numbers its questions from 0: the client sees this one as orders'.
+    let asked = "event: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"elicitation/create\",\"params\":{}}\n\n";
+    *f.stream.response_body.borrow_mut() = asked.as_bytes().to_vec();
+    assert_eq!(
+        f.call.on_response_body(&f.stream, asked.len(), false),
+        Action::Continue
+    );
+    let question = f.body_json();
+    assert_eq!(question["id"], "toolgate:orders:0", "{question}");
+    let answer = r#"{"jsonrpc":"2.0","id":"toolgate:orders:0","result":{"action":"decline"}}"#;
+    let f = w.request_to("/mcp", &[(SESSION_HEADER, GATEWAY_SESSION)], answer);
+    assert!(f.went_upstream());
+    assert_eq!(f.stream.request_headers.borrow()[":path"], "/mcp/orders");
+    assert_eq!(
+        sent_body(&f),
+        r#"{"id":0,"jsonrpc":"2.0","result":{"action":"decline"}}"#
+    );
+    // An answer to no question the filter passed reaches no server.
+    let made_up = r#"{"jsonrpc":"2.0","id":"toolgate:orders:1","result":{}}"#;
+    let f = w.request_to("/mcp", &[(SESSION_HEADER, GATEWAY_SESSION)], made_up);
+    assert_eq!(f.stream.request_headers.borrow()[":path"], "/mcp");
+}
+
+#[test]
 fn a_held_session_the_server_lost_is_replayed_and_the_client_sees_the_answer() {
     let mut w = aggregate_worker();
     let mut f = gateway_call(&mut w);

@@ -17,33 +17,42 @@ pub fn rewrite(body: &[u8], own: &str, visible: &str) -> Option<Vec<u8>> {
 /// as `shown` gives it; `None` when nothing changed. A body without the word cannot have one
 /// and is not parsed.
 pub fn rewrite_links(body: &[u8], shown: impl Fn(&str) -> Option<String>) -> Option<Vec<u8>> {
-    memchr::memmem::find(body, b"resource")?;
-    edit_messages(body, |message| {
-        let Some(result) = message.get_mut("result") else {
-            return false;
-        };
-        let mut changed = false;
-        if let Some(items) = result.get_mut("content").and_then(Value::as_array_mut) {
-            for item in items {
-                changed |= rewrite_link(item, &shown);
-            }
+    may_hold_links(body).then_some(())?;
+    edit_messages(body, |message| rewrite_links_in(message, &shown))
+}
+
+/// Whether `body` can hold a resource link or an embedded resource at all (their `type` has
+/// the word): one that cannot is not parsed.
+pub fn may_hold_links(body: &[u8]) -> bool {
+    memchr::memmem::find(body, b"resource").is_some()
+}
+
+/// [`rewrite_links`] on one message.
+pub fn rewrite_links_in(message: &mut Value, shown: &impl Fn(&str) -> Option<String>) -> bool {
+    let Some(result) = message.get_mut("result") else {
+        return false;
+    };
+    let mut changed = false;
+    if let Some(items) = result.get_mut("content").and_then(Value::as_array_mut) {
+        for item in items {
+            changed |= rewrite_link(item, shown);
         }
-        if let Some(messages) = result.get_mut("messages").and_then(Value::as_array_mut) {
-            for m in messages {
-                // One content block per prompt message (an array in drafts: both read).
-                match m.get_mut("content") {
-                    Some(Value::Array(items)) => {
-                        for item in items {
-                            changed |= rewrite_link(item, &shown);
-                        }
+    }
+    if let Some(messages) = result.get_mut("messages").and_then(Value::as_array_mut) {
+        for m in messages {
+            // One content block per prompt message (an array in drafts: both read).
+            match m.get_mut("content") {
+                Some(Value::Array(items)) => {
+                    for item in items {
+                        changed |= rewrite_link(item, shown);
                     }
-                    Some(item) => changed |= rewrite_link(item, &shown),
-                    None => {}
                 }
+                Some(item) => changed |= rewrite_link(item, shown),
+                None => {}
             }
         }
-        changed
-    })
+    }
+    changed
 }
 
 /// One content block: a `resource_link` names its URI, an embedded `resource` its
@@ -68,7 +77,7 @@ fn rewrite_link(item: &mut Value, shown: &impl Fn(&str) -> Option<String>) -> bo
 
 /// `body` with `edit` applied to its message (JSON) or to each message of its events (SSE);
 /// `None` when `edit` changed nothing.
-fn edit_messages(body: &[u8], mut edit: impl FnMut(&mut Value) -> bool) -> Option<Vec<u8>> {
+pub fn edit_messages(body: &[u8], mut edit: impl FnMut(&mut Value) -> bool) -> Option<Vec<u8>> {
     let text = std::str::from_utf8(body).ok()?;
     if text.trim_start().starts_with('{') {
         let mut message: Value = serde_json::from_str(text).ok()?;
