@@ -21,7 +21,11 @@ usage: client.py [--mode MODE] [--elicit-answer TEXT] [--sample-answer TEXT] [--
         `initialize`) or a 2026-era version such as "2026-07-28". Without it, a
         `ClientSession` does the legacy `initialize` handshake itself (step "initialize").
         With it, the handshake is the `Client`'s, and step "initialize" reports what it
-        negotiated: {"protocolVersion", "serverInfo"}.
+        negotiated: {"protocolVersion", "serverInfo"}. In a mode, a "call:" the server
+        answers with a 2026-07-28 multi-round-trip result ("resultType": "input_required")
+        is finished by the SDK: it answers the `inputRequests` with the callbacks above
+        (`--elicit-answer`, `--sample-answer`), calls the tool again with `inputResponses`
+        and the echoed `requestState`, and the step reports the final result.
 
 Prints one JSON object per step on its own line:
   {"step": ..., "ok": {...}}                       the SDK returned a result

@@ -2,7 +2,7 @@
 
 usage: server.py PORT [--stateless] [--json-response] [--no-health] [--notes] [--legacy-only]
                       [--session-idle-timeout SECONDS] [--max-sessions N] [--gzip]
-                      [--any-method] [--links]
+                      [--any-method] [--links] [--mrtr]
 
 It is the server a hostile client would aim at: pydantic's JSON reader is lenient (duplicate keys,
 the last one wins; NaN and Infinity accepted), so whatever the gateway lets through, this server
@@ -25,6 +25,16 @@ deployed servers do; `--any-method` serves a request of any HTTP method that has
 POST, as a lenient framework might: what a gateway lets through, this server runs. `--links`
 adds `report_links`, whose result carries a resource link to `secret://report` and the report
 embedded, for a gateway that must show those URIs as it lists them.
+
+`--mrtr` adds `ask_colour`, which asks its client for a colour and answers
+"favourite colour of <who>: <answer> (...)". On 2026-07-28 it asks with a multi-round-trip result:
+the first call returns `"resultType": "input_required"` with `inputRequests` {"colour": an
+`elicitation/create` whose schema has a string `answer`} and `requestState`; the client calls
+the tool again with `inputResponses` and the echoed `requestState` (sealed by the SDK, which
+rejects an altered one), and that round answers "(... after input_required)". Each round is a
+call of the tool, counted, so a test sees two. On earlier revisions it asks with an
+`elicitation/create` request during the call, one call, and answers "(... after
+elicitation/create)". A declined or missing answer gives an `isError` result.
 """
 
 import argparse
@@ -36,7 +46,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 
 from mcp.server.mcpserver import Context, MCPServer
-from mcp_types import EmbeddedResource, ResourceLink, TextResourceContents
+from mcp_types import (
+    ElicitRequest,
+    ElicitRequestFormParams,
+    EmbeddedResource,
+    InputRequiredResult,
+    ResourceLink,
+    TextResourceContents,
+)
+from mcp_types.version import is_version_at_least
+from pydantic import BaseModel
 
 CALLS: collections.Counter = collections.Counter()
 
@@ -89,6 +108,42 @@ def report_links() -> list[ResourceLink | EmbeddedResource]:
             resource=TextResourceContents(uri="secret://report", text="TOP-SECRET-RESOURCE-CONTENT"),
         ),
     ]
+
+
+class Colour(BaseModel):
+    answer: str
+
+
+# What `ask_colour` asks, and the state its first round hands the client to echo.
+COLOUR_QUESTION = "Which colour?"
+COLOUR_STATE = "asked-colour"
+
+
+# Registered in main() with --mrtr.
+async def ask_colour(ctx: Context, who: str = "you") -> str | InputRequiredResult:
+    CALLS["ask_colour"] += 1
+    version = ctx.protocol_version
+    if version is None or not is_version_at_least(version, "2026-07-28"):
+        asked = await ctx.elicit(f"{COLOUR_QUESTION} ({who})", Colour)
+        if asked.action != "accept":
+            raise RuntimeError(f"no colour: the client chose {asked.action}")
+        return f"favourite colour of {who}: {asked.data.answer} (after elicitation/create)"
+    if ctx.request_state is None:
+        question = ElicitRequestFormParams(
+            message=f"{COLOUR_QUESTION} ({who})",
+            requested_schema=Colour.model_json_schema(),
+        )
+        return InputRequiredResult(
+            input_requests={"colour": ElicitRequest(params=question)},
+            request_state=COLOUR_STATE,
+        )
+    if ctx.request_state != COLOUR_STATE:
+        raise RuntimeError(f"unexpected requestState {ctx.request_state!r}")
+    response = (ctx.input_responses or {}).get("colour")
+    content = getattr(response, "content", None) or {}
+    if getattr(response, "action", None) != "accept" or not isinstance(content.get("answer"), str):
+        raise RuntimeError(f"no colour in the inputResponses: {response!r}")
+    return f"favourite colour of {who}: {content['answer']} (after input_required)"
 
 
 @server.custom_route("/calls", methods=["GET"])
@@ -205,6 +260,7 @@ def main() -> None:
     parser.add_argument("--gzip", action="store_true")
     parser.add_argument("--any-method", action="store_true")
     parser.add_argument("--links", action="store_true")
+    parser.add_argument("--mrtr", action="store_true")
     args = parser.parse_args()
     if not args.no_health:
         server.custom_route("/health", methods=["GET"])(health)
@@ -213,6 +269,8 @@ def main() -> None:
         server.tool()(recall)
     if args.links:
         server.tool()(report_links)
+    if args.mrtr:
+        server.tool()(ask_colour)
     options = {}
     if args.session_idle_timeout is not None:
         options["session_idle_timeout"] = args.session_idle_timeout

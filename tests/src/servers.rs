@@ -433,7 +433,8 @@ impl Member {
     }
 
     /// The official Python SDK server (`tests/python/server.py`, see [`McpServer::python`]),
-    /// registered with its four tools (five with `--links`).
+    /// registered with its four tools, and `report_links` with `--links`, `ask_colour` with
+    /// `--mrtr`.
     pub async fn python(
         env: &TestEnv,
         etcd: &str,
@@ -446,6 +447,9 @@ impl Member {
         let mut tools = "read_order,write_order,fail_order,slow_order".to_string();
         if extra.contains(&"--links") {
             tools.push_str(",report_links");
+        }
+        if extra.contains(&"--mrtr") {
+            tools.push_str(",ask_colour");
         }
         Self::register(env, etcd, service, server, &tools, ttl)
     }

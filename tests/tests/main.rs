@@ -7,6 +7,7 @@ mod abuse;
 mod access_log;
 mod aggregate;
 mod aggregate_calls;
+mod aggregate_mrtr;
 mod aggregate_questions;
 mod aggregate_sdk;
 mod aggregate_surface;
