@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Writes docs/reference.md (or the file given), the configuration reference, from the programs' own --help: every
-# flag, its default and its meaning come from the code. make test fails when the committed
-# file differs from what this script writes.
+# Writes docs/src/reference/flags.md (or the file given), the book's flag reference, from the
+# programs' own --help: every flag, its default and its meaning come from the code. make test
+# fails when the committed file differs from what this script writes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/release}
-OUT=${1:-docs/reference.md}
+OUT=${1:-docs/src/reference/flags.md}
 
 section() {
   printf '\n## `%s`\n\n```text\n' "$1"

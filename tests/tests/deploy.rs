@@ -447,11 +447,11 @@ fn the_configuration_reference_is_current() {
     );
     let rendered = std::fs::read_to_string(&out).expect("the rendered reference");
     let _ = std::fs::remove_file(&out);
-    let committed =
-        std::fs::read_to_string(root().join("docs/reference.md")).expect("docs/reference.md");
+    let committed = std::fs::read_to_string(root().join("docs/src/reference/flags.md"))
+        .expect("docs/src/reference/flags.md");
     assert!(
         committed == rendered,
-        "docs/reference.md is not what the programs say: run scripts/render-reference.sh"
+        "docs/src/reference/flags.md is not what the programs say: run scripts/render-reference.sh"
     );
     for flag in [
         "--report-token-file",
