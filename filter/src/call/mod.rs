@@ -3433,6 +3433,10 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             self.edit = None;
             return;
         };
+        if self.edit.is_none() && self.client_session.is_none() {
+            // No links asked for, and no client to ask questions of.
+            return;
+        }
         let ok = host
             .response_header(":status")
             .is_some_and(|s| s.starts_with('2'));
@@ -3444,18 +3448,22 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             .response_header("content-type")
             .is_some_and(|c| c.starts_with("text/event-stream"));
         let questions = sse && self.client_session.is_some();
-        let edit = self.edit.get_or_insert_with(|| AnswerEdit {
-            server: on.server.clone(),
-            service: service.clone(),
-            links: false,
-            questions: false,
-            sse,
-        });
-        edit.sse = sse;
-        edit.questions = questions;
-        if !edit.links && !edit.questions {
-            self.edit = None;
-            return;
+        match self.edit.as_mut() {
+            Some(edit) => {
+                edit.sse = sse;
+                edit.questions = questions;
+            }
+            None if questions => {
+                self.edit = Some(AnswerEdit {
+                    server: on.server.clone(),
+                    service: service.clone(),
+                    links: false,
+                    questions,
+                    sse,
+                });
+            }
+            // Nothing to edit: a JSON answer to a request that asked for no links.
+            None => return,
         }
         // An edited answer is longer.
         host.set_response_header("content-length", None);
