@@ -635,20 +635,27 @@ async fn three_gateways_opening_one_tool_at_once_leave_one_key_and_no_echo() {
     );
 }
 
-/// Every override mode README.md and docs/design.md show in an example body (`"mode": "…"`,
-/// alternatives separated by `|`), with the document it came from.
+/// Every override mode README.md, docs/design.md and the book's pages (`docs/src/**/*.md`:
+/// the runbook, the admin API and etcd key references, ...) show in an example body
+/// (`"mode": "…"`, alternatives separated by `|`), with the document it came from.
 fn documented_override_modes() -> Vec<(String, String)> {
     let root = toolgate_tests::paths::workspace_root();
+    let mut docs = vec![root.join("README.md"), root.join("docs/design.md")];
+    docs.extend(crate::docs::book_pages());
     let mut modes = Vec::new();
-    for doc in ["README.md", "docs/design.md"] {
-        let text = std::fs::read_to_string(root.join(doc))
-            .unwrap_or_else(|e| panic!("reading {doc}: {e}"));
+    for path in docs {
+        let doc = path
+            .strip_prefix(&root)
+            .unwrap_or(&path)
+            .display()
+            .to_string();
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {doc}: {e}"));
         for (at, _) in text.match_indices("\"mode\":") {
             let mut rest = text[at + "\"mode\":".len()..].trim_start();
             // "force_open" | "force_closed" | …
             while let Some(quoted) = rest.strip_prefix('"') {
                 let Some(end) = quoted.find('"') else { break };
-                modes.push((doc.to_string(), quoted[..end].to_string()));
+                modes.push((doc.clone(), quoted[..end].to_string()));
                 rest = quoted[end + 1..].trim_start();
                 // A markdown table writes the `|` as `\|`.
                 let rest_bar = rest.strip_prefix('\\').unwrap_or(rest);
@@ -669,13 +676,19 @@ async fn every_override_mode_the_documents_show_is_accepted_by_the_admin_api() {
     let env = TestEnv::new("fleet_documented_modes");
     let modes = documented_override_modes();
     println!("documented modes: {modes:?}");
-    let runbook =
-        std::fs::read_to_string(toolgate_tests::paths::workspace_root().join("README.md"))
-            .expect("README.md");
-    let runbook = &runbook[runbook.find("## Runbook").expect("README has a runbook")..];
+    let runbook = std::fs::read_to_string(
+        toolgate_tests::paths::workspace_root().join("docs/src/operations/runbook.md"),
+    )
+    .expect("the book's runbook, docs/src/operations/runbook.md");
     assert!(
-        runbook.contains("\"mode\""),
+        runbook.contains("# Runbook") && runbook.contains("\"mode\""),
         "the runbook shows an override body"
+    );
+    assert!(
+        modes
+            .iter()
+            .any(|(doc, _)| doc == "docs/src/operations/runbook.md"),
+        "the runbook's modes are among those tried: {modes:?}"
     );
     assert!(
         modes.iter().any(|(_, m)| m.contains("close"))

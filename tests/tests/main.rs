@@ -19,6 +19,7 @@ mod conformance;
 mod console;
 mod deploy;
 mod discovery;
+mod docs;
 mod edge;
 mod envoy_drain;
 mod fail_closed;
