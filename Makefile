@@ -99,3 +99,19 @@ bench: build bench-filters
 
 bench-quick: build bench-filters
 	target/release/toolgate-bench --quick --json bench/out/results-quick.json
+
+# make docs: the book in docs/ (mdBook) built into target/book/. mdBook is installed with cargo
+# into target/tools/ at a pinned version, without its default features (no server, watcher or
+# search index), the first time only (about 3 minutes on 2 cores). `mdbook build -d` is relative
+# to the book's root, hence ../target/book.
+MDBOOK_VERSION := 0.4.52
+MDBOOK := target/tools/bin/mdbook
+.PHONY: docs
+
+docs:
+	@if [ "$$($(MDBOOK) --version 2>/dev/null)" != "mdbook v$(MDBOOK_VERSION)" ]; then \
+		$(CARGO) install --locked mdbook --version $(MDBOOK_VERSION) --no-default-features \
+			--root target/tools; \
+	fi
+	$(MDBOOK) build docs -d ../target/book
+	@echo "make docs: target/book/index.html"
