@@ -1,0 +1,130 @@
+//! Answers edited as they pass from a service to a client of a virtual server: resource
+//! links shown as the endpoint shows its resources, the server's questions under ids
+//! naming it (see `crate::asked`). JSON held whole, SSE edited at event boundaries.
+
+use super::*;
+
+/// A request on a virtual server's path.
+/// What the filter edits in an answer routed from a virtual server to one of its services.
+pub(super) struct AnswerEdit {
+    pub(super) server: String,
+    pub(super) service: String,
+    /// A tool's result or a prompt where the virtual server offers resources: resource links
+    /// and embedded resources get the URIs that lead back to them there.
+    pub(super) links: bool,
+    /// A call's stream on a client session: the server's questions get ids naming it
+    /// (`crate::asked`), so two servers' questions never share one.
+    pub(super) questions: bool,
+    /// The answer is an SSE stream (edited event by event), else one JSON message.
+    pub(super) sse: bool,
+}
+
+impl<S: SharedStore, M: MetricHost> Call<S, M> {
+    /// Decides, with the answer's headers, what of it to edit as it passes: resource links
+    /// (asked for by the request, see [`Self::watch_links`]) and the server's questions (on
+    /// the SSE stream of a call routed on a client's session). Nothing of an answer that
+    /// failed, is compressed or has no body.
+    pub(super) fn plan_edit(&mut self, host: &impl CallHost, encoded: bool, end_of_stream: bool) {
+        let routed = self.on_virtual.as_ref().filter(|v| v.routed);
+        let (Some(on), Some(service)) = (routed, &self.service) else {
+            self.edit = None;
+            return;
+        };
+        if self.edit.is_none() && self.client_session.is_none() {
+            // No links asked for, and no client to ask questions of.
+            return;
+        }
+        let ok = host
+            .response_header(":status")
+            .is_some_and(|s| s.starts_with('2'));
+        if !ok || encoded || end_of_stream {
+            self.edit = None;
+            return;
+        }
+        let sse = host
+            .response_header("content-type")
+            .is_some_and(|c| c.starts_with("text/event-stream"));
+        let questions = sse && self.client_session.is_some();
+        match self.edit.as_mut() {
+            Some(edit) => {
+                edit.sse = sse;
+                edit.questions = questions;
+            }
+            None if questions => {
+                self.edit = Some(AnswerEdit {
+                    server: on.server.clone(),
+                    service: service.clone(),
+                    links: false,
+                    questions,
+                    sse,
+                });
+            }
+            // Nothing to edit: a JSON answer to a request that asked for no links.
+            None => return,
+        }
+        // An edited answer is longer.
+        host.set_response_header("content-length", None);
+    }
+
+    /// The answer so far edited (see [`AnswerEdit`]): the body's size after that, or `None`
+    /// to wait for more (a JSON answer until it is whole, an SSE stream until an event ends).
+    /// An answer too large to hold goes as the server wrote it.
+    pub(super) fn edit_answer(
+        &mut self,
+        host: &impl CallHost,
+        body_size: usize,
+        end_of_stream: bool,
+    ) -> Option<usize> {
+        let Some(edit) = &self.edit else {
+            return Some(body_size);
+        };
+        let body = host.response_body(body_size).unwrap_or_default();
+        let whole = end_of_stream || (edit.sse && resource_uri::ends_an_event(&body));
+        if !whole {
+            if body_size <= HOLD_LIMIT {
+                return None;
+            }
+            host.log(
+                Level::Info,
+                &format!(
+                    "toolgate: an answer of `{}` too large to hold passes with its resource URIs and question ids as the server wrote them",
+                    edit.service
+                ),
+            );
+            self.edit = None;
+            return Some(body_size);
+        }
+        let links = edit.links && resource_uri::may_hold_links(&body);
+        let questions = edit.questions && memchr::memmem::find(&body, b"\"method\"").is_some();
+        let edited = if links || questions {
+            let shared = self.shared.borrow();
+            let routes = shared.config.virtual_servers.get(&edit.server);
+            let shown = |uri: &str| match routes.map(|r| r.shown_uri(&edit.service, uri)) {
+                Some(std::borrow::Cow::Owned(shown)) => Some(shown),
+                _ => None,
+            };
+            resource_uri::edit_messages(&body, |message| {
+                let mut changed = false;
+                if questions {
+                    changed |= asked::rename_questions(message, &edit.service);
+                }
+                if links {
+                    changed |= resource_uri::rewrite_links_in(message, &shown);
+                }
+                changed
+            })
+        } else {
+            None
+        };
+        if end_of_stream {
+            self.edit = None;
+        }
+        match edited {
+            Some(edited) => {
+                host.set_response_body(body_size, &edited);
+                Some(edited.len())
+            }
+            None => Some(body_size),
+        }
+    }
+}
