@@ -1,0 +1,71 @@
+//! When each service first registered: the age that decides who keeps a contested name,
+//! recorded in etcd so it survives a restart.
+
+use super::*;
+
+impl Registry {
+    /// Each known service's age for naming: the one the fleet recorded, else the smallest
+    /// etcd create revision among its instance keys (the last one it had, for a service with
+    /// none left).
+    pub fn service_ages(&self) -> BTreeMap<String, i64> {
+        self.since_revision
+            .keys()
+            .chain(self.recorded_ages.keys())
+            .filter_map(|s| Some((s.clone(), self.service_age(s)?)))
+            .collect()
+    }
+
+    /// A service's age for naming (see [`service_ages`](Self::service_ages)).
+    pub fn service_age(&self, service: &str) -> Option<i64> {
+        self.recorded_ages
+            .get(service)
+            .or_else(|| self.since_revision.get(service))
+            .copied()
+    }
+
+    /// The services with an age from their instance keys that the fleet has not recorded yet,
+    /// with that age: what `crate::service_ages` writes.
+    pub fn unrecorded_ages(&self) -> Vec<(String, i64)> {
+        self.since_revision
+            .iter()
+            .filter(|(s, _)| !self.recorded_ages.contains_key(*s))
+            .map(|(s, age)| (s.clone(), *age))
+            .collect()
+    }
+
+    /// Notified whenever [`unrecorded_ages`](Self::unrecorded_ages) may have changed.
+    pub fn ages_wanted(&self) -> Arc<Notify> {
+        self.ages_wanted.clone()
+    }
+
+    /// `<prefix>service-ages/<service>`: the age the fleet recorded for a service. Whether
+    /// its age for naming changed.
+    pub(super) fn put_service_age(&mut self, key: &str, value: &[u8]) -> Result<bool, Rejected> {
+        let reject = |reason: &'static str, detail: String| Rejected {
+            key: key.to_string(),
+            reason,
+            detail,
+        };
+        let service = self
+            .layout
+            .parse_service_age_key(key)
+            .map_err(|e| reject("bad_key", e.to_string()))?;
+        let age = ages::ServiceAge::parse(value).map_err(|e| reject("bad_service_age", e))?;
+        let before = self.service_age(&service);
+        self.recorded_ages.insert(service.clone(), age.revision);
+        self.ages_wanted.notify_one();
+        Ok(self.service_age(&service) != before)
+    }
+
+    /// Sets a service's age to the smallest create revision among its instances; a service
+    /// with none keeps the age it had.
+    pub(super) fn refresh_since(&mut self, service: &str) {
+        if let Some(rev) = self
+            .service_instances(service)
+            .map(|(_, inst)| inst.create_revision)
+            .min()
+        {
+            self.since_revision.insert(service.to_string(), rev);
+        }
+    }
+}
