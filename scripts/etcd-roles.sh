@@ -57,6 +57,8 @@ grant toolgate-xds readwrite "${PREFIX}overrides/"
 grant toolgate-xds readwrite "${PREFIX}policies/"
 grant toolgate-xds readwrite "${PREFIX}virtual/"
 grant toolgate-xds readwrite "${PREFIX}auth/"
+# Each toolgate-xds registers its admin listener here, under a lease, for the fleet to find.
+grant toolgate-xds readwrite "${PREFIX}xds/"
 user toolgate-xds
 "$ETCDCTL" user grant-role toolgate-xds toolgate-xds >/dev/null
 

@@ -321,6 +321,13 @@ async fn a_secured_etcd_admits_each_program_only_where_its_role_allows() {
     )
     .await;
     assert_eq!(registry["etcd_up"], true, "{registry}");
+    // Its role lets it join the fleet's toolgate-xds (its admin listener under `xds/`).
+    wait_until(
+        "toolgate-xds registers itself in the fleet",
+        Duration::from_secs(15),
+        || async { xds.log().contains("registered this toolgate-xds in the fleet") },
+    )
+    .await;
 
     // The same registrar identity under another service: refused by etcd, said, exit 2.
     let mut intruder = registrar(
