@@ -1,4 +1,4 @@
-//! Issue 20's speed goal: the data plane with authentication (Envoy's `jwt_authn` verifying a
+//! The speed goal of the data plane with authentication (Envoy's `jwt_authn` verifying a
 //! bearer token, the toolgate filter reading the verified payload and applying one rule per
 //! tool) against the same filter without an auth configuration, on the 1 KB JSON `tools/call`
 //! workload of the data-plane suite. Goal: throughput with auth / without >= 0.90, as the
@@ -585,7 +585,7 @@ impl AuthBench {
             format!("{:.p$} ({:.p$}–{:.p$})", s.median, s.min, s.max, p = prec)
         };
         let mut out = format!(
-            "Auth (issue 20): {}, wrk -t{} -c{}, {} × {} s per variant, ABBA pairs; median (min–max). Pinning: {}.\n\n",
+            "Auth: {}, wrk -t{} -c{}, {} × {} s per variant, ABBA pairs; median (min–max). Pinning: {}.\n\n",
             self.workload, self.wrk_threads, self.connections, self.reps, self.secs_per_run, self.pinning
         );
         out.push_str(

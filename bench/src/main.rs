@@ -49,7 +49,7 @@ enum Suite {
     /// at 100 services, a call and a resource read through `/mcp` against its service's route,
     /// and how fast the listing follows the fleet.
     Aggregate,
-    /// Issue 20: the 1 KB JSON `tools/call` with a bearer token verified by `jwt_authn` and
+    /// Authentication: the 1 KB JSON `tools/call` with a bearer token verified by `jwt_authn` and
     /// one rule per tool, against the same filter without auth (two Envoys, ABBA pairs).
     Auth,
     /// stdio servers behind the gateway (`toolgate-register --stdio`): server-memory's
@@ -462,7 +462,7 @@ fn draw(name: &str, title: &str, series: &[(String, Vec<f64>)]) {
     }
 }
 
-/// The aggregate endpoint's figures against issue 19's goals.
+/// The aggregate endpoint's figures against their goals.
 fn aggregate_table(r: &aggregate::AggregateBench) -> String {
     format!(
         "| aggregate endpoint ({} services, {} tools) | measured | goal | |\n| --- | ---: | ---: | --- |\n\
@@ -517,7 +517,7 @@ fn aggregate_table(r: &aggregate::AggregateBench) -> String {
     )
 }
 
-/// Crash and a wedged MCP handler -> out of rotation, by probe kind, with issue 18's goal.
+/// Crash and a wedged MCP handler -> out of rotation, by probe kind, with its goal.
 fn removal_by_probe_table(r: &removal::Removal) -> String {
     let goal = if r.crash_mcp_goal_met {
         "met"

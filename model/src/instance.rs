@@ -44,7 +44,7 @@ pub struct InstanceMetadata {
 }
 
 /// How an instance's liveness is checked. Each kind sees a different depth of the server; the
-/// README's health table says which failures each one detects.
+/// The book's health page (docs/src/concepts/health.md) says which failures each one detects.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ProbeKind {

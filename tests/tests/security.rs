@@ -325,7 +325,10 @@ async fn a_secured_etcd_admits_each_program_only_where_its_role_allows() {
     wait_until(
         "toolgate-xds registers itself in the fleet",
         Duration::from_secs(15),
-        || async { xds.log().contains("registered this toolgate-xds in the fleet") },
+        || async {
+            xds.log()
+                .contains("registered this toolgate-xds in the fleet")
+        },
     )
     .await;
 
