@@ -21,7 +21,7 @@ pub const CLUSTER: &str = "toolgate_control";
 
 /// `Bearer <token>` when toolgate-xds requires a token of the filters, else empty: what every
 /// request to it carries (reports, and questions about sessions held for clients).
-pub fn authorization(token: &toolgate_model::policy::ReportToken) -> String {
+pub fn authorization(token: &toolgate_model::policy::SecretString) -> String {
     if token.is_empty() {
         String::new()
     } else {

@@ -368,8 +368,8 @@ pub struct FilterConfig {
     pub gateway: String,
     /// The bearer token the filter sends with its reports to toolgate-xds (`/v1/feedback`,
     /// `/v1/breaker-events`); filled per Envoy by toolgate-xds when it requires one.
-    #[serde(skip_serializing_if = "ReportToken::is_empty")]
-    pub report_token: ReportToken,
+    #[serde(skip_serializing_if = "SecretString::is_empty")]
+    pub report_token: SecretString,
     /// Whether this Envoy writes an access log that reads the filter's MCP fields (filled per
     /// Envoy by toolgate-xds from its node metadata): without one, the filter skips them.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -380,8 +380,8 @@ pub struct FilterConfig {
     pub catalog: BTreeMap<String, BTreeSet<String>>,
     /// The key (32 bytes, standard base64) the filter seals `Mcp-Session-Id` with, so that no
     /// upstream address reaches a client; empty: not sealed.
-    #[serde(skip_serializing_if = "ReportToken::is_empty")]
-    pub session_key: ReportToken,
+    #[serde(skip_serializing_if = "SecretString::is_empty")]
+    pub session_key: SecretString,
     /// The virtual servers (issue 19), by name: the tool names an agent may call on each
     /// and the (service, tool) each calls. `default` is served at `/mcp`, every one at
     /// `/virtual/<name>`.
@@ -415,20 +415,20 @@ pub struct FilterConfig {
 /// the filters' report token, the session-sealing key.
 #[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(transparent)]
-pub struct ReportToken(pub String);
+pub struct SecretString(pub String);
 
-impl ReportToken {
+impl SecretString {
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
 }
 
-impl std::fmt::Debug for ReportToken {
+impl std::fmt::Debug for SecretString {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(if self.is_empty() {
-            "ReportToken(none)"
+            "SecretString(none)"
         } else {
-            "ReportToken(set)"
+            "SecretString(set)"
         })
     }
 }
@@ -443,10 +443,10 @@ impl Default for FilterConfig {
             fleet_open: BTreeMap::new(),
             overrides: BTreeMap::new(),
             gateway: String::new(),
-            report_token: ReportToken::default(),
+            report_token: SecretString::default(),
             access_log: false,
             catalog: BTreeMap::new(),
-            session_key: ReportToken::default(),
+            session_key: SecretString::default(),
             virtual_servers: BTreeMap::new(),
             legacy_revisions: BTreeMap::new(),
             auth: None,

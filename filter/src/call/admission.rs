@@ -237,7 +237,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             self.stage = Stage::Unconfigured;
             return Action::Pause;
         }
-        self.stage = Stage::Judged;
+        self.stage = Stage::PastReading;
         let reply = unconfigured_reply(self.version);
         host.send_reply(503, &reply, &[("retry-after", STREAM_RETRY_AFTER_SECS)]);
         Action::Pause
@@ -256,7 +256,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         if !end_of_stream && body_size as u64 <= limit {
             return Action::Pause;
         }
-        self.stage = Stage::Judged;
+        self.stage = Stage::PastReading;
         let bytes = if body_size as u64 <= limit {
             host.request_body(body_size).unwrap_or_default()
         } else {
@@ -286,7 +286,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             ),
             None => unconfigured_reply(self.version),
         };
-        self.answer(host, 200, &reply)
+        self.reply_locally(host, 200, &reply)
     }
 
     pub(super) fn judge_request(
@@ -316,7 +316,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         match self.verdict_on(host, service, tool) {
             Judgement::Refuse(refused) => {
                 let reply = refused.reply(self.version, &request.id, self.framing);
-                self.answer(host, 200, &reply)
+                self.reply_locally(host, 200, &reply)
             }
             Judgement::Pass => Action::Continue,
             Judgement::Admit(admitted) => {
@@ -504,7 +504,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             })
             .collect();
         let reply = reply::batch_refused(self.version, &batch, self.framing);
-        self.answer(host, 200, &reply)
+        self.reply_locally(host, 200, &reply)
     }
 
     /// Whether a prompt or resource request of a batch would be refused by the rules.

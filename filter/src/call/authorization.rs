@@ -125,7 +125,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         let version =
             ProtocolVersion::from_header(host.request_header("mcp-protocol-version").as_deref());
         let reply = auth::unauthenticated_reply(version, id, what, denial, Framing::Json);
-        self.stage = Stage::Judged;
+        self.stage = Stage::PastReading;
         host.send_reply(401, &reply, &[("www-authenticate", &challenge)]);
         Action::Pause
     }
@@ -207,14 +207,14 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 let challenge =
                     auth::insufficient_scope_challenge(&resource, &self.auth.path, &scope);
                 let reply = refusal(Some(&scope), Framing::Json);
-                self.stage = Stage::Judged;
+                self.stage = Stage::PastReading;
                 host.send_reply(403, &reply, &[("www-authenticate", &challenge)]);
                 Some(Action::Pause)
             }
             AuthVerdict::Denied => {
                 self.count_denial(host, &label, Denial::of(item));
                 let reply = refusal(None, self.framing);
-                Some(self.answer(host, 200, &reply))
+                Some(self.reply_locally(host, 200, &reply))
             }
         }
     }

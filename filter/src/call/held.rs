@@ -21,21 +21,21 @@ pub(super) enum HeldPhase {
 /// Whose session a held one is.
 pub(super) enum HeldFor {
     /// A client of the aggregate endpoint, by its gateway session id.
-    Gateway(String),
-    /// A client of a service's route, by the `initialize` parameters sealed in its id: a
-    /// replayed answer carries its new id, sealed likewise.
-    Route(String),
-    /// A 2026-07-28 client of the aggregate endpoint, by the `initialize` parameters made of
-    /// the identity its request states (it has no id to carry a new session's).
-    Stateless(String),
+    Gateway { session_id: String },
+    /// A client of a service's route, by the `initialize` parameters (their JSON) sealed in
+    /// its id: a replayed answer carries its new id, sealed likewise.
+    Route { init_params: String },
+    /// A 2026-07-28 client of the aggregate endpoint, by the `initialize` parameters (their
+    /// JSON) made of the identity its request states (it has no id to carry a new session's).
+    Stateless { init_params: String },
 }
 
 impl HeldFor {
     pub(super) fn question(&self) -> held_session::Client<'_> {
         match self {
-            HeldFor::Gateway(id) => held_session::Client::Gateway(id),
-            HeldFor::Route(params) | HeldFor::Stateless(params) => {
-                held_session::Client::Params(params)
+            HeldFor::Gateway { session_id } => held_session::Client::Gateway(session_id),
+            HeldFor::Route { init_params } | HeldFor::Stateless { init_params } => {
+                held_session::Client::Params(init_params)
             }
         }
     }
@@ -78,7 +78,7 @@ impl HeldCall {
     /// one held for its identity: the next call opens another.
     pub(super) fn ended<S: SharedStore, M>(&self, shared: &Rc<RefCell<Shared<S, M>>>) {
         let value = match self.client {
-            HeldFor::Stateless(_) => Vec::new(),
+            HeldFor::Stateless { .. } => Vec::new(),
             _ => held_session::encode_ended(&self.owner, &self.service),
         };
         let shared = shared.borrow();
@@ -152,7 +152,9 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             Some(HeldCall {
                 owner,
                 service: service.to_string(),
-                client: HeldFor::Route(p.to_string()),
+                client: HeldFor::Route {
+                    init_params: p.to_string(),
+                },
                 slot,
                 envelope: Some(envelope.to_string()),
                 body: Vec::new(),
@@ -247,7 +249,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
     pub(super) fn client_params(&self) -> Option<&str> {
         self.init_params.as_deref().or(match &self.held {
             Some(HeldCall {
-                client: HeldFor::Route(p),
+                client: HeldFor::Route { init_params: p },
                 ..
             }) => Some(p.as_str()),
             _ => None,
@@ -290,7 +292,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             None::<()>,
             Framing::Json,
         );
-        self.answer(host, 404, &reply)
+        self.reply_locally(host, 404, &reply)
     }
 
     /// No session could be had for the call: it is answered here, saying what happened, and
@@ -313,7 +315,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             U::Overloaded => {
                 if self.admitted.is_some() {
                     let reply = self.overloaded(host);
-                    return self.answer(host, 200, &reply);
+                    return self.reply_locally(host, 200, &reply);
                 }
                 UpstreamFailure::NoHealthyUpstream
             }
@@ -334,11 +336,11 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         // (tests/tests/aggregate_calls.rs).
         if judged.tool.is_some() {
             let reply = self.failure_reply(failure, self.framing);
-            return self.answer(host, 200, &reply);
+            return self.reply_locally(host, 200, &reply);
         }
         let reply =
             reply::service_unavailable(self.version, &judged.id, service, failure, self.framing);
-        self.answer(host, 200, &reply)
+        self.reply_locally(host, 200, &reply)
     }
 
     /// toolgate-xds answered a question this call asked (a session opened, a call replayed).
@@ -417,7 +419,12 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 // A client of a service's route gets its new id (those SDKs that take a new id
                 // from any response do; the others keep the old one, which now leads here too).
                 let resealed = match (&held.client, &r.held.envelope) {
-                    (HeldFor::Route(params), Some(envelope)) => {
+                    (
+                        HeldFor::Route {
+                            init_params: params,
+                        },
+                        Some(envelope),
+                    ) => {
                         let value = held_session::join(envelope, Some(params), r.held.opened_ms);
                         self.shared
                             .borrow()
@@ -427,7 +434,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                     }
                     _ => None,
                 };
-                let stateless = matches!(held.client, HeldFor::Stateless(_));
+                let stateless = matches!(held.client, HeldFor::Stateless { .. });
                 if let Some(what) = self.replayed_outcome(host, &r) {
                     // Not an answer the client could use: the failure, in MCP terms.
                     let reply = self.failure_reply(what, self.framing);

@@ -96,7 +96,7 @@ use admission::*;
 use answer_edit::*;
 use held::*;
 pub use host::{log_field, Action, CallHost, Level, SESSION_HEADER};
-pub use shared::{transition_line, Shared};
+pub use shared::{transition_line, Sealing, Shared};
 use virtual_route::*;
 
 /// A JSON response of an admitted call up to this size is held until it is complete, so that
@@ -179,8 +179,9 @@ enum Stage {
     Stream,
     /// A POST whose body is being held for judging.
     Reading,
-    /// The body was judged; the request went upstream (or was answered).
-    Judged,
+    /// No body is read any more: the request is being judged, went upstream, or was
+    /// answered.
+    PastReading,
     /// A POST this VM cannot judge (it has no configuration): its body is read only for the
     /// id of the refusal.
     Unconfigured,

@@ -133,7 +133,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
     }
 
     /// Success or slow, by how long the call took; `is_error` is the tool's own `isError`.
-    pub(super) fn answered(&mut self, host: &impl CallHost, is_error: bool) {
+    pub(super) fn record_answered(&mut self, host: &impl CallHost, is_error: bool) {
         let Some(a) = &self.admitted else { return };
         let outcome = if is_error {
             Outcome::IsErrorResult
@@ -154,7 +154,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
     ) -> Option<UpstreamFailure> {
         match class {
             ResponseClass::Result { is_error } => {
-                self.answered(host, is_error);
+                self.record_answered(host, is_error);
                 None
             }
             ResponseClass::Error { code } if is_client_fault(code) => {

@@ -94,7 +94,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             HttpMethod::Delete
         } else {
             self.version = version;
-            self.stage = Stage::Judged;
+            self.stage = Stage::PastReading;
             let reply = reply::refused(version, None, Refusal::MethodNotAllowed, Framing::Json);
             host.send_reply(405, &reply, &[("allow", "GET, POST, DELETE")]);
             return Err(Action::Pause);
@@ -149,7 +149,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 host.request_header("mcp-protocol-version").as_deref(),
             );
             // The stream is refused, not judged: no breaker outcome, no stream watch.
-            self.stage = Stage::Judged;
+            self.stage = Stage::PastReading;
             return self.refuse(host, 400, None, Refusal::BodyNotAllowed);
         }
         if !end_of_stream {
@@ -180,7 +180,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         self.declared_length = declared.is_some();
         if declared.is_some_and(|n| n > limit) {
             let reply = reply::body_too_large(self.version, None, limit, self.framing);
-            return self.answer(host, 413, &reply);
+            return self.reply_locally(host, 413, &reply);
         }
         if end_of_stream {
             return self.refuse(host, 400, None, Refusal::Empty);
@@ -207,7 +207,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         let limit = self.shared.borrow().config.max_body_bytes;
         if body_size as u64 > limit {
             let reply = reply::body_too_large(self.version, None, limit, self.framing);
-            return self.answer(host, 413, &reply);
+            return self.reply_locally(host, 413, &reply);
         }
         self.body_len = body_size;
         if !end_of_stream {
@@ -234,8 +234,13 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
     }
 
     /// Sends a local reply and stops the request there.
-    pub(super) fn answer(&mut self, host: &impl CallHost, status: u32, reply: &Reply) -> Action {
-        self.stage = Stage::Judged;
+    pub(super) fn reply_locally(
+        &mut self,
+        host: &impl CallHost,
+        status: u32,
+        reply: &Reply,
+    ) -> Action {
+        self.stage = Stage::PastReading;
         host.send_reply(status, reply, &[]);
         Action::Pause
     }
@@ -248,12 +253,12 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         refusal: Refusal,
     ) -> Action {
         let reply = reply::refused(self.version, id, refusal, self.framing);
-        self.answer(host, status, &reply)
+        self.reply_locally(host, status, &reply)
     }
 
     /// The body is complete: judge it.
     pub(super) fn judge(&mut self, host: &impl CallHost) -> Action {
-        self.stage = Stage::Judged;
+        self.stage = Stage::PastReading;
         // A service's route, or (no service yet) the aggregate endpoint.
         let service = self.service.clone();
         if service.is_none() && self.on_virtual.is_none() {
@@ -263,7 +268,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         let depth = self.shared.borrow().config.max_json_depth;
         if nests_deeper_than(&bytes, depth) {
             let reply = reply::too_deep(self.version, depth, self.framing);
-            return self.answer(host, 400, &reply);
+            return self.reply_locally(host, 400, &reply);
         }
         let body = match read_body(&bytes) {
             Ok(body) => body,
@@ -280,7 +285,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 _ => None,
             };
             let reply = reply::header_mismatch(self.version, id, mismatch, self.framing);
-            return self.answer(host, 400, &reply);
+            return self.reply_locally(host, 400, &reply);
         }
         // What goes on to toolgate-xds (everything but a call) is kept, should no toolgate-xds
         // answer it.

@@ -29,7 +29,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             .is_some_and(|e| !e.trim().eq_ignore_ascii_case("identity"));
         if !encoded
             && self.held.as_ref().is_some_and(|h| {
-                h.phase == HeldPhase::Sent && matches!(h.client, HeldFor::Stateless(_))
+                h.phase == HeldPhase::Sent && matches!(h.client, HeldFor::Stateless { .. })
             })
             && host
                 .response_header(":status")

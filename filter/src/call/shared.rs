@@ -3,6 +3,17 @@
 
 use super::*;
 
+/// What a configuration's session key does to session ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sealing {
+    /// No key: ids pass as the servers wrote them.
+    Off,
+    /// Ids are sealed with the key.
+    On,
+    /// A key that is not 32 bytes of base64: ids pass unsealed (and the operator is told).
+    BadKey,
+}
+
 /// What every call of one worker VM shares.
 pub struct Shared<S, M> {
     pub config: FilterConfig,
@@ -42,9 +53,8 @@ impl<S: SharedStore, M: MetricHost> Shared<S, M> {
         }
     }
 
-    /// Takes a new configuration; `false` if its session key is set but unusable (the filter
-    /// then passes session ids as they are, and says so).
-    pub fn configure(&mut self, config: FilterConfig) -> bool {
+    /// Takes a new configuration, and says whether its session key seals session ids.
+    pub fn configure(&mut self, config: FilterConfig) -> Sealing {
         let key = config.session_key.0.clone();
         self.visible = VisibleNames::new(&config.virtual_servers);
         // The roles claim may have changed, and so may fallbacks.
@@ -54,10 +64,13 @@ impl<S: SharedStore, M: MetricHost> Shared<S, M> {
         self.unconfigured = false;
         if key.is_empty() {
             self.sealer = None;
-            return true;
+            return Sealing::Off;
         }
         self.sealer = Sealer::new(&key);
-        self.sealer.is_some()
+        match self.sealer {
+            Some(_) => Sealing::On,
+            None => Sealing::BadKey,
+        }
     }
 
     /// Why a call of `tool` of `service` would be refused now, as a service's `tools/list`

@@ -836,7 +836,7 @@ fn session_ids_are_sealed_on_the_way_out_and_opened_on_the_way_in() {
     let w = Worker::new();
     let mut config = w.shared.borrow().config.clone();
     config.session_key.0 = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=".into();
-    assert!(w.shared.borrow_mut().configure(config));
+    assert_ne!(w.shared.borrow_mut().configure(config), Sealing::BadKey);
     let envelope = "MTI3LjAuMC4xOjQ0MTE3;8c1f3a";
     let out = Stream::default();
     {
@@ -944,7 +944,7 @@ fn aggregate_worker() -> Worker {
             ]),
         },
     );
-    assert!(w.shared.borrow_mut().configure(config));
+    assert_ne!(w.shared.borrow_mut().configure(config), Sealing::BadKey);
     w
 }
 
@@ -1336,7 +1336,7 @@ fn other_requests_on_mcp_go_on_unchanged_and_streams_untouched() {
     let mut w = aggregate_worker();
     let mut config = w.shared.borrow().config.clone();
     config.session_key.0 = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=".into();
-    assert!(w.shared.borrow_mut().configure(config));
+    assert_ne!(w.shared.borrow_mut().configure(config), Sealing::BadKey);
     let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#;
     let mut f = w.request_to("/mcp", &[(SESSION_HEADER, "gw-1")], body);
     assert!(f.went_upstream());
@@ -1563,7 +1563,7 @@ fn a_route_session_whose_instance_is_gone_is_reopened_with_the_clients_parameter
     let mut w = Worker::new();
     let mut config = w.shared.borrow().config.clone();
     config.session_key.0 = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=".into();
-    assert!(w.shared.borrow_mut().configure(config));
+    assert_ne!(w.shared.borrow_mut().configure(config), Sealing::BadKey);
     // initialize: the id the client gets carries its parameters, sealed.
     let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{"roots":{}},"clientInfo":{"name":"agent","version":"1"}}}"#;
     let mut f = w.request("orders", &[], init);
@@ -1818,7 +1818,7 @@ fn a_route_session_the_server_ended_is_not_reopened() {
     let mut w = Worker::new();
     let mut config = w.shared.borrow().config.clone();
     config.session_key.0 = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=".into();
-    assert!(w.shared.borrow_mut().configure(config));
+    assert_ne!(w.shared.borrow_mut().configure(config), Sealing::BadKey);
     let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"agent","version":"1"}}}"#;
     let mut f = w.request("orders", &[], init);
     f.stream
@@ -2089,7 +2089,7 @@ fn legacy_orders(w: &Worker) {
     config
         .legacy_revisions
         .insert("orders".into(), "2025-06-18".into());
-    assert!(w.shared.borrow_mut().configure(config));
+    assert_ne!(w.shared.borrow_mut().configure(config), Sealing::BadKey);
 }
 
 #[test]
@@ -3068,7 +3068,7 @@ fn offline_worker() -> Worker {
                                 "inputSchema": {"type": "object"}}),
         ],
     );
-    assert!(w.shared.borrow_mut().configure(config));
+    assert_ne!(w.shared.borrow_mut().configure(config), Sealing::BadKey);
     w
 }
 

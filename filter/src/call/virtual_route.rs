@@ -257,7 +257,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             Ok(found) => found,
             Err(refused) => {
                 let reply = refused.reply(self.version, &request.id, self.framing);
-                return self.answer(host, 200, &reply);
+                return self.reply_locally(host, 200, &reply);
             }
         };
         // The body the service gets, made before anything is decided: a name that cannot be
@@ -288,7 +288,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 let refused =
                     refused.seen_on(&server, visible, &service, &self.shared.borrow().visible);
                 let reply = refused.reply(self.version, &request.id, self.framing);
-                self.answer(host, 200, &reply)
+                self.reply_locally(host, 200, &reply)
             }
             Judgement::Pass => self.route_call(host, &routed, &service, &tool),
             Judgement::Admit(admitted) => {
@@ -375,7 +375,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 None::<()>,
                 self.framing,
             );
-            return self.answer(host, 200, &reply);
+            return self.reply_locally(host, 200, &reply);
         };
         let found = {
             let shared = self.shared.borrow();
@@ -421,7 +421,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 None::<()>,
                 self.framing,
             );
-            return self.answer(host, 200, &reply);
+            return self.reply_locally(host, 200, &reply);
         };
         let routed =
             aggregate::span_in(bytes, raw).and_then(|span| aggregate::with_name(bytes, span, &own));
@@ -498,7 +498,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             Some(id) => match held_session::owner_of(held_session::OwnerKind::Gateway, &id) {
                 Some(owner) => (
                     held_session::bound_to(owner, identity.as_deref()),
-                    HeldFor::Gateway(id),
+                    HeldFor::Gateway { session_id: id },
                 ),
                 None => return Action::Continue,
             },
@@ -525,7 +525,9 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                         held_session::owner_of_identity(&params),
                         identity.as_deref(),
                     ),
-                    HeldFor::Stateless(params),
+                    HeldFor::Stateless {
+                        init_params: params,
+                    },
                 )
             }
         };
@@ -619,7 +621,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             })
             .collect();
         let reply = reply::batch_refused(self.version, &batch, self.framing);
-        self.answer(host, 200, &reply)
+        self.reply_locally(host, 200, &reply)
     }
 
     /// Records the request; for a `tools/call`, the tool it names (`Ok(None)`: another

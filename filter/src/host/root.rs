@@ -16,7 +16,7 @@ use super::events::{vm_queue_name, Posts, Queue, RESEND_EVERY_MS};
 use super::stream::Stream;
 use super::{log, now_ms, seed, HostMetrics, HostShared, HostStore};
 use crate::breaker::{parse_breaker_key, CasMismatch, Force, Transition};
-use crate::call::{transition_line, Shared};
+use crate::call::{transition_line, Sealing, Shared};
 use crate::feedback::{self, Answer, Batch, Delivery, Feedback};
 use crate::fleet;
 use crate::keeper::{Keeper, Taken};
@@ -309,7 +309,7 @@ impl RootContext for Root {
             // Breaker state lives in shared data: a new configuration never resets it, only
             // lays the fleet's state over it.
             Some(config) => {
-                if !self.shared.borrow_mut().configure(config) {
+                if self.shared.borrow_mut().configure(config) == Sealing::BadKey {
                     log(
                         LogLevel::Error,
                         "toolgate: the session key is not 32 bytes of base64: session ids are \

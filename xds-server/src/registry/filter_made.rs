@@ -140,7 +140,7 @@ impl Registry {
         let mut config = FilterConfig {
             max_body_bytes: self.request_limits.max_body_bytes,
             max_json_depth: self.request_limits.max_json_depth,
-            session_key: toolgate_model::policy::ReportToken(self.session_key.clone()),
+            session_key: toolgate_model::policy::SecretString(self.session_key.clone()),
             legacy_revisions: self
                 .legacy_revisions
                 .iter()

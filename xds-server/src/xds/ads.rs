@@ -278,14 +278,14 @@ impl TypeState {
     /// Takes the response `nonce` names off the unanswered list, with every older one (Envoy
     /// answers in order, so an answer to a later response settles them too); the named one is
     /// last. Empty if the nonce is not known (answered already, or no longer kept).
-    fn answered(&mut self, nonce: &str) -> Vec<Unanswered> {
+    fn settle(&mut self, nonce: &str) -> Vec<Unanswered> {
         match self.unanswered.iter().position(|u| u.nonce == nonce) {
             Some(at) => self.unanswered.drain(..=at).collect(),
             None => Vec::new(),
         }
     }
 
-    /// EDS: Envoy rejected `responses` (from [`answered`](Self::answered)), so what they
+    /// EDS: Envoy rejected `responses` (from [`settle`](Self::settle)), so what they
     /// carried was not applied and goes again: alone if it was alone (then it is the culprit
     /// and is not sent again in that form), each in its own response if there were several.
     fn eds_rejected(&mut self, responses: &[Unanswered]) {
@@ -493,7 +493,7 @@ impl AdsStream {
                 .as_ref()
                 .is_none_or(|s| s.nonce != request.response_nonce);
         if !request.response_nonce.is_empty() {
-            let answered = state.answered(&request.response_nonce);
+            let answered = state.settle(&request.response_nonce);
             let version = answered.last().map(|a| a.version.clone());
             if let Some(error) = &request.error_detail {
                 warn!(node = %node, r#type = ty.short_name(),
@@ -629,7 +629,7 @@ impl AdsStream {
                     }
                 })
                 .collect();
-            return self.respond(ty, current, resources, Vec::new()).await;
+            return self.send_response(ty, current, resources, Vec::new()).await;
         }
         // After CDS, re-created clusters warm until they get an assignment, changed or not:
         // then (and on a fresh stream, where `delivered` is empty) EDS goes out in full.
@@ -647,14 +647,14 @@ impl AdsStream {
         responses.extend(alone.into_iter().map(|one| vec![one]));
         for carried in responses {
             let resources = current.select(carried.iter().map(|(name, _)| name));
-            self.respond(ty, current, resources, carried).await?;
+            self.send_response(ty, current, resources, carried).await?;
         }
         Ok(())
     }
 
     /// Sends one response of `current`'s version with `resources` and records it; `carried`
     /// names (EDS) the assignments among them, with their hashes.
-    async fn respond(
+    async fn send_response(
         &mut self,
         ty: ResourceType,
         current: &Arc<TypeSnapshot>,

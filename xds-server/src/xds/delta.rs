@@ -196,7 +196,7 @@ impl TypeState {
 
     /// Takes the response `nonce` names off the unanswered list, with every older one; the
     /// named one is last. Empty if the nonce is not known.
-    fn answered(&mut self, nonce: &str) -> Vec<Unanswered> {
+    fn settle(&mut self, nonce: &str) -> Vec<Unanswered> {
         let Ok(nonce) = nonce.parse::<u64>() else {
             return Vec::new();
         };
@@ -390,7 +390,7 @@ impl DeltaStream {
         state.subscribe(ty, &request, first);
 
         if !request.response_nonce.is_empty() {
-            let answered = state.answered(&request.response_nonce);
+            let answered = state.settle(&request.response_nonce);
             let last = answered.last();
             if let Some(error) = &request.error_detail {
                 let version = last.map(|r| r.version.as_str()).unwrap_or("unknown");
@@ -434,7 +434,7 @@ impl DeltaStream {
             return Ok(());
         };
         let current = Arc::clone(current);
-        let deferred = self.answer(ty, &current, true).await?;
+        let deferred = self.send_owed(ty, &current, true).await?;
         debug_assert!(deferred.is_empty());
         // Clusters sent in answer to a request (a reconnect, a resent suspect) warm until their
         // assignment comes, as after a push: it goes now, not with the next EDS change.
@@ -445,7 +445,7 @@ impl DeltaStream {
         if ty == ResourceType::Cluster && refresh_due {
             if let Some(eds) = view.and_then(|v| v.get(ResourceType::Endpoint)) {
                 let eds = Arc::clone(eds);
-                self.answer(ResourceType::Endpoint, &eds, true).await?;
+                self.send_owed(ResourceType::Endpoint, &eds, true).await?;
             }
         }
         Ok(())
@@ -484,13 +484,13 @@ impl DeltaStream {
                 }
             }
             let current = Arc::clone(current);
-            let deferred = self.answer(ty, &current, false).await?;
+            let deferred = self.send_owed(ty, &current, false).await?;
             if !deferred.is_empty() {
                 removals.push((ty, current, deferred));
             }
         }
         for (ty, current, names) in removals {
-            self.respond(ty, &current, Vec::new(), names).await?;
+            self.send_response(ty, &current, Vec::new(), names).await?;
         }
         Ok(())
     }
@@ -536,7 +536,7 @@ impl DeltaStream {
             return Ok(());
         };
         let current = Arc::clone(current);
-        self.answer(ty, &current, true).await?;
+        self.send_owed(ty, &current, true).await?;
         Ok(())
     }
 
@@ -661,7 +661,7 @@ impl DeltaStream {
     /// Sends what `ty` owes, the suspects of an earlier rejection each alone. Removals go in
     /// the same response when `with_removals`, else they are returned for the caller to send
     /// after every other type's updates.
-    async fn answer(
+    async fn send_owed(
         &mut self,
         ty: ResourceType,
         current: &Arc<TypeSnapshot>,
@@ -699,13 +699,13 @@ impl DeltaStream {
         }
         responses.extend(alone.into_iter().map(|one| (vec![one], Vec::new())));
         for (updates, removals) in responses {
-            self.respond(ty, current, updates, removals).await?;
+            self.send_response(ty, current, updates, removals).await?;
         }
         Ok(deferred)
     }
 
     /// Sends one response of `current`'s version and records what Envoy now holds.
-    async fn respond(
+    async fn send_response(
         &mut self,
         ty: ResourceType,
         current: &Arc<TypeSnapshot>,

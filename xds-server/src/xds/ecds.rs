@@ -258,7 +258,7 @@ pub(crate) mod tests {
             toolgate_model::policy::FilterConfig::from_json(plugin_json(&filled).as_bytes())
                 .expect("the filter reads it");
         assert_eq!(config.report_token.0, "s3cret");
-        assert_eq!(format!("{:?}", config.report_token), "ReportToken(set)");
+        assert_eq!(format!("{:?}", config.report_token), "SecretString(set)");
         assert_eq!(
             plugin.allow_on_headers_stop_iteration,
             Some(BoolValue { value: true })
