@@ -5,10 +5,9 @@ use std::time::{Duration, Instant};
 use etcd_client::{Client, ConnectOptions, PutOptions};
 use toolgate_etcd_access::EtcdAccess;
 use toolgate_model::{validate_name, Endpoint, InstanceMetadata, KeyLayout};
-use tracing::{info, warn};
+use tracing::warn;
 
 use crate::error::RegisterError;
-use crate::keepalive::{Lease, Registration};
 use toolgate_model::Backoff;
 
 /// HTTP/2 pings find a silent partition even when nothing flows. etcd answers pings more
@@ -22,6 +21,13 @@ pub const MIN_TTL_SECS: i64 = 2;
 
 /// How long one etcd call may take before it counts as failed.
 pub(crate) const RPC_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A lease granted for the key: its id and the TTL etcd gave it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Lease {
+    pub id: i64,
+    pub ttl: i64,
+}
 
 #[derive(Debug, Clone)]
 pub struct Registrar {
@@ -111,16 +117,6 @@ impl Registrar {
         Ok(())
     }
 
-    /// Validates, registers, and keeps the registration alive in a background task until
-    /// [`Registration::deregister`] is called or the registration is dropped.
-    pub async fn register(self) -> Result<Registration, RegisterError> {
-        self.validate()?;
-        let (client, lease) = self.connect_and_register().await?;
-        let key = self.key();
-        info!(key = %key, lease = format_args!("{:x}", lease.id), ttl = lease.ttl, "registered");
-        Ok(Registration::spawn(self, client, lease))
-    }
-
     async fn connect(&self) -> Result<Client, RegisterError> {
         let opts = self.access.apply(
             ConnectOptions::new()
@@ -151,7 +147,7 @@ impl Registrar {
     /// The first registration retries with backoff, but only for `startup_timeout`: a
     /// registrar pointed at the wrong address must say so rather than hang. A refusal by
     /// etcd (wrong password, no permission on the key) is final and said at once.
-    async fn connect_and_register(&self) -> Result<(Client, Lease), RegisterError> {
+    pub(crate) async fn connect_and_register(&self) -> Result<(Client, Lease), RegisterError> {
         let started = Instant::now();
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
         let mut warned = false;

@@ -9,7 +9,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use crate::config::{Registrar, RPC_TIMEOUT};
+use crate::config::{Lease, Registrar, RPC_TIMEOUT};
 use crate::error::RegisterError;
 use toolgate_model::{Backoff, InstanceMetadata};
 
@@ -26,12 +26,6 @@ fn snapshot(shared: &SharedMetadata) -> InstanceMetadata {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Lease {
-    pub id: i64,
-    pub ttl: i64,
-}
-
 /// What the registration is doing, for callers that want to observe it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RegistrationEvent {
@@ -41,6 +35,20 @@ pub enum RegistrationEvent {
     Reconnecting { lease: i64 },
     /// The lease expired while etcd was out of reach; registering again.
     LeaseLost { lease: i64 },
+}
+
+// `register` starts this module's task, so it is defined here: the builder (`config.rs`)
+// then needs nothing of the keepalive side.
+impl Registrar {
+    /// Validates, registers, and keeps the registration alive in a background task until
+    /// [`Registration::deregister`] is called or the registration is dropped.
+    pub async fn register(self) -> Result<Registration, RegisterError> {
+        self.validate()?;
+        let (client, lease) = self.connect_and_register().await?;
+        let key = self.key();
+        info!(key = %key, lease = format_args!("{:x}", lease.id), ttl = lease.ttl, "registered");
+        Ok(Registration::spawn(self, client, lease))
+    }
 }
 
 /// A live registration. Call [`Registration::deregister`] on shutdown; dropping it only stops the
