@@ -234,13 +234,16 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             ProtocolVersion::from_header(host.request_header("mcp-protocol-version").as_deref());
         self.framing = Framing::from_accept(host.request_header("accept").as_deref());
         if is_post(host) && !end_of_stream {
-            self.stage = Stage::Unconfigured;
+            self.enter(Life::Unconfigured { body_len: 0 });
             return Action::Pause;
         }
-        self.stage = Stage::PastReading;
         let reply = unconfigured_reply(self.version);
-        host.send_reply(503, &reply, &[("retry-after", STREAM_RETRY_AFTER_SECS)]);
-        Action::Pause
+        self.send_local(
+            host,
+            503,
+            &reply,
+            &[("retry-after", STREAM_RETRY_AFTER_SECS)],
+        )
     }
 
     /// The body of a POST refused for want of a configuration: answered with its id once
@@ -251,12 +254,13 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         body_size: usize,
         end_of_stream: bool,
     ) -> Action {
-        self.body_len = body_size;
+        if let Life::Unconfigured { body_len } = &mut self.life {
+            *body_len = body_size;
+        }
         let limit = self.shared.borrow().config.max_body_bytes;
         if !end_of_stream && body_size as u64 <= limit {
             return Action::Pause;
         }
-        self.stage = Stage::PastReading;
         let bytes = if body_size as u64 <= limit {
             host.request_body(body_size).unwrap_or_default()
         } else {
@@ -320,11 +324,8 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             }
             Judgement::Pass => Action::Continue,
             Judgement::Admit(admitted) => {
-                if let Some(judged) = &mut self.request {
-                    judged.tool =
-                        Some((admitted.tool.clone(), admitted.policy.fallback_tool.clone()));
-                }
-                self.admitted = Some(admitted);
+                let tool = (admitted.tool.clone(), admitted.policy.fallback_tool.clone());
+                self.admit(admitted, tool);
                 Action::Continue
             }
         }

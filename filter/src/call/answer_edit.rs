@@ -4,7 +4,6 @@
 
 use super::*;
 
-/// A request on a virtual server's path.
 /// What the filter edits in an answer routed from a virtual server to one of its services.
 pub(super) struct AnswerEdit {
     pub(super) server: String,
@@ -27,10 +26,11 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
     pub(super) fn plan_edit(&mut self, host: &impl CallHost, encoded: bool, end_of_stream: bool) {
         let routed = self.on_virtual.as_ref().filter(|v| v.routed);
         let (Some(on), Some(service)) = (routed, &self.service) else {
-            self.edit = None;
+            self.drop_edit();
             return;
         };
-        if self.edit.is_none() && self.client_session.is_none() {
+        let planned = self.exchange().is_some_and(|e| e.edit.is_some());
+        if !planned && self.client_session.is_none() {
             // No links asked for, and no client to ask questions of.
             return;
         }
@@ -38,22 +38,26 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             .response_header(":status")
             .is_some_and(|s| s.starts_with('2'));
         if !ok || encoded || end_of_stream {
-            self.edit = None;
+            self.drop_edit();
             return;
         }
         let sse = host
             .response_header("content-type")
             .is_some_and(|c| c.starts_with("text/event-stream"));
         let questions = sse && self.client_session.is_some();
-        match self.edit.as_mut() {
+        let (server, service) = (on.server.clone(), service.clone());
+        let Some(exchange) = self.exchange_mut() else {
+            return;
+        };
+        match exchange.edit.as_mut() {
             Some(edit) => {
                 edit.sse = sse;
                 edit.questions = questions;
             }
             None if questions => {
-                self.edit = Some(AnswerEdit {
-                    server: on.server.clone(),
-                    service: service.clone(),
+                exchange.edit = Some(AnswerEdit {
+                    server,
+                    service,
                     links: false,
                     questions,
                     sse,
@@ -66,6 +70,17 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         host.set_response_header("content-length", None);
     }
 
+    fn drop_edit(&mut self) {
+        if let Some(exchange) = self.exchange_mut() {
+            exchange.edit = None;
+        }
+    }
+
+    /// Whether an edit of the answer is planned (see [`Self::plan_edit`]).
+    pub(super) fn edits_answer(&self) -> bool {
+        self.exchange().is_some_and(|e| e.edit.is_some())
+    }
+
     /// The answer so far edited (see [`AnswerEdit`]): the body's size after that, or `None`
     /// to wait for more (a JSON answer until it is whole, an SSE stream until an event ends).
     /// An answer too large to hold goes as the server wrote it.
@@ -75,7 +90,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         body_size: usize,
         end_of_stream: bool,
     ) -> Option<usize> {
-        let Some(edit) = &self.edit else {
+        let Some(edit) = self.exchange().and_then(|e| e.edit.as_ref()) else {
             return Some(body_size);
         };
         let body = host.response_body(body_size).unwrap_or_default();
@@ -91,7 +106,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                     edit.service
                 ),
             );
-            self.edit = None;
+            self.drop_edit();
             return Some(body_size);
         }
         let links = edit.links && resource_uri::may_hold_links(&body);
@@ -117,7 +132,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             None
         };
         if end_of_stream {
-            self.edit = None;
+            self.drop_edit();
         }
         match edited {
             Some(edited) => {

@@ -125,9 +125,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         let version =
             ProtocolVersion::from_header(host.request_header("mcp-protocol-version").as_deref());
         let reply = auth::unauthenticated_reply(version, id, what, denial, Framing::Json);
-        self.stage = Stage::PastReading;
-        host.send_reply(401, &reply, &[("www-authenticate", &challenge)]);
-        Action::Pause
+        self.send_local(host, 401, &reply, &[("www-authenticate", &challenge)])
     }
 
     /// Puts the verified claims a service asked for on its request, after removing whatever
@@ -207,9 +205,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 let challenge =
                     auth::insufficient_scope_challenge(&resource, &self.auth.path, &scope);
                 let reply = refusal(Some(&scope), Framing::Json);
-                self.stage = Stage::PastReading;
-                host.send_reply(403, &reply, &[("www-authenticate", &challenge)]);
-                Some(Action::Pause)
+                Some(self.send_local(host, 403, &reply, &[("www-authenticate", &challenge)]))
             }
             AuthVerdict::Denied => {
                 self.count_denial(host, &label, Denial::of(item));
@@ -222,8 +218,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
     /// Whether this request's listing may hide items from its caller (see
     /// [`Self::listing_filtered_for`]).
     pub(super) fn listing_filtered(&self) -> bool {
-        self.request
-            .as_ref()
+        self.judged()
             .and_then(|j| j.list)
             .is_some_and(|listing| self.listing_filtered_for(listing))
     }

@@ -283,7 +283,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
     /// found", so the client initializes again.
     pub(super) fn session_ended_here(&mut self, host: &impl CallHost) -> Action {
         self.record(host, Outcome::Ignored, None);
-        let id = self.request.as_ref().map(|j| j.id.clone());
+        let id = self.judged().map(|j| j.id.clone());
         let reply = reply::error(
             self.version,
             id.as_ref(),
@@ -313,7 +313,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             U::CallBadResponse => UpstreamFailure::BadResponse,
             U::Unreachable | U::Failed => UpstreamFailure::ConnectFailure,
             U::Overloaded => {
-                if self.admitted.is_some() {
+                if self.admitted().is_some() {
                     let reply = self.overloaded(host);
                     return self.reply_locally(host, 200, &reply);
                 }
@@ -327,7 +327,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             }
             _ => self.record(host, Outcome::Ignored, None),
         }
-        let (Some(judged), Some(service)) = (&self.request, &self.service) else {
+        let (Some(judged), Some(service)) = (self.judged(), &self.service) else {
             return Action::Continue;
         };
         // An admitted `tools/call` gets the semantic reply, naming its fallback, as it does
@@ -438,7 +438,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 if let Some(what) = self.replayed_outcome(host, &r) {
                     // Not an answer the client could use: the failure, in MCP terms.
                     let reply = self.failure_reply(what, self.framing);
-                    host.send_reply(200, &reply, &[]);
+                    self.send_local(host, 200, &reply, &[]);
                     return Action::Continue;
                 }
                 let headers: Vec<(&str, &str)> = resealed
@@ -450,6 +450,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 } else {
                     None
                 };
+                self.enter(Life::Answered);
                 host.send_raw(
                     u32::from(r.status),
                     &r.content_type,
@@ -491,15 +492,14 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         // Not the tool's fault, nor the instance's.
         self.record(host, Outcome::Ignored, None);
         let failure = UpstreamFailure::NoControlPlane;
-        let reply = match (&self.request, &self.service) {
+        let reply = match (self.judged(), &self.service) {
             (Some(judged), _) if judged.tool.is_some() => self.failure_reply(failure, self.framing),
             (Some(judged), Some(service)) => {
                 reply::service_unavailable(self.version, &judged.id, service, failure, self.framing)
             }
             _ => return Action::Continue,
         };
-        host.send_reply(200, &reply, &[]);
-        Action::Pause
+        self.send_local(host, 200, &reply, &[])
     }
 
     /// A call on a held or sealed session that the server answered "session unknown"
@@ -599,7 +599,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             }
             // Told here what happened, when there is a request to answer; a notification's
             // answer is the server's.
-            why if self.request.is_some() && self.service.is_some() => {
+            why if self.judged().is_some() && self.service.is_some() => {
                 self.session_unopened(host, why);
                 Action::Continue
             }
@@ -619,8 +619,8 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         r: &held_session::Replayed,
     ) -> Option<UpstreamFailure> {
         // Only an admitted call has an outcome to record.
-        self.admitted.as_ref()?;
-        let id = self.request.as_ref().map(|j| j.id.clone())?;
+        self.admitted()?;
+        let id = self.judged().map(|j| j.id.clone())?;
         match r.status {
             500..=599 => {
                 self.record(host, Outcome::Failure, None);

@@ -105,8 +105,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 .as_deref()
                 .map(|id| vec![(SESSION_HEADER, id)])
                 .unwrap_or_default();
-            host.send_reply(status, &reply, &headers);
-            return Some(Action::Pause);
+            return Some(self.send_local(host, status, &reply, &headers));
         }
         replacing(host, &status.to_string(), reply.content_type);
         host.set_response_header(SESSION_HEADER, session.as_deref());
@@ -172,7 +171,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         if !sse && !end_of_stream {
             return Action::Pause;
         }
-        let Some(judged) = &self.request else {
+        let Some(judged) = self.judged() else {
             self.watch = Watch::None;
             return Action::Continue;
         };
@@ -281,7 +280,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
     pub(super) fn unfilterable_reply(&self) -> Reply {
         reply::error(
             self.version,
-            self.request.as_ref().map(|j| &j.id),
+            self.judged().map(|j| &j.id),
             reply::INTERNAL_ERROR,
             "The gateway could not read this tools/list answer to show only the tools you may call, so it is not shown; ask for the next page, or ask an operator.",
             None::<()>,
@@ -323,8 +322,12 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         end_of_stream: bool,
     ) -> Action {
         if end_of_stream {
-            host.send_reply(503, &reply, &[("retry-after", STREAM_RETRY_AFTER_SECS)]);
-            return Action::Pause;
+            return self.send_local(
+                host,
+                503,
+                &reply,
+                &[("retry-after", STREAM_RETRY_AFTER_SECS)],
+            );
         }
         replacing(host, "503", reply.content_type);
         host.set_response_header("retry-after", Some(STREAM_RETRY_AFTER_SECS));

@@ -22,14 +22,18 @@
 //! tool the gateway would refuse now annotated (see [`crate::mcp::listing`]), as the
 //! aggregate endpoint's listing is; no other answer is.
 //!
-//! Where each part lives: `request` (headers and body in, each body to its judge),
-//! `authorization` (tokens, rules, claims), `admission` (breakers, overrides, batches),
-//! `virtual_route` (the aggregate endpoint's names and routing), `held` (sessions held for
-//! clients, replays), `response` (what to watch in an answer and its body as it passes),
-//! `answer_edit` (links and question ids in routed answers), `listing_watch` (listings, GET
-//! streams, offline answers), `outcome` (what an answer means for breakers and health), `host`
-//! (the host interface) and `shared` (what a VM's calls share). This file keeps the types a
-//! request's life is made of.
+//! A request's life is a state machine (`life`: `Ignored`, `AwaitingEmptyBody`, `Stream`,
+//! `Passed`, `Reading`, `Unconfigured`, `Judged`, `Answered`), each state holding only what is
+//! valid in it and every move made by `Call::enter`; its answer's are [`Watch`]'s.
+//!
+//! Where each part lives: `life` (the states and their moves), `request` (headers and body
+//! in, each body to its judge), `authorization` (tokens, rules, claims), `admission`
+//! (breakers, overrides, batches), `virtual_route` (the aggregate endpoint's names and
+//! routing), `held` (sessions held for clients, replays), `response` (what to watch in an
+//! answer and its body as it passes), `answer_edit` (links and question ids in routed
+//! answers), `listing_watch` (listings, GET streams, offline answers), `outcome` (what an
+//! answer means for breakers and health), `host` (the host interface) and `shared` (what a
+//! VM's calls share). This file keeps the types a request's life is made of.
 
 use std::borrow::Cow;
 use std::cell::RefCell;
@@ -83,6 +87,7 @@ mod answer_edit;
 mod authorization;
 mod held;
 mod host;
+mod life;
 mod listing_watch;
 mod outcome;
 mod request;
@@ -96,6 +101,7 @@ use admission::*;
 use answer_edit::*;
 use held::*;
 pub use host::{log_field, Action, CallHost, Level, SESSION_HEADER};
+use life::*;
 pub use shared::{transition_line, Sealing, Shared};
 use virtual_route::*;
 
@@ -171,22 +177,6 @@ enum Watch {
 /// (`Retry-After`); neither reconnects in a loop on a 503.
 pub const STREAM_RETRY_AFTER_SECS: &str = "5";
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Stage {
-    /// Not a request the filter reads (another path, another method).
-    Ignored,
-    /// An MCP GET stream: only an Envoy-made failure is answered, in MCP's terms.
-    Stream,
-    /// A POST whose body is being held for judging.
-    Reading,
-    /// No body is read any more: the request is being judged, went upstream, or was
-    /// answered.
-    PastReading,
-    /// A POST this VM cannot judge (it has no configuration): its body is read only for the
-    /// id of the refusal.
-    Unconfigured,
-}
-
 /// Response headers for a body the filter writes in place of the server's (set before the
 /// body comes): its status and type, and no length or encoding of the server's body.
 fn replacing(host: &impl CallHost, status: &str, content_type: &str) {
@@ -237,16 +227,13 @@ fn is_post(host: &impl CallHost) -> bool {
 /// One HTTP request (a proxy-wasm HTTP context) through the filter.
 pub struct Call<S, M> {
     shared: Rc<RefCell<Shared<S, M>>>,
-    stage: Stage,
+    /// Where the request is in its life, with what is valid there (see [`Life`]).
+    life: Life,
+    /// What is being done with the answer: the response's own states (see [`Watch`]).
+    watch: Watch,
     service: Option<String>,
     version: ProtocolVersion,
     framing: Framing,
-    header_method: Option<String>,
-    header_name: Option<String>,
-    body_len: usize,
-    request: Option<Judged>,
-    admitted: Option<Admitted>,
-    watch: Watch,
     /// Breaker events for the fleet, for the host to hand to the reporting root context.
     events: Vec<BreakerEvent>,
     /// Session ids of this stream are sealed (an MCP path, with a key configured).
@@ -257,27 +244,11 @@ pub struct Call<S, M> {
     held: Option<HeldCall>,
     /// The parameters of the `initialize` this request sends (sealed into its session id).
     init_params: Option<String>,
-    /// The request declared its body's length (`content-length`), which a rewrite must keep
-    /// true.
-    declared_length: bool,
-    /// A stateless client's call answered on a session held for it: the answer is held
-    /// whole and its results completed for the client's revision
-    /// ([`held_session::complete_results`]).
-    completing: bool,
-    /// An answer routed from a virtual server, edited as it passes (see [`AnswerEdit`]).
-    edit: Option<AnswerEdit>,
-    /// Who is calling, when the auth configuration is on (issue 20).
+    /// Who is calling, when the auth configuration is on.
     auth: AuthState,
-    /// A GET or DELETE whose headers wait until it is clear no body follows.
-    no_body: bool,
     /// `Mcp-Session-Id` as the client sent it (before unsealing): what its cancellations
     /// name.
     client_session: Option<String>,
-    /// A `resources/read` or `prompts/get` of the aggregate endpoint sent to its service: its
-    /// answer counts for or against the instance (health feedback), never for a breaker.
-    surface_feedback: bool,
-    /// The server's URI and the one the agent read, when the gateway rewrote it.
-    surface_uri: Option<(String, String)>,
 }
 
 impl AuthState {
@@ -301,28 +272,17 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
     pub fn new(shared: Rc<RefCell<Shared<S, M>>>) -> Self {
         Call {
             shared,
-            stage: Stage::Ignored,
+            life: Life::Ignored,
+            watch: Watch::None,
             service: None,
             version: ProtocolVersion::V2025_03_26,
             framing: Framing::Json,
-            header_method: None,
-            header_name: None,
-            body_len: 0,
-            request: None,
-            admitted: None,
-            watch: Watch::None,
             events: Vec::new(),
             sealing: false,
             on_virtual: None,
             held: None,
             init_params: None,
-            declared_length: false,
-            completing: false,
-            edit: None,
-            surface_feedback: false,
-            surface_uri: None,
             auth: AuthState::default(),
-            no_body: false,
             client_session: None,
         }
     }

@@ -10,7 +10,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
     pub(super) fn unread_answer(&mut self, host: &impl CallHost, end_of_stream: bool) -> Action {
         self.shared.borrow_mut().stats.count(RESPONSES_UNREAD);
         self.record(host, Outcome::Ignored, Some(Kind::Ok));
-        let listing = self.request.as_ref().is_some_and(|j| j.list.is_some());
+        let listing = self.judged().is_some_and(|j| j.list.is_some());
         if !(listing && self.listing_filtered()) {
             return Action::Continue;
         }
@@ -51,7 +51,9 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
 
     /// Reads the upstream address of the admitted call, if not read yet.
     pub(super) fn read_endpoint(&mut self, host: &impl CallHost) {
-        let Some(a) = &mut self.admitted else { return };
+        let Some(a) = self.exchange_mut().and_then(|e| e.admitted.as_mut()) else {
+            return;
+        };
         if !matches!(a.endpoint, Endpoint::Unread) {
             return;
         }
@@ -66,7 +68,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
 
     /// Whether this call's client cancelled it (`notifications/cancelled` on its session).
     pub(super) fn cancelled_by_client(&self, now_ms: u64) -> bool {
-        let (Some(session), Some(judged)) = (&self.client_session, &self.request) else {
+        let (Some(session), Some(judged)) = (&self.client_session, self.judged()) else {
             return false;
         };
         let shared = self.shared.borrow();
@@ -76,7 +78,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
     /// Records the outcome of the admitted call, once; `report` is what the call feedback
     /// says about its upstream instance, if anything.
     pub(super) fn record(&mut self, host: &impl CallHost, outcome: Outcome, report: Option<Kind>) {
-        let Some(a) = self.admitted.take() else {
+        let Some(a) = self.exchange_mut().and_then(|e| e.admitted.take()) else {
             return;
         };
         let now = host.now_ms();
@@ -134,7 +136,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
 
     /// Success or slow, by how long the call took; `is_error` is the tool's own `isError`.
     pub(super) fn record_answered(&mut self, host: &impl CallHost, is_error: bool) {
-        let Some(a) = &self.admitted else { return };
+        let Some(a) = self.admitted() else { return };
         let outcome = if is_error {
             Outcome::IsErrorResult
         } else if host.now_ms().saturating_sub(a.started_ms) >= a.policy.slow_call_ms {
@@ -194,7 +196,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
     /// sends should the upstream cut off an answer the filter holds.
     pub(super) fn cut_reply(&self) -> Vec<u8> {
         let write = || self.failure_reply(UpstreamFailure::Reset, Framing::Json);
-        let Some(judged) = &self.request else {
+        let Some(judged) = self.judged() else {
             return write().body;
         };
         let (tool, fallback) = judged.tool.clone().unzip();
@@ -211,7 +213,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
 
     /// The semantic reply for the admitted call of this request.
     pub(super) fn tool_reply(&self, kind: UnavailableKind<'_>, framing: Framing) -> Reply {
-        let Some(judged) = &self.request else {
+        let Some(judged) = self.judged() else {
             // Only admitted calls (which have a judged request) get here.
             return reply::refused(self.version, None, Refusal::NotAMessage, framing);
         };

@@ -57,7 +57,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 // GET streams and DELETE are toolgate-xds's, with its own session ids: passed
                 // untouched, never unsealed.
                 if method != HttpMethod::Post {
-                    return self.without_body(end_of_stream);
+                    return self.without_body(end_of_stream, false);
                 }
                 return self.hold_body(host, end_of_stream);
             }
@@ -70,10 +70,9 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 self.version = ProtocolVersion::from_header(
                     host.request_header("mcp-protocol-version").as_deref(),
                 );
-                self.stage = Stage::Stream;
-                return self.without_body(end_of_stream);
+                return self.without_body(end_of_stream, true);
             }
-            HttpMethod::Delete => return self.without_body(end_of_stream),
+            HttpMethod::Delete => return self.without_body(end_of_stream, false),
         }
         self.service = Some(service.to_string());
         self.hold_body(host, end_of_stream)
@@ -94,10 +93,8 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             HttpMethod::Delete
         } else {
             self.version = version;
-            self.stage = Stage::PastReading;
             let reply = reply::refused(version, None, Refusal::MethodNotAllowed, Framing::Json);
-            host.send_reply(405, &reply, &[("allow", "GET, POST, DELETE")]);
-            return Err(Action::Pause);
+            return Err(self.send_local(host, 405, &reply, &[("allow", "GET, POST, DELETE")]));
         };
         if let Some(name) = READ_HEADERS
             .iter()
@@ -126,13 +123,21 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
     }
 
     /// A GET or DELETE: its headers go on once it is clear no body follows them (a server
-    /// that read a body there like a POST's would run a call nobody judged).
-    pub(super) fn without_body(&mut self, end_of_stream: bool) -> Action {
+    /// that read a body there like a POST's would run a call nobody judged). `stream`: a GET
+    /// stream of a service.
+    pub(super) fn without_body(&mut self, end_of_stream: bool, stream: bool) -> Action {
         if end_of_stream {
+            self.enter(if stream { Life::Stream } else { Life::Passed });
             return Action::Continue;
         }
-        self.no_body = true;
+        self.enter(Life::AwaitingEmptyBody { stream });
         Action::Pause
+    }
+
+    /// The GET or DELETE ended without a body: it goes on.
+    fn empty_body_ended(&mut self, stream: bool) -> Action {
+        self.enter(if stream { Life::Stream } else { Life::Passed });
+        Action::Continue
     }
 
     /// The body of a GET or DELETE: refused if it has a byte; the request goes on once it has
@@ -140,23 +145,21 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
     pub(super) fn no_body_allowed(
         &mut self,
         host: &impl CallHost,
+        stream: bool,
         body_size: usize,
         end_of_stream: bool,
     ) -> Action {
         if body_size > 0 {
-            self.no_body = false;
             self.version = ProtocolVersion::from_header(
                 host.request_header("mcp-protocol-version").as_deref(),
             );
             // The stream is refused, not judged: no breaker outcome, no stream watch.
-            self.stage = Stage::PastReading;
             return self.refuse(host, 400, None, Refusal::BodyNotAllowed);
         }
         if !end_of_stream {
             return Action::Pause;
         }
-        self.no_body = false;
-        Action::Continue
+        self.empty_body_ended(stream)
     }
 
     /// A POST to judge: reads what the headers say, and holds them until the body is complete.
@@ -164,9 +167,11 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         self.version =
             ProtocolVersion::from_header(host.request_header("mcp-protocol-version").as_deref());
         self.framing = Framing::from_accept(host.request_header("accept").as_deref());
-        self.header_method = host.request_header("mcp-method");
-        self.header_name = host.request_header("mcp-name");
-        self.stage = Stage::Reading;
+        let mut read = Reading {
+            header_method: host.request_header("mcp-method"),
+            header_name: host.request_header("mcp-name"),
+            ..Reading::default()
+        };
         if host
             .request_header("content-encoding")
             .is_some_and(|e| !e.trim().eq_ignore_ascii_case("identity"))
@@ -177,7 +182,8 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         let declared = host
             .request_header("content-length")
             .and_then(|v| v.trim().parse::<u64>().ok());
-        self.declared_length = declared.is_some();
+        read.declared_length = declared.is_some();
+        self.enter(Life::Reading(read));
         if declared.is_some_and(|n| n > limit) {
             let reply = reply::body_too_large(self.version, None, limit, self.framing);
             return self.reply_locally(host, 413, &reply);
@@ -195,21 +201,23 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         body_size: usize,
         end_of_stream: bool,
     ) -> Action {
-        if self.no_body {
-            return self.no_body_allowed(host, body_size, end_of_stream);
-        }
-        if self.stage == Stage::Unconfigured {
-            return self.unconfigured_body(host, body_size, end_of_stream);
-        }
-        if self.stage != Stage::Reading {
-            return Action::Continue;
-        }
+        let read = match &mut self.life {
+            Life::AwaitingEmptyBody { stream } => {
+                let stream = *stream;
+                return self.no_body_allowed(host, stream, body_size, end_of_stream);
+            }
+            Life::Unconfigured { .. } => {
+                return self.unconfigured_body(host, body_size, end_of_stream)
+            }
+            Life::Reading(read) => read,
+            _ => return Action::Continue,
+        };
+        read.body_len = body_size;
         let limit = self.shared.borrow().config.max_body_bytes;
         if body_size as u64 > limit {
             let reply = reply::body_too_large(self.version, None, limit, self.framing);
             return self.reply_locally(host, 413, &reply);
         }
-        self.body_len = body_size;
         if !end_of_stream {
             return Action::Pause;
         }
@@ -219,18 +227,13 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
     /// HTTP/2 trailers end the request without an end-of-stream body callback: the body is
     /// complete now, and must be judged before Envoy forwards it.
     pub fn on_request_trailers(&mut self, host: &impl CallHost) -> Action {
-        if self.no_body {
+        match &self.life {
             // Trailers end the request: whatever body came was seen by the body callbacks.
-            self.no_body = false;
-            return Action::Continue;
+            Life::AwaitingEmptyBody { stream } => self.empty_body_ended(*stream),
+            Life::Unconfigured { body_len } => self.unconfigured_body(host, *body_len, true),
+            Life::Reading(_) => self.judge(host),
+            _ => Action::Continue,
         }
-        if self.stage == Stage::Unconfigured {
-            return self.unconfigured_body(host, self.body_len, true);
-        }
-        if self.stage != Stage::Reading {
-            return Action::Continue;
-        }
-        self.judge(host)
     }
 
     /// Sends a local reply and stops the request there.
@@ -240,9 +243,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         status: u32,
         reply: &Reply,
     ) -> Action {
-        self.stage = Stage::PastReading;
-        host.send_reply(status, reply, &[]);
-        Action::Pause
+        self.send_local(host, status, reply, &[])
     }
 
     pub(super) fn refuse(
@@ -258,13 +259,18 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
 
     /// The body is complete: judge it.
     pub(super) fn judge(&mut self, host: &impl CallHost) -> Action {
-        self.stage = Stage::PastReading;
+        let read = match &mut self.life {
+            Life::Reading(read) => std::mem::take(read),
+            _ => return Action::Continue,
+        };
+        let body_len = read.body_len;
+        self.enter(Life::Judged(Exchange::new(read)));
         // A service's route, or (no service yet) the aggregate endpoint.
         let service = self.service.clone();
         if service.is_none() && self.on_virtual.is_none() {
             return Action::Continue;
         }
-        let bytes = host.request_body(self.body_len).unwrap_or_default();
+        let bytes = host.request_body(body_len).unwrap_or_default();
         let depth = self.shared.borrow().config.max_json_depth;
         if nests_deeper_than(&bytes, depth) {
             let reply = reply::too_deep(self.version, depth, self.framing);
@@ -274,11 +280,14 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             Ok(body) => body,
             Err(refusal) => return self.refuse(host, 400, None, refusal),
         };
-        let check = check_headers(
-            self.header_method.as_deref(),
-            self.header_name.as_deref(),
-            &body,
-        );
+        let check = match self.read() {
+            Some(read) => check_headers(
+                read.header_method.as_deref(),
+                read.header_name.as_deref(),
+                &body,
+            ),
+            None => HeaderCheck::NoHeaders,
+        };
         if let HeaderCheck::Mismatch(mismatch) = check {
             let id = match &body {
                 Body::Request(r) => Some(&r.id),

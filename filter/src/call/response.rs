@@ -35,15 +35,17 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 .response_header(":status")
                 .is_some_and(|s| s.starts_with('2'))
         {
-            self.completing = true;
-            // The completed answer is longer.
-            host.set_response_header("content-length", None);
+            if let Some(exchange) = self.exchange_mut() {
+                exchange.completing = true;
+                // The completed answer is longer.
+                host.set_response_header("content-length", None);
+            }
         }
-        if self.stage == Stage::Stream {
+        if matches!(self.life, Life::Stream) {
             return self.stream_response(host, end_of_stream);
         }
         self.plan_edit(host, encoded, end_of_stream);
-        if self.request.is_none() {
+        if self.judged().is_none() {
             return Action::Continue;
         }
         let status = host
@@ -63,9 +65,9 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         if Kind::of_verdict(v).is_some() {
             self.read_endpoint(host);
         }
-        if std::mem::take(&mut self.surface_feedback) {
+        if let Some(surface) = self.exchange_mut().and_then(|e| e.surface.take()) {
             self.surface_outcome(host, Kind::of_verdict(v));
-            if let Some((own, visible)) = self.surface_uri.take() {
+            if let Some((own, visible)) = surface.rewritten_uri {
                 if status == 200 && !encoded && !end_of_stream {
                     // The rewritten answer is longer.
                     host.set_response_header("content-length", None);
@@ -77,8 +79,8 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         match v {
             Verdict::Answered if encoded => self.unread_answer(host, end_of_stream),
             Verdict::Answered => {
-                if self.admitted.is_none() {
-                    let listing = self.request.as_ref().is_some_and(|j| j.list.is_some());
+                if self.admitted().is_none() {
+                    let listing = self.judged().is_some_and(|j| j.list.is_some());
                     if listing && status == 200 && !end_of_stream {
                         return self.watch_listing(host);
                     }
@@ -94,7 +96,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 }
                 let content_type = host.response_header("content-type").unwrap_or_default();
                 if content_type.starts_with("text/event-stream") {
-                    if let Some(judged) = &self.request {
+                    if let Some(judged) = self.judged() {
                         let scanner = match self.question_scanner(host) {
                             Some(noting) => noting,
                             None => SseScanner::new(judged.id.clone()),
@@ -130,11 +132,11 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                     Verdict::Failed(what) => Some(what),
                     _ => None,
                 };
-                let reply = match (&self.admitted, what) {
+                let reply = match (self.admitted(), what) {
                     (Some(_), Some(what)) => self.upstream_failed(host, what),
                     (Some(_), None) => self.overloaded(host),
                     (None, what) => {
-                        let (Some(judged), Some(service)) = (&self.request, &self.service) else {
+                        let (Some(judged), Some(service)) = (self.judged(), &self.service) else {
                             return Action::Continue;
                         };
                         let reply = reply::service_unavailable(
@@ -162,8 +164,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
 
     /// Replaces a response that has no body to replace: a local reply in its place.
     pub(super) fn replace_now(&mut self, host: &impl CallHost, reply: Reply) -> Action {
-        host.send_reply(200, &reply, &[]);
-        Action::Pause
+        self.send_local(host, 200, &reply, &[])
     }
 
     pub fn on_response_body(
@@ -182,15 +183,15 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             _ => {}
         }
         let mut body_size = body_size;
-        if self.completing {
+        if let Some(exchange) = self.exchange_mut().filter(|e| e.completing) {
             if !end_of_stream {
                 if body_size <= held_session::MAX_COMPLETED_BYTES {
                     return Action::Pause;
                 }
                 // Too large to hold: it goes as the server sent it.
-                self.completing = false;
+                exchange.completing = false;
             } else {
-                self.completing = false;
+                exchange.completing = false;
                 let body = host.response_body(body_size).unwrap_or_default();
                 if let Some(completed) = held_session::complete_results(&body) {
                     host.set_response_body(body_size, &completed);
@@ -198,7 +199,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 }
             }
         }
-        if self.edit.is_some() {
+        if self.edits_answer() {
             match self.edit_answer(host, body_size, end_of_stream) {
                 Some(size) => body_size = size,
                 None => return Action::Pause,
@@ -250,7 +251,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 }
                 self.watch = Watch::None;
                 let body = host.response_body(body_size).unwrap_or_default();
-                let Some(judged) = &self.request else {
+                let Some(judged) = self.judged() else {
                     return Action::Continue;
                 };
                 let class = classify_response(&body, &judged.id);
@@ -280,7 +281,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 }
                 let body = std::mem::take(seen);
                 self.watch = Watch::None;
-                if let Some(judged) = &self.request {
+                if let Some(judged) = self.judged() {
                     let class = classify_response(&body, &judged.id);
                     // Too late to replace what already streamed; the failure still counts.
                     let _ = self.classified(host, class);
@@ -339,7 +340,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
     /// response: the upstream went away mid-answer, or the client did. Only the first is the
     /// tool's fault.
     pub fn on_log(&mut self, host: &impl CallHost) {
-        if self.admitted.is_none() {
+        if self.admitted().is_none() {
             return;
         }
         let details = self.code_details(host);

@@ -153,7 +153,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         if !routed || !sse || self.client_session.is_none() {
             return None;
         }
-        let judged = self.request.as_ref()?;
+        let judged = self.judged()?;
         Some(SseScanner::new(judged.id.clone()).noting_requests())
     }
 
@@ -224,7 +224,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         .contains(&request.method.as_ref())
         {
             self.log_field(host, log_field::METHOD, &request.method);
-            self.request = Some(Judged {
+            self.note_request(Judged {
                 id: request.id.clone(),
                 discover: false,
                 tool: None,
@@ -296,10 +296,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                     let shared = self.shared.borrow();
                     shared.visible.get(&server, &service, f).map(str::to_string)
                 });
-                if let Some(judged) = &mut self.request {
-                    judged.tool = Some((visible.to_string(), fallback));
-                }
-                self.admitted = Some(admitted);
+                self.admit(admitted, (visible.to_string(), fallback));
                 self.route_call(host, &routed, &service, &tool)
             }
         }
@@ -315,8 +312,8 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             .virtual_servers
             .get(server)
             .is_some_and(|r| !r.resources.is_empty() || !r.templates.is_empty());
-        if offers {
-            self.edit = Some(AnswerEdit {
+        if let (true, Some(exchange)) = (offers, self.exchange_mut()) {
+            exchange.edit = Some(AnswerEdit {
                 server: server.to_string(),
                 service: service.to_string(),
                 links: true,
@@ -444,12 +441,13 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         }
         self.forward_claims(host, &service);
         self.service = Some(service.clone());
-        self.surface_feedback = true;
+        let rewritten_uri = (request.method == RESOURCES_READ && own != asked)
+            .then(|| (own.clone(), asked.to_string()));
+        if let Some(exchange) = self.exchange_mut() {
+            exchange.surface = Some(Surface { rewritten_uri });
+        }
         if request.method == PROMPTS_GET {
             self.watch_links(&server, &service);
-        }
-        if request.method == RESOURCES_READ && own != asked {
-            self.surface_uri = Some((own.clone(), asked.to_string()));
         }
         self.route_call(host, &routed, &service, &own)
     }
@@ -464,15 +462,19 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         service: &str,
         tool: &str,
     ) -> Action {
+        let (body_len, declared_length, header_name) = match self.read() {
+            Some(r) => (r.body_len, r.declared_length, r.header_name.is_some()),
+            None => (0, false, false),
+        };
         let Some(on) = &mut self.on_virtual else {
             return Action::Continue;
         };
         on.routed = true;
-        host.set_request_body(self.body_len, body);
-        if self.declared_length {
+        host.set_request_body(body_len, body);
+        if declared_length {
             host.set_request_header("content-length", Some(&body.len().to_string()));
         }
-        if self.header_name.is_some() {
+        if header_name {
             host.set_request_header("mcp-name", Some(tool));
         }
         // The agent's `Mcp-Session-Id` is a gateway session of toolgate-xds, which no server
@@ -632,7 +634,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         request: &'r Request<'_>,
     ) -> Result<Option<&'r str>, Action> {
         self.log_field(host, log_field::METHOD, &request.method);
-        self.request = Some(Judged {
+        self.note_request(Judged {
             id: request.id.clone(),
             discover: request.method == SERVER_DISCOVER,
             tool: None,
@@ -645,7 +647,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 (listing == Listing::Tools && self.on_virtual.is_none())
                     || self.listing_filtered_for(listing)
             });
-            if let Some(judged) = &mut self.request {
+            if let Some(judged) = self.exchange_mut().and_then(|e| e.request.as_mut()) {
                 judged.list = listing;
             }
             return Ok(None);
