@@ -32,6 +32,13 @@ test: build lint
 demo: build
 	@bash scripts/demo.sh
 
+# make deploy-render: the Envoy bootstraps under deploy/ (Compose's envoy.json, the Kubernetes
+# ConfigMap) written from `toolgate-xds bootstrap`, the code the tests' Envoys start from, so the
+# listener's security settings exist once. `make test` fails when the committed files differ.
+.PHONY: deploy-render
+deploy-render: build
+	@bash scripts/render-deploy.sh
+
 clean:
 	$(CARGO) clean
 	rm -rf tests/logs .toolgate

@@ -82,7 +82,7 @@ fn version_of(tool: &str, args: &[&str], marker: &str) -> String {
 
 #[test]
 fn deploy_bootstraps_are_what_toolgate_xds_prints() {
-    let regenerate = "regenerate with scripts/render-deploy.sh";
+    let regenerate = "regenerate with `make deploy-render`";
     let compose = root().join("deploy/compose");
     let rendered = render_bootstrap(&compose.join("bootstrap.args"));
     let committed = std::fs::read_to_string(compose.join("envoy.json")).expect("envoy.json");
