@@ -23,7 +23,13 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
     /// (asked for by the request, see [`Self::watch_links`]) and the server's questions (on
     /// the SSE stream of a call routed on a client's session). Nothing of an answer that
     /// failed, is compressed or has no body.
-    pub(super) fn plan_edit(&mut self, host: &impl CallHost, encoded: bool, end_of_stream: bool) {
+    pub(super) fn plan_edit<H: CallHost>(
+        &mut self,
+        host: &H,
+        head: &AnswerHead<'_, H>,
+        encoded: bool,
+        end_of_stream: bool,
+    ) {
         let routed = self.on_virtual.as_ref().filter(|v| v.routed);
         let (Some(on), Some(service)) = (routed, &self.service) else {
             self.drop_edit();
@@ -34,16 +40,11 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             // No links asked for, and no client to ask questions of.
             return;
         }
-        let ok = host
-            .response_header(":status")
-            .is_some_and(|s| s.starts_with('2'));
-        if !ok || encoded || end_of_stream {
+        if !head.success() || encoded || end_of_stream {
             self.drop_edit();
             return;
         }
-        let sse = host
-            .response_header("content-type")
-            .is_some_and(|c| c.starts_with("text/event-stream"));
+        let sse = head.is_sse();
         let questions = sse && self.client_session.is_some();
         let (server, service) = (on.server.clone(), service.clone());
         let Some(exchange) = self.exchange_mut() else {
@@ -81,19 +82,20 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         self.exchange().is_some_and(|e| e.edit.is_some())
     }
 
-    /// The answer so far edited (see [`AnswerEdit`]): the body's size after that, or `None`
-    /// to wait for more (a JSON answer until it is whole, an SSE stream until an event ends).
-    /// An answer too large to hold goes as the server wrote it.
+    /// The answer so far edited (see [`AnswerEdit`]): the body as it goes on after that (so
+    /// that what reads it next need not copy it again), or `None` to wait for more (a JSON
+    /// answer until it is whole, an SSE stream until an event ends). An answer too large to
+    /// hold goes as the server wrote it.
     pub(super) fn edit_answer(
         &mut self,
         host: &impl CallHost,
         body_size: usize,
         end_of_stream: bool,
-    ) -> Option<usize> {
-        let Some(edit) = self.exchange().and_then(|e| e.edit.as_ref()) else {
-            return Some(body_size);
-        };
+    ) -> Option<Vec<u8>> {
         let body = host.response_body(body_size).unwrap_or_default();
+        let Some(edit) = self.exchange().and_then(|e| e.edit.as_ref()) else {
+            return Some(body);
+        };
         let whole = end_of_stream || (edit.sse && resource_uri::ends_an_event(&body));
         if !whole {
             if body_size <= HOLD_LIMIT {
@@ -107,7 +109,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 ),
             );
             self.drop_edit();
-            return Some(body_size);
+            return Some(body);
         }
         let links = edit.links && resource_uri::may_hold_links(&body);
         let questions = edit.questions && memchr::memmem::find(&body, b"\"method\"").is_some();
@@ -137,9 +139,9 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         match edited {
             Some(edited) => {
                 host.set_response_body(body_size, &edited);
-                Some(edited.len())
+                Some(edited)
             }
-            None => Some(body_size),
+            None => Some(body),
         }
     }
 }

@@ -507,9 +507,10 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
     /// with its instance (re-opened, and the call replayed there) or ended by the client or
     /// the live server (the server's answer goes on). A 404 says so at once; a 400 says so in
     /// its body, which is held and read first ([`HeldPhase::Checking`]).
-    pub(super) fn replay_lost_session(
+    pub(super) fn replay_lost_session<H: CallHost>(
         &mut self,
-        host: &impl CallHost,
+        host: &H,
+        head: &AnswerHead<'_, H>,
         end_of_stream: bool,
     ) -> Option<Action> {
         let held = self.held.as_mut()?;
@@ -519,9 +520,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         {
             return None;
         }
-        let status = host
-            .response_header(":status")
-            .and_then(|s| s.parse::<u16>().ok())?;
+        let status = head.status();
         if toolgate_model::session_loss::session_unknown(status, None) {
             if unsessioned {
                 return Some(self.unsessioned_refused(host));

@@ -8,15 +8,13 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
     /// healthy, or could not connect): answered here, in MCP, from the configuration (see
     /// [`crate::offline`]), never with Envoy's plain-text 503. A toolgate-xds's own error
     /// passes as it is.
-    pub(super) fn control_plane_unreachable(
+    pub(super) fn control_plane_unreachable<H: CallHost>(
         &mut self,
-        host: &impl CallHost,
+        host: &H,
+        head: &AnswerHead<'_, H>,
         end_of_stream: bool,
     ) -> Option<Action> {
-        let status = host
-            .response_header(":status")
-            .and_then(|s| s.parse::<u16>().ok())
-            .unwrap_or(0);
+        let status = head.status();
         if status < 500 {
             return None;
         }
@@ -115,9 +113,13 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
 
     /// A server's answer to a `tools/list` on its route: held to be annotated, as long as it
     /// is small enough to hold ([`HOLD_LIMIT`], like a call's JSON response).
-    pub(super) fn watch_listing(&mut self, host: &impl CallHost) -> Action {
-        let content_type = host.response_header("content-type").unwrap_or_default();
-        if content_type.starts_with("text/event-stream") {
+    pub(super) fn watch_listing<H: CallHost>(
+        &mut self,
+        host: &H,
+        head: &AnswerHead<'_, H>,
+    ) -> Action {
+        let content_type = head.content_type();
+        if head.is_sse() {
             // An annotated event is longer than the server's: a declared length would cut it.
             host.set_response_header("content-length", None);
             self.watch = Watch::Listing { sse: true };
@@ -291,11 +293,13 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
     /// A GET stream Envoy could not open (no healthy instance, connect failure, full pool):
     /// 503 with `Retry-After` and a JSON-RPC error naming the service. A server's own answer
     /// passes as it is.
-    pub(super) fn stream_response(&mut self, host: &impl CallHost, end_of_stream: bool) -> Action {
-        let status = host
-            .response_header(":status")
-            .and_then(|s| s.parse::<u16>().ok())
-            .unwrap_or(0);
+    pub(super) fn stream_response<H: CallHost>(
+        &mut self,
+        host: &H,
+        head: &AnswerHead<'_, H>,
+        end_of_stream: bool,
+    ) -> Action {
+        let status = head.status();
         if status < 500 {
             return Action::Continue;
         }

@@ -1,6 +1,6 @@
 //! The life of one HTTP request through the filter: read and judge the request, admit or
 //! answer it, then read how it went. Plain Rust behind [`CallHost`], so every step is tested
-//! natively (see `tests.rs`); `host/` only forwards Envoy's callbacks here.
+//! natively (see `tests/`); `host/` only forwards Envoy's callbacks here.
 //!
 //! The rules it keeps:
 //! - **Judge exactly what the server executes, or refuse.** Every POST to `/mcp/<service>` is
@@ -102,6 +102,7 @@ use answer_edit::*;
 use held::*;
 pub use host::{log_field, Action, CallHost, Level, SESSION_HEADER};
 use life::*;
+use response::AnswerHead;
 pub use shared::{transition_line, Sealing, Shared};
 use virtual_route::*;
 

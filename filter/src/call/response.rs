@@ -2,10 +2,61 @@
 //! scanned for the response, a listing to annotate, a failure to replace), its body is
 //! edited and judged as it passes, and the outcome is recorded when the stream ends.
 
+use std::cell::OnceCell;
+
 use super::*;
+
+/// The answer's headers the filter reads, each asked of the host at most once: several parts
+/// read the same ones, and a host call costs about a microsecond.
+pub(super) struct AnswerHead<'h, H> {
+    host: &'h H,
+    status: OnceCell<u16>,
+    content_type: OnceCell<String>,
+}
+
+impl<'h, H: CallHost> AnswerHead<'h, H> {
+    pub(super) fn new(host: &'h H) -> Self {
+        AnswerHead {
+            host,
+            status: OnceCell::new(),
+            content_type: OnceCell::new(),
+        }
+    }
+
+    /// The status, 0 when it is not a number.
+    pub(super) fn status(&self) -> u16 {
+        *self.status.get_or_init(|| {
+            self.host
+                .response_header(":status")
+                .and_then(|s| s.parse::<u16>().ok())
+                .unwrap_or(0)
+        })
+    }
+
+    pub(super) fn success(&self) -> bool {
+        (200..300).contains(&self.status())
+    }
+
+    pub(super) fn content_type(&self) -> &str {
+        self.content_type.get_or_init(|| {
+            self.host
+                .response_header("content-type")
+                .unwrap_or_default()
+        })
+    }
+
+    pub(super) fn is_sse(&self) -> bool {
+        self.content_type().starts_with("text/event-stream")
+    }
+}
 
 impl<S: SharedStore, M: MetricHost> Call<S, M> {
     pub fn on_response_headers(&mut self, host: &impl CallHost, end_of_stream: bool) -> Action {
+        if matches!(self.life, Life::Ignored) {
+            // Not a request the filter read: nothing of its answer is either.
+            return Action::Continue;
+        }
+        let head = AnswerHead::new(host);
         if self.sealing {
             self.seal_session(host);
         }
@@ -14,11 +65,11 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             // address wrapped around it by the session affinity) must not replace it.
             host.set_response_header(SESSION_HEADER, None);
         }
-        if let Some(action) = self.replay_lost_session(host, end_of_stream) {
+        if let Some(action) = self.replay_lost_session(host, &head, end_of_stream) {
             return action;
         }
         if self.on_virtual.as_ref().is_some_and(|v| !v.routed) {
-            if let Some(action) = self.control_plane_unreachable(host, end_of_stream) {
+            if let Some(action) = self.control_plane_unreachable(host, &head, end_of_stream) {
                 return action;
             }
         }
@@ -31,9 +82,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             && self.held.as_ref().is_some_and(|h| {
                 h.phase == HeldPhase::Sent && matches!(h.client, HeldFor::Stateless { .. })
             })
-            && host
-                .response_header(":status")
-                .is_some_and(|s| s.starts_with('2'))
+            && head.success()
         {
             if let Some(exchange) = self.exchange_mut() {
                 exchange.completing = true;
@@ -42,16 +91,13 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             }
         }
         if matches!(self.life, Life::Stream) {
-            return self.stream_response(host, end_of_stream);
+            return self.stream_response(host, &head, end_of_stream);
         }
-        self.plan_edit(host, encoded, end_of_stream);
+        self.plan_edit(host, &head, encoded, end_of_stream);
         if self.judged().is_none() {
             return Action::Continue;
         }
-        let status = host
-            .response_header(":status")
-            .and_then(|s| s.parse::<u16>().ok())
-            .unwrap_or(0);
+        let status = head.status();
         // Each host call costs about a microsecond: only a failure needs Envoy's details.
         let (overloaded, details) = if status < 500 {
             (false, String::new())
@@ -82,9 +128,9 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 if self.admitted().is_none() {
                     let listing = self.judged().is_some_and(|j| j.list.is_some());
                     if listing && status == 200 && !end_of_stream {
-                        return self.watch_listing(host);
+                        return self.watch_listing(host, &head);
                     }
-                    if let Some(scanner) = self.question_scanner(host) {
+                    if let Some(scanner) = self.question_scanner(&head) {
                         self.watch = Watch::Questions(scanner);
                     }
                     return Action::Continue;
@@ -94,10 +140,9 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                     let reply = self.upstream_failed(host, UpstreamFailure::BadResponse);
                     return self.replace_now(host, reply);
                 }
-                let content_type = host.response_header("content-type").unwrap_or_default();
-                if content_type.starts_with("text/event-stream") {
+                if head.is_sse() {
                     if let Some(judged) = self.judged() {
-                        let scanner = match self.question_scanner(host) {
+                        let scanner = match self.question_scanner(&head) {
                             Some(noting) => noting,
                             None => SseScanner::new(judged.id.clone()),
                         };
@@ -199,12 +244,21 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 }
             }
         }
+        // The body at hand, once read: read once however many parts look at it.
+        let mut read: Option<Vec<u8>> = None;
         if self.edits_answer() {
             match self.edit_answer(host, body_size, end_of_stream) {
-                Some(size) => body_size = size,
+                Some(body) => {
+                    body_size = body.len();
+                    read = Some(body);
+                }
                 None => return Action::Pause,
             }
         }
+        let mut body_at_hand = || {
+            read.take()
+                .unwrap_or_else(|| host.response_body(body_size).unwrap_or_default())
+        };
         match &mut self.watch {
             Watch::None => Action::Continue,
             Watch::Listing { sse } => {
@@ -223,7 +277,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 if let Watch::ResourceUri { own, visible } =
                     std::mem::replace(&mut self.watch, Watch::None)
                 {
-                    let body = host.response_body(body_size).unwrap_or_default();
+                    let body = body_at_hand();
                     if let Some(edited) = resource_uri::rewrite(&body, &own, &visible) {
                         host.set_response_body(body_size, &edited);
                     }
@@ -243,14 +297,14 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 if !end_of_stream {
                     if body_size > HOLD_LIMIT {
                         // Too large to hold: let it stream, judged from a copy.
-                        let seen = host.response_body(body_size).unwrap_or_default();
+                        let seen = body_at_hand();
                         self.watch = Watch::Json(seen);
                         return Action::Continue;
                     }
                     return Action::Pause;
                 }
                 self.watch = Watch::None;
-                let body = host.response_body(body_size).unwrap_or_default();
+                let body = body_at_hand();
                 let Some(judged) = self.judged() else {
                     return Action::Continue;
                 };
@@ -266,7 +320,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             }
             Watch::Json(_) => {
                 // Passed through as it streams; only this call's copy is kept.
-                let chunk = host.response_body(body_size).unwrap_or_default();
+                let chunk = body_at_hand();
                 let Watch::Json(seen) = &mut self.watch else {
                     return Action::Continue;
                 };
@@ -289,7 +343,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 Action::Continue
             }
             Watch::Questions(scanner) => {
-                let chunk = host.response_body(body_size).unwrap_or_default();
+                let chunk = body_at_hand();
                 let answered = scanner.feed(&chunk).is_some();
                 let asked = scanner.take_requests();
                 if answered || end_of_stream {
@@ -300,7 +354,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             }
             Watch::Sse(scanner) => {
                 // Streamed through: only the chunk at hand is read, never the whole stream.
-                let chunk = host.response_body(body_size).unwrap_or_default();
+                let chunk = body_at_hand();
                 let found = match scanner.feed(&chunk) {
                     Some(class) => Some(class),
                     None if end_of_stream => scanner.finish(),

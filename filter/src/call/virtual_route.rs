@@ -145,12 +145,12 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
     /// A scanner noting the server's questions, for the SSE answer to a request routed from
     /// the aggregate endpoint on a client's session (where an answer needs finding its way
     /// back); `None` for any other.
-    pub(super) fn question_scanner(&self, host: &impl CallHost) -> Option<SseScanner> {
+    pub(super) fn question_scanner<H: CallHost>(
+        &self,
+        head: &AnswerHead<'_, H>,
+    ) -> Option<SseScanner> {
         let routed = self.on_virtual.as_ref().is_some_and(|v| v.routed);
-        let sse = host
-            .response_header("content-type")
-            .is_some_and(|t| t.starts_with("text/event-stream"));
-        if !routed || !sse || self.client_session.is_none() {
+        if !routed || self.client_session.is_none() || !head.is_sse() {
             return None;
         }
         let judged = self.judged()?;
