@@ -53,8 +53,8 @@ pub use snapshot::{HealthCounts, InstanceView, RegistryView};
 use virtual_keys::{OrderKey, VirtualKey};
 pub use virtual_keys::{SurfaceRoutes, VirtualOutput};
 
+use crate::health::config::HealthConfig;
 use crate::health::machine::{CallCounts, Health, ProbeResult, State};
-use crate::health::HealthConfig;
 use crate::routing::{Bulkhead, EndpointHealth, RouteEndpoint, RoutingSnapshot, ServiceRoute};
 
 /// The reason label of a policy delete refused because another policy depends on its value.
