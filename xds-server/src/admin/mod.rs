@@ -18,7 +18,7 @@ use std::sync::{Arc, RwLock};
 
 use axum::body::Bytes;
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{Path, State};
+use axum::extract::{FromRef, Path, State};
 use axum::http::header::CONTENT_TYPE;
 use axum::http::HeaderMap;
 use axum::http::StatusCode;
@@ -27,6 +27,7 @@ use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use serde_json::json;
 
+use crate::aggregate::http::AggregateState;
 use crate::etcd::EtcdStatus;
 use crate::fleet::{now_ms, AdminError, FleetWriter};
 use crate::health::feedback::{self, FeedbackBody};
@@ -58,6 +59,17 @@ pub struct AdminState {
     pub upstream: Arc<crate::upstream::UpstreamSessions>,
     /// The aggregate MCP endpoint, `/v1/aggregate/{name}`.
     pub aggregate: Arc<crate::aggregate::Aggregate>,
+}
+
+/// The aggregate endpoint's handlers are routed here but take only their part of the state
+/// (axum's `State` extracts it with this), so they need nothing of the admin API.
+impl FromRef<AdminState> for AggregateState {
+    fn from_ref(s: &AdminState) -> AggregateState {
+        AggregateState {
+            aggregate: Arc::clone(&s.aggregate),
+            upstream: Arc::clone(&s.upstream),
+        }
+    }
 }
 
 pub fn router(state: AdminState) -> Router {

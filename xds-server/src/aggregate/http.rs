@@ -14,11 +14,20 @@ use super::listing::Listing;
 use super::session::Refused;
 use super::stream::{self, OpenStream};
 use super::{methods, Aggregate};
-use crate::admin::AdminState;
 use crate::metrics::{AggregateLabel, StreamLabel};
+use crate::upstream::UpstreamSessions;
 use toolgate_model::session_owner::{
     bound_to, is_identity_digest, owner_of, OwnerKind, IDENTITY_HEADER,
 };
+
+/// What the handlers of `/v1/aggregate/{name}` use of the admin listener's state (which
+/// provides it, see `admin::router`): the endpoint, and the sessions held upstream for its
+/// clients. Its own type so this module does not import the admin API that routes to it.
+#[derive(Clone)]
+pub struct AggregateState {
+    pub aggregate: Arc<Aggregate>,
+    pub upstream: Arc<UpstreamSessions>,
+}
 
 /// The largest POST body read; a JSON-RPC message to this endpoint is a few hundred bytes.
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;
@@ -140,7 +149,7 @@ fn session_of(a: &Aggregate, name: &str, headers: &HeaderMap) -> Result<String, 
 }
 
 pub async fn post(
-    State(s): State<AdminState>,
+    State(s): State<AggregateState>,
     Path(name): Path<String>,
     headers: HeaderMap,
     body: Body,
@@ -217,7 +226,7 @@ fn caller_owner(session: &str, headers: &HeaderMap) -> Option<String> {
 /// every server holding a session for its caller (see `UpstreamSessions::cancel_everywhere`);
 /// the client has its 202 at once, as a server would answer it.
 fn cancel_everywhere(
-    s: &AdminState,
+    s: &AggregateState,
     name: &str,
     session: &str,
     headers: &HeaderMap,
@@ -247,7 +256,7 @@ fn cancel_everywhere(
 /// `logging/setLevel` of a gateway session: passed on to every session the gateway holds for
 /// it (and to each it opens later), so each server logs to the client at that level.
 async fn set_level(
-    s: &AdminState,
+    s: &AggregateState,
     name: &str,
     headers: &HeaderMap,
     id: &Value,
@@ -368,7 +377,7 @@ fn modern(
 
 /// The legacy notification stream of a session.
 pub async fn get(
-    State(s): State<AdminState>,
+    State(s): State<AggregateState>,
     Path(name): Path<String>,
     headers: HeaderMap,
 ) -> Response {
@@ -426,7 +435,7 @@ pub async fn get(
 
 /// Ends a gateway session: 204, and the next request with it gets 404.
 pub async fn delete(
-    State(s): State<AdminState>,
+    State(s): State<AggregateState>,
     Path(name): Path<String>,
     headers: HeaderMap,
 ) -> Response {
