@@ -28,6 +28,21 @@ pub fn authorization(token: &toolgate_model::policy::SecretString) -> String {
         format!("Bearer {}", token.0)
     }
 }
+
+/// The headers of a report to toolgate-xds (`authorization` only when it is not empty).
+pub fn report_headers<'a>(path: &'a str, authorization: &'a str) -> Vec<(&'a str, &'a str)> {
+    let mut headers = vec![
+        (":method", "POST"),
+        (":path", path),
+        (":authority", AUTHORITY),
+        ("content-type", "application/json"),
+    ];
+    if !authorization.is_empty() {
+        headers.push(("authorization", authorization));
+    }
+    headers
+}
+
 pub const PATH: &str = "/v1/feedback";
 pub const AUTHORITY: &str = "toolgate-xds";
 /// A report is worth less than the request path it must never slow down: short, never retried.

@@ -9,11 +9,9 @@ use std::collections::HashMap;
 use std::time::UNIX_EPOCH;
 
 use proxy_wasm::hostcalls;
-use proxy_wasm::traits::Context;
 use proxy_wasm::types::{LogLevel, MetricType, Status};
 use toolgate_model::fleet::BreakerEvent;
 
-use super::root::Root;
 use super::{log, now_ms};
 use crate::feedback::{self, Answer, Delivery};
 use crate::fleet::{self, Outbox, Pending};
@@ -149,15 +147,24 @@ impl Posts {
     }
 }
 
-impl Root {
-    /// Takes the queued breaker events (and `events`, from this root's own flush) and posts
-    /// them to toolgate-xds.
-    pub(super) fn post_events(&mut self, mut events: Vec<BreakerEvent>) {
-        let queue = self.queue.borrow().id;
-        if let Some(queue) = queue {
+// A root context's breaker-event posts. The root hands in what they need of it (the queue its
+// HTTP contexts share, its gateway name, the authorization of its configuration), so this
+// module does not import the root context that uses it.
+impl Posts {
+    /// Takes the queued breaker events (and `events`, from the root's own flush) and posts
+    /// them to toolgate-xds, as `gateway`.
+    pub(super) fn post_events(
+        &mut self,
+        queue: &RefCell<Queue>,
+        gateway: &str,
+        authorization: &impl Fn() -> String,
+        mut events: Vec<BreakerEvent>,
+    ) {
+        let queue_id = queue.borrow().id;
+        if let Some(id) = queue_id {
             let mut unreadable = 0;
             for _ in 0..MAX_DRAIN {
-                match hostcalls::dequeue_shared_queue(queue) {
+                match hostcalls::dequeue_shared_queue(id) {
                     Ok(Some(bytes)) => match fleet::decode_event(&bytes) {
                         Some(event) => events.push(event),
                         None => unreadable += 1,
@@ -165,7 +172,7 @@ impl Root {
                     Ok(None) | Err(_) => break,
                 }
             }
-            self.queue
+            queue
                 .borrow_mut()
                 .lost(unreadable, "unreadable entries on the event queue");
         }
@@ -176,45 +183,49 @@ impl Root {
         let pending: Vec<Pending> = events
             .into_iter()
             .map(|event| {
-                self.posts.next_id = self.posts.next_id.wrapping_add(1);
+                self.next_id = self.next_id.wrapping_add(1);
                 Pending {
-                    id: self.posts.next_id,
+                    id: self.next_id,
                     at_ms: now,
                     event,
                 }
             })
             .collect();
         update_unacked(|list| fleet::with_pending(list, &pending, now));
-        self.send_pending(pending);
+        self.send_pending(gateway, authorization, pending);
     }
 
     /// Posts events to toolgate-xds; each post remembers which events it carries, so an
     /// answer acknowledges exactly those.
-    fn send_pending(&mut self, pending: Vec<Pending>) {
-        let gateway = self.gateway.clone().unwrap_or_default();
+    fn send_pending(
+        &mut self,
+        gateway: &str,
+        authorization: &impl Fn() -> String,
+        pending: Vec<Pending>,
+    ) {
         for chunk in pending.chunks(fleet::MAX_EVENTS_PER_POST) {
             let ids: Vec<u64> = chunk.iter().map(|p| p.id).collect();
             let events = chunk.iter().map(|p| p.event.clone()).collect();
-            let Some((body, _)) = fleet::bodies(&gateway, events).into_iter().next() else {
+            let Some((body, _)) = fleet::bodies(gateway, events).into_iter().next() else {
                 continue;
             };
-            let auth = self.report_authorization();
-            let sent = self.dispatch_http_call(
+            let auth = authorization();
+            let sent = hostcalls::dispatch_http_call(
                 feedback::CLUSTER,
-                super::root::report_headers(fleet::PATH, &auth),
+                feedback::report_headers(fleet::PATH, &auth),
                 Some(&body),
                 vec![],
                 fleet::TIMEOUT,
             );
             match sent {
                 Ok(token) => {
-                    self.posts.delivery.dispatched(true);
-                    if self.posts.awaiting.len() < MAX_TRACKED_POSTS {
-                        self.posts.awaiting.insert(token, ids);
+                    self.delivery.dispatched(true);
+                    if self.awaiting.len() < MAX_TRACKED_POSTS {
+                        self.awaiting.insert(token, ids);
                     }
                 }
                 Err(status) => {
-                    if self.posts.delivery.dispatched(false) {
+                    if self.delivery.dispatched(false) {
                         log(
                             LogLevel::Warn,
                             &format!(
@@ -231,7 +242,12 @@ impl Root {
 
     /// Sends again what toolgate-xds has not acknowledged: posts of a replaced root context
     /// were cancelled with it. `older_than_ms` spares the posts still in flight.
-    pub(super) fn resend_unacked(&mut self, older_than_ms: u64) {
+    pub(super) fn resend_unacked(
+        &mut self,
+        gateway: &str,
+        authorization: &impl Fn() -> String,
+        older_than_ms: u64,
+    ) {
         let now = now_ms();
         let Ok((bytes, _)) = hostcalls::get_shared_data(fleet::UNACKED_KEY) else {
             return;
@@ -241,21 +257,21 @@ impl Root {
             .filter(|p| p.relevant(now) && now.saturating_sub(p.at_ms) >= older_than_ms)
             .collect();
         if !due.is_empty() {
-            self.send_pending(due);
+            self.send_pending(gateway, authorization, due);
         }
     }
 
     /// toolgate-xds answered (or did not) the post `token`; `true` if it was a post of
     /// breaker events.
     pub(super) fn events_answered(&mut self, token: u32, answer: Answer) -> bool {
-        let Some(ids) = self.posts.awaiting.remove(&token) else {
+        let Some(ids) = self.awaiting.remove(&token) else {
             return false;
         };
         if answer == Answer::Accepted {
             update_unacked(|list| fleet::without(list, &ids));
         }
         // Unacknowledged events are sent again while they matter: nothing is lost here.
-        let Some(change) = self.posts.delivery.answered(answer) else {
+        let Some(change) = self.delivery.answered(answer) else {
             return true;
         };
         let (level, message) = match change {

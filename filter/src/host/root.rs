@@ -6,7 +6,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
 
-use toolgate_model::fleet::{FilterConfigStatus, FILTER_CONFIG_STATUS_PATH};
+use toolgate_model::fleet::{BreakerEvent, FilterConfigStatus, FILTER_CONFIG_STATUS_PATH};
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -50,18 +50,9 @@ fn log_transition(key: &str, t: &Transition) {
     log(LogLevel::Warn, &transition_line(key, t));
 }
 
-/// The headers of a report to toolgate-xds (`authorization` only when it is not empty).
-pub(super) fn report_headers<'a>(path: &'a str, authorization: &'a str) -> Vec<(&'a str, &'a str)> {
-    let mut headers = vec![
-        (":method", "POST"),
-        (":path", path),
-        (":authority", feedback::AUTHORITY),
-        ("content-type", "application/json"),
-    ];
-    if !authorization.is_empty() {
-        headers.push(("authorization", authorization));
-    }
-    headers
+/// `Bearer <token>` when toolgate-xds requires a token on reports, else empty.
+fn report_authorization(shared: &RefCell<HostShared>) -> String {
+    feedback::authorization(&shared.borrow().config.report_token)
 }
 
 pub(super) struct Root {
@@ -105,12 +96,12 @@ impl Root {
         }
         // Serializing a plain struct cannot fail.
         let body = serde_json::to_vec(status).unwrap_or_default();
-        let auth = self.report_authorization();
+        let auth = report_authorization(&self.shared);
         self.status_sent_ms = now;
         self.status_token = self
             .dispatch_http_call(
                 feedback::CLUSTER,
-                report_headers(FILTER_CONFIG_STATUS_PATH, &auth),
+                feedback::report_headers(FILTER_CONFIG_STATUS_PATH, &auth),
                 Some(&body),
                 vec![],
                 feedback::TIMEOUT,
@@ -184,9 +175,27 @@ impl Root {
         }
     }
 
-    /// `Bearer <token>` when toolgate-xds requires a token on reports, else empty.
-    pub(super) fn report_authorization(&self) -> String {
-        crate::feedback::authorization(&self.shared.borrow().config.report_token)
+    /// Takes the queued breaker events (and `events`, from this root's own flush) and posts
+    /// them to toolgate-xds.
+    fn post_events(&mut self, events: Vec<BreakerEvent>) {
+        let shared = &self.shared;
+        self.posts.post_events(
+            &self.queue,
+            self.gateway.as_deref().unwrap_or_default(),
+            &|| report_authorization(shared),
+            events,
+        );
+    }
+
+    /// Sends again the breaker events toolgate-xds has not acknowledged (see
+    /// `Posts::resend_unacked`).
+    fn resend_unacked(&mut self, older_than_ms: u64) {
+        let shared = &self.shared;
+        self.posts.resend_unacked(
+            self.gateway.as_deref().unwrap_or_default(),
+            &|| report_authorization(shared),
+            older_than_ms,
+        );
     }
 
     /// Posts a batch of call feedback; a report that cannot go is dropped, never queued: the
@@ -203,10 +212,10 @@ impl Root {
             );
         }
         let Some(body) = batch.body else { return };
-        let auth = self.report_authorization();
+        let auth = report_authorization(&self.shared);
         let sent = self.dispatch_http_call(
             feedback::CLUSTER,
-            report_headers(feedback::PATH, &auth),
+            feedback::report_headers(feedback::PATH, &auth),
             Some(&body),
             vec![],
             feedback::TIMEOUT,
@@ -253,7 +262,7 @@ impl Context for Root {
             }
             return;
         }
-        if self.events_answered(token_id, answer) {
+        if self.posts.events_answered(token_id, answer) {
             return;
         }
         let Some(change) = self.delivery.answered(answer) else {

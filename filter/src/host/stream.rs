@@ -185,7 +185,7 @@ impl CallHost for Envoy {
     fn dispatch(&self, path: &str, body: &[u8], authorization: &str) -> bool {
         hostcalls::dispatch_http_call(
             crate::feedback::CLUSTER,
-            super::root::report_headers(path, authorization),
+            crate::feedback::report_headers(path, authorization),
             Some(body),
             vec![],
             SESSION_QUESTION_TIMEOUT,
