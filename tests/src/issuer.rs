@@ -256,6 +256,21 @@ impl Issuer {
         format!("{}{}", self.issuer(), JWKS_PATH)
     }
 
+    /// toolgate-xds's auth configuration (`PUT /v1/auth/config`) trusting this issuer, its
+    /// JWKS cached for a second only (tests rotate and withdraw keys), for the gateway at
+    /// `resource`; `required` names the services that need a token (`["*"]`: every one).
+    pub fn auth_config(&self, resource: &str, required: Value) -> Value {
+        json!({
+            "resource": resource,
+            "authorization_servers": [self.issuer()],
+            "issuers": [{
+                "issuer": self.issuer(),
+                "jwks": {"remote": {"uri": self.jwks_uri(), "cache_secs": 1}}
+            }],
+            "required": required
+        })
+    }
+
     pub fn port(&self) -> u16 {
         self.port
     }

@@ -315,3 +315,78 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     }
     text
 }
+
+/// POSTs one JSON-RPC message by hand, for a test that reads the HTTP response itself (its
+/// status and headers, an SSE stream as it comes): with `mcp-session-id: session` and
+/// `mcp-protocol-version: version` when given (a client sends neither with `initialize`; a
+/// test may send the version there, or leave it out after).
+pub async fn send_message(
+    http: &reqwest::Client,
+    url: &str,
+    session: Option<&str>,
+    version: Option<&str>,
+    body: &Value,
+) -> reqwest::Result<reqwest::Response> {
+    let mut req = http
+        .post(url)
+        .header("accept", "application/json, text/event-stream")
+        .json(body);
+    if let Some(v) = version {
+        req = req.header("mcp-protocol-version", v);
+    }
+    if let Some(s) = session {
+        req = req.header("mcp-session-id", s);
+    }
+    req.send().await
+}
+
+/// [`send_message`] that must reach the server (panics with the error when it does not).
+pub async fn post_message(
+    http: &reqwest::Client,
+    url: &str,
+    session: Option<&str>,
+    version: Option<&str>,
+    body: &Value,
+) -> reqwest::Response {
+    send_message(http, url, session, version, body)
+        .await
+        .unwrap_or_else(|e| panic!("POST to {url}: {}", error_chain(&e)))
+}
+
+/// Opens a session by hand at `url` as a client speaking `version` with `capabilities`:
+/// `initialize` (answered 200 with a session id, or the test fails), then
+/// `notifications/initialized`. The session's id.
+pub async fn open_session(
+    http: &reqwest::Client,
+    url: &str,
+    version: &str,
+    capabilities: Value,
+) -> String {
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": version, "capabilities": capabilities,
+        "clientInfo": {"name": "toolgate-tests", "version": "0"}}});
+    let resp = post_message(http, url, None, None, &init).await;
+    assert_eq!(resp.status(), StatusCode::OK, "initialize at {url}");
+    let session = resp
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .expect("a session id")
+        .to_string();
+    let _ = resp.bytes().await;
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    post_message(http, url, Some(&session), Some(version), &initialized).await;
+    session
+}
+
+/// The texts of a tool result's content blocks, one a line (empty when it has none): what an
+/// agent reads of the result.
+pub fn text_of(result: &Value) -> String {
+    result["content"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["text"].as_str())
+        .collect::<Vec<_>>()
+        .join("\n")
+}

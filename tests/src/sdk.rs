@@ -25,6 +25,22 @@ pub async fn python_with(options: &[&str], url: &str, steps: &[&str]) -> Vec<Val
     run_python(options, url, steps).await
 }
 
+/// The result the python client reported for `step`; panics with every report when the step
+/// gave none (an MCP error, an exception, or no report at all). The test's [`TestEnv`] prints
+/// its processes' logs as the panic unwinds.
+///
+/// [`TestEnv`]: crate::TestEnv
+pub fn step_ok<'a>(lines: &'a [Value], step: &str) -> &'a Value {
+    match lines
+        .iter()
+        .find(|l| l["step"] == step)
+        .and_then(|l| l.get("ok"))
+    {
+        Some(ok) => ok,
+        None => panic!("python step {step} gave no result: {lines:#?}"),
+    }
+}
+
 /// `tests/python/client.py` running, its step reports read as they come: for a test that acts
 /// while a step is in flight (kills a server under a call).
 pub struct PythonLive {

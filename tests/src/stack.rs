@@ -4,11 +4,14 @@
 
 use std::time::{Duration, Instant};
 
+use reqwest::StatusCode;
 use serde_json::Value;
 
 use crate::envoy::Envoy;
 use crate::etcd::Etcd;
-use crate::servers::Member;
+use crate::paths::free_port;
+use crate::process::Proc;
+use crate::servers::{Member, Registrant, ServerCommand};
 use crate::testenv::TestEnv;
 use crate::wait::wait_until;
 use crate::xds::Xds;
@@ -101,10 +104,92 @@ impl Stack {
         self.envoy.url(service)
     }
 
+    /// `http://127.0.0.1:<port>`: the gateway's public base URL (the `resource` of its auth
+    /// configuration).
+    pub fn base_url(&self) -> String {
+        self.url("x").trim_end_matches("/mcp/x").to_string()
+    }
+
     /// The aggregate endpoint, `/mcp`, of this stack's Envoy.
     pub fn aggregate_url(&self) -> String {
-        let service_url = self.url("x");
-        format!("{}/mcp", service_url.trim_end_matches("/mcp/x"))
+        format!("{}/mcp", self.base_url())
+    }
+
+    /// `method` on toolgate-xds's admin API at `path`, with the admin token and `body` as JSON
+    /// when given: the status and the JSON answer (`Null` when it is not JSON).
+    pub async fn admin(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> (StatusCode, Value) {
+        let mut req = reqwest::Client::new()
+            .request(method, format!("{}{path}", self.xds.admin_url()))
+            .bearer_auth(ADMIN_TOKEN);
+        if let Some(body) = body {
+            req = req.json(body);
+        }
+        let resp = req.send().await.expect("admin API");
+        let status = resp.status();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    /// PUTs `body` at `path` on toolgate-xds's admin API, which must accept it (panics with
+    /// the status and the answer when it does not).
+    pub async fn admin_put(&self, path: &str, body: &Value) {
+        let resp = reqwest::Client::new()
+            .put(format!("{}{path}", self.xds.admin_url()))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(body)
+            .send()
+            .await
+            .expect("admin API");
+        let status = resp.status();
+        let text = resp.text().await.unwrap_or_default();
+        assert!(status.is_success(), "PUT {path}: {status} {text}");
+    }
+
+    /// The reference everything-server (see [`ServerCommand::everything`]) registered as
+    /// `service`, instance `<service>-1` probed over MCP, once toolgate-xds has it UP: the
+    /// server and its registrar. `tools` are the ones it registers (`--tools`); `None` has its
+    /// tools discovered, so `/mcp` lists all it lists (to a client that can answer its
+    /// questions).
+    pub async fn everything(
+        &self,
+        env: &TestEnv,
+        service: &str,
+        tools: Option<&str>,
+    ) -> (Proc, Proc) {
+        let cmd = ServerCommand::everything(free_port());
+        let server = cmd.spawn(env, service);
+        let instance = format!("{service}-1");
+        let mut registrant = Registrant::new(&self.etcd.endpoint(), service, &cmd.endpoint())
+            .arg("--instance-id", &instance)
+            .arg("--probe", "mcp");
+        if let Some(tools) = tools {
+            registrant = registrant.arg("--tools", tools);
+        }
+        let registrar = registrant.spawn(env, &format!("{service}.registrar"));
+        self.wait_state(service, &instance, "UP", Duration::from_secs(30))
+            .await;
+        (server, registrar)
+    }
+
+    /// `orders` on one official Python SDK server (`orders-1`, stateless, answering in JSON;
+    /// its lenient JSON reading runs whatever gets through), registered with `ttl` and routed
+    /// by Envoy.
+    pub async fn python_orders(&self, env: &TestEnv, ttl: u32) -> Member {
+        let member = Member::python(
+            env,
+            &self.etcd.endpoint(),
+            "orders",
+            "orders-1",
+            &["--stateless", "--json-response"],
+            ttl,
+        )
+        .await;
+        self.routes("orders", &[&member]).await;
+        member
     }
 
     /// Puts a breaker policy (`key`: `<service>` or `<service>/<tool>`) into etcd and waits

@@ -18,16 +18,7 @@ const TTL: u32 = 10;
 /// `write_order` forced open by an operator.
 async fn gateway(env: &TestEnv) -> (Stack, Member) {
     let stack = Stack::start(env).await;
-    let member = Member::python(
-        env,
-        &stack.etcd.endpoint(),
-        "orders",
-        "orders-1",
-        &["--stateless", "--json-response"],
-        TTL,
-    )
-    .await;
-    stack.routes("orders", &[&member]).await;
+    let member = stack.python_orders(env, TTL).await;
     stack
         .force(
             "orders",

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use serde_json::{json, Value};
+use toolgate_tests::mcp::{post_message, PROTOCOL_VERSION};
 use toolgate_tests::stack::ADMIN_TOKEN;
 use toolgate_tests::{sdk, wait_until, Etcd, McpServer, Proc, Registrant, TestEnv, Xds};
 
@@ -27,30 +28,13 @@ async fn service(env: &TestEnv, etcd: &str, service: &str, tools: &str) -> (McpS
     (server, registrar)
 }
 
-/// A POST of one JSON-RPC message, with the session when given.
-async fn post(
-    http: &reqwest::Client,
-    url: &str,
-    session: Option<&str>,
-    body: Value,
-) -> reqwest::Response {
-    let mut req = http
-        .post(url)
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", "2025-06-18")
-        .json(&body);
-    if let Some(s) = session {
-        req = req.header("mcp-session-id", s);
-    }
-    req.send().await.expect("POST to the aggregate endpoint")
-}
-
 async fn list(http: &reqwest::Client, url: &str, session: &str) -> Vec<Value> {
-    let resp = post(
+    let resp = post_message(
         http,
         url,
         Some(session),
-        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}}),
+        Some(PROTOCOL_VERSION),
+        &json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}}),
     )
     .await;
     assert_eq!(resp.status(), 200);
@@ -137,11 +121,12 @@ async fn one_endpoint_lists_every_service_and_tells_its_clients_what_changed() {
     assert_eq!(listed["description"], read_order["description"]);
 
     // A legacy session by hand, to hold its GET stream open.
-    let resp = post(
+    let resp = post_message(
         &http,
         &url,
         None,
-        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        Some(PROTOCOL_VERSION),
+        &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
             "protocolVersion": "2025-06-18", "capabilities": {},
             "clientInfo": {"name": "aggregate-test", "version": "1"}}}),
     )
@@ -154,19 +139,21 @@ async fn one_endpoint_lists_every_service_and_tells_its_clients_what_changed() {
         .expect("a session id")
         .to_string();
     assert!(session.starts_with("tgv1."), "{session}");
-    let resp = post(
+    let resp = post_message(
         &http,
         &url,
         Some(&session),
-        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        Some(PROTOCOL_VERSION),
+        &json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
     )
     .await;
     assert_eq!(resp.status(), 202);
-    let no_session = post(
+    let no_session = post_message(
         &http,
         &url,
         None,
-        json!({"jsonrpc": "2.0", "id": 9, "method": "tools/list", "params": {}}),
+        Some(PROTOCOL_VERSION),
+        &json!({"jsonrpc": "2.0", "id": 9, "method": "tools/list", "params": {}}),
     )
     .await;
     assert_eq!(no_session.status(), 400, "a request without its session");
@@ -345,11 +332,12 @@ async fn one_endpoint_lists_every_service_and_tells_its_clients_what_changed() {
         .await
         .expect("DELETE");
     assert_eq!(deleted.status(), 204);
-    let after = post(
+    let after = post_message(
         &http,
         &url,
         Some(&session),
-        json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list", "params": {}}),
+        Some(PROTOCOL_VERSION),
+        &json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list", "params": {}}),
     )
     .await;
     assert_eq!(after.status(), 404);

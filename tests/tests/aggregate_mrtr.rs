@@ -11,6 +11,7 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use toolgate_tests::mcp::text_of;
 use toolgate_tests::{sdk, wait_until, McpSession, Member, Reply, Stack, TestEnv};
 
 /// The service, its tool, and the name `/mcp` gives the tool.
@@ -102,9 +103,9 @@ async fn by_sdk(url: &str, tool: &str, who: &str) -> String {
         &["initialize", "list", &call],
     )
     .await;
-    let init = py_ok(&lines, "initialize");
+    let init = sdk::step_ok(&lines, "initialize");
     assert_eq!(init["protocolVersion"], "2026-07-28", "{url}: {lines:#?}");
-    let listed: Vec<&str> = py_ok(&lines, "list")["tools"]
+    let listed: Vec<&str> = sdk::step_ok(&lines, "list")["tools"]
         .as_array()
         .into_iter()
         .flatten()
@@ -114,29 +115,14 @@ async fn by_sdk(url: &str, tool: &str, who: &str) -> String {
         listed.contains(&tool),
         "{url}: {tool} not listed: {listed:?}"
     );
-    let result = py_ok(&lines, &call);
+    let result = sdk::step_ok(&lines, &call);
     assert_eq!(result["isError"], false, "{url}: {result}");
-    result["content"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|c| c["text"].as_str())
-        .collect::<Vec<_>>()
-        .join("\n")
+    text_of(result)
 }
 
 /// What the tool answers `who` once the client gave [`ANSWER`] in a follow-up round.
 fn answered(who: &str) -> String {
     format!("favourite colour of {who}: {ANSWER} (after input_required)")
-}
-
-/// The report of the python client's step `step`; panics with every line when it has no
-/// result (the test's logs are printed as it unwinds).
-fn py_ok<'a>(lines: &'a [Value], step: &str) -> &'a Value {
-    match lines.iter().find(|l| l["step"] == step) {
-        Some(l) if l.get("ok").is_some() => &l["ok"],
-        _ => panic!("python step {step} gave no result: {lines:#?}"),
-    }
 }
 
 #[tokio::test]

@@ -10,30 +10,8 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use toolgate_tests::{
-    free_port, sdk, wait_for, NodeClient, Proc, Registrant, Sdk, ServerCommand, Stack, TestEnv,
-};
-
-/// The everything-server, its tools discovered (so /mcp lists all it lists to a client that
-/// can answer its questions).
-async fn everything(env: &TestEnv, stack: &Stack) -> (Proc, Proc) {
-    everything_as(env, stack, "ev").await
-}
-
-/// [`everything`] registered as `service`.
-async fn everything_as(env: &TestEnv, stack: &Stack, service: &str) -> (Proc, Proc) {
-    let cmd = ServerCommand::everything(free_port());
-    let server = cmd.spawn(env, service);
-    let instance = format!("{service}-1");
-    let registrar = Registrant::new(&stack.etcd.endpoint(), service, &cmd.endpoint())
-        .arg("--instance-id", &instance)
-        .arg("--probe", "mcp")
-        .spawn(env, &format!("{service}.registrar"));
-    stack
-        .wait_state(service, &instance, "UP", Duration::from_secs(30))
-        .await;
-    (server, registrar)
-}
+use toolgate_tests::mcp::{open_session, post_message, send_message, text_of, PROTOCOL_VERSION};
+use toolgate_tests::{sdk, wait_for, NodeClient, Sdk, Stack, TestEnv};
 
 /// The name /mcp lists for the everything-server's tool `tool`, once it lists it.
 async fn listed_name(url: &str, tool: &str) -> String {
@@ -54,30 +32,11 @@ async fn listed_name(url: &str, tool: &str) -> String {
     name
 }
 
-/// The texts of the result the python client reported for `step`.
-fn result_text(env: &TestEnv, lines: &[Value], step: &str) -> String {
-    let Some(ok) = lines
-        .iter()
-        .find(|l| l["step"] == step)
-        .and_then(|l| l.get("ok"))
-    else {
-        env.print_failure_logs();
-        panic!("python step {step} gave no result: {lines:#?}")
-    };
-    ok["content"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|c| c["text"].as_str())
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 #[tokio::test]
 async fn a_servers_questions_during_a_call_reach_the_client_and_its_answers_the_server() {
     let env = TestEnv::new("aggregate_questions");
     let stack = Stack::start(&env).await;
-    let _ev = everything(&env, &stack).await;
+    let _ev = stack.everything(&env, "ev", None).await;
     let url = stack.aggregate_url();
     let elicit = listed_name(&url, "trigger-elicitation-request").await;
     let sample = listed_name(&url, "trigger-sampling-request").await;
@@ -97,12 +56,12 @@ async fn a_servers_questions_during_a_call_reach_the_client_and_its_answers_the_
         &["initialize", &eliciting, &sampling, &eliciting],
     )
     .await;
-    let elicited = result_text(&env, &lines, &eliciting);
+    let elicited = text_of(sdk::step_ok(&lines, &eliciting));
     assert!(
         elicited.contains("User provided the requested information") && elicited.contains("blue"),
         "the everything-server did not get the client's answer to its elicitation: {elicited}"
     );
-    let sampled = result_text(&env, &lines, &sampling);
+    let sampled = text_of(sdk::step_ok(&lines, &sampling));
     assert!(
         sampled.contains("quiet packets") && sampled.contains("toolgate-test"),
         "the everything-server did not get the client's sampling answer: {sampled}"
@@ -119,10 +78,10 @@ async fn a_servers_questions_during_a_call_reach_the_client_and_its_answers_the_
 
     // Two servers asking one client session at once, each under the first id of its own
     // session: the client sees two ids, and each answer reaches the server that asked.
-    let _ev2 = everything_as(&env, &stack, "ev2").await;
+    let _ev2 = stack.everything(&env, "ev2", None).await;
     let elicit2 = listed_name(&url, "ev2__trigger-elicitation-request").await;
     let http = reqwest::Client::new();
-    let session = open_session_with(&http, &url, json!({"elicitation": {}})).await;
+    let session = open_session(&http, &url, PROTOCOL_VERSION, json!({"elicitation": {}})).await;
     let mut asked = Vec::new();
     for (id, tool) in [(11, &elicit), (12, &elicit2)] {
         let (question_tx, question_rx) = tokio::sync::oneshot::channel();
@@ -151,7 +110,8 @@ async fn a_servers_questions_during_a_call_reach_the_client_and_its_answers_the_
     for (tool, question, call) in asked {
         let answer = json!({"jsonrpc": "2.0", "id": question, "result": {
             "action": "accept", "content": {"answer": format!("for {tool}")}}});
-        assert_eq!(post(&http, &url, &session, &answer).await, 202, "{tool}");
+        let answered = post_message(&http, &url, Some(&session), Some(PROTOCOL_VERSION), &answer);
+        assert_eq!(answered.await.status(), 202, "{tool}");
         let text = tokio::time::timeout(Duration::from_secs(20), call)
             .await
             .ok()
@@ -174,15 +134,8 @@ async fn call_until_answered(
     question: tokio::sync::oneshot::Sender<Value>,
 ) -> String {
     let started = Instant::now();
-    let Ok(mut resp) = http
-        .post(&url)
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-session-id", &session)
-        .header("mcp-protocol-version", "2025-06-18")
-        .json(&call)
-        .send()
-        .await
-    else {
+    let sent = send_message(&http, &url, Some(&session), Some(PROTOCOL_VERSION), &call);
+    let Ok(mut resp) = sent.await else {
         return String::new();
     };
     let mut seen = String::new();
@@ -202,47 +155,6 @@ async fn call_until_answered(
     seen
 }
 
-/// Initializes a session on `url` by hand; its id.
-async fn open_session(http: &reqwest::Client, url: &str) -> String {
-    open_session_with(http, url, json!({})).await
-}
-
-/// [`open_session`] for a client with `capabilities`.
-async fn open_session_with(http: &reqwest::Client, url: &str, capabilities: Value) -> String {
-    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-06-18", "capabilities": capabilities,
-        "clientInfo": {"name": "cancel-test", "version": "1"}}});
-    let resp = http
-        .post(url)
-        .header("accept", "application/json, text/event-stream")
-        .json(&init)
-        .send()
-        .await
-        .expect("initialize");
-    let session = resp
-        .headers()
-        .get("mcp-session-id")
-        .and_then(|v| v.to_str().ok())
-        .expect("a session id")
-        .to_string();
-    let _ = resp.bytes().await;
-    let note = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
-    post(http, url, &session, &note).await;
-    session
-}
-
-async fn post(http: &reqwest::Client, url: &str, session: &str, body: &Value) -> u16 {
-    http.post(url)
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-session-id", session)
-        .header("mcp-protocol-version", "2025-06-18")
-        .json(body)
-        .send()
-        .await
-        .map(|r| r.status().as_u16())
-        .unwrap_or(0)
-}
-
 /// Calls the long-running tool as request 7 and reads its stream for at most `read_for`:
 /// what arrived, and when the stream ended (if it did).
 async fn long_call(
@@ -255,15 +167,8 @@ async fn long_call(
     let started = Instant::now();
     let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
         "name": tool, "arguments": {"duration": 3, "steps": 3}}});
-    let Ok(mut resp) = http
-        .post(&url)
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-session-id", &session)
-        .header("mcp-protocol-version", "2025-06-18")
-        .json(&call)
-        .send()
-        .await
-    else {
+    let sent = send_message(&http, &url, Some(&session), Some(PROTOCOL_VERSION), &call);
+    let Ok(mut resp) = sent.await else {
         return (String::new(), None);
     };
     let mut seen = Vec::new();
@@ -281,14 +186,14 @@ async fn long_call(
 async fn a_call_the_client_cancels_on_mcp_is_cancelled_on_its_server() {
     let env = TestEnv::new("aggregate_cancel");
     let stack = Stack::start(&env).await;
-    let _ev = everything(&env, &stack).await;
+    let _ev = stack.everything(&env, "ev", None).await;
     let url = stack.aggregate_url();
     let tool = listed_name(&url, "trigger-long-running-operation").await;
     let http = reqwest::Client::new();
     const DONE: &str = "Long running operation completed";
 
     // Not cancelled, the call finishes in its three seconds.
-    let session = open_session(&http, &url).await;
+    let session = open_session(&http, &url, PROTOCOL_VERSION, json!({})).await;
     let (text, _) = long_call(
         http.clone(),
         url.clone(),
@@ -303,7 +208,7 @@ async fn a_call_the_client_cancels_on_mcp_is_cancelled_on_its_server() {
     }
 
     // Cancelled a second in, it never finishes: the server got the cancellation.
-    let session = open_session(&http, &url).await;
+    let session = open_session(&http, &url, PROTOCOL_VERSION, json!({})).await;
     let call = tokio::spawn(long_call(
         http.clone(),
         url.clone(),
@@ -314,7 +219,9 @@ async fn a_call_the_client_cancels_on_mcp_is_cancelled_on_its_server() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
         "params": {"requestId": 7, "reason": "the user gave up"}});
-    let status = post(&http, &url, &session, &cancel).await;
+    let status = post_message(&http, &url, Some(&session), Some(PROTOCOL_VERSION), &cancel)
+        .await
+        .status();
     assert_eq!(status, 202, "the cancellation was not accepted");
     let (text, _) = call.await.expect("the call's task");
     if text.contains(DONE) {
@@ -330,26 +237,11 @@ async fn a_call_the_client_cancels_on_mcp_is_cancelled_on_its_server() {
     );
 }
 
-/// The report of the python client's step `step`; panics with every line when it has none.
-fn step_ok<'a>(env: &TestEnv, lines: &'a [Value], step: &str) -> &'a Value {
-    match lines
-        .iter()
-        .find(|l| l["step"] == step)
-        .and_then(|l| l.get("ok"))
-    {
-        Some(ok) => ok,
-        None => {
-            env.print_failure_logs();
-            panic!("python step {step} gave no result: {lines:#?}")
-        }
-    }
-}
-
 #[tokio::test]
 async fn a_subscription_through_one_url_brings_the_servers_updates_and_log_messages() {
     let env = TestEnv::new("aggregate_relay");
     let stack = Stack::start(&env).await;
-    let _ev = everything(&env, &stack).await;
+    let _ev = stack.everything(&env, "ev", None).await;
     let url = stack.aggregate_url();
     let updates = listed_name(&url, "toggle-subscriber-updates").await;
     let logging = listed_name(&url, "toggle-simulated-logging").await;
@@ -372,14 +264,14 @@ async fn a_subscription_through_one_url_brings_the_servers_updates_and_log_messa
         ],
     )
     .await;
-    let init = step_ok(&env, &lines, "initialize");
+    let init = sdk::step_ok(&lines, "initialize");
     assert_eq!(
         init["capabilities"]["resources"]["subscribe"], true,
         "the gateway says updates reach its clients: {init}"
     );
-    let updated = step_ok(&env, &lines, "notified:notifications/resources/updated");
+    let updated = sdk::step_ok(&lines, "notified:notifications/resources/updated");
     assert_eq!(updated["params"]["uri"], document, "{updated}");
-    let logged = step_ok(&env, &lines, "notified:notifications/message");
+    let logged = sdk::step_ok(&lines, "notified:notifications/message");
     assert!(
         logged["params"]["level"].is_string() && !logged["params"]["data"].is_null(),
         "{logged}"
@@ -398,7 +290,7 @@ async fn a_subscription_through_one_url_brings_the_servers_updates_and_log_messa
 async fn both_typescript_sdks_subscribe_through_one_url_and_hear_the_updates() {
     let env = TestEnv::new("aggregate_relay_ts");
     let stack = Stack::start(&env).await;
-    let _ev = everything(&env, &stack).await;
+    let _ev = stack.everything(&env, "ev", None).await;
     let url = stack.aggregate_url();
     let updates = listed_name(&url, "toggle-subscriber-updates").await;
     let logging = listed_name(&url, "toggle-simulated-logging").await;

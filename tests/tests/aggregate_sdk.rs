@@ -9,26 +9,13 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use toolgate_tests::{
-    free_port, rmcp_client, sdk, wait_until, Member, NodeClient, Proc, Registrant, Sdk,
-    ServerCommand, Stack, TestEnv,
-};
+use toolgate_tests::mcp::text_of;
+use toolgate_tests::{rmcp_client, sdk, wait_until, Member, NodeClient, Proc, Sdk, Stack, TestEnv};
 
 /// The names `/mcp` shows, one tool of each service.
 const LAB: &str = "orders__echo";
 const PY: &str = "py__read_order";
 const EV: &str = "ev__echo";
-
-async fn everything(env: &TestEnv, stack: &Stack) -> (Proc, Proc) {
-    let cmd = ServerCommand::everything(free_port());
-    let server = cmd.spawn(env, "ev");
-    let registrar = Registrant::new(&stack.etcd.endpoint(), "ev", &cmd.endpoint())
-        .arg("--instance-id", "ev-1")
-        .arg("--probe", "mcp")
-        .arg("--tools", "echo")
-        .spawn(env, "ev.registrar");
-    (server, registrar)
-}
 
 /// The names `/mcp`'s `tools/list` shows, through Envoy.
 async fn listed(url: &str) -> Vec<String> {
@@ -44,16 +31,6 @@ async fn listed(url: &str) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
-}
-
-fn text_of(result: &Value) -> String {
-    result["content"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|c| c["text"].as_str())
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 /// The three services behind one gateway, each serving (UP in toolgate-xds, HEALTHY in Envoy),
@@ -72,10 +49,7 @@ impl ThreeServers {
         let etcd = stack.etcd.endpoint();
         let lab = Member::start(env, &etcd, "orders", "lab-1", &[], 10).await;
         let py = Member::python(env, &etcd, "py", "py-1", &["--stateless"], 10).await;
-        let ev = everything(env, &stack).await;
-        stack
-            .wait_state("ev", "ev-1", "UP", Duration::from_secs(30))
-            .await;
+        let ev = stack.everything(env, "ev", Some("echo")).await;
         stack
             .wait_healthy("orders", &[&lab], Duration::from_secs(20))
             .await;

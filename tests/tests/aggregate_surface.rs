@@ -10,10 +10,7 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use toolgate_tests::{
-    free_port, sdk, stack::ADMIN_TOKEN, wait_until, Member, NodeClient, Proc, Registrant, Sdk,
-    ServerCommand, Stack, TestEnv,
-};
+use toolgate_tests::{sdk, wait_until, Member, NodeClient, Sdk, Stack, TestEnv};
 
 /// The Python server's resource and prompt, and what they answer.
 const SECRET: &str = "secret://report";
@@ -21,17 +18,6 @@ const SECRET_TEXT: &str = "TOP-SECRET-RESOURCE-CONTENT";
 /// One of the everything-server's templates, and a URI it makes.
 const EV_TEMPLATE: &str = "demo://resource/dynamic/text/{resourceId}";
 const EV_DYNAMIC: &str = "demo://resource/dynamic/text/1";
-
-async fn everything(env: &TestEnv, stack: &Stack) -> (Proc, Proc) {
-    let cmd = ServerCommand::everything(free_port());
-    let server = cmd.spawn(env, "ev");
-    let registrar = Registrant::new(&stack.etcd.endpoint(), "ev", &cmd.endpoint())
-        .arg("--instance-id", "ev-1")
-        .arg("--probe", "mcp")
-        .arg("--tools", "echo")
-        .spawn(env, "ev.registrar");
-    (server, registrar)
-}
 
 /// The strings at `field` of each element of `list` (`uri` of resources, `name` of prompts).
 fn fields<'a>(list: &'a Value, field: &str) -> Vec<&'a str> {
@@ -58,18 +44,6 @@ fn prompt_texts(result: &Value) -> String {
         .join(" ")
 }
 
-/// The report of the python client's step `step`; panics with every line when it has no
-/// result.
-fn py_ok<'a>(env: &TestEnv, lines: &'a [Value], step: &str) -> &'a Value {
-    match lines.iter().find(|l| l["step"] == step) {
-        Some(l) if l.get("ok").is_some() => &l["ok"],
-        _ => {
-            env.print_failure_logs();
-            panic!("python step {step} gave no result: {lines:#?}")
-        }
-    }
-}
-
 #[tokio::test]
 async fn the_official_clients_list_and_read_resources_and_get_prompts_through_one_url() {
     let env = TestEnv::new("aggregate_surface_one_url");
@@ -77,10 +51,7 @@ async fn the_official_clients_list_and_read_resources_and_get_prompts_through_on
     let etcd = stack.etcd.endpoint();
     let lab = Member::start(&env, &etcd, "orders", "lab-1", &[], 10).await;
     let py = Member::python(&env, &etcd, "py", "py-1", &[], 10).await;
-    let _ev = everything(&env, &stack).await;
-    stack
-        .wait_state("ev", "ev-1", "UP", Duration::from_secs(30))
-        .await;
+    let _ev = stack.everything(&env, "ev", Some("echo")).await;
     stack
         .wait_healthy("orders", &[&lab], Duration::from_secs(20))
         .await;
@@ -116,13 +87,13 @@ async fn the_official_clients_list_and_read_resources_and_get_prompts_through_on
     ];
     let steps: Vec<&str> = steps.iter().map(String::as_str).collect();
     let lines = sdk::python(&url, &steps).await;
-    let init = py_ok(&env, &lines, "initialize");
+    let init = sdk::step_ok(&lines, "initialize");
     assert!(
         init["capabilities"]["resources"].is_object()
             && init["capabilities"]["prompts"].is_object(),
         "initialize does not advertise resources and prompts: {init}"
     );
-    let uris = fields(&py_ok(&env, &lines, "resources")["resources"], "uri");
+    let uris = fields(&sdk::step_ok(&lines, "resources")["resources"], "uri");
     assert!(uris.contains(&SECRET), "{uris:?}");
     assert!(
         uris.iter()
@@ -130,29 +101,28 @@ async fn the_official_clients_list_and_read_resources_and_get_prompts_through_on
         "the everything-server's documents are not listed: {uris:?}"
     );
     let templates = fields(
-        &py_ok(&env, &lines, "templates")["resourceTemplates"],
+        &sdk::step_ok(&lines, "templates")["resourceTemplates"],
         "uriTemplate",
     );
     assert!(templates.contains(&EV_TEMPLATE), "{templates:?}");
     let before = py.server.calls("secret_report").await;
-    let read = py_ok(&env, &lines, &format!("read:{SECRET}"));
+    let read = sdk::step_ok(&lines, &format!("read:{SECRET}"));
     assert!(read_texts(read).contains(SECRET_TEXT), "{read}");
     assert_eq!(
         fields(&read["contents"], "uri"),
         [SECRET],
         "the URI as listed"
     );
-    let dynamic = py_ok(&env, &lines, &format!("read:{EV_DYNAMIC}"));
+    let dynamic = sdk::step_ok(&lines, &format!("read:{EV_DYNAMIC}"));
     assert!(
         fields(&dynamic["contents"], "uri").contains(&EV_DYNAMIC),
         "{dynamic}"
     );
-    let prompts = fields(&py_ok(&env, &lines, "prompts")["prompts"], "name");
+    let prompts = fields(&sdk::step_ok(&lines, "prompts")["prompts"], "name");
     for p in ["py__greeting", "ev__simple-prompt", "ev__args-prompt"] {
         assert!(prompts.contains(&p), "{p} not listed: {prompts:?}");
     }
-    let greeting = py_ok(
-        &env,
+    let greeting = sdk::step_ok(
         &lines,
         &format!("prompt:py__greeting:{}", json!({"name": "Ada"})),
     );
@@ -160,7 +130,7 @@ async fn the_official_clients_list_and_read_resources_and_get_prompts_through_on
         prompt_texts(greeting).contains("Say hello to Ada."),
         "{greeting}"
     );
-    let simple = py_ok(&env, &lines, "prompt:ev__simple-prompt");
+    let simple = sdk::step_ok(&lines, "prompt:ev__simple-prompt");
     assert!(!prompt_texts(simple).is_empty(), "{simple}");
     assert!(before >= 1, "the python server counted no read of {SECRET}");
 
@@ -181,15 +151,15 @@ async fn the_official_clients_list_and_read_resources_and_get_prompts_through_on
         ],
     )
     .await;
-    let completed = py_ok(&env, &lines, completing);
+    let completed = sdk::step_ok(&lines, completing);
     assert_eq!(
         completed["completion"]["values"],
         json!(["Engineering"]),
         "{completed}"
     );
-    py_ok(&env, &lines, "set-level:warning");
-    py_ok(&env, &lines, &subscribing);
-    py_ok(&env, &lines, &unsubscribing);
+    sdk::step_ok(&lines, "set-level:warning");
+    sdk::step_ok(&lines, &subscribing);
+    sdk::step_ok(&lines, &unsubscribing);
     // toolgate-xds logs in colour: the escapes go before the line is read.
     let xds_log = std::fs::read_to_string(env.path("xds.log")).unwrap_or_default();
     let mut plain = String::with_capacity(xds_log.len());
@@ -226,13 +196,13 @@ async fn the_official_clients_list_and_read_resources_and_get_prompts_through_on
     .await;
     // Pinned, the SDK asks nothing before its first request: there are no capabilities to
     // look at here (the TypeScript 2.x client below discovers them).
-    let init = py_ok(&env, &lines, "initialize");
+    let init = sdk::step_ok(&lines, "initialize");
     assert_eq!(init["protocolVersion"], "2026-07-28", "{init}");
-    assert!(fields(&py_ok(&env, &lines, "resources")["resources"], "uri").contains(&SECRET));
-    assert!(read_texts(py_ok(&env, &lines, &format!("read:{SECRET}"))).contains(SECRET_TEXT));
-    assert!(!read_texts(py_ok(&env, &lines, &format!("read:{EV_DYNAMIC}"))).is_empty());
-    assert!(fields(&py_ok(&env, &lines, "prompts")["prompts"], "name").contains(&"py__greeting"));
-    assert!(!prompt_texts(py_ok(&env, &lines, "prompt:ev__simple-prompt")).is_empty());
+    assert!(fields(&sdk::step_ok(&lines, "resources")["resources"], "uri").contains(&SECRET));
+    assert!(read_texts(sdk::step_ok(&lines, &format!("read:{SECRET}"))).contains(SECRET_TEXT));
+    assert!(!read_texts(sdk::step_ok(&lines, &format!("read:{EV_DYNAMIC}"))).is_empty());
+    assert!(fields(&sdk::step_ok(&lines, "prompts")["prompts"], "name").contains(&"py__greeting"));
+    assert!(!prompt_texts(sdk::step_ok(&lines, "prompt:ev__simple-prompt")).is_empty());
 
     // The TypeScript SDKs: 1.x as it connects by default, 2.x by default (2026-07-28 when the
     // server offers it) and pinned to 2025-11-25.
@@ -307,21 +277,6 @@ async fn the_official_clients_list_and_read_resources_and_get_prompts_through_on
     drop(lab);
 }
 
-/// `PUT /v1/virtual/<name>` with the admin token.
-async fn put_virtual(stack: &Stack, name: &str, body: Value) {
-    let resp = reqwest::Client::new()
-        .put(format!("{}/v1/virtual/{name}", stack.xds.admin_url()))
-        .bearer_auth(ADMIN_TOKEN)
-        .body(body.to_string())
-        .send()
-        .await
-        .expect("PUT /v1/virtual");
-    assert!(
-        resp.status().is_success(),
-        "PUT /v1/virtual/{name}: {resp:?}"
-    );
-}
-
 #[tokio::test]
 async fn two_services_with_the_same_resource_uri_and_prompt_name_are_both_reachable() {
     let env = TestEnv::new("aggregate_surface_collisions");
@@ -336,13 +291,15 @@ async fn two_services_with_the_same_resource_uri_and_prompt_name_are_both_reacha
     stack
         .wait_healthy("beta", &[&beta], Duration::from_secs(20))
         .await;
-    put_virtual(&stack, "bare", json!({"naming": "bare"})).await;
-    put_virtual(
-        &stack,
-        "nobeta",
-        json!({"naming": "bare", "exclude": ["beta/greeting"]}),
-    )
-    .await;
+    stack
+        .admin_put("/v1/virtual/bare", &json!({"naming": "bare"}))
+        .await;
+    stack
+        .admin_put(
+            "/v1/virtual/nobeta",
+            &json!({"naming": "bare", "exclude": ["beta/greeting"]}),
+        )
+        .await;
     let url = stack.aggregate_url();
     let bare = url.replace("/mcp", "/virtual/bare");
     let nobeta = url.replace("/mcp", "/virtual/nobeta");
@@ -382,33 +339,31 @@ async fn two_services_with_the_same_resource_uri_and_prompt_name_are_both_reacha
     // A tool's resource link and embedded resource carry the URI the resource is listed
     // under, which a read brings back to the service that wrote it.
     for (service, listed) in [("alpha", SECRET), ("beta", beta_uri.as_str())] {
-        let result = py_ok(&env, &lines, &format!("call:{service}__report_links"));
+        let result = sdk::step_ok(&lines, &format!("call:{service}__report_links"));
         let content = &result["content"];
         assert_eq!(content[0]["uri"], listed, "{service}: {result}");
         assert_eq!(content[1]["resource"]["uri"], listed, "{service}: {result}");
     }
-    let mut uris = fields(&py_ok(&env, &lines, "resources")["resources"], "uri");
+    let mut uris = fields(&sdk::step_ok(&lines, "resources")["resources"], "uri");
     uris.sort_unstable();
     assert_eq!(uris, [SECRET, beta_uri.as_str()]);
-    let mut prompts = fields(&py_ok(&env, &lines, "prompts")["prompts"], "name");
+    let mut prompts = fields(&sdk::step_ok(&lines, "prompts")["prompts"], "name");
     prompts.sort_unstable();
     assert_eq!(prompts, ["alpha__greeting", "beta__greeting"]);
-    let read = py_ok(&env, &lines, &format!("read:{beta_uri}"));
+    let read = sdk::step_ok(&lines, &format!("read:{beta_uri}"));
     assert!(read_texts(read).contains(SECRET_TEXT), "{read}");
     assert_eq!(
         fields(&read["contents"], "uri"),
         [beta_uri.as_str()],
         "the contents carry the URI as listed"
     );
-    assert!(read_texts(py_ok(&env, &lines, &format!("read:{SECRET}"))).contains(SECRET_TEXT));
-    let a = py_ok(
-        &env,
+    assert!(read_texts(sdk::step_ok(&lines, &format!("read:{SECRET}"))).contains(SECRET_TEXT));
+    let a = sdk::step_ok(
         &lines,
         &format!("prompt:alpha__greeting:{}", json!({"name": "A"})),
     );
     assert!(prompt_texts(a).contains("Say hello to A."), "{a}");
-    let b = py_ok(
-        &env,
+    let b = sdk::step_ok(
         &lines,
         &format!("prompt:beta__greeting:{}", json!({"name": "B"})),
     );
@@ -430,11 +385,11 @@ async fn two_services_with_the_same_resource_uri_and_prompt_name_are_both_reacha
         ],
     )
     .await;
-    let mut prompts = fields(&py_ok(&env, &lines, "prompts")["prompts"], "name");
+    let mut prompts = fields(&sdk::step_ok(&lines, "prompts")["prompts"], "name");
     prompts.sort_unstable();
     assert_eq!(prompts, ["beta__greeting", "greeting"]);
-    py_ok(&env, &lines, "prompt:greeting");
-    py_ok(&env, &lines, "prompt:beta__greeting");
+    sdk::step_ok(&lines, "prompt:greeting");
+    sdk::step_ok(&lines, "prompt:beta__greeting");
     assert_eq!(alpha.server.calls("greeting").await, 2);
     assert_eq!(beta.server.calls("greeting").await, 2);
 
@@ -451,7 +406,7 @@ async fn two_services_with_the_same_resource_uri_and_prompt_name_are_both_reacha
     )
     .await;
     assert_eq!(
-        fields(&py_ok(&env, &lines, "prompts")["prompts"], "name"),
+        fields(&sdk::step_ok(&lines, "prompts")["prompts"], "name"),
         ["greeting"]
     );
     let refused = lines

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use reqwest::StatusCode;
+use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 use toolgate_tests::issuer::Alg;
 use toolgate_tests::stack::ADMIN_TOKEN;
@@ -13,39 +13,12 @@ use toolgate_tests::{wait_until, Envoy, Issuer, McpSession, Member, Options, Sta
 
 const TTL: u32 = 10;
 
-/// `http://127.0.0.1:<port>`: the gateway's public base URL.
-fn base_of(gw: &Stack) -> String {
-    gw.url("orders").trim_end_matches("/mcp/orders").to_string()
-}
-
+/// The auth configuration of these tests: every service needs a token of `issuer`, and the
+/// gateway at `base` advertises the scopes of `orders`.
 fn auth_config(base: &str, issuer: &Issuer) -> Value {
-    json!({
-        "resource": base,
-        "authorization_servers": [issuer.issuer()],
-        "scopes_supported": ["orders:read", "orders:write"],
-        "issuers": [{
-            "issuer": issuer.issuer(),
-            "jwks": {"remote": {"uri": issuer.jwks_uri(), "cache_secs": 1}}
-        }],
-        "required": ["*"]
-    })
-}
-
-/// PUT (or DELETE, with `None`) on toolgate-xds's admin API; the status and JSON body.
-async fn admin(xds: &Xds, path: &str, body: Option<&Value>) -> (StatusCode, Value) {
-    let client = reqwest::Client::new();
-    let url = format!("{}{path}", xds.admin_url());
-    let req = match body {
-        Some(b) => client.put(url).json(b),
-        None => client.delete(url),
-    };
-    let resp = req
-        .bearer_auth(ADMIN_TOKEN)
-        .send()
-        .await
-        .expect("admin API");
-    let status = resp.status();
-    (status, resp.json().await.unwrap_or(Value::Null))
+    let mut config = issuer.auth_config(base, json!(["*"]));
+    config["scopes_supported"] = json!(["orders:read", "orders:write"]);
+    config
 }
 
 /// One `tools/call` on a fresh session (with `token`, if any); `initialize` may be the
@@ -127,18 +100,19 @@ async fn tokens_are_verified_by_envoy_and_refused_callers_never_reach_the_server
     let m = Member::start(&env, &gw.etcd.endpoint(), "orders", "orders-1", &[], TTL).await;
     gw.routes("orders", &[&m]).await;
     let url = gw.url("orders");
-    let base = base_of(&gw);
+    let base = gw.base_url();
     let aud = format!("{base}/mcp/orders");
 
     // Off by default: no token needed.
     assert_eq!(call(&url, None, "read_order").await.status, StatusCode::OK);
 
-    let (status, body) = admin(
-        &gw.xds,
-        "/v1/auth/config",
-        Some(&auth_config(&base, &issuer)),
-    )
-    .await;
+    let (status, body) = gw
+        .admin(
+            Method::PUT,
+            "/v1/auth/config",
+            Some(&auth_config(&base, &issuer)),
+        )
+        .await;
     assert!(status.is_success(), "{status}: {body}");
     gw.wait_filter_config("the auth configuration", |c| {
         c["auth"]["resource"] == base.as_str()
@@ -292,7 +266,7 @@ async fn tokens_are_verified_by_envoy_and_refused_callers_never_reach_the_server
     );
 
     // Turned off again: open as before.
-    let (status, _) = admin(&gw.xds, "/v1/auth/config", None).await;
+    let (status, _) = gw.admin(Method::DELETE, "/v1/auth/config", None).await;
     assert!(status.is_success());
     wait_until("auth off again", Duration::from_secs(10), || async {
         call(&url, None, "read_order").await.status == StatusCode::OK
@@ -320,19 +294,22 @@ async fn rules_decide_per_tool_on_both_gateways_and_a_bad_rule_changes_nothing()
     envoy_b
         .wait_addresses("orders", &[m.server.endpoint()], Duration::from_secs(20))
         .await;
-    let base = base_of(&a);
-    let (status, body) = admin(
-        &a.xds,
-        "/v1/auth/config",
-        Some(&auth_config(&base, &issuer)),
-    )
-    .await;
+    let base = a.base_url();
+    let (status, body) = a
+        .admin(
+            Method::PUT,
+            "/v1/auth/config",
+            Some(&auth_config(&base, &issuer)),
+        )
+        .await;
     assert!(status.is_success(), "{status}: {body}");
     let rules = json!({"rules": [
         {"tools": ["read_order"], "roles": ["reader", "writer"]},
         {"tools": ["write_order"], "roles": ["writer"], "scopes": ["orders:write"]}
     ]});
-    let (status, body) = admin(&a.xds, "/v1/auth/rules/orders", Some(&rules)).await;
+    let (status, body) = a
+        .admin(Method::PUT, "/v1/auth/rules/orders", Some(&rules))
+        .await;
     assert!(status.is_success(), "{status}: {body}");
 
     let url_a = a.url("orders");
@@ -439,7 +416,9 @@ async fn rules_decide_per_tool_on_both_gateways_and_a_bad_rule_changes_nothing()
     let open_writes = json!({"rules": [
         {"tools": ["read_order", "write_order"], "roles": ["reader"]}
     ]});
-    let (status, body) = admin(&a.xds, "/v1/auth/rules/orders", Some(&open_writes)).await;
+    let (status, body) = a
+        .admin(Method::PUT, "/v1/auth/rules/orders", Some(&open_writes))
+        .await;
     assert!(status.is_success(), "{status}: {body}");
     for url in [&url_a, &url_b] {
         let took = wait_until(
@@ -458,7 +437,9 @@ async fn rules_decide_per_tool_on_both_gateways_and_a_bad_rule_changes_nothing()
 
     // A malformed rule: refused with the field named, and nothing changes.
     let bad = json!({"rules": [{"tools": ["write_order"], "role": ["reader"]}]});
-    let (status, body) = admin(&a.xds, "/v1/auth/rules/orders", Some(&bad)).await;
+    let (status, body) = a
+        .admin(Method::PUT, "/v1/auth/rules/orders", Some(&bad))
+        .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     assert_eq!(body["field"], "rules[0].role", "{body}");
     // Written to etcd directly, it is ignored with a log line; the last good set stays.

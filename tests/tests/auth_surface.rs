@@ -10,28 +10,12 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use toolgate_tests::mcp::Reply;
-use toolgate_tests::stack::ADMIN_TOKEN;
-use toolgate_tests::{
-    free_port, wait_until, Issuer, McpSession, Registrant, ServerCommand, Stack, TestEnv,
-};
+use toolgate_tests::{wait_until, Issuer, McpSession, Stack, TestEnv};
 
 const STATIC: &str = "demo://resource/static/document/architecture.md";
 const DYNAMIC: &str = "demo://resource/dynamic/text/1";
 /// The filter's JSON-RPC code for a request no rule grants.
 const NOT_AUTHORIZED: i64 = -32003;
-
-async fn put(stack: &Stack, path: &str, body: &Value) {
-    let resp = reqwest::Client::new()
-        .put(format!("{}{path}", stack.xds.admin_url()))
-        .bearer_auth(ADMIN_TOKEN)
-        .json(body)
-        .send()
-        .await
-        .expect("admin API");
-    let status = resp.status();
-    let text = resp.text().await.unwrap_or_default();
-    assert!(status.is_success(), "PUT {path}: {status} {text}");
-}
 
 /// The `reason` of a refusal, or `None` when the request was answered by the server.
 fn refusal(r: &Reply) -> Option<String> {
@@ -65,31 +49,14 @@ struct Secured {
 async fn secured(env: &TestEnv, rules: Value) -> Secured {
     let issuer = Issuer::start().await;
     let stack = Stack::start(env).await;
-    let cmd = ServerCommand::everything(free_port());
-    let server = cmd.spawn(env, "ev");
-    let registrar = Registrant::new(&stack.etcd.endpoint(), "ev", &cmd.endpoint())
-        .arg("--instance-id", "ev-1")
-        .arg("--probe", "mcp")
-        .spawn(env, "ev.registrar");
-    stack
-        .wait_state("ev", "ev-1", "UP", Duration::from_secs(30))
-        .await;
+    let (server, registrar) = stack.everything(env, "ev", None).await;
     let service = stack.url("ev");
     let one_url = stack.aggregate_url();
-    let base = service.trim_end_matches("/mcp/ev").to_string();
-    put(
-        &stack,
-        "/v1/auth/config",
-        &json!({
-            "resource": base,
-            "authorization_servers": [issuer.issuer()],
-            "issuers": [{"issuer": issuer.issuer(),
-                         "jwks": {"remote": {"uri": issuer.jwks_uri(), "cache_secs": 1}}}],
-            "required": ["*"]
-        }),
-    )
-    .await;
-    put(&stack, "/v1/auth/rules/ev", &rules).await;
+    let base = stack.base_url();
+    stack
+        .admin_put("/v1/auth/config", &issuer.auth_config(&base, json!(["*"])))
+        .await;
+    stack.admin_put("/v1/auth/rules/ev", &rules).await;
     let first = rules["rules"][0].clone();
     stack
         .wait_filter_config("the rules", |c| {

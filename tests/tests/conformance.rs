@@ -9,8 +9,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use toolgate_tests::{
-    conformance_cli, free_port, stack::ADMIN_TOKEN, wait_until, Registrant, ServerCommand, Stack,
-    TestEnv,
+    conformance_cli, free_port, wait_until, Registrant, ServerCommand, Stack, TestEnv,
 };
 
 /// Each check of each scenario, `"<scenario> / <check id>"`, with its status (`SUCCESS`,
@@ -104,14 +103,12 @@ async fn the_conformance_suite_passes_the_same_scenarios_through_a_virtual_serve
     stack
         .wait_state("ev", "ev-1", "UP", Duration::from_secs(30))
         .await;
-    let resp = reqwest::Client::new()
-        .put(format!("{}/v1/virtual/ev", stack.xds.admin_url()))
-        .bearer_auth(ADMIN_TOKEN)
-        .json(&json!({"naming": "bare", "include": ["ev/*"]}))
-        .send()
-        .await
-        .expect("PUT /v1/virtual/ev");
-    assert!(resp.status().is_success(), "PUT /v1/virtual/ev: {resp:?}");
+    stack
+        .admin_put(
+            "/v1/virtual/ev",
+            &json!({"naming": "bare", "include": ["ev/*"]}),
+        )
+        .await;
     let service_url = stack.url("ev");
     let through = service_url.replace("/mcp/ev", "/virtual/ev");
     let http = reqwest::Client::new();

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
-use reqwest::StatusCode;
+use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 use toolgate_tests::stack::ADMIN_TOKEN;
 use toolgate_tests::{
@@ -16,21 +16,25 @@ use toolgate_tests::{
 
 const TTL: u32 = 10;
 
-/// PUT (with a body) or DELETE on toolgate-xds's admin API: the status and JSON body.
-async fn admin(stack: &Stack, path: &str, body: Option<&Value>) -> (StatusCode, Value) {
-    let client = reqwest::Client::new();
-    let url = format!("{}{path}", stack.xds.admin_url());
-    let req = match body {
-        Some(b) => client.put(url).json(b),
-        None => client.delete(url),
-    };
-    let resp = req
-        .bearer_auth(ADMIN_TOKEN)
-        .send()
-        .await
-        .expect("admin API");
-    let status = resp.status();
-    (status, resp.json().await.unwrap_or(Value::Null))
+/// Turns the gateway's token checks on against `issuer` (`required`: the services that need a
+/// token) and lets `subject` call the `read_*` tools of `orders`; returns once the filter has
+/// the rules of `orders`.
+async fn rules_on(stack: &Stack, issuer: &Issuer, required: Value, subject: &str) {
+    let config = issuer.auth_config(&stack.base_url(), required);
+    let (status, body) = stack
+        .admin(Method::PUT, "/v1/auth/config", Some(&config))
+        .await;
+    assert!(status.is_success(), "{status}: {body}");
+    let rules = json!({"rules": [{"tools": ["read_*"], "subjects": [subject]}]});
+    let (status, body) = stack
+        .admin(Method::PUT, "/v1/auth/rules/orders", Some(&rules))
+        .await;
+    assert!(status.is_success(), "{status}: {body}");
+    stack
+        .wait_filter_config("the rules of orders", |c| {
+            c["auth"]["services"]["orders"].is_object()
+        })
+        .await;
 }
 
 fn error_code(r: &Reply) -> Option<i64> {
@@ -105,25 +109,8 @@ async fn a_service_with_rules_needs_a_token_for_every_request() {
     let m = Member::python(&env, &stack.etcd.endpoint(), "orders", "orders-1", &[], TTL).await;
     stack.routes("orders", &[&m]).await;
     let url = stack.url("orders");
-    let base = url.trim_end_matches("/mcp/orders").to_string();
     // Tokens are required only by `billing`; `orders` has rules and no entry in `required`.
-    let config = json!({
-        "resource": base,
-        "authorization_servers": [issuer.issuer()],
-        "issuers": [{"issuer": issuer.issuer(),
-                     "jwks": {"remote": {"uri": issuer.jwks_uri(), "cache_secs": 1}}}],
-        "required": ["billing"]
-    });
-    let (status, body) = admin(&stack, "/v1/auth/config", Some(&config)).await;
-    assert!(status.is_success(), "{status}: {body}");
-    let rules = json!({"rules": [{"tools": ["read_*"], "subjects": ["*"]}]});
-    let (status, body) = admin(&stack, "/v1/auth/rules/orders", Some(&rules)).await;
-    assert!(status.is_success(), "{status}: {body}");
-    stack
-        .wait_filter_config("the rules of orders", |c| {
-            c["auth"]["services"]["orders"].is_object()
-        })
-        .await;
+    rules_on(&stack, &issuer, json!(["billing"]), "*").await;
 
     // Without a token, nothing of `orders` answers: not initialize, not its resources or
     // prompts, not ping, not its GET stream.
@@ -162,7 +149,7 @@ async fn a_service_with_rules_needs_a_token_for_every_request() {
                 && c["virtual_servers"]["default"]["resources"]["secret://report"].is_object()
         })
         .await;
-    let aggregate = format!("{base}/mcp");
+    let aggregate = stack.aggregate_url();
     let mut s = McpSession::unconnected(&aggregate);
     assert_eq!(s.initialize().await.status, StatusCode::OK);
     for (method, params) in [
@@ -502,7 +489,9 @@ async fn claim_headers_a_client_writes_never_reach_a_server() {
     // A rule set that copies `sub` into `x-caller`, stored while no auth configuration is.
     let rules = json!({"rules": [{"tools": ["*"], "subjects": ["*"]}],
                        "claim_headers": {"sub": "x-caller"}});
-    let (status, body) = admin(&stack, "/v1/auth/rules/orders", Some(&rules)).await;
+    let (status, body) = stack
+        .admin(Method::PUT, "/v1/auth/rules/orders", Some(&rules))
+        .await;
     assert!(status.is_success(), "{status}: {body}");
     // Given time to reach the filter (a gateway that never delivers the names fails below,
     // on what the server received).
@@ -637,24 +626,7 @@ async fn an_sse_listing_the_gateway_cannot_filter_is_not_shown() {
     let m = Member::start(&env, &stack.etcd.endpoint(), "orders", "orders-1", &[], TTL).await;
     stack.routes("orders", &[&m]).await;
     let url = stack.url("orders");
-    let base = url.trim_end_matches("/mcp/orders").to_string();
-    let config = json!({
-        "resource": base,
-        "authorization_servers": [issuer.issuer()],
-        "issuers": [{"issuer": issuer.issuer(),
-                     "jwks": {"remote": {"uri": issuer.jwks_uri(), "cache_secs": 1}}}],
-        "required": ["*"]
-    });
-    let (status, body) = admin(&stack, "/v1/auth/config", Some(&config)).await;
-    assert!(status.is_success(), "{status}: {body}");
-    let rules = json!({"rules": [{"tools": ["read_*"], "subjects": ["alice"]}]});
-    let (status, body) = admin(&stack, "/v1/auth/rules/orders", Some(&rules)).await;
-    assert!(status.is_success(), "{status}: {body}");
-    stack
-        .wait_filter_config("the rules of orders", |c| {
-            c["auth"]["services"]["orders"].is_object()
-        })
-        .await;
+    rules_on(&stack, &issuer, json!(["*"]), "alice").await;
     let token = issuer.token().sub("alice").aud(&url).sign();
     let listing = || async {
         let mut s = McpSession::unconnected(&url);

@@ -9,28 +9,9 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use toolgate_tests::stack::ADMIN_TOKEN;
 use toolgate_tests::{wait_until, McpSession, Member, Options, Stack, TestEnv, Xds};
 
 const TTL: u32 = 10;
-
-/// `PUT`/`DELETE` on the admin API with the admin token: the status and the JSON body.
-async fn admin(
-    xds: &Xds,
-    method: reqwest::Method,
-    path: &str,
-    body: Option<Value>,
-) -> (u16, Value) {
-    let mut req = reqwest::Client::new()
-        .request(method, format!("{}{path}", xds.admin_url()))
-        .bearer_auth(ADMIN_TOKEN);
-    if let Some(body) = body {
-        req = req.json(&body);
-    }
-    let resp = req.send().await.expect("admin request");
-    let status = resp.status().as_u16();
-    (status, resp.json().await.unwrap_or(Value::Null))
-}
 
 /// Waits until toolgate-xds has applied everything etcd holds now, and gives Envoy a moment
 /// to apply what that sent (a push takes milliseconds).
@@ -50,40 +31,31 @@ async fn settled(stack: &Stack) {
 /// tool forced open; the forced-open reply checked, the server's counter at zero.
 async fn forced_open_under_dependent_policies(env: &TestEnv, xds_args: &[&str]) -> (Stack, Member) {
     let stack = Stack::with(env, Options::default().xds_arg(xds_args)).await;
-    let member = Member::python(
-        env,
-        &stack.etcd.endpoint(),
-        "orders",
-        "orders-1",
-        &["--stateless", "--json-response"],
-        TTL,
-    )
-    .await;
-    stack.routes("orders", &[&member]).await;
+    let member = stack.python_orders(env, TTL).await;
     let put = reqwest::Method::PUT;
-    let (status, body) = admin(
-        &stack.xds,
-        put.clone(),
-        "/v1/policies/orders",
-        Some(json!({"max_open_ms": 600000})),
-    )
-    .await;
+    let (status, body) = stack
+        .admin(
+            put.clone(),
+            "/v1/policies/orders",
+            Some(&json!({"max_open_ms": 600000})),
+        )
+        .await;
     assert_eq!(status, 200, "{body}");
-    let (status, body) = admin(
-        &stack.xds,
-        put.clone(),
-        "/v1/policies/orders/write_order",
-        Some(json!({"open_ms": 400000})),
-    )
-    .await;
+    let (status, body) = stack
+        .admin(
+            put.clone(),
+            "/v1/policies/orders/write_order",
+            Some(&json!({"open_ms": 400000})),
+        )
+        .await;
     assert_eq!(status, 200, "{body}");
-    let (status, body) = admin(
-        &stack.xds,
-        put,
-        "/v1/overrides/orders/write_order",
-        Some(json!({"mode": "force_open", "reason": "incident 9: payments frozen"})),
-    )
-    .await;
+    let (status, body) = stack
+        .admin(
+            put,
+            "/v1/overrides/orders/write_order",
+            Some(&json!({"mode": "force_open", "reason": "incident 9: payments frozen"})),
+        )
+        .await;
     assert_eq!(status, 200, "{body}");
     stack
         .wait_filter_config("both policies and the override", |c| {
@@ -120,13 +92,9 @@ async fn a_policy_delete_that_would_break_another_policy_is_refused_and_the_tool
     let env = TestEnv::new("fail_closed_admin_delete");
     let (stack, member) = forced_open_under_dependent_policies(&env, &[]).await;
 
-    let (status, body) = admin(
-        &stack.xds,
-        reqwest::Method::DELETE,
-        "/v1/policies/orders",
-        None,
-    )
-    .await;
+    let (status, body) = stack
+        .admin(reqwest::Method::DELETE, "/v1/policies/orders", None)
+        .await;
     assert_eq!(status, 400, "the delete is refused: {body}");
     let error = body["error"].as_str().unwrap_or_default();
     assert!(
@@ -143,7 +111,7 @@ async fn a_policy_delete_that_would_break_another_policy_is_refused_and_the_tool
 
     // Deleting the dependent first, then the service's policy, works.
     for path in ["/v1/policies/orders/write_order", "/v1/policies/orders"] {
-        let (status, body) = admin(&stack.xds, reqwest::Method::DELETE, path, None).await;
+        let (status, body) = stack.admin(reqwest::Method::DELETE, path, None).await;
         assert_eq!(status, 200, "{path}: {body}");
     }
     stack
@@ -378,13 +346,13 @@ fn bare_search(config: &Value) -> String {
 async fn a_contested_bare_name_stays_with_the_older_service_across_a_re_registration() {
     let env = TestEnv::new("fail_closed_service_age");
     let stack = Stack::start(&env).await;
-    let (status, body) = admin(
-        &stack.xds,
-        reqwest::Method::PUT,
-        "/v1/virtual/default",
-        Some(json!({"naming": "bare"})),
-    )
-    .await;
+    let (status, body) = stack
+        .admin(
+            reqwest::Method::PUT,
+            "/v1/virtual/default",
+            Some(&json!({"naming": "bare"})),
+        )
+        .await;
     assert_eq!(status, 200, "{body}");
     // zeta registers first although alpha sorts first: zeta is the older.
     let zeta = register(&stack, "zeta", "z-1", 19101).await;

@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use toolgate_tests::stack::ADMIN_TOKEN;
 use toolgate_tests::{
     free_port, sdk, wait_until, Issuer, McpServer, McpSession, NodeClient, Options, Proc,
     Registrant, Reply, Sdk, ServerCommand, Stack, TestEnv,
@@ -59,15 +58,6 @@ impl Notes {
     }
 }
 
-/// `http://127.0.0.1:<port>`: the gateway's base URL (and the tokens' audience).
-fn base_of(stack: &Stack) -> String {
-    stack.url("x").trim_end_matches("/mcp/x").to_string()
-}
-
-fn mcp_url(stack: &Stack) -> String {
-    format!("{}/mcp", base_of(stack))
-}
-
 /// A 2026-07-28 `tools/call` (no session: the client states who it is in `_meta`), with a
 /// bearer token when given.
 async fn modern_call(
@@ -102,40 +92,12 @@ async fn modern_call(
     .await
 }
 
-/// PUT on toolgate-xds's admin API.
-async fn admin_put(stack: &Stack, path: &str, body: &Value) {
-    let resp = reqwest::Client::new()
-        .put(format!("{}{path}", stack.xds.admin_url()))
-        .bearer_auth(ADMIN_TOKEN)
-        .json(body)
-        .send()
-        .await
-        .expect("admin API");
-    let status = resp.status();
-    assert!(
-        status.is_success(),
-        "PUT {path}: {status}: {}",
-        resp.text().await.unwrap_or_default()
-    );
-}
-
 /// Turns the gateway's token checks on against `issuer` (`required`: who needs a token).
 async fn auth_on(stack: &Stack, issuer: &Issuer, required: Value) {
-    let base = base_of(stack);
-    admin_put(
-        stack,
-        "/v1/auth/config",
-        &json!({
-            "resource": base,
-            "authorization_servers": [issuer.issuer()],
-            "issuers": [{
-                "issuer": issuer.issuer(),
-                "jwks": {"remote": {"uri": issuer.jwks_uri(), "cache_secs": 1}}
-            }],
-            "required": required
-        }),
-    )
-    .await;
+    let base = stack.base_url();
+    stack
+        .admin_put("/v1/auth/config", &issuer.auth_config(&base, required))
+        .await;
     stack
         .wait_filter_config("the auth configuration", |c| {
             c["auth"]["resource"] == base.as_str()
@@ -200,7 +162,7 @@ async fn a_session_the_server_expired_ends_for_the_client() {
     let mut routed = McpSession::connect(&stack.url("notes")).await;
     let r = routed.call_tool("remember", json!({"x": "route"})).await;
     assert!(r.text().contains("route"), "{}", r.body);
-    let mut aggregate = McpSession::connect(&mcp_url(&stack)).await;
+    let mut aggregate = McpSession::connect(&stack.aggregate_url()).await;
     let r = aggregate
         .call_tool("notes__remember", json!({"x": "aggregate"}))
         .await;
@@ -234,7 +196,7 @@ async fn a_session_the_server_expired_ends_for_the_client() {
     // The gateway session ended with it: the client initializes again, and goes on.
     let again = aggregate.list_tools().await;
     assert_eq!(again.status, StatusCode::NOT_FOUND, "{}", again.body);
-    let mut fresh = McpSession::connect(&mcp_url(&stack)).await;
+    let mut fresh = McpSession::connect(&stack.aggregate_url()).await;
     let r = fresh.call_tool("notes__recall", json!({})).await;
     assert!(r.text().contains("holds nothing"), "{}", r.body);
 }
@@ -251,8 +213,8 @@ async fn two_users_stating_the_same_client_never_share_a_session() {
         })
         .await;
     auth_on(&stack, &issuer, json!(["*"])).await;
-    let base = base_of(&stack);
-    let url = mcp_url(&stack);
+    let base = stack.base_url();
+    let url = stack.aggregate_url();
     let alice = issuer.token().sub("alice").aud(&base).sign();
     let bob = issuer.token().sub("bob").aud(&base).sign();
     let opened_before = notes.initializes().await;
@@ -343,8 +305,8 @@ async fn held_sessions_are_bounded_per_caller_and_per_service() {
         .await;
     // Tokens are optional: a caller with one is its subject, one without its address.
     auth_on(&stack, &issuer, json!([])).await;
-    let base = base_of(&stack);
-    let url = mcp_url(&stack);
+    let base = stack.base_url();
+    let url = stack.aggregate_url();
     let alice = issuer.token().sub("alice").aud(&base).sign();
     let bob = issuer.token().sub("bob").aud(&base).sign();
     let opened_before = notes.initializes().await;
@@ -433,7 +395,7 @@ async fn a_server_refusing_a_session_is_named_as_such() {
             c["legacy_revisions"]["tight"].is_string()
         })
         .await;
-    let url = mcp_url(&stack);
+    let url = stack.aggregate_url();
     let r = recall_on(&url, "t0", "tight__recall").await;
     assert!(r.text().contains("holds nothing"), "{}", r.body);
     let r = recall_on(&url, "t1", "tight__recall").await;
@@ -486,7 +448,7 @@ async fn a_server_restarted_in_place_costs_its_clients_nothing() {
         .await;
 
     let route = stack.url("ev");
-    let aggregate = mcp_url(&stack);
+    let aggregate = stack.aggregate_url();
     let echo = |text: &str| json!({"message": text}).to_string();
     let go: Vec<_> = (0..4).map(|i| env.path(&format!("go{i}"))).collect();
     let python = |url: String, tool: &'static str, go: std::path::PathBuf| {
@@ -607,19 +569,19 @@ async fn a_replayed_call_keeps_its_claim_headers() {
         .wait_healthy("orders", &[&a, &b], Duration::from_secs(20))
         .await;
     auth_on(&stack, &issuer, json!(["*"])).await;
-    admin_put(
-        &stack,
-        "/v1/auth/rules/orders",
-        &json!({"rules": [{"tools": ["*"], "subjects": ["*"]}],
+    stack
+        .admin_put(
+            "/v1/auth/rules/orders",
+            &json!({"rules": [{"tools": ["*"], "subjects": ["*"]}],
                 "claim_headers": {"sub": "x-caller"}}),
-    )
-    .await;
+        )
+        .await;
     stack
         .wait_filter_config("orders' claim headers", |c| {
             c["auth"]["services"]["orders"]["claim_headers"]["sub"] == "x-caller"
         })
         .await;
-    let token = issuer.token().sub("alice").aud(base_of(&stack)).sign();
+    let token = issuer.token().sub("alice").aud(stack.base_url()).sign();
     let url = stack.url("orders");
     let mut s = McpSession::unconnected(&url);
     s.bearer = Some(token.clone());

@@ -110,22 +110,22 @@ async fn breaker_keys(etcd: &Etcd) -> Vec<(String, String)> {
         .collect()
 }
 
-#[tokio::test]
-async fn a_breaker_opened_on_one_gateway_protects_the_other_and_both_close_after_recovery() {
-    let env = TestEnv::new("fleet_breaker");
-    let etcd = Etcd::start(&env).await;
+/// Two gateways on one etcd, and `flt` routed by both: a lab whose `write_order` fails with
+/// HTTP 500, under a policy that opens after 5 calls for `open_ms` (no jitter).
+async fn failing_behind_two(env: &TestEnv, open_ms: u64) -> (Etcd, Gateway, Gateway, Member) {
+    let etcd = Etcd::start(env).await;
     let mut c = etcd.client().await;
     c.put(
         "/mcp/policies/flt",
-        json!({"min_calls": 5, "open_ms": 3000, "open_jitter_percent": 0}).to_string(),
+        json!({"min_calls": 5, "open_ms": open_ms, "open_jitter_percent": 0}).to_string(),
         None,
     )
     .await
     .expect("policy");
-    let a = Gateway::start(&env, "a", &etcd).await;
-    let b = Gateway::start(&env, "b", &etcd).await;
+    let a = Gateway::start(env, "a", &etcd).await;
+    let b = Gateway::start(env, "b", &etcd).await;
     let m = Member::start(
-        &env,
+        env,
         &etcd.endpoint(),
         "flt",
         "flt-1",
@@ -135,6 +135,13 @@ async fn a_breaker_opened_on_one_gateway_protects_the_other_and_both_close_after
     .await;
     a.routes("flt", &m).await;
     b.routes("flt", &m).await;
+    (etcd, a, b, m)
+}
+
+#[tokio::test]
+async fn a_breaker_opened_on_one_gateway_protects_the_other_and_both_close_after_recovery() {
+    let env = TestEnv::new("fleet_breaker");
+    let (etcd, a, b, m) = failing_behind_two(&env, 3000).await;
 
     // Fail through A until A's own breaker opens.
     let mut opened = None;
@@ -741,28 +748,7 @@ async fn mcp_listed(session: &tokio::sync::Mutex<McpSession>, tool: &str) -> Opt
 async fn a_breaker_opened_on_one_gateway_is_annotated_on_the_others_mcp() {
     const LISTED: &str = "flt__write_order";
     let env = TestEnv::new("fleet_catalog");
-    let etcd = Etcd::start(&env).await;
-    let mut c = etcd.client().await;
-    c.put(
-        "/mcp/policies/flt",
-        json!({"min_calls": 5, "open_ms": 20000, "open_jitter_percent": 0}).to_string(),
-        None,
-    )
-    .await
-    .expect("policy");
-    let a = Gateway::start(&env, "a", &etcd).await;
-    let b = Gateway::start(&env, "b", &etcd).await;
-    let m = Member::start(
-        &env,
-        &etcd.endpoint(),
-        "flt",
-        "flt-1",
-        &["--fail", "write_order=http500"],
-        TTL,
-    )
-    .await;
-    a.routes("flt", &m).await;
-    b.routes("flt", &m).await;
+    let (etcd, a, b, _m) = failing_behind_two(&env, 20000).await;
     let on_b = tokio::sync::Mutex::new(
         McpSession::connect(&format!("http://127.0.0.1:{}/mcp", b.envoy.port)).await,
     );

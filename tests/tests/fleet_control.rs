@@ -144,19 +144,27 @@ async fn round(url: &str, kept: &mut McpSession, n: u64) -> Vec<String> {
     failed
 }
 
-#[tokio::test]
-async fn the_aggregate_endpoint_survives_a_sigkill_of_its_toolgate_xds() {
-    let env = TestEnv::new("fleet_control_sigkill");
-    let etcd = Etcd::start(&env).await;
-    let mut a = Gateway::start(&env, "a", &etcd).await;
-    let b = Gateway::start(&env, "b", &etcd).await;
-    // A server with sessions: each client of `/mcp` that calls it needs a session the gateway
-    // holds, opened through the control cluster.
-    let m = Member::start(&env, &etcd.endpoint(), "svc", "svc-1", &[], TTL).await;
+/// Two gateways on one etcd, both routing `svc` (a lab, `svc-1`).
+async fn svc_behind_two(env: &TestEnv) -> (Etcd, Gateway, Gateway, Member) {
+    let etcd = Etcd::start(env).await;
+    let a = Gateway::start(env, "a", &etcd).await;
+    let b = Gateway::start(env, "b", &etcd).await;
+    let m = Member::start(env, &etcd.endpoint(), "svc", "svc-1", &[], TTL).await;
     for gw in [&a, &b] {
         gw.envoy
             .wait_addresses("svc", &[m.server.endpoint()], Duration::from_secs(20))
             .await;
+    }
+    (etcd, a, b, m)
+}
+
+#[tokio::test]
+async fn the_aggregate_endpoint_survives_a_sigkill_of_its_toolgate_xds() {
+    let env = TestEnv::new("fleet_control_sigkill");
+    // A server with sessions: each client of `/mcp` that calls it needs a session the gateway
+    // holds, opened through the control cluster.
+    let (_etcd, mut a, b, _m) = svc_behind_two(&env).await;
+    for gw in [&a, &b] {
         wait_until(
             &format!("{}'s /mcp lists {TOOL}", gw.envoy.name),
             Duration::from_secs(30),
@@ -493,15 +501,7 @@ async fn with_the_only_toolgate_xds_gone_every_answer_of_mcp_is_mcp() {
 async fn the_official_sdks_call_through_mcp_across_a_sigkill_of_its_toolgate_xds() {
     use toolgate_tests::{NodeClient, Sdk};
     let env = TestEnv::new("fleet_control_sdks");
-    let etcd = Etcd::start(&env).await;
-    let mut a = Gateway::start(&env, "a", &etcd).await;
-    let b = Gateway::start(&env, "b", &etcd).await;
-    let m = Member::start(&env, &etcd.endpoint(), "svc", "svc-1", &[], TTL).await;
-    for gw in [&a, &b] {
-        gw.envoy
-            .wait_addresses("svc", &[m.server.endpoint()], Duration::from_secs(20))
-            .await;
-    }
+    let (_etcd, mut a, _b, _m) = svc_behind_two(&env).await;
     let url = a.mcp();
     wait_until("/mcp lists the tool", Duration::from_secs(30), || async {
         let mut s = McpSession::unconnected(&url);

@@ -10,11 +10,15 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use serde_json::{json, Value};
 use toolgate_model::{InstanceMetadata, ProbeKind};
+use toolgate_tests::mcp::{open_session, post_message, text_of};
 use toolgate_tests::sdk::{self, PythonLive};
 use toolgate_tests::{
     children_of, filesystem_server, memory_server, python_bin, wait_until, NodeClient, Proc,
     Registrant, Sdk, Stack, TestEnv,
 };
+
+/// The protocol version of the sessions this file opens by hand.
+const VERSION: &str = "2025-11-25";
 
 /// `.venv/bin/python tests/python/stdio_server.py`.
 fn python_stdio_server() -> (PathBuf, Vec<String>) {
@@ -95,12 +99,6 @@ async fn join(
     (registrar, meta)
 }
 
-/// Envoy's `/mcp`, every service's tools under one URL.
-fn aggregate_url(stack: &Stack) -> String {
-    let service_url = stack.url("x");
-    format!("{}/mcp", service_url.trim_end_matches("/mcp/x"))
-}
-
 async fn wait_listed(url: &str, tool: &str) {
     wait_until(
         &format!("/mcp lists {tool}"),
@@ -116,16 +114,6 @@ async fn wait_listed(url: &str, tool: &str) {
         },
     )
     .await;
-}
-
-fn text_of(result: &Value) -> String {
-    result["content"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|c| c["text"].as_str())
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 /// A log line without its ANSI colours.
@@ -145,15 +133,6 @@ fn without_colours(line: &str) -> String {
         }
     }
     out
-}
-
-/// The Python client's report of `step`; panics with every report if it is not a result.
-fn ok<'a>(lines: &'a [Value], step: &str) -> &'a Value {
-    lines
-        .iter()
-        .find(|l| l["step"] == step)
-        .and_then(|l| l.get("ok"))
-        .unwrap_or_else(|| panic!("step {step} gave no result: {lines:#?}"))
 }
 
 /// What a reply to a failed call says: an MCP error's message, or a tool result's text
@@ -200,13 +179,13 @@ async fn server_memory_joins_with_stdio_alone_and_the_official_sdks_call_it_thro
     let create = format!("call:create_entities:{alice}");
     let lines = sdk::python(&url, &["initialize", "list", &create, "call:read_graph"]).await;
     assert!(
-        ok(&lines, "list")["tools"]
+        sdk::step_ok(&lines, "list")["tools"]
             .as_array()
             .is_some_and(|t| t.iter().any(|t| t["name"] == "read_graph")),
         "{lines:#?}"
     );
     assert!(
-        text_of(ok(&lines, "call:read_graph")).contains("likes tea"),
+        text_of(sdk::step_ok(&lines, "call:read_graph")).contains("likes tea"),
         "{lines:#?}"
     );
 
@@ -239,11 +218,11 @@ async fn server_memory_joins_with_stdio_alone_and_the_official_sdks_call_it_thro
         run.report
     );
 
-    let all = aggregate_url(&stack);
+    let all = stack.aggregate_url();
     wait_listed(&all, "memory__read_graph").await;
     let lines = sdk::python(&all, &["initialize", "call:memory__read_graph"]).await;
     assert!(
-        text_of(ok(&lines, "call:memory__read_graph")).contains("likes tea"),
+        text_of(sdk::step_ok(&lines, "call:memory__read_graph")).contains("likes tea"),
         "{lines:#?}"
     );
     let run = NodeClient::new(Sdk::V2)
@@ -289,7 +268,7 @@ async fn server_filesystem_joins_and_the_sdks_read_a_file_through_both_urls() {
     );
     let lines = sdk::python(&url, &["initialize", &read]).await;
     assert!(
-        text_of(ok(&lines, &read)).contains("hello from a stdio server"),
+        text_of(sdk::step_ok(&lines, &read)).contains("hello from a stdio server"),
         "{lines:#?}"
     );
     let run = NodeClient::new(Sdk::V1)
@@ -305,7 +284,7 @@ async fn server_filesystem_joins_and_the_sdks_read_a_file_through_both_urls() {
         run.report
     );
 
-    let all = aggregate_url(&stack);
+    let all = stack.aggregate_url();
     wait_listed(&all, "fs__read_text_file").await;
     let run = NodeClient::new(Sdk::V2)
         .step(
@@ -364,12 +343,12 @@ async fn a_python_sdk_stdio_server_joins_and_serves_2025_sessions_and_2026_reque
     )
     .await;
     assert_eq!(
-        text_of(ok(&lines, "call:echo:{\"text\":\"legacy\"}")),
+        text_of(sdk::step_ok(&lines, "call:echo:{\"text\":\"legacy\"}")),
         "legacy"
     );
-    ok(&lines, complain);
+    sdk::step_ok(&lines, complain);
     // The server's stderr is in the registrar's log, with the server's pid.
-    let pid = text_of(ok(&lines, "call:pid"));
+    let pid = text_of(sdk::step_ok(&lines, "call:pid"));
     wait_until(
         "the server's stderr line is logged with its pid",
         Duration::from_secs(10),
@@ -389,12 +368,12 @@ async fn a_python_sdk_stdio_server_joins_and_serves_2025_sessions_and_2026_reque
     )
     .await;
     assert_eq!(
-        ok(&lines, "initialize")["protocolVersion"],
+        sdk::step_ok(&lines, "initialize")["protocolVersion"],
         "2026-07-28",
         "{lines:#?}"
     );
     assert_eq!(
-        text_of(ok(&lines, "call:echo:{\"text\":\"modern\"}")),
+        text_of(sdk::step_ok(&lines, "call:echo:{\"text\":\"modern\"}")),
         "modern"
     );
     for which in Sdk::ALL {
@@ -407,7 +386,7 @@ async fn a_python_sdk_stdio_server_joins_and_serves_2025_sessions_and_2026_reque
             .await;
         assert_eq!(text_of(run.result("tools/call")), "node", "{}", run.report);
     }
-    let all = aggregate_url(&stack);
+    let all = stack.aggregate_url();
     wait_listed(&all, "pystdio__echo").await;
     let lines = sdk::python_in_mode(
         &all,
@@ -416,7 +395,10 @@ async fn a_python_sdk_stdio_server_joins_and_serves_2025_sessions_and_2026_reque
     )
     .await;
     assert_eq!(
-        text_of(ok(&lines, "call:pystdio__echo:{\"text\":\"all\"}")),
+        text_of(sdk::step_ok(
+            &lines,
+            "call:pystdio__echo:{\"text\":\"all\"}"
+        )),
         "all",
         "{lines:#?}"
     );
@@ -439,7 +421,7 @@ async fn progress_and_elicitation_from_a_stdio_tool_reach_the_python_sdk_through
         &["initialize", progress, ask],
     )
     .await;
-    let reported = ok(&lines, progress);
+    let reported = sdk::step_ok(&lines, progress);
     let seen = reported["progress"].as_array().cloned().unwrap_or_default();
     assert_eq!(
         seen.len(),
@@ -449,7 +431,7 @@ async fn progress_and_elicitation_from_a_stdio_tool_reach_the_python_sdk_through
     assert_eq!(seen[2]["message"], "step 3 of 3");
     assert_eq!(text_of(&reported["result"]), "3 steps done");
     assert_eq!(
-        text_of(ok(&lines, ask)),
+        text_of(sdk::step_ok(&lines, ask)),
         "the client answered 'blue'",
         "the elicitation request reached the client and its answer the tool: {lines:#?}"
     );
@@ -526,13 +508,17 @@ async fn in_shared_mode_one_server_serves_every_session_and_each_gets_its_own_pr
         &["initialize", "call:remember:{\"x\":\"shared\"}", "call:pid"],
     )
     .await;
-    let pid = text_of(ok(&lines, "call:pid"));
+    let pid = text_of(sdk::step_ok(&lines, "call:pid"));
     let lines = sdk::python(&url, &["initialize", "call:recall", "call:pid"]).await;
     assert!(
-        text_of(ok(&lines, "call:recall")).contains("'shared'"),
+        text_of(sdk::step_ok(&lines, "call:recall")).contains("'shared'"),
         "{lines:#?}"
     );
-    assert_eq!(text_of(ok(&lines, "call:pid")), pid, "the same server");
+    assert_eq!(
+        text_of(sdk::step_ok(&lines, "call:pid")),
+        pid,
+        "the same server"
+    );
 
     // Two sessions at once, the same request ids and progress tokens on both: each hears its
     // own progress and gets its own answer.
@@ -542,7 +528,7 @@ async fn in_shared_mode_one_server_serves_every_session_and_each_gets_its_own_pr
     let steps_b = ["initialize", six];
     let (a, b) = tokio::join!(sdk::python(&url, &steps_a), sdk::python(&url, &steps_b));
     for (lines, step, n) in [(&a, four, 4), (&b, six, 6)] {
-        let r = ok(lines, step);
+        let r = sdk::step_ok(lines, step);
         let seen = r["progress"].as_array().cloned().unwrap_or_default();
         assert_eq!(seen.len(), n, "{lines:#?}");
         assert!(
@@ -556,7 +542,7 @@ async fn in_shared_mode_one_server_serves_every_session_and_each_gets_its_own_pr
     let ask = "call:ask:{\"question\":\"which?\"}";
     let lines = sdk::python_with(&["--elicit-answer", "green"], &url, &["initialize", ask]).await;
     assert_eq!(
-        text_of(ok(&lines, ask)),
+        text_of(sdk::step_ok(&lines, ask)),
         "the client answered 'green'",
         "{lines:#?}"
     );
@@ -721,28 +707,9 @@ async fn garbage_or_a_100_mib_line_ends_only_that_child_and_other_sessions_go_on
     b.finish().await;
 }
 
-async fn post(
-    http: &reqwest::Client,
-    url: &str,
-    session: Option<&str>,
-    body: Value,
-) -> reqwest::Response {
-    let mut req = http
-        .post(url)
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .json(&body);
-    if let Some(s) = session {
-        req = req
-            .header("mcp-session-id", s)
-            .header("mcp-protocol-version", "2025-11-25");
-    }
-    req.send().await.expect("POST to the bridge")
-}
-
 fn initialize() -> Value {
     json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-11-25", "capabilities": {},
+        "protocolVersion": VERSION, "capabilities": {},
         "clientInfo": {"name": "stdio-test", "version": "0"}}})
 }
 
@@ -764,7 +731,7 @@ async fn sessions_are_bounded_and_end_with_delete_or_idleness_taking_their_serve
 
     let mut sessions = Vec::new();
     for _ in 0..2 {
-        let resp = post(&http, &url, None, initialize()).await;
+        let resp = post_message(&http, &url, None, None, &initialize()).await;
         assert_eq!(resp.status(), 200);
         let id = resp.headers()["mcp-session-id"]
             .to_str()
@@ -773,7 +740,7 @@ async fn sessions_are_bounded_and_end_with_delete_or_idleness_taking_their_serve
         sessions.push(id);
     }
     assert_eq!(servers(), 3, "a server per session");
-    let resp = post(&http, &url, None, initialize()).await;
+    let resp = post_message(&http, &url, None, None, &initialize()).await;
     assert_eq!(resp.status(), 503);
     let body: Value = resp.json().await.expect("a JSON-RPC error");
     let message = body["error"]["message"].as_str().unwrap_or_default();
@@ -792,15 +759,16 @@ async fn sessions_are_bounded_and_end_with_delete_or_idleness_taking_their_serve
         || async { servers() == 2 },
     )
     .await;
-    let gone = post(
+    let gone = post_message(
         &http,
         &url,
         Some(&sessions[0]),
-        json!({"jsonrpc": "2.0", "id": 2, "method": "ping"}),
+        Some(VERSION),
+        &json!({"jsonrpc": "2.0", "id": 2, "method": "ping"}),
     )
     .await;
     assert_eq!(gone.status(), 404);
-    let resp = post(&http, &url, None, initialize()).await;
+    let resp = post_message(&http, &url, None, None, &initialize()).await;
     assert_eq!(resp.status(), 200, "a place again");
 
     wait_until(
@@ -809,11 +777,12 @@ async fn sessions_are_bounded_and_end_with_delete_or_idleness_taking_their_serve
         || async { servers() == 1 },
     )
     .await;
-    let idle = post(
+    let idle = post_message(
         &http,
         &url,
         Some(&sessions[1]),
-        json!({"jsonrpc": "2.0", "id": 3, "method": "ping"}),
+        Some(VERSION),
+        &json!({"jsonrpc": "2.0", "id": 3, "method": "ping"}),
     )
     .await;
     assert_eq!(idle.status(), 404);
@@ -829,14 +798,7 @@ async fn a_call_the_agent_cancels_is_cancelled_in_the_stdio_server_and_answered_
     // Through the gateway, as an agent speaks.
     let url = stack.url("pystdio");
     let http = reqwest::Client::new();
-    let resp = post(&http, &url, None, initialize()).await;
-    assert_eq!(resp.status(), 200);
-    let session = resp.headers()["mcp-session-id"]
-        .to_str()
-        .expect("id")
-        .to_string();
-    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
-    post(&http, &url, Some(&session), initialized).await;
+    let session = open_session(&http, &url, VERSION, json!({})).await;
 
     let marker = env.path("cancelled");
     let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
@@ -844,7 +806,7 @@ async fn a_call_the_agent_cancels_is_cancelled_in_the_stdio_server_and_answered_
     let pending = tokio::spawn({
         let (http, url, session) = (http.clone(), url.clone(), session.clone());
         async move {
-            let resp = post(&http, &url, Some(&session), call).await;
+            let resp = post_message(&http, &url, Some(&session), Some(VERSION), &call).await;
             let status = resp.status();
             (status, resp.text().await.unwrap_or_default())
         }
@@ -856,7 +818,7 @@ async fn a_call_the_agent_cancels_is_cancelled_in_the_stdio_server_and_answered_
     .await;
     let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
         "params": {"requestId": 7, "reason": "the agent gave up"}});
-    let resp = post(&http, &url, Some(&session), cancel).await;
+    let resp = post_message(&http, &url, Some(&session), Some(VERSION), &cancel).await;
     assert_eq!(resp.status(), 202);
     let (status, body) = tokio::time::timeout(Duration::from_secs(10), pending)
         .await
@@ -877,7 +839,7 @@ async fn a_call_the_agent_cancels_is_cancelled_in_the_stdio_server_and_answered_
     // The session goes on, on the same server.
     let echo = json!({"jsonrpc": "2.0", "id": 8, "method": "tools/call", "params": {
         "name": "echo", "arguments": {"text": "still here"}}});
-    let resp = post(&http, &url, Some(&session), echo).await;
+    let resp = post_message(&http, &url, Some(&session), Some(VERSION), &echo).await;
     let body = resp.text().await.unwrap_or_default();
     assert!(body.contains("still here"), "{body}");
 }
@@ -894,19 +856,6 @@ fn answer_of(body: &str) -> Value {
         .unwrap_or(Value::Null)
 }
 
-/// Opens a 2025-11-25 session at `url`; its id.
-async fn open_session(http: &reqwest::Client, url: &str) -> String {
-    let resp = post(http, url, None, initialize()).await;
-    assert_eq!(resp.status(), 200);
-    let id = resp.headers()["mcp-session-id"]
-        .to_str()
-        .expect("id")
-        .to_string();
-    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
-    post(http, url, Some(&id), initialized).await;
-    id
-}
-
 async fn call(
     http: &reqwest::Client,
     url: &str,
@@ -917,7 +866,7 @@ async fn call(
 ) -> Value {
     let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
         "params": {"name": tool, "arguments": args}});
-    let resp = post(http, url, Some(session), body).await;
+    let resp = post_message(http, url, Some(session), Some(VERSION), &body).await;
     answer_of(&resp.text().await.unwrap_or_default())
 }
 
@@ -935,7 +884,7 @@ async fn a_server_that_stops_reading_fills_only_its_own_queue_and_other_sessions
     let bridge = format!("http://{}/mcp", meta.endpoint);
     let http = reqwest::Client::new();
 
-    let a = open_session(&http, &bridge).await;
+    let a = open_session(&http, &bridge, VERSION, json!({})).await;
     let a_pid: i32 = text_of(&call(&http, &bridge, &a, 2, "pid", json!({})).await["result"])
         .parse()
         .expect("a pid");
@@ -983,7 +932,7 @@ async fn a_server_that_stops_reading_fills_only_its_own_queue_and_other_sessions
     )
     .await;
     assert_eq!(
-        text_of(ok(&lines, "call:echo:{\"text\":\"b goes on\"}")),
+        text_of(sdk::step_ok(&lines, "call:echo:{\"text\":\"b goes on\"}")),
         "b goes on"
     );
     assert!(t0.elapsed() < Duration::from_secs(15));
@@ -1050,5 +999,8 @@ async fn a_wedged_stdio_server_leaves_rotation_and_is_restarted() {
         &["initialize", "call:echo:{\"text\":\"back\"}"],
     )
     .await;
-    assert_eq!(text_of(ok(&lines, "call:echo:{\"text\":\"back\"}")), "back");
+    assert_eq!(
+        text_of(sdk::step_ok(&lines, "call:echo:{\"text\":\"back\"}")),
+        "back"
+    );
 }
