@@ -1,5 +1,5 @@
-//! Names the filter and the Envoy bootstrap both use: a contract between `filter/` and
-//! `toolgate-xds bootstrap`.
+//! Names the filter, the Envoy bootstrap and the resources toolgate-xds serves all use: a
+//! contract between `filter/` and `xds-server/`.
 
 /// Set on the request (Envoy's own copy: it already went upstream) while the filter holds a
 /// JSON answer until it is complete. If the upstream then resets, Envoy answers by itself, past
@@ -28,3 +28,20 @@ pub fn service_cluster(service: &str) -> String {
 /// takes the client's copy off every request, and sets it only from the path it judges, so the
 /// service it judges is the cluster the call reaches.
 pub const CLUSTER_HEADER: &str = "x-toolgate-cluster";
+
+/// The cluster of toolgate-xds's admin listeners: the aggregate endpoint's routes, the
+/// filter's reports and held-session requests. The bootstrap defines it; toolgate-xds serves
+/// its endpoints.
+pub const CONTROL_CLUSTER: &str = "toolgate_control";
+
+/// Prefix of the public path of a service: `/mcp/<service>`. toolgate-xds routes it to the
+/// service's cluster; the filter reads the service from it.
+pub const SERVICE_PATH_PREFIX: &str = "/mcp/";
+
+/// The aggregate endpoint: one MCP server over every service, virtual server `default`. An
+/// exact path, so it never overlaps `/mcp/<service>`.
+pub const AGGREGATE_PATH: &str = "/mcp";
+
+/// Named virtual servers are served at `/virtual/<name>`, outside `/mcp/`: no service name
+/// can reach them, whatever it is.
+pub const VIRTUAL_PATH_PREFIX: &str = "/virtual/";

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::xds::resources::{ROUTE_CONFIG_NAME, SHARED_ROUTE_CONFIG_NAME};
+use crate::xds::resources::{LISTENER_BUFFER_BYTES, ROUTE_CONFIG_NAME, SHARED_ROUTE_CONFIG_NAME};
 use crate::xds::{auth, ecds};
 
 /// Name of the static cluster that reaches toolgate-xds.
@@ -39,9 +39,9 @@ pub const SERVICE_TAG_REGEX: &str =
 /// segment and has no dot, so a tool name with dots is taken whole.
 pub const TOOL_TAG_REGEX: &str = r"^wasmcustom\.toolgate\.service=[^=]+\.(tool=([^=]+)\.)[a-z_]+$";
 
-/// The cluster of toolgate-xds's admin listeners: the aggregate endpoint's routes, the
-/// filter's reports and held-session requests (a contract with the filter).
-pub const CONTROL_CLUSTER: &str = "toolgate_control";
+// Defined in the model, with the names the filter and the xDS resources share; named here too
+// as the cluster this bootstrap defines.
+pub use toolgate_model::envoy::CONTROL_CLUSTER;
 /// toolgate-xds's liveness path, which Envoy's health checks of the control cluster ask.
 pub const CONTROL_HEALTH_PATH: &str = "/healthz";
 
@@ -558,9 +558,6 @@ fn xds_cluster(xds: &Upstream, tls: Option<&XdsClientTls>) -> Value {
     }
     cluster
 }
-
-/// How much the MCP listener reads from a connection at once and buffers per connection.
-pub const LISTENER_BUFFER_BYTES: u64 = 1024 * 1024;
 
 /// Request header limits of the MCP listener.
 pub const MAX_REQUEST_HEADERS_KB: u32 = 60;

@@ -17,7 +17,7 @@ use toolgate_model::virtual_server::{VirtualError, VirtualServer, DEFAULT_VIRTUA
 
 use super::AdminState;
 use crate::fleet::AdminError;
-use crate::xds::resources::{AGGREGATE_PATH, VIRTUAL_PATH_PREFIX};
+use toolgate_model::envoy::{AGGREGATE_PATH, VIRTUAL_PATH_PREFIX};
 
 /// A refusal naming the field it is about (also `/v1/auth`'s).
 pub(super) struct Refusal {

@@ -42,8 +42,9 @@ use toolgate_model::auth::{
     parse_url, resource_metadata, AuthConfig, Jwks, FAILURE_METADATA_KEY, METADATA_PATH,
     PAYLOAD_HEADER,
 };
+use toolgate_model::envoy::{AGGREGATE_PATH, SERVICE_PATH_PREFIX, VIRTUAL_PATH_PREFIX};
 
-use super::resources::{to_any, AGGREGATE_PATH, SERVICE_PATH_PREFIX, VIRTUAL_PATH_PREFIX};
+use super::any::to_any;
 use crate::routing::RoutingSnapshot;
 
 /// Name of `jwt_authn` in the bootstrap's HTTP filter chain and of its ECDS resource.

@@ -15,6 +15,7 @@ use std::time::Instant;
 
 use envoy_types::pb::google::protobuf::Any;
 
+use super::any::to_any;
 use super::resources::{self, ResourceOptions, ResourceType};
 use super::route_table::{self, EncodedRoutes};
 use crate::bootstrap::RouteTable;
@@ -327,7 +328,7 @@ impl SnapshotCache {
         }
         if self.control.as_deref() != Some(&*snapshot.control) {
             assignments.put(
-                crate::bootstrap::CONTROL_CLUSTER.to_string(),
+                toolgate_model::envoy::CONTROL_CLUSTER.to_string(),
                 &resources::control_load_assignment(&snapshot.control),
             );
         }
@@ -438,7 +439,7 @@ impl<'a> Patch<'a> {
     }
 
     fn put<M: prost::Message + prost::Name>(&mut self, name: String, message: &M) {
-        self.put_any(name, resources::to_any(message));
+        self.put_any(name, to_any(message));
     }
 
     fn put_any(&mut self, name: String, any: Any) {
@@ -694,13 +695,13 @@ mod tests {
             cache.update(&snap);
             let view = cache.current().expect("updated");
             let routes = &view.get(ResourceType::Route).expect("RDS").entries;
-            let built = resources::to_any(&resources::route_configuration(&snap));
+            let built = to_any(&resources::route_configuration(&snap));
             assert!(
                 *routes[resources::ROUTE_CONFIG_NAME].any == built,
                 "after {step}: the kept route configuration is not the one built from scratch"
             );
             let shared = Arc::clone(&routes[resources::SHARED_ROUTE_CONFIG_NAME].any);
-            let built = resources::to_any(&resources::shared_route_configuration(&snap));
+            let built = to_any(&resources::shared_route_configuration(&snap));
             assert!(
                 *shared == built,
                 "after {step}: the kept shared route configuration is not the one built from scratch"

@@ -17,7 +17,7 @@ use envoy_types::pb::envoy::extensions::wasm::v3::{
 use envoy_types::pb::google::protobuf::{Any, BoolValue, StringValue, Struct};
 use prost::Message;
 
-use super::resources::to_any;
+use super::any::to_any;
 
 /// Name of the filter in the bootstrap's HTTP filter chain and of its ECDS resource.
 pub const FILTER_CONFIG_NAME: &str = "toolgate.mcp";

@@ -5,6 +5,7 @@
 //! (when). Only `ads` and this file know tonic.
 
 pub mod ads;
+pub mod any;
 pub mod auth;
 pub mod cache;
 pub mod connections;

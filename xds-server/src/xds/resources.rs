@@ -46,10 +46,12 @@ use envoy_types::pb::envoy::r#type::matcher::v3::{
 };
 use envoy_types::pb::envoy::r#type::v3::Percent;
 use envoy_types::pb::google::protobuf::{Any, Duration, UInt32Value, UInt64Value};
-use prost::{Message, Name};
-use toolgate_model::envoy::CLUSTER_HEADER;
+use toolgate_model::envoy::{
+    AGGREGATE_PATH, CLUSTER_HEADER, CONTROL_CLUSTER, SERVICE_PATH_PREFIX, VIRTUAL_PATH_PREFIX,
+};
 use toolgate_model::instance::DEFAULT_MCP_PATH;
 
+use super::any::to_any;
 use crate::routing::{
     ControlMembers, EndpointHealth, RouteEndpoint, RoutingSnapshot, ServiceRoute,
 };
@@ -61,16 +63,6 @@ pub const ROUTE_CONFIG_NAME: &str = "toolgate_routes";
 /// the services whose path or timeout differs from the defaults, and two routes all the other
 /// services share (see [`shared_service_routes`]). A new service then changes no route.
 pub const SHARED_ROUTE_CONFIG_NAME: &str = "toolgate_shared_routes";
-/// Prefix of every cluster name: service `inventory` is cluster `mcp.inventory`.
-pub const CLUSTER_PREFIX: &str = toolgate_model::envoy::SERVICE_CLUSTER_PREFIX;
-/// Prefix of the public path of a service: `/mcp/<service>`.
-pub const SERVICE_PATH_PREFIX: &str = "/mcp/";
-/// The aggregate endpoint (issue 19): one MCP server over every service, virtual server
-/// `default`. An exact path, so it never overlaps `/mcp/<service>`.
-pub const AGGREGATE_PATH: &str = "/mcp";
-/// Named virtual servers are served at `/virtual/<name>`, outside `/mcp/`: no service name
-/// can reach them, whatever it is.
-pub const VIRTUAL_PATH_PREFIX: &str = "/virtual/";
 /// Where toolgate-xds's admin listener serves a virtual server: `/v1/aggregate/<name>`.
 pub const AGGREGATE_UPSTREAM_PREFIX: &str = "/v1/aggregate/";
 /// The virtual server behind [`AGGREGATE_PATH`].
@@ -185,7 +177,7 @@ pub(crate) fn build(snapshot: &RoutingSnapshot) -> BTreeMap<ResourceType, NamedR
         assignments.insert(name, Arc::new(to_any(&load_assignment(service, route))));
     }
     assignments.insert(
-        crate::bootstrap::CONTROL_CLUSTER.to_string(),
+        CONTROL_CLUSTER.to_string(),
         Arc::new(to_any(&control_load_assignment(&snapshot.control))),
     );
     let mut routes = NamedResources::new();
@@ -252,14 +244,6 @@ fn outlier_detection(options: &ResourceOptions) -> Option<OutlierDetection> {
         max_ejection_percent: u32_value(100),
         ..Default::default()
     })
-}
-
-/// Wraps a message in `google.protobuf.Any` with its canonical type URL.
-pub fn to_any<M: Message + Name>(message: &M) -> Any {
-    Any {
-        type_url: M::type_url(),
-        value: message.encode_to_vec(),
-    }
 }
 
 /// `ConfigSource { ads: {}, resource_api_version: V3 }`: "fetch this over the ADS stream".
@@ -377,7 +361,7 @@ pub fn load_assignment(service: &str, route: &ServiceRoute) -> ClusterLoadAssign
     }
 }
 
-/// The control cluster's assignment ([`crate::bootstrap::CONTROL_CLUSTER`], a static cluster
+/// The control cluster's assignment ([`CONTROL_CLUSTER`], a static cluster
 /// of the bootstrap fed over EDS): this toolgate-xds at priority 0, the fleet's other live
 /// toolgate-xds at priority 1. Envoy sends the aggregate endpoint's requests, the filters'
 /// reports and their held-session requests to priority 1 only while priority 0 fails its
@@ -408,7 +392,7 @@ pub fn control_load_assignment(members: &ControlMembers) -> ClusterLoadAssignmen
         });
     }
     ClusterLoadAssignment {
-        cluster_name: crate::bootstrap::CONTROL_CLUSTER.to_string(),
+        cluster_name: CONTROL_CLUSTER.to_string(),
         endpoints,
         ..Default::default()
     }
@@ -587,17 +571,21 @@ pub(crate) fn service_routes(service: &str, route: &ServiceRoute) -> [Route; 2] 
     ]
 }
 
+/// How much the MCP listener reads from a connection at once and buffers per connection (the
+/// bootstrap sets it; [`request_body_buffer_limit`] counts on it).
+pub const LISTENER_BUFFER_BYTES: u64 = 1024 * 1024;
+
 /// How much of a request body Envoy may buffer. Above it Envoy answers with its own bare 413,
 /// in the same step that hands the filter the data crossing the filter's limit (the filter's
 /// reply is deferred and loses). One step carries at most what one read from the connection
 /// takes, the listener's buffer: with that much room above the filter's limit, and a margin,
 /// the filter always answers first.
 pub fn request_body_buffer_limit(max_body_bytes: u64) -> u64 {
-    max_body_bytes + 2 * crate::bootstrap::LISTENER_BUFFER_BYTES
+    max_body_bytes + 2 * LISTENER_BUFFER_BYTES
 }
 
 /// The routes of the virtual servers, to toolgate-xds's admin listener
-/// ([`crate::bootstrap::CONTROL_CLUSTER`]) at `/v1/aggregate/<name>` (the query kept):
+/// ([`CONTROL_CLUSTER`]) at `/v1/aggregate/<name>` (the query kept):
 /// `/mcp` for `default`, `/virtual/<name>` for each (`default` included). Exact paths, two
 /// routes each like a service's: the GET stream without a response timeout, everything else
 /// with the largest service timeout (a `tools/call` there is one service's call).
@@ -643,7 +631,7 @@ fn virtual_route(path: &str, name: &str, timeout_ms: u64, get_stream: bool) -> R
         action: Some(route::Action::Route(RouteAction {
             retry_policy: Some(control_retry()),
             ..mcp_route_action(
-                crate::bootstrap::CONTROL_CLUSTER.to_string(),
+                CONTROL_CLUSTER.to_string(),
                 format!("{AGGREGATE_UPSTREAM_PREFIX}{name}"),
                 timeout_ms,
                 get_stream,
@@ -846,6 +834,8 @@ fn control_retry() -> RetryPolicy {
 mod tests {
     use super::*;
     use crate::routing::Bulkhead;
+    use crate::xds::shard::ServiceSelector;
+    use prost::{Message, Name};
     use std::time::Instant;
 
     fn endpoint(id: &str, last_octet: u8, weight: u32, health: EndpointHealth) -> RouteEndpoint {
@@ -947,11 +937,7 @@ mod tests {
         // And the control cluster's, a static cluster of the bootstrap.
         assert_eq!(
             names(ResourceType::Endpoint),
-            [
-                "mcp.billing",
-                "mcp.inventory",
-                crate::bootstrap::CONTROL_CLUSTER
-            ]
+            ["mcp.billing", "mcp.inventory", CONTROL_CLUSTER]
         );
         assert_eq!(
             names(ResourceType::Route),
@@ -972,9 +958,8 @@ mod tests {
             peers: vec![addr("10.0.0.2:19000"), addr("[fd00::3]:19000")],
         });
         let built = build(&snapshot);
-        let cla: ClusterLoadAssignment =
-            decode(&built[&ResourceType::Endpoint][crate::bootstrap::CONTROL_CLUSTER]);
-        assert_eq!(cla.cluster_name, crate::bootstrap::CONTROL_CLUSTER);
+        let cla: ClusterLoadAssignment = decode(&built[&ResourceType::Endpoint][CONTROL_CLUSTER]);
+        assert_eq!(cla.cluster_name, CONTROL_CLUSTER);
         let by_priority: Vec<(u32, Vec<String>)> = cla
             .endpoints
             .iter()
@@ -1420,7 +1405,7 @@ mod tests {
             .expect("a request body buffer limit")
             .value;
         assert!(
-            limit >= snap.max_body_bytes + crate::bootstrap::LISTENER_BUFFER_BYTES,
+            limit >= snap.max_body_bytes + LISTENER_BUFFER_BYTES,
             "{limit}"
         );
     }
@@ -1431,7 +1416,7 @@ mod tests {
         assert!(built[&ResourceType::Cluster].is_empty());
         assert_eq!(
             built[&ResourceType::Endpoint].keys().collect::<Vec<_>>(),
-            [crate::bootstrap::CONTROL_CLUSTER],
+            [CONTROL_CLUSTER],
             "only the control cluster's assignment"
         );
         let rc: RouteConfiguration = decode(&built[&ResourceType::Route][ROUTE_CONFIG_NAME]);
@@ -1445,10 +1430,7 @@ mod tests {
     fn is_virtual(r: &Route) -> bool {
         match &r.action {
             Some(route::Action::Route(a)) => {
-                a.cluster_specifier
-                    == Some(ClusterSpecifier::Cluster(
-                        crate::bootstrap::CONTROL_CLUSTER.to_string(),
-                    ))
+                a.cluster_specifier == Some(ClusterSpecifier::Cluster(CONTROL_CLUSTER.to_string()))
             }
             Some(route::Action::DirectResponse(_)) => true,
             _ => false,
@@ -1473,9 +1455,7 @@ mod tests {
                 };
                 assert_eq!(
                     a.cluster_specifier,
-                    Some(ClusterSpecifier::Cluster(
-                        crate::bootstrap::CONTROL_CLUSTER.into()
-                    ))
+                    Some(ClusterSpecifier::Cluster(CONTROL_CLUSTER.into()))
                 );
                 let disabled: StatefulSessionPerRoute =
                     decode(&r.typed_per_filter_config[STATEFUL_SESSION_FILTER]);
@@ -1548,5 +1528,55 @@ mod tests {
             panic!("not a route action")
         };
         assert_eq!(a.timeout, Some(duration_ms(120_000)));
+    }
+
+    #[test]
+    fn a_shards_route_configuration_keeps_its_services_and_everything_not_a_service() {
+        let mut snapshot = RoutingSnapshot::empty();
+        for name in ["alpha", "beta"] {
+            let route = ServiceRoute {
+                mcp_path: "/mcp".to_string(),
+                limits: Bulkhead::default(),
+                timeout_ms: 1_000,
+                endpoints: Vec::new(),
+            };
+            snapshot.services.insert(name.to_string(), route.into());
+        }
+        // Both tables; the shared one also has the routes every service without its own
+        // takes (a shard's Envoy holds only its services' clusters, so they reach no other).
+        for full in [
+            route_configuration(&snapshot),
+            shared_route_configuration(&snapshot),
+        ] {
+            let any = to_any(&full);
+            let only = ServiceSelector::parse_list("alpha").unwrap();
+            let cut = RouteConfiguration::decode(
+                only.route_configuration(&any).unwrap().value.as_slice(),
+            )
+            .unwrap();
+            let names = |rc: &RouteConfiguration| -> Vec<String> {
+                rc.virtual_hosts[0]
+                    .routes
+                    .iter()
+                    .map(|r| r.name.clone())
+                    .collect()
+            };
+            let kept = names(&cut);
+            assert!(kept.contains(&"alpha".to_string()));
+            assert!(kept.contains(&"alpha/get-stream".to_string()));
+            assert!(!kept.iter().any(|n| n.starts_with("beta")));
+            // Everything else (the aggregate endpoint, the unknown virtual server, the shared
+            // routes) stays.
+            let others: Vec<String> = names(&full)
+                .into_iter()
+                .filter(|n| !n.starts_with("alpha") && !n.starts_with("beta"))
+                .collect();
+            assert!(!others.is_empty());
+            assert!(others.iter().all(|n| kept.contains(n)));
+            assert_eq!(
+                kept.iter().any(|n| n.starts_with("mcp/*")),
+                full.name == SHARED_ROUTE_CONFIG_NAME
+            );
+        }
     }
 }

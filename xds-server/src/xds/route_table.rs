@@ -107,6 +107,7 @@ pub fn assemble(snapshot: &RoutingSnapshot, encoded: &EncodedRoutes, table: Rout
 mod tests {
     use super::*;
     use crate::routing::{Bulkhead, ServiceRoutes};
+    use crate::xds::any::to_any;
     use std::time::Instant;
 
     fn route(path: &str, timeout_ms: u64) -> ServiceRoute {
@@ -179,7 +180,7 @@ mod tests {
                 ),
             ] {
                 let assembled = assemble(&snap, &encoded, table);
-                let built = resources::to_any(&built);
+                let built = to_any(&built);
                 assert_eq!(assembled.type_url, built.type_url);
                 assert!(
                     assembled.value == built.value,

@@ -17,8 +17,9 @@ use envoy_types::pb::envoy::config::route::v3::{
 use envoy_types::pb::google::protobuf::Any;
 use prost::Message;
 use toolgate_model::auth::METADATA_PATH;
+use toolgate_model::envoy::{SERVICE_CLUSTER_PREFIX, SERVICE_PATH_PREFIX};
 
-use super::resources::{to_any, CLUSTER_PREFIX, SERVICE_PATH_PREFIX};
+use super::any::to_any;
 
 /// Node metadata field (under `toolgate`) listing the services an Envoy serves.
 pub const NODE_SERVICES_FIELD: &str = "services";
@@ -122,7 +123,7 @@ impl ServiceSelector {
     /// Whether a cluster or load assignment (named `mcp.<service>`) is this shard's. Names of
     /// other shapes are nobody's service: kept.
     pub fn selects_cluster(&self, name: &str) -> bool {
-        name.strip_prefix(CLUSTER_PREFIX)
+        name.strip_prefix(SERVICE_CLUSTER_PREFIX)
             .is_none_or(|service| self.selects(service))
     }
 
@@ -172,7 +173,6 @@ fn route_service(route: &Route) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::routing::{Bulkhead, RoutingSnapshot, ServiceRoute};
 
     #[test]
     fn patterns_select_names_and_prefixes() {
@@ -204,56 +204,6 @@ mod tests {
         assert!(s.selects_cluster("mcp.alpha"));
         assert!(!s.selects_cluster("mcp.beta"));
         assert!(s.selects_cluster("toolgate_control"));
-    }
-
-    #[test]
-    fn route_configuration_keeps_its_services_and_everything_not_a_service() {
-        let mut snapshot = RoutingSnapshot::empty();
-        for name in ["alpha", "beta"] {
-            let route = ServiceRoute {
-                mcp_path: "/mcp".to_string(),
-                limits: Bulkhead::default(),
-                timeout_ms: 1_000,
-                endpoints: Vec::new(),
-            };
-            snapshot.services.insert(name.to_string(), route.into());
-        }
-        // Both tables; the shared one also has the routes every service without its own
-        // takes (a shard's Envoy holds only its services' clusters, so they reach no other).
-        for full in [
-            super::super::resources::route_configuration(&snapshot),
-            super::super::resources::shared_route_configuration(&snapshot),
-        ] {
-            let any = to_any(&full);
-            let only = ServiceSelector::parse_list("alpha").unwrap();
-            let cut = RouteConfiguration::decode(
-                only.route_configuration(&any).unwrap().value.as_slice(),
-            )
-            .unwrap();
-            let names = |rc: &RouteConfiguration| -> Vec<String> {
-                rc.virtual_hosts[0]
-                    .routes
-                    .iter()
-                    .map(|r| r.name.clone())
-                    .collect()
-            };
-            let kept = names(&cut);
-            assert!(kept.contains(&"alpha".to_string()));
-            assert!(kept.contains(&"alpha/get-stream".to_string()));
-            assert!(!kept.iter().any(|n| n.starts_with("beta")));
-            // Everything else (the aggregate endpoint, the unknown virtual server, the shared
-            // routes) stays.
-            let others: Vec<String> = names(&full)
-                .into_iter()
-                .filter(|n| !n.starts_with("alpha") && !n.starts_with("beta"))
-                .collect();
-            assert!(!others.is_empty());
-            assert!(others.iter().all(|n| kept.contains(n)));
-            assert_eq!(
-                kept.iter().any(|n| n.starts_with("mcp/*")),
-                full.name == super::super::resources::SHARED_ROUTE_CONFIG_NAME
-            );
-        }
     }
 
     #[test]
