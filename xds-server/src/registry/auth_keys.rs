@@ -9,7 +9,7 @@ impl Registry {
     pub(super) fn put_auth(&mut self, key: &str, value: &[u8]) -> Result<bool, Rejected> {
         let admitted = auth::admit(&self.layout, key, value)?;
         match &admitted {
-            auth::Admitted::Service(name, _) if !self.services.contains_key(name) => {
+            auth::Admitted::Service(name, _) if !self.table.services.contains_key(name) => {
                 tracing::warn!(key, service = %name,
                     "rule set for a service that is not registered; it applies when the service registers");
             }

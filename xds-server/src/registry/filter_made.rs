@@ -58,11 +58,11 @@ impl Registry {
         virtual_routes: &Arc<VirtualOutput>,
     ) -> Arc<offline::OfflineListings> {
         let key = OfflineKey {
-            definitions: self.definitions.version(),
+            definitions: self.catalog.definitions.version(),
             virtual_routes: Arc::clone(virtual_routes),
         };
-        self.offline_memo.get_or_make(key, |before| {
-            let made = offline::build(&virtual_routes.0, &self.definitions);
+        self.memo.offline.get_or_make(key, |before| {
+            let made = offline::build(&virtual_routes.0, &self.catalog.definitions);
             let form_changed = before.is_none_or(|b| b.form != made.form);
             if form_changed && made.form != offline::Form::Full {
                 tracing::warn!(bytes = made.full_bytes, budget = offline::BUDGET_BYTES,
@@ -87,7 +87,7 @@ impl Registry {
     pub(super) fn filter_made(&self) -> FilterMade {
         let virtual_routes = self.virtual_routes();
         let key = FilterKey {
-            catalog: self.catalog.version(),
+            catalog: self.catalog.tools.version(),
             offline: self.offline_listings(&virtual_routes),
             virtual_routes,
             rest: self.filter_config_without_catalog(),
@@ -97,7 +97,7 @@ impl Registry {
             key.offline.clone(),
             key.rest.clone(),
         );
-        self.filter_memo.get_or_make(key, |_| {
+        self.memo.filter.get_or_make(key, |_| {
             let (virtual_servers, unnamed) = &*virtual_routes;
             // What changes with services (their tools, names and revisions) may wait for their
             // clusters and routes; the rest (policies, openings, overrides, auth) may not.
@@ -110,7 +110,7 @@ impl Registry {
                 serde_json::to_string(&urgent).unwrap_or_default(),
             );
             let config = FilterConfig {
-                catalog: BTreeMap::clone(&self.catalog),
+                catalog: BTreeMap::clone(&self.catalog.tools),
                 virtual_servers: virtual_servers.clone(),
                 ..rest
             };
@@ -142,30 +142,31 @@ impl Registry {
             max_json_depth: self.request_limits.max_json_depth,
             session_key: toolgate_model::policy::SecretString(self.session_key.clone()),
             legacy_revisions: self
+                .catalog
                 .legacy_revisions
                 .iter()
-                .filter(|(service, _)| self.catalog.contains_key(*service))
+                .filter(|(service, _)| self.catalog.tools.contains_key(*service))
                 .map(|(s, r)| (s.clone(), r.clone()))
                 .collect(),
             auth: self.auth.filter_auth(),
             claim_header_names: self.auth.claim_header_names(),
             ..FilterConfig::default()
         };
-        for ((service, tool), e) in &self.fleet {
+        for ((service, tool), e) in &self.controls.fleet {
             config
                 .fleet_open
                 .entry(service.clone())
                 .or_default()
                 .insert(tool.clone(), e.open.clone());
         }
-        for ((service, tool), o) in &self.overrides {
+        for ((service, tool), o) in &self.controls.overrides {
             config
                 .overrides
                 .entry(service.clone())
                 .or_default()
                 .insert(tool.clone(), o.clone());
         }
-        policies::add_policies(&mut config, self.policies.applied());
+        policies::add_policies(&mut config, self.controls.policies.applied());
         config
     }
 
@@ -173,12 +174,12 @@ impl Registry {
     /// then, so no rule could be): logged once when that starts, not at every push.
     pub(super) fn log_auth_rules_unused(&mut self) {
         let unused = self.auth.config().is_none() && self.auth.has_rules();
-        if unused && !self.auth_rules_unused {
+        if unused && !self.memo.auth_rules_unused {
             tracing::warn!(
                 "auth rule sets are stored but no auth configuration is: they are not applied \
                  until <prefix>auth/config holds one"
             );
         }
-        self.auth_rules_unused = unused;
+        self.memo.auth_rules_unused = unused;
     }
 }

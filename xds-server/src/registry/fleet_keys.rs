@@ -36,8 +36,12 @@ impl Registry {
             .map_err(|e| reject("bad_key", e.to_string()))?;
         let open: FleetOpen = serde_json::from_slice(value)
             .map_err(|e| reject("bad_breaker", format!("not a fleet breaker opening: {e}")))?;
-        let changed = self.fleet.get(&names).is_none_or(|e| e.open != open);
-        self.fleet.insert(
+        let changed = self
+            .controls
+            .fleet
+            .get(&names)
+            .is_none_or(|e| e.open != open);
+        self.controls.fleet.insert(
             names,
             FleetEntry {
                 open,
@@ -59,16 +63,16 @@ impl Registry {
             .parse_tool_key(&self.layout.overrides_prefix(), key)
             .map_err(|e| reject("bad_key", e.to_string()))?;
         let o = parse_override(value).map_err(|e| reject("bad_override", e))?;
-        let changed = self.overrides.get(&names) != Some(&o);
-        self.overrides.insert(names, o);
+        let changed = self.controls.overrides.get(&names) != Some(&o);
+        self.controls.overrides.insert(names, o);
         Ok(changed)
     }
 
     pub fn fleet(&self) -> &BTreeMap<(String, String), FleetEntry> {
-        &self.fleet
+        &self.controls.fleet
     }
 
     pub fn overrides(&self) -> &BTreeMap<(String, String), Override> {
-        &self.overrides
+        &self.controls.overrides
     }
 }

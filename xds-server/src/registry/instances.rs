@@ -13,18 +13,65 @@ pub(super) fn same_target(a: &Instance, b: &Instance) -> bool {
     a.probe_target() == b.probe_target()
 }
 
+/// Every valid instance, and the services they make.
+#[derive(Debug, Clone, Default)]
+pub(super) struct InstanceTable {
+    pub(super) instances: BTreeMap<ServiceKey, Instance>,
+    /// Services stay known after their last instance leaves: Envoy then gets an empty
+    /// assignment (a clean "no healthy upstream") instead of a vanished cluster, and the route
+    /// keeps the MCP path last registered (so an emptied service costs no route push).
+    pub(super) services: BTreeMap<String, String>,
+    /// (service, address) → instance, for the filters' call reports.
+    pub(super) by_addr: HashMap<(String, SocketAddr), ServiceKey>,
+    /// Instances whose probe target appeared, changed or left since the health monitor last
+    /// looked; it starts and stops probe tasks for exactly these.
+    pub(super) dirty: BTreeSet<ServiceKey>,
+    pub(super) membership: Arc<Notify>,
+    /// Counts full reads; each instance carries the count of the last one that saw it.
+    pub(super) read_generation: u64,
+    /// Keyed (per process), so a registrant cannot craft a value that hashes like another.
+    pub(super) value_hasher: std::hash::RandomState,
+}
+
+/// Each service's route as last built. A publish rebuilds only the services marked stale
+/// since (all of them after a reset or a policy change): one change among 10,000 instances
+/// costs the work of its own service, not of the registry.
+#[derive(Debug, Clone)]
+pub(super) struct StaleRoutes {
+    pub(super) built: crate::routing::ServiceRoutes,
+    pub(super) stale: BTreeSet<String>,
+    pub(super) all_stale: bool,
+}
+
+impl StaleRoutes {
+    /// `service`'s route is built again at the next publish.
+    pub(super) fn mark(&mut self, service: &str) {
+        if !self.stale.contains(service) {
+            self.stale.insert(service.to_string());
+        }
+    }
+}
+
+impl Default for StaleRoutes {
+    fn default() -> Self {
+        StaleRoutes {
+            built: Default::default(),
+            stale: BTreeSet::new(),
+            all_stale: true,
+        }
+    }
+}
+
 impl Registry {
     pub fn instance(&self, key: &ServiceKey) -> Option<&Instance> {
-        self.instances.get(key)
+        self.table.instances.get(key)
     }
 
     /// Mutable access marks the instance's route stale: whatever the caller changes is
     /// published.
     pub fn instance_mut(&mut self, key: &ServiceKey) -> Option<&mut Instance> {
-        let inst = self.instances.get_mut(key)?;
-        if !self.stale.contains(&key.service) {
-            self.stale.insert(key.service.clone());
-        }
+        let inst = self.table.instances.get_mut(key)?;
+        self.routes.mark(&key.service);
         Some(inst)
     }
 
@@ -42,7 +89,11 @@ impl Registry {
         lease: i64,
         check: LeaseCheck,
     ) -> Option<(u32, Arc<Notify>)> {
-        let inst = self.instances.get_mut(key).filter(|i| i.lease == lease)?;
+        let inst = self
+            .table
+            .instances
+            .get_mut(key)
+            .filter(|i| i.lease == lease)?;
         let before = inst
             .lease_check
             .replace(check)
@@ -51,13 +102,11 @@ impl Registry {
     }
 
     pub(super) fn mark_stale(&mut self, service: &str) {
-        if !self.stale.contains(service) {
-            self.stale.insert(service.to_string());
-        }
+        self.routes.mark(service);
     }
 
     pub fn instances(&self) -> impl Iterator<Item = (&ServiceKey, &Instance)> {
-        self.instances.iter()
+        self.table.instances.iter()
     }
 
     /// The instances whose key comes after `after` (all of them for `None`), in key order: a
@@ -68,24 +117,25 @@ impl Registry {
     ) -> impl Iterator<Item = (&ServiceKey, &Instance)> {
         use std::ops::Bound;
         let from = after.map_or(Bound::Unbounded, Bound::Excluded);
-        self.instances.range((from, Bound::Unbounded))
+        self.table.instances.range((from, Bound::Unbounded))
     }
 
     /// The instance a filter's report names by its upstream address.
     pub fn find_by_addr(&self, service: &str, addr: SocketAddr) -> Option<&ServiceKey> {
-        self.by_addr.get(&(service.to_string(), addr))
+        self.table.by_addr.get(&(service.to_string(), addr))
     }
 
     /// Instances still waiting for their first probe.
     pub fn unknown_count(&self) -> usize {
-        self.instances
+        self.table
+            .instances
             .values()
             .filter(|i| i.health.state() == State::Unknown)
             .count()
     }
 
     pub fn instance_count(&self) -> usize {
-        self.instances.len()
+        self.table.instances.len()
     }
 
     pub(super) fn put_instance(
@@ -142,12 +192,13 @@ impl Registry {
             health: Health::new(self.health.probes),
             wake: Arc::new(Notify::new()),
             lease_check: None,
-            value_hash: self.value_hasher.hash_one(value),
-            read_mark: self.read_generation,
+            value_hash: self.table.value_hasher.hash_one(value),
+            read_mark: self.table.read_generation,
         };
-        self.services
+        self.table
+            .services
             .insert(sk.service.clone(), instance.meta.mcp_path.clone());
-        let (routing_changed, target_changed) = match self.instances.get_mut(&sk) {
+        let (routing_changed, target_changed) = match self.table.instances.get_mut(&sk) {
             Some(old) if same_target(old, &instance) => {
                 // A new lease or new metadata at the same address: the health verdict holds.
                 std::mem::swap(&mut instance.health, &mut old.health);
@@ -157,7 +208,7 @@ impl Registry {
             }
             Some(old) => {
                 let old_addr = old.addr();
-                self.by_addr.remove(&(sk.service.clone(), old_addr));
+                self.table.by_addr.remove(&(sk.service.clone(), old_addr));
                 (true, true)
             }
             None => (true, true),
@@ -167,15 +218,16 @@ impl Registry {
             // far as the sessions opened before it are concerned.
             instance.health.registered_now();
         }
-        self.by_addr
+        self.table
+            .by_addr
             .insert((sk.service.clone(), instance.addr()), sk.clone());
         self.mark_stale(&sk.service);
         let service = sk.service.clone();
         let old_age = self.service_age(&service);
-        self.instances.insert(sk.clone(), instance);
+        self.table.instances.insert(sk.clone(), instance);
         self.refresh_since(&service);
-        if !self.recorded_ages.contains_key(&service) {
-            self.ages_wanted.notify_one();
+        if !self.ages.recorded.contains_key(&service) {
+            self.ages.wanted.notify_one();
         }
         if target_changed {
             self.mark_dirty(sk);
@@ -187,12 +239,12 @@ impl Registry {
     /// Removes an instance (its key was deleted, or a full read no longer has it). `true`
     /// when there was one.
     pub(super) fn remove_instance(&mut self, sk: ServiceKey) -> bool {
-        let Some(old) = self.instances.remove(&sk) else {
+        let Some(old) = self.table.instances.remove(&sk) else {
             return false;
         };
         let addr_key = (sk.service.clone(), old.addr());
-        if self.by_addr.get(&addr_key) == Some(&sk) {
-            self.by_addr.remove(&addr_key);
+        if self.table.by_addr.get(&addr_key) == Some(&sk) {
+            self.table.by_addr.remove(&addr_key);
         }
         self.mark_stale(&sk.service);
         self.refresh_since(&sk.service);
@@ -203,31 +255,33 @@ impl Registry {
     /// What Envoy should route to now. Rebuilds the routes of the services that changed since
     /// the last call; the others are shared with the previous snapshot.
     pub fn routing(&mut self, generation: u64, changed_at: Instant) -> RoutingSnapshot {
-        let stale: Vec<String> = if std::mem::take(&mut self.all_stale) {
-            self.stale.clear();
+        let stale: Vec<String> = if std::mem::take(&mut self.routes.all_stale) {
+            self.routes.stale.clear();
             let gone: Vec<String> = self
                 .routes
+                .built
                 .keys()
-                .filter(|s| !self.services.contains_key(*s))
+                .filter(|s| !self.table.services.contains_key(*s))
                 .cloned()
                 .collect();
             for s in gone {
-                self.routes.remove(&s);
+                self.routes.built.remove(&s);
             }
-            let services = &self.services;
-            if self.catalog.keys().any(|s| !services.contains_key(s)) {
+            let services = &self.table.services;
+            if self.catalog.tools.keys().any(|s| !services.contains_key(s)) {
                 self.catalog
+                    .tools
                     .modify()
                     .retain(|s, _| services.contains_key(s));
             }
-            self.services.keys().cloned().collect()
+            self.table.services.keys().cloned().collect()
         } else {
-            std::mem::take(&mut self.stale).into_iter().collect()
+            std::mem::take(&mut self.routes.stale).into_iter().collect()
         };
         for service in &stale {
-            if !self.services.contains_key(service) {
-                if self.catalog.contains_key(service) {
-                    self.catalog.modify().remove(service);
+            if !self.table.services.contains_key(service) {
+                if self.catalog.tools.contains_key(service) {
+                    self.catalog.tools.modify().remove(service);
                 }
                 continue;
             }
@@ -242,16 +296,17 @@ impl Registry {
             if any {
                 // Registrations that list nothing: the names the server itself listed, once
                 // the tool catalog has read them.
-                let tools = match self.discovered.get(service) {
+                let tools = match self.catalog.discovered.get(service) {
                     Some(found) if tools.is_empty() => found.clone(),
                     _ => tools,
                 };
-                if self.catalog.get(service) != Some(&tools) {
-                    self.catalog.modify().insert(service.clone(), tools);
+                if self.catalog.tools.get(service) != Some(&tools) {
+                    self.catalog.tools.modify().insert(service.clone(), tools);
                 }
-            } else if !self.catalog.contains_key(service) {
+            } else if !self.catalog.tools.contains_key(service) {
                 // No instance left: the last list stands, as the route does.
                 self.catalog
+                    .tools
                     .modify()
                     .insert(service.clone(), BTreeSet::new());
             }
@@ -261,16 +316,16 @@ impl Registry {
         self.log_unnamed(made.unnamed.clone());
         self.log_auth_rules_unused();
         for service in stale {
-            if self.services.contains_key(&service) {
+            if self.table.services.contains_key(&service) {
                 let route = self.build_route(&service, filter);
-                match self.routes.get(&service) {
+                match self.routes.built.get(&service) {
                     Some(old) if **old == route => {}
                     _ => {
-                        self.routes.insert(service, Arc::new(route));
+                        self.routes.built.insert(service, Arc::new(route));
                     }
                 }
             } else {
-                self.routes.remove(&service);
+                self.routes.built.remove(&service);
             }
         }
         RoutingSnapshot {
@@ -278,7 +333,7 @@ impl Registry {
             changed_at,
             traces: Default::default(),
             recent: std::sync::Arc::from([]),
-            services: self.routes.clone(),
+            services: self.routes.built.clone(),
             filter_config: made.json.clone(),
             filter_urgency: made.urgency,
             virtual_servers: filter.virtual_servers.keys().cloned().collect(),
@@ -298,7 +353,8 @@ impl Registry {
             service: service.to_string(),
             instance: String::new(),
         };
-        self.instances
+        self.table
+            .instances
             .range(first..)
             .take_while(move |(sk, _)| sk.service == service)
     }
@@ -347,7 +403,12 @@ impl Registry {
             });
         }
         if route.mcp_path.is_empty() {
-            route.mcp_path = self.services.get(service).cloned().unwrap_or_default();
+            route.mcp_path = self
+                .table
+                .services
+                .get(service)
+                .cloned()
+                .unwrap_or_default();
         }
         route
     }

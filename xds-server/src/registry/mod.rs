@@ -14,6 +14,7 @@ pub mod admission;
 pub mod ages;
 pub mod auth;
 mod auth_keys;
+mod controls;
 mod filter_made;
 mod fleet_keys;
 mod instances;
@@ -24,6 +25,7 @@ pub mod persist;
 mod policies;
 mod policy_keys;
 pub mod publish;
+mod server_catalog;
 mod service_ages;
 mod snapshot;
 mod virtual_keys;
@@ -45,10 +47,14 @@ use toolgate_model::virtual_server::{
 };
 use toolgate_model::{InstanceMetadata, KeyLayout, ProbeKind, ServiceKey};
 
+use controls::Controls;
 use filter_made::*;
 pub use fleet_keys::parse_override;
+use instances::{InstanceTable, StaleRoutes};
 use memo::{Memo, Versioned};
 use policies::{PolicyKey, PolicyStore, Refusal};
+use server_catalog::ServerCatalog;
+use service_ages::ServiceAges;
 pub use snapshot::{HealthCounts, InstanceView, RegistryView};
 use virtual_keys::{OrderKey, VirtualKey};
 pub use virtual_keys::{SurfaceRoutes, VirtualOutput};
@@ -162,95 +168,55 @@ pub struct Rejected {
     pub detail: String,
 }
 
+/// Every part of the registry, behind one facade: each part is a concern of its own (the
+/// instances, the operators' controls, what the tool catalog read, the services' ages, the
+/// virtual servers, auth, the fleet's members), and the publisher reads each.
 #[derive(Debug, Clone)]
 pub struct Registry {
     layout: KeyLayout,
-    instances: BTreeMap<ServiceKey, Instance>,
-    /// Services stay known after their last instance leaves: Envoy then gets an empty
-    /// assignment (a clean "no healthy upstream") instead of a vanished cluster, and the route
-    /// keeps the MCP path last registered (so an emptied service costs no route push).
-    services: BTreeMap<String, String>,
-    /// Breaker policies from `<prefix>policies/<service>[/<tool>]`: those in effect (raw JSON
-    /// kept for the state-dir snapshot), and etcd's word on keys where it would make them
-    /// invalid (see `policies.rs`).
-    policies: PolicyStore,
-    /// Breaker openings shared by the fleet (`<prefix>breakers/`), with their key's
-    /// mod_revision (the compare of the next write) and lease.
-    fleet: BTreeMap<(String, String), FleetEntry>,
-    /// Operator overrides (`<prefix>overrides/`).
-    overrides: BTreeMap<(String, String), Override>,
     revision: i64,
     health: Arc<HealthConfig>,
-    /// Instances whose probe target appeared, changed or left since the health monitor last
-    /// looked; it starts and stops probe tasks for exactly these.
-    dirty: BTreeSet<ServiceKey>,
-    membership: Arc<Notify>,
-    /// (service, address) → instance, for the filters' call reports.
-    by_addr: HashMap<(String, SocketAddr), ServiceKey>,
-    /// Each service's route as last built. A publish rebuilds only the services marked stale
-    /// since (all of them after a reset or a policy change): one change among 10,000 instances
-    /// costs the work of its own service, not of the registry.
-    routes: crate::routing::ServiceRoutes,
-    stale: BTreeSet<String>,
-    all_stale: bool,
     endpoints: Arc<admission::EndpointPolicy>,
     request_limits: RequestLimits,
-    /// The tools each service's registrations list (the union over its instances), for the
-    /// filter, which keeps breakers only for these. A service whose last instance left keeps
-    /// its last list, as it keeps its route. Refreshed with the routes of stale services.
-    catalog: Versioned<BTreeMap<String, BTreeSet<String>>>,
     /// The key the filters seal `Mcp-Session-Id` with (base64), if any.
     session_key: String,
-    /// Virtual servers from `<prefix>virtual/<name>`, as last admitted (issue 19), with the
-    /// raw JSON for the state-dir snapshot.
+    /// Every valid instance, and the services they make.
+    table: InstanceTable,
+    /// Each service's route as last built, and which need building again.
+    routes: StaleRoutes,
+    /// Breaker policies, fleet openings and operator overrides.
+    controls: Controls,
+    /// What the tool catalog read from the servers, and the tools the filters keep breakers
+    /// for.
+    catalog: ServerCatalog,
+    /// Each service's age, which decides who keeps a contested name.
+    ages: ServiceAges,
+    /// Virtual servers from `<prefix>virtual/<name>`, as last admitted, with the raw JSON for
+    /// the state-dir snapshot.
     virtuals: BTreeMap<String, (VirtualServer, String)>,
-    /// Each service's age as its instance keys tell it: the smallest etcd create revision
-    /// among its live instance keys. A service whose last instance left keeps its last one
-    /// while it stays known. What names a service is its recorded age (below) once there is
-    /// one; this until then, and it is what gets recorded.
-    since_revision: BTreeMap<String, i64>,
-    /// Each service's age for naming as the fleet recorded it (`<prefix>service-ages/`, see
-    /// `ages.rs`): the older service keeps a contested name, across re-registrations.
-    recorded_ages: BTreeMap<String, i64>,
-    /// Notified when a service may lack a recorded age (`crate::service_ages` writes it).
-    ages_wanted: Arc<Notify>,
-    /// The tools the last publish could not name, so that each is logged once, when it
-    /// appears, not at every push.
-    unnamed: Vec<(String, Unnamed)>,
-    /// The services whose servers speak only a revision with sessions, and that revision, as
-    /// the tool catalog (`crate::catalog`) last found them: the filters hold sessions with
-    /// them for 2026-07-28 clients of the aggregate endpoint.
-    legacy_revisions: BTreeMap<String, String>,
-    /// The tools the tool catalog read from the server of a service whose registrations list
-    /// none: such a service's catalog for the filters, so that a breaker belongs to a name its
-    /// server lists, never to a name a client made up.
-    discovered: BTreeMap<String, BTreeSet<String>>,
-    /// The auth configuration and rule sets from `<prefix>auth/` (issue 20), as last
-    /// admitted.
+    /// The auth configuration and rule sets from `<prefix>auth/`, as last admitted.
     auth: auth::AuthStore,
-    /// Whether the last publish had rule sets but no configuration to apply them with, so
-    /// that this is logged once, when it starts, not at every push.
-    auth_rules_unused: bool,
     /// The fleet's toolgate-xds (`<prefix>xds/`), and this one's own address: what Envoy's
     /// control cluster holds.
     members: members::Members,
-    /// Each service's tool definitions as the tool catalog last read them: what the filters'
-    /// offline listings show.
-    definitions: Versioned<BTreeMap<String, Arc<Vec<serde_json::Value>>>>,
-    /// Each service's prompt names, resource URIs and templates as the tool catalog last read
-    /// them: the virtual servers route `prompts/get` and `resources/read` by them.
-    surfaces: Versioned<BTreeMap<String, SurfaceRoutes>>,
-    /// The last offline listings, keyed on what they were made from.
-    offline_memo: Memo<OfflineKey, Arc<offline::OfflineListings>>,
-    /// The last [`virtual_routes`](Self::virtual_routes), keyed on what it was made from.
-    virtual_memo: Memo<VirtualKey, Arc<VirtualOutput>>,
-    order_memo: Memo<OrderKey, Arc<BTreeSet<String>>>,
-    /// The last filters' configuration, keyed on what it was made from.
-    filter_memo: Memo<FilterKey, FilterMade>,
-    /// Counts full reads; each instance carries the count of the last one that saw it.
-    read_generation: u64,
-    /// Keyed (per process), so a registrant cannot craft a value that hashes like another.
-    value_hasher: std::hash::RandomState,
+    /// What the last publish made from the whole, kept until an input changes.
+    memo: PublishMemo,
+}
+
+/// What a publish makes from the whole registry, kept until one of its inputs changes (see
+/// `memo.rs`), and what it logged, so that each thing is logged once, when it appears.
+#[derive(Debug, Clone, Default)]
+struct PublishMemo {
+    offline: Memo<OfflineKey, Arc<offline::OfflineListings>>,
+    /// The last [`virtual_routes`](Registry::virtual_routes).
+    virtual_routes: Memo<VirtualKey, Arc<VirtualOutput>>,
+    order: Memo<OrderKey, Arc<BTreeSet<String>>>,
+    /// The last filters' configuration.
+    filter: Memo<FilterKey, FilterMade>,
+    /// The tools the last publish could not name.
+    unnamed: Vec<(String, Unnamed)>,
+    /// The last publish had rule sets but no configuration to apply them with.
+    auth_rules_unused: bool,
 }
 
 impl Registry {
@@ -268,118 +234,27 @@ impl Registry {
     pub fn with_health(layout: KeyLayout, health: Arc<HealthConfig>) -> Self {
         Registry {
             layout,
-            instances: BTreeMap::new(),
-            services: BTreeMap::new(),
-            policies: PolicyStore::default(),
-            fleet: BTreeMap::new(),
-            overrides: BTreeMap::new(),
             revision: 0,
             health,
-            dirty: BTreeSet::new(),
-            membership: Arc::new(Notify::new()),
-            by_addr: HashMap::new(),
-            routes: Default::default(),
-            stale: BTreeSet::new(),
-            all_stale: true,
             endpoints: Arc::default(),
             request_limits: RequestLimits::default(),
-            catalog: Versioned::default(),
             session_key: String::new(),
+            table: InstanceTable::default(),
+            routes: StaleRoutes::default(),
+            controls: Controls::default(),
+            catalog: ServerCatalog::default(),
+            ages: ServiceAges::default(),
             virtuals: BTreeMap::new(),
-            since_revision: BTreeMap::new(),
-            recorded_ages: BTreeMap::new(),
-            ages_wanted: Arc::new(Notify::new()),
-            unnamed: Vec::new(),
-            legacy_revisions: BTreeMap::new(),
-            discovered: BTreeMap::new(),
             auth: auth::AuthStore::default(),
-            auth_rules_unused: false,
             members: members::Members::default(),
-            definitions: Versioned::default(),
-            surfaces: Versioned::default(),
-            offline_memo: Memo::default(),
-            virtual_memo: Memo::default(),
-            order_memo: Memo::default(),
-            filter_memo: Memo::default(),
-            read_generation: 0,
-            value_hasher: std::hash::RandomState::new(),
+            memo: PublishMemo::default(),
         }
-    }
-
-    /// What the tool catalog found a service's server to speak: `Some(revision)` when only a
-    /// revision with sessions, `None` when 2026-07-28 or when the service is gone. Whether
-    /// the filters' configuration changed (a publish is then due).
-    pub fn set_legacy_revision(&mut self, service: &str, revision: Option<String>) -> bool {
-        match revision {
-            Some(r) => self.legacy_revisions.insert(service.to_string(), r.clone()) != Some(r),
-            None => self.legacy_revisions.remove(service).is_some(),
-        }
-    }
-
-    /// The tools the tool catalog read from `service`'s server, for a service whose
-    /// registrations list none (`None`: forget them, the service is gone). Whether its
-    /// catalog may change (a publish is then due).
-    pub fn set_discovered_tools(&mut self, service: &str, tools: Option<BTreeSet<String>>) -> bool {
-        let changed = match tools {
-            Some(t) => {
-                self.discovered.get(service) != Some(&t) && {
-                    self.discovered.insert(service.to_string(), t);
-                    true
-                }
-            }
-            None => self.discovered.remove(service).is_some(),
-        };
-        if changed {
-            self.mark_stale(service);
-        }
-        changed
     }
 
     /// Where this process's Envoys reach its admin listener, and its key id under
     /// `<prefix>xds/` when it registers itself (its own key is not one of the others).
     pub fn set_control_local(&mut self, own_id: Option<String>, local: SocketAddr) {
         self.members.set_local(own_id, local);
-    }
-
-    /// The tool definitions the tool catalog read from `service`'s server (`None`: forget
-    /// them, the service is gone). Whether the filters' configuration changes (a publish is
-    /// then due): only a change of the definitions themselves does.
-    pub fn set_definitions(
-        &mut self,
-        service: &str,
-        tools: Option<Vec<serde_json::Value>>,
-    ) -> bool {
-        match tools {
-            Some(t) if self.definitions.get(service).is_some_and(|d| **d == t) => false,
-            Some(t) => {
-                self.definitions
-                    .modify()
-                    .insert(service.to_string(), Arc::new(t));
-                true
-            }
-            None if self.definitions.contains_key(service) => {
-                self.definitions.modify().remove(service);
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// The prompts, resources and templates the tool catalog read from `service`'s server
-    /// (`None`: forget them, the service is gone). Whether the filters' configuration changes.
-    pub fn set_surface(&mut self, service: &str, surface: Option<SurfaceRoutes>) -> bool {
-        match surface {
-            Some(s) if self.surfaces.get(service) == Some(&s) => false,
-            Some(s) => {
-                self.surfaces.modify().insert(service.to_string(), s);
-                true
-            }
-            None if self.surfaces.contains_key(service) => {
-                self.surfaces.modify().remove(service);
-                true
-            }
-            None => false,
-        }
     }
 
     /// The key the filters seal session ids with (see `session_key.rs`).
@@ -396,7 +271,7 @@ impl Registry {
         let mut r = Registry::with_health(self.layout.clone(), self.health.clone());
         r.endpoints = self.endpoints.clone();
         r.request_limits = self.request_limits;
-        r.policies = self.policies.clone();
+        r.controls.policies = self.controls.policies.clone();
         r
     }
 
@@ -418,17 +293,17 @@ impl Registry {
 
     /// Notified whenever [`take_dirty`](Self::take_dirty) has something.
     pub fn membership(&self) -> Arc<Notify> {
-        self.membership.clone()
+        self.table.membership.clone()
     }
 
     /// The instances whose probe target changed since the last call.
     pub fn take_dirty(&mut self) -> BTreeSet<ServiceKey> {
-        std::mem::take(&mut self.dirty)
+        std::mem::take(&mut self.table.dirty)
     }
 
     fn mark_dirty(&mut self, key: ServiceKey) {
-        self.dirty.insert(key);
-        self.membership.notify_one();
+        self.table.dirty.insert(key);
+        self.table.membership.notify_one();
     }
 
     pub fn layout(&self) -> &KeyLayout {
@@ -458,17 +333,17 @@ impl Registry {
         // only the changed ones go through admission. Rebuilding all 10,000 cost a resync
         // about 70 ms of parsing and allocating; the handful of other keys are still re-read
         // in full.
-        self.read_generation += 1;
-        let generation = self.read_generation;
+        self.table.read_generation += 1;
+        let generation = self.table.read_generation;
         let instances_prefix = self.layout.services_prefix();
         let mut kept_instances = BTreeSet::new();
-        let mut old_fleet = std::mem::take(&mut self.fleet);
-        let mut old_overrides = std::mem::take(&mut self.overrides);
+        let mut old_fleet = std::mem::take(&mut self.controls.fleet);
+        let mut old_overrides = std::mem::take(&mut self.controls.overrides);
         let mut old_virtuals = std::mem::take(&mut self.virtuals);
-        let mut old_ages = std::mem::take(&mut self.recorded_ages);
+        let mut old_ages = std::mem::take(&mut self.ages.recorded);
         let mut old_auth = std::mem::take(&mut self.auth);
         let mut old_members = self.members.take();
-        self.all_stale = true;
+        self.routes.all_stale = true;
         let mut rejected = Vec::new();
         // Rule sets name services and virtual servers, which sort after `auth/` in a read:
         // applied last, they find them in, and warn only of names that are really unknown.
@@ -504,8 +379,8 @@ impl Registry {
                 .then(|| self.layout.parse_instance_key(key).ok())
                 .flatten();
             if let Some(sk) = &instance {
-                let hash = self.value_hasher.hash_one(value);
-                if let Some(inst) = self.instances.get_mut(sk) {
+                let hash = self.table.value_hasher.hash_one(value);
+                if let Some(inst) = self.table.instances.get_mut(sk) {
                     if inst.value_hash == hash
                         && inst.mod_revision == mod_revision
                         && inst.create_revision == create_revision
@@ -518,7 +393,7 @@ impl Registry {
             }
             if let Err(r) = self.put(key, value, lease, create_revision, mod_revision) {
                 // An instance whose new value is invalid keeps its last good one.
-                if let Some(inst) = instance.and_then(|sk| self.instances.get_mut(&sk)) {
+                if let Some(inst) = instance.and_then(|sk| self.table.instances.get_mut(&sk)) {
                     if inst.read_mark != generation {
                         inst.read_mark = generation;
                         kept_instances.insert(r.key.clone());
@@ -528,6 +403,7 @@ impl Registry {
             }
         }
         let gone: Vec<ServiceKey> = self
+            .table
             .instances
             .iter()
             .filter(|(_, inst)| inst.read_mark != generation)
@@ -542,11 +418,14 @@ impl Registry {
             }
         }
         let base = self.policy_base();
-        let (refused, _) = self.policies.reset(policy_read, &policy_present, &base);
+        let (refused, _) = self
+            .controls
+            .policies
+            .reset(policy_read, &policy_present, &base);
         let mut kept = Vec::new();
         for (k, why) in refused {
             let r = self.policy_rejected(&k, why);
-            if self.policies.applied().contains_key(&k) {
+            if self.controls.policies.applied().contains_key(&k) {
                 kept.push(r.key.clone());
             }
             rejected.push(r);
@@ -563,7 +442,7 @@ impl Registry {
                 if self
                     .layout
                     .parse_policy_key(&r.key)
-                    .is_ok_and(|k| self.policies.applied().contains_key(&k))
+                    .is_ok_and(|k| self.controls.policies.applied().contains_key(&k))
                     && !kept.contains(&r.key)
                 {
                     kept.push(r.key.clone());
@@ -590,7 +469,7 @@ impl Registry {
         }
         self.auth.keep_arc_of(&old_auth);
         self.revision = revision;
-        self.ages_wanted.notify_one();
+        self.ages.wanted.notify_one();
         kept.sort();
         Reset { rejected, kept }
     }
@@ -607,7 +486,7 @@ impl Registry {
     ) -> bool {
         if let Ok(service) = self.layout.parse_service_age_key(key) {
             return match ages.remove(&service) {
-                Some(age) => self.recorded_ages.insert(service, age).is_none(),
+                Some(age) => self.ages.recorded.insert(service, age).is_none(),
                 None => false,
             };
         }
@@ -622,7 +501,7 @@ impl Registry {
             .parse_tool_key(&self.layout.breakers_prefix(), key)
         {
             return match fleet.remove(&names) {
-                Some(e) => self.fleet.insert(names, e).is_none(),
+                Some(e) => self.controls.fleet.insert(names, e).is_none(),
                 None => false,
             };
         }
@@ -631,7 +510,7 @@ impl Registry {
             .parse_tool_key(&self.layout.overrides_prefix(), key)
         {
             return match overrides.remove(&names) {
-                Some(o) => self.overrides.insert(names, o).is_none(),
+                Some(o) => self.controls.overrides.insert(names, o).is_none(),
                 None => false,
             };
         }
@@ -684,6 +563,7 @@ impl Registry {
         if key.starts_with(&self.layout.policies_prefix()) {
             let (k, (overrides, _)) = self.parse_policy(key, value).map_err(|(_, r)| r)?;
             return self
+                .controls
                 .policies
                 .check_put(&k, &overrides, &self.policy_base())
                 .map_err(|why| self.policy_rejected(&k, why));
@@ -694,12 +574,12 @@ impl Registry {
 
     /// Every known service (registered now, or before and emptied since), sorted.
     pub fn service_names(&self) -> impl Iterator<Item = &String> {
-        self.services.keys()
+        self.table.services.keys()
     }
 
     /// Whether a service is known (registered now, or before and emptied since).
     pub fn has_service(&self, service: &str) -> bool {
-        self.services.contains_key(service)
+        self.table.services.contains_key(service)
     }
 
     /// Applies a DELETE. `Ok(true)` when an instance, a policy, a virtual server or an auth
@@ -715,8 +595,8 @@ impl Registry {
             // An operator resets a service's age by deleting it: it is recorded again from
             // its instance keys.
             let before = self.service_age(&service);
-            self.recorded_ages.remove(&service);
-            self.ages_wanted.notify_one();
+            self.ages.recorded.remove(&service);
+            self.ages.wanted.notify_one();
             return Ok(self.service_age(&service) != before);
         }
         if let Ok(which) = self.layout.parse_auth_key(key) {
@@ -729,13 +609,13 @@ impl Registry {
             .layout
             .parse_tool_key(&self.layout.breakers_prefix(), key)
         {
-            return Ok(self.fleet.remove(&k).is_some());
+            return Ok(self.controls.fleet.remove(&k).is_some());
         }
         if let Ok(k) = self
             .layout
             .parse_tool_key(&self.layout.overrides_prefix(), key)
         {
-            return Ok(self.overrides.remove(&k).is_some());
+            return Ok(self.controls.overrides.remove(&k).is_some());
         }
         match self.layout.parse_policy_key(key) {
             Ok(k) => self.delete_policy(key, k),

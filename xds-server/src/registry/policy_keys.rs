@@ -10,7 +10,8 @@ impl Registry {
         let Ok(k) = self.layout.parse_policy_key(key) else {
             return Ok(());
         };
-        self.policies
+        self.controls
+            .policies
             .check_delete(&k, &self.policy_base())
             .map_err(|why| self.policy_rejected(&k, why))
     }
@@ -22,13 +23,14 @@ impl Registry {
             Ok(parsed) => parsed,
             Err((k, r)) => {
                 if let Some(k) = k {
-                    self.policies.forget_refused(&k);
+                    self.controls.policies.forget_refused(&k);
                 }
                 return Err(r);
             }
         };
         let base = self.policy_base();
         let applied = self
+            .controls
             .policies
             .put(k.clone(), value, &base)
             .map_err(|why| self.policy_rejected(&k, why))?;
@@ -46,7 +48,7 @@ impl Registry {
         if applied.is_empty() {
             return false;
         }
-        self.all_stale = true;
+        self.routes.all_stale = true;
         true
     }
 
@@ -55,6 +57,7 @@ impl Registry {
     pub(super) fn delete_policy(&mut self, key: &str, k: PolicyKey) -> Result<bool, Rejected> {
         let base = self.policy_base();
         let applied = self
+            .controls
             .policies
             .delete(&k, &base)
             .map_err(|why| self.policy_rejected(&k, why))?;

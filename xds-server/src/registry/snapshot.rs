@@ -92,17 +92,18 @@ impl Registry {
     /// service ages (one per service).
     pub fn raw_values_but_instances(&self) -> Vec<(String, String)> {
         let policies = self
+            .controls
             .policies
             .applied()
             .iter()
             .map(|(k, (_, raw))| (self.policy_key(k), raw.clone()));
-        let fleet = self.fleet.iter().map(|((service, tool), e)| {
+        let fleet = self.controls.fleet.iter().map(|((service, tool), e)| {
             (
                 self.layout.breaker_key(service, tool),
                 serde_json::to_string(&e.open).unwrap_or_default(),
             )
         });
-        let overrides = self.overrides.iter().map(|((service, tool), o)| {
+        let overrides = self.controls.overrides.iter().map(|((service, tool), o)| {
             (
                 self.layout.override_key(service, tool),
                 serde_json::to_string(o).unwrap_or_default(),
@@ -114,7 +115,7 @@ impl Registry {
                 raw.clone(),
             )
         });
-        let ages = self.recorded_ages.iter().map(|(service, revision)| {
+        let ages = self.ages.recorded.iter().map(|(service, revision)| {
             (
                 self.layout.service_age_key(service),
                 ages::ServiceAge {
@@ -140,7 +141,8 @@ impl Registry {
     /// The create revision of every instance key, for the state-dir snapshot: a restart
     /// during an etcd outage must give services the ages (and so the tool names) they had.
     pub fn create_revisions(&self) -> BTreeMap<String, i64> {
-        self.instances
+        self.table
+            .instances
             .iter()
             .map(|(sk, inst)| {
                 (
@@ -157,6 +159,7 @@ impl Registry {
     /// difference too.
     pub fn fingerprint(&self) -> Vec<(String, String, i64)> {
         let mut out: Vec<(String, String, i64)> = self
+            .table
             .instances
             .iter()
             .map(|(sk, inst)| {
@@ -177,7 +180,7 @@ impl Registry {
                         .layout
                         .parse_tool_key(&self.layout.breakers_prefix(), &k)
                         .ok()
-                        .and_then(|n| self.fleet.get(&n))
+                        .and_then(|n| self.controls.fleet.get(&n))
                         .map(|e| e.lease);
                     let member = || {
                         let id = self.layout.parse_xds_key(&k).ok()?;
@@ -190,7 +193,7 @@ impl Registry {
                     (k, v, lease)
                 }),
         );
-        out.extend(self.policies.refused().iter().map(|(k, want)| {
+        out.extend(self.controls.policies.refused().iter().map(|(k, want)| {
             let what = match want {
                 Some((_, raw)) => raw.clone(),
                 None => "deleted".to_string(),
@@ -204,13 +207,13 @@ impl Registry {
     pub fn health_counts(&self) -> HealthCounts {
         let mut by_state = BTreeMap::new();
         let mut zombies: BTreeMap<String, (i64, i64)> = BTreeMap::new();
-        for service in self.services.keys() {
+        for service in self.table.services.keys() {
             for s in State::ALL {
                 by_state.insert((service.clone(), s), 0);
             }
             zombies.insert(service.clone(), (0, 0));
         }
-        for (sk, inst) in &self.instances {
+        for (sk, inst) in &self.table.instances {
             *by_state
                 .entry((sk.service.clone(), inst.health.state()))
                 .or_insert(0) += 1;
@@ -226,12 +229,13 @@ impl Registry {
     /// JSON for `/v1/registry`.
     pub fn view(&self) -> RegistryView {
         let mut services: BTreeMap<String, Vec<InstanceView>> = self
+            .table
             .services
             .keys()
             .map(|s| (s.clone(), Vec::new()))
             .collect();
         let now = Instant::now();
-        for (sk, inst) in &self.instances {
+        for (sk, inst) in &self.table.instances {
             let (calls, call_failure_rate) = inst.health.recent_calls(now, &self.health);
             services
                 .entry(sk.service.clone())
@@ -261,7 +265,7 @@ impl Registry {
         }
         RegistryView {
             revision: self.revision,
-            instances: self.instances.len(),
+            instances: self.table.instances.len(),
             services,
         }
     }

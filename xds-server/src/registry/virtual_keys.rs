@@ -52,7 +52,7 @@ impl Registry {
         let unknown: Vec<&str> = vs
             .services
             .iter()
-            .filter(|s| !self.services.contains_key(s.as_str()))
+            .filter(|s| !self.table.services.contains_key(s.as_str()))
             .map(String::as_str)
             .collect();
         if !unknown.is_empty() {
@@ -90,20 +90,22 @@ impl Registry {
         // Ages decide only contests: resolving again for every instance that replaces a
         // service's oldest one was most of a publish at 100,000 instances.
         let order_key = (
-            self.catalog.version(),
-            self.surfaces.version(),
+            self.catalog.tools.version(),
+            self.catalog.surfaces.version(),
             definitions.clone(),
         );
-        let sensitive = self.order_memo.get_or_make(order_key, |_| {
+        let sensitive = self.memo.order.get_or_make(order_key, |_| {
             let tools: Vec<(&str, Vec<&str>)> = self
                 .catalog
+                .tools
                 .iter()
                 .map(|(s, t)| (s.as_str(), t.iter().map(String::as_str).collect()))
                 .collect();
             let prompts: Vec<(&str, Vec<&str>)> = self
+                .catalog
                 .surfaces
                 .iter()
-                .filter(|(s, _)| self.catalog.contains_key(*s))
+                .filter(|(s, _)| self.catalog.tools.contains_key(*s))
                 .map(|(s, f)| (s.as_str(), f.prompts.iter().map(String::as_str).collect()))
                 .collect();
             let services = || tools.iter().map(|(s, t)| (*s, t.as_slice()));
@@ -119,7 +121,7 @@ impl Registry {
                 .collect();
             // A resource URI or template two services offer goes to the older one.
             let mut owners: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
-            for (service, f) in self.surfaces.iter() {
+            for (service, f) in self.catalog.surfaces.iter() {
                 for uri in f.resources.iter().chain(&f.templates) {
                     owners
                         .entry(uri.as_str())
@@ -137,12 +139,12 @@ impl Registry {
             .map(|s| self.service_age(s).unwrap_or(i64::MAX))
             .collect();
         let key = (
-            self.catalog.version(),
-            self.surfaces.version(),
+            self.catalog.tools.version(),
+            self.catalog.surfaces.version(),
             ages,
             definitions.clone(),
         );
-        self.virtual_memo.get_or_make(key, |before| {
+        self.memo.virtual_routes.get_or_make(key, |before| {
             let made = self.resolve_virtual_routes(&definitions);
             match before {
                 Some(before) if **before == made => Arc::clone(before),
@@ -157,6 +159,7 @@ impl Registry {
     ) -> VirtualOutput {
         let services: Vec<ServiceTools<'_>> = self
             .catalog
+            .tools
             .iter()
             .map(|(service, tools)| ServiceTools {
                 service,
@@ -167,9 +170,10 @@ impl Registry {
         // Prompts are named like tools, by the same rules; resources keep their URIs unless
         // an older service has the same one. Only services with a route have them.
         let surfaces: Vec<(&str, i64, &SurfaceRoutes)> = self
+            .catalog
             .surfaces
             .iter()
-            .filter(|(s, _)| self.catalog.contains_key(*s))
+            .filter(|(s, _)| self.catalog.tools.contains_key(*s))
             .map(|(s, f)| (s.as_str(), self.service_age(s).unwrap_or(i64::MAX), f))
             .collect();
         let prompts: Vec<ServiceTools<'_>> = surfaces
@@ -206,13 +210,13 @@ impl Registry {
     /// Logs the tools no virtual server could name that the last publish could: once per
     /// change, not at every push.
     pub(super) fn log_unnamed(&mut self, unnamed: Vec<(String, Unnamed)>) {
-        if unnamed == self.unnamed {
+        if unnamed == self.memo.unnamed {
             return;
         }
-        for (vs, u) in unnamed.iter().filter(|u| !self.unnamed.contains(u)) {
+        for (vs, u) in unnamed.iter().filter(|u| !self.memo.unnamed.contains(u)) {
             tracing::warn!(virtual_server = %vs, service = %u.service, tool = %u.tool,
                 reason = %u.reason, "a tool cannot be offered on a virtual server");
         }
-        self.unnamed = unnamed;
+        self.memo.unnamed = unnamed;
     }
 }
