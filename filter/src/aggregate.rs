@@ -12,11 +12,11 @@ use std::ops::Range;
 use toolgate_model::virtual_server::{VirtualRoutes, DEFAULT_VIRTUAL};
 
 /// Where the virtual server `default` is served.
-pub const DEFAULT_PATH: &str = "/mcp";
+pub const DEFAULT_PATH: &str = toolgate_model::envoy::AGGREGATE_PATH;
 /// Where every virtual server is served, by name.
-pub const VIRTUAL_PREFIX: &str = "/virtual/";
+pub const VIRTUAL_PREFIX: &str = toolgate_model::envoy::VIRTUAL_PATH_PREFIX;
 /// Where a service's own route starts (toolgate-xds routes `/mcp/<service>` to its cluster).
-pub const SERVICE_PREFIX: &str = "/mcp/";
+pub const SERVICE_PREFIX: &str = toolgate_model::envoy::SERVICE_PATH_PREFIX;
 
 /// What a request path addresses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -17,7 +17,7 @@ use crate::mcp::reply::UpstreamFailure;
 use crate::upstream::Verdict;
 
 /// The Envoy cluster of toolgate-xds's feedback API; the bootstrap defines it.
-pub const CLUSTER: &str = "toolgate_control";
+pub const CLUSTER: &str = toolgate_model::envoy::CONTROL_CLUSTER;
 
 /// `Bearer <token>` when toolgate-xds requires a token of the filters, else empty: what every
 /// request to it carries (reports, and questions about sessions held for clients).
