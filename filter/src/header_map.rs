@@ -1,6 +1,6 @@
 //! A header map as proxy-wasm hands it over in one host call (`proxy_get_header_map_pairs`):
 //! the filter reads each map it needs once per callback, instead of one host call per header
-//! (issue 21: each crossing out of the VM costs about a microsecond, and a header that is
+//! (each crossing out of the VM costs about a microsecond, and a header that is
 //! present costs a second crossing, into the VM, to allocate its copy).
 //!
 //! The ABI's serialization: the number of pairs (u32, little endian), then each pair's key and

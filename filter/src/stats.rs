@@ -11,7 +11,7 @@
 //! (service, tool) in this worker's VM and cached: the per-request path is one map lookup
 //! (keyed by the breaker key the request path has already built) and a count kept in the VM;
 //! the root context's tick ([`Stats::flush`], every 100 ms) adds the counts to Envoy's
-//! counters, one host call per counter that moved, instead of one per call (issue 21). A
+//! counters, one host call per counter that moved, instead of one per call. A
 //! counter thus lags its calls by up to one tick. The state
 //! gauge is written on transitions, and on admission only when this worker's last write
 //! differs from what the admission shows, or is older than [`GAUGE_REFRESH_MS`] (another
