@@ -1,174 +1,18 @@
-//! The ADS server, state of the world (the incremental variant is `delta.rs`): the protocol half of go-control-plane's cache/server
-//! split. It decides *when* to send *which version* to one Envoy; what a version contains comes
-//! from `cache.rs`.
-//!
-//! One task folds every routing snapshot into a shared [`CacheSnapshot`] (so N Envoys cost one
-//! encoding, and all see the same versions); one task per ADS stream speaks the protocol.
+//! ADS, state of the world (the incremental variant is `delta.rs`): each response of a type
+//! carries every resource of it the Envoy subscribed (EDS: those it lacks), under the type's
+//! version. The stream itself (its loop, the node, ACK and NACK bookkeeping) is `stream.rs`'s.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::Instant;
 
-use envoy_types::pb::envoy::config::core::v3::ControlPlane;
-use envoy_types::pb::envoy::service::discovery::v3::{
-    aggregated_discovery_service_server::AggregatedDiscoveryService, DeltaDiscoveryRequest,
-    DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
-};
-use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::ReceiverStream;
-use tokio_util::sync::CancellationToken;
-use tonic::{Request, Response, Status, Streaming};
-use tracing::{debug, info, warn};
+use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use envoy_types::pb::google::protobuf::Any;
+use tracing::debug;
 
-use super::cache::{CacheSnapshot, SnapshotCache, TypeSnapshot};
-use super::connections::Connections;
-use super::node::{FilterGuard, NodeView, Tailored};
-use super::resources::{ResourceOptions, ResourceType};
-use crate::metrics::{Metrics, TypeLabel};
-use crate::routing::RoutingSnapshot;
-
-/// Sent in every response, so Envoy's config dump says who configured it.
-pub(super) const CONTROL_PLANE_ID: &str = "toolgate-xds";
-/// Responses queued per stream before the stream task waits for Envoy to read.
-pub(super) const RESPONSE_QUEUE: usize = 8;
-
-/// The shared, versioned state; `None` until the registry has published its first snapshot.
-pub(super) type CacheView = Option<Arc<CacheSnapshot>>;
-
-/// `envoy.service.discovery.v3.AggregatedDiscoveryService`, state of the world.
-pub struct AdsService {
-    cache: watch::Receiver<CacheView>,
-    metrics: Arc<Metrics>,
-    shutdown: CancellationToken,
-    next_stream: AtomicU64,
-    connections: Arc<Connections>,
-    /// The token each Envoy's filter must send with its reports, put into its configuration.
-    report_token: Option<Arc<str>>,
-}
-
-impl AdsService {
-    /// Starts the task that folds `snapshots` into the shared cache; it ends with `shutdown`
-    /// or when the snapshot sender is dropped (streams then keep serving the last state).
-    /// Must be called inside a Tokio runtime.
-    ///
-    /// A snapshot of generation 0 is the registry's placeholder before it has read etcd (or
-    /// its state dir): it is never served, because an empty configuration would wipe the
-    /// routes of every Envoy that reconnects to a restarting toolgate-xds. Requests that
-    /// arrive before the first real snapshot are answered when it arrives. Resources are
-    /// built with `options`.
-    pub fn new(
-        snapshots: watch::Receiver<Arc<RoutingSnapshot>>,
-        options: ResourceOptions,
-        metrics: Arc<Metrics>,
-        shutdown: CancellationToken,
-    ) -> AdsService {
-        let (tx, rx) = watch::channel(None);
-        tokio::spawn(fold_snapshots(snapshots, options, tx, shutdown.clone()));
-        AdsService {
-            cache: rx,
-            metrics,
-            shutdown,
-            next_stream: AtomicU64::new(1),
-            connections: Arc::default(),
-            report_token: None,
-        }
-    }
-
-    /// Puts `token` into every Envoy's filter configuration: toolgate-xds requires it on the
-    /// filters' reports.
-    pub fn with_report_token(mut self, token: Option<Arc<str>>) -> AdsService {
-        self.report_token = token;
-        self
-    }
-
-    /// Lists its streams in `connections` (the admin API's `/v1/envoys`).
-    pub fn with_connections(mut self, connections: Arc<Connections>) -> AdsService {
-        self.connections = connections;
-        self
-    }
-}
-
-/// Applies every routing snapshot to the cache and publishes the new view when a type changed.
-/// A burst of snapshots coalesces for free: `watch` keeps only the latest.
-async fn fold_snapshots(
-    mut snapshots: watch::Receiver<Arc<RoutingSnapshot>>,
-    options: ResourceOptions,
-    views: watch::Sender<CacheView>,
-    shutdown: CancellationToken,
-) {
-    let mut cache = SnapshotCache::with_options(options);
-    loop {
-        let snapshot = Arc::clone(&snapshots.borrow_and_update());
-        if snapshot.generation > 0 {
-            let changed = cache.update(&snapshot);
-            if !changed.is_empty() {
-                let names: Vec<&str> = changed.iter().map(|t| t.short_name()).collect();
-                debug!(generation = snapshot.generation, changed = ?names, "xDS cache updated");
-                views.send_replace(cache.current());
-            }
-        }
-        tokio::select! {
-            changed = snapshots.changed() => if changed.is_err() { break },
-            () = shutdown.cancelled() => break,
-        }
-    }
-    debug!("xDS cache task ended");
-}
-
-#[tonic::async_trait]
-impl AggregatedDiscoveryService for AdsService {
-    type StreamAggregatedResourcesStream = ReceiverStream<Result<DiscoveryResponse, Status>>;
-    type DeltaAggregatedResourcesStream = ReceiverStream<Result<DeltaDiscoveryResponse, Status>>;
-
-    async fn stream_aggregated_resources(
-        &self,
-        request: Request<Streaming<DiscoveryRequest>>,
-    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
-        let peer = request.remote_addr();
-        let requests = request.into_inner();
-        let (tx, rx) = mpsc::channel(RESPONSE_QUEUE);
-        let id = self.next_stream.fetch_add(1, Ordering::Relaxed);
-        let stream = AdsStream {
-            id,
-            connections: Arc::clone(&self.connections),
-            peer,
-            node: NodeView::default(),
-            report_token: self.report_token.clone(),
-            started: Instant::now(),
-            nonce: 0,
-            types: BTreeMap::new(),
-            guard: FilterGuard::default(),
-            metrics: Arc::clone(&self.metrics),
-            tx,
-            shutdown: self.shutdown.clone(),
-        };
-        tokio::spawn(stream.run(requests, self.cache.clone()));
-        Ok(Response::new(ReceiverStream::new(rx)))
-    }
-
-    async fn delta_aggregated_resources(
-        &self,
-        request: Request<Streaming<DeltaDiscoveryRequest>>,
-    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
-        let peer = request.remote_addr();
-        let requests = request.into_inner();
-        let (tx, rx) = mpsc::channel(RESPONSE_QUEUE);
-        let id = self.next_stream.fetch_add(1, Ordering::Relaxed);
-        let stream = super::delta::DeltaStream::new(
-            id,
-            Arc::clone(&self.connections),
-            peer,
-            self.report_token.clone(),
-            Arc::clone(&self.metrics),
-            tx,
-            self.shutdown.clone(),
-        );
-        tokio::spawn(stream.run(requests, self.cache.clone()));
-        Ok(Response::new(ReceiverStream::new(rx)))
-    }
-}
+use super::cache::{CacheSnapshot, TypeSnapshot};
+use super::node::{NodeView, Tailored};
+use super::resources::ResourceType;
+use super::stream::{control_plane, Closed, Envoy, Protocol, Unanswered};
 
 /// What an Envoy subscribed for one type.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -197,43 +41,15 @@ impl Subscription {
     }
 }
 
-/// The last response sent for a type. A request whose `response_nonce` is not this `nonce` was
-/// written before Envoy saw this response: the subscription it carries is stale and ignored
-/// (its ACK or NACK is not: see [`Unanswered`]).
-#[derive(Debug)]
-struct Sent {
-    version: String,
-    nonce: String,
-    /// The subscription the response was computed for (not the names it held: a subscribed
-    /// name toolgate does not know is covered, or every ACK would trigger another response).
-    subscription: Subscription,
-}
-
-/// A response Envoy has not answered yet. Envoy answers every response, in order, but may read
-/// several before its first answer arrives: a NACK then names an older response than the last
-/// one sent, and is accounted to that response and what it carried.
-#[derive(Debug)]
-struct Unanswered {
-    nonce: String,
-    version: String,
-    /// EDS only: the assignments it carried, each with its content hash.
-    carried: Vec<(String, u64)>,
-}
-
-/// Unanswered responses kept per type. Envoy answers in order, so only the responses sent
-/// since its last answer are kept; the bound matters only for an Envoy that reads but never
-/// answers. An answer to a response no longer kept is treated as naming an unknown response.
-const UNANSWERED_KEPT: usize = 256;
-
 /// Protocol state of one type on one stream.
 #[derive(Debug)]
 struct TypeState {
     subscription: Subscription,
-    sent: Option<Sent>,
-    /// Responses sent and not answered yet, oldest first.
-    unanswered: VecDeque<Unanswered>,
-    /// Last version Envoy accepted: logged when the stream ends, to tell what it kept.
-    acked: Option<String>,
+    /// The subscription the last response was computed for; `None` before the first (not the
+    /// names it held: a subscribed name toolgate does not know is covered, or every ACK would
+    /// trigger another response). A stale request's subscription is ignored (its ACK or NACK
+    /// is not).
+    sent_for: Option<Subscription>,
     /// Not EDS: last version Envoy rejected. It is never sent again on this stream: Envoy
     /// would reject it again, in a loop. The next different version is sent as usual. EDS
     /// keeps rejections per assignment instead (`rejected`, `suspects`): a rejected version
@@ -264,9 +80,7 @@ impl TypeState {
     fn new(ty: ResourceType) -> TypeState {
         TypeState {
             subscription: Subscription::from_request(ty, &[]),
-            sent: None,
-            unanswered: VecDeque::new(),
-            acked: None,
+            sent_for: None,
             nacked: None,
             answer_next: false,
             delivered: HashMap::new(),
@@ -275,20 +89,10 @@ impl TypeState {
         }
     }
 
-    /// Takes the response `nonce` names off the unanswered list, with every older one (Envoy
-    /// answers in order, so an answer to a later response settles them too); the named one is
-    /// last. Empty if the nonce is not known (answered already, or no longer kept).
-    fn settle(&mut self, nonce: &str) -> Vec<Unanswered> {
-        match self.unanswered.iter().position(|u| u.nonce == nonce) {
-            Some(at) => self.unanswered.drain(..=at).collect(),
-            None => Vec::new(),
-        }
-    }
-
-    /// EDS: Envoy rejected `responses` (from [`settle`](Self::settle)), so what they
-    /// carried was not applied and goes again: alone if it was alone (then it is the culprit
-    /// and is not sent again in that form), each in its own response if there were several.
-    fn eds_rejected(&mut self, responses: &[Unanswered]) {
+    /// EDS: Envoy rejected `responses` (the ones its answer settled), so what they carried
+    /// was not applied and goes again: alone if it was alone (then it is the culprit and is
+    /// not sent again in that form), each in its own response if there were several.
+    fn eds_rejected(&mut self, responses: &[Unanswered<u64>]) {
         if responses.is_empty() {
             // Which response Envoy rejected is unknown: assume it holds nothing from us.
             self.delivered.clear();
@@ -316,7 +120,7 @@ impl TypeState {
     }
 
     /// EDS: Envoy accepted `responses`: what they carried is no longer suspect.
-    fn eds_accepted(&mut self, responses: &[Unanswered]) {
+    fn eds_accepted(&mut self, responses: &[Unanswered<u64>]) {
         for (name, _) in responses.iter().flat_map(|r| &r.carried) {
             self.suspects.remove(name);
         }
@@ -361,217 +165,98 @@ impl TypeState {
     }
 }
 
-/// Why a stream task ended.
-pub(super) enum End {
-    EnvoyClosed,
-    EnvoyError(Status),
-    ResponseDropped,
-    Shutdown,
-}
-
-/// The response side of the stream is gone (Envoy disconnected), or shutdown began.
-pub(super) struct Closed;
-
-/// One ADS stream: one Envoy.
-struct AdsStream {
-    id: u64,
-    connections: Arc<Connections>,
-    peer: Option<SocketAddr>,
-    /// From the first request (`set_node_on_first_message_only`).
-    node: NodeView,
-    report_token: Option<Arc<str>>,
-    started: Instant,
-    nonce: u64,
+/// The state of the world protocol on one stream.
+#[derive(Debug, Default)]
+pub(super) struct Sotw {
     /// Only types the Envoy has asked for: nothing is pushed before it subscribes.
     types: BTreeMap<ResourceType, TypeState>,
-    /// Keeps a filter configuration the filter would refuse from this Envoy.
-    guard: FilterGuard,
-    metrics: Arc<Metrics>,
-    tx: mpsc::Sender<Result<DiscoveryResponse, Status>>,
-    /// Also ends a send blocked on an Envoy that stopped reading, so shutdown never hangs.
-    shutdown: CancellationToken,
 }
 
-/// Keeps `connected_envoys` right however the stream task ends, errors and panics included.
-pub(super) struct ConnectedGuard(Arc<Metrics>);
+impl Protocol for Sotw {
+    type Request = DiscoveryRequest;
+    type Response = DiscoveryResponse;
+    /// EDS only: each assignment's content hash.
+    type Carried = u64;
+    const NAME: &'static str = "sotw";
 
-impl ConnectedGuard {
-    pub(super) fn new(metrics: &Arc<Metrics>) -> ConnectedGuard {
-        metrics.connected_envoys.inc();
-        ConnectedGuard(Arc::clone(metrics))
-    }
-}
-
-impl Drop for ConnectedGuard {
-    fn drop(&mut self) {
-        self.0.connected_envoys.dec();
-    }
-}
-
-impl AdsStream {
-    async fn run(
-        mut self,
-        mut requests: Streaming<DiscoveryRequest>,
-        mut cache: watch::Receiver<CacheView>,
-    ) {
-        let shutdown = self.shutdown.clone();
-        let _connected = ConnectedGuard::new(&self.metrics);
-        let _listed = self.connections.open(self.id, self.peer);
-        debug!(stream = self.id, peer = ?self.peer, "ADS stream opened");
-        // Responses already sent reflect the cache as of now; only later views are pushes.
-        cache.borrow_and_update();
-        let mut cache_open = true;
-        let end = loop {
-            tokio::select! {
-                () = shutdown.cancelled() => break End::Shutdown,
-                message = requests.message() => match message {
-                    Ok(Some(request)) => {
-                        // The latest view, even if its push is still pending: the push then
-                        // finds nothing left to send.
-                        let view = cache.borrow().clone();
-                        if self.on_request(request, view.as_deref()).await.is_err() {
-                            break End::ResponseDropped;
-                        }
-                    }
-                    Ok(None) => break End::EnvoyClosed,
-                    Err(status) => break End::EnvoyError(status),
-                },
-                changed = cache.changed(), if cache_open => match changed {
-                    Ok(()) => {
-                        let view = cache.borrow_and_update().clone();
-                        if let Some(view) = view {
-                            if self.push(&view).await.is_err() {
-                                break End::ResponseDropped;
-                            }
-                        }
-                    }
-                    // The cache task is gone (shutting down): keep serving the last view.
-                    Err(_) => cache_open = false,
-                },
-            }
-        };
-        let end = if shutdown.is_cancelled() {
-            End::Shutdown
-        } else {
-            end
-        };
-        // What this Envoy keeps serving until it reconnects.
-        let acked: Vec<String> = self
-            .types
-            .iter()
-            .map(|(t, s)| format!("{}={}", t.short_name(), s.acked.as_deref().unwrap_or("-")))
-            .collect();
-        log_end(end, &self.node.id, self.id, self.peer, &acked.join(" "));
-    }
-
-    /// Handles one DiscoveryRequest: ACK, NACK, or (re)subscription, and answers it if the
-    /// Envoy lacks something.
-    async fn on_request(
-        &mut self,
-        request: DiscoveryRequest,
-        view: Option<&CacheSnapshot>,
-    ) -> Result<(), Closed> {
-        if !self.node.is_identified() {
-            if let Some(node) = &request.node {
-                self.node = NodeView::identify(node, self.id, self.peer, "sotw", &self.connections);
-            }
-        }
-        let Some(ty) = ResourceType::from_type_url(&request.type_url) else {
-            debug!(node = %self.node, type_url = %request.type_url,
-                "request for a type toolgate does not serve; ignored");
-            return Ok(());
-        };
-        let node = self.node.id.clone();
+    /// Every request carries the whole subscription; a stale one's is outdated and ignored.
+    fn subscribe(&mut self, ty: ResourceType, request: &DiscoveryRequest, stale: bool) {
         let state = self.types.entry(ty).or_insert_with(|| TypeState::new(ty));
-
-        // A request written before Envoy saw our latest response: the subscription it carries
-        // is outdated (the request that answers the latest response carries the current one),
-        // but its ACK or NACK is news about the response it names.
-        let stale = !request.response_nonce.is_empty()
-            && state
-                .sent
-                .as_ref()
-                .is_none_or(|s| s.nonce != request.response_nonce);
-        if !request.response_nonce.is_empty() {
-            let answered = state.settle(&request.response_nonce);
-            let version = answered.last().map(|a| a.version.clone());
-            if let Some(error) = &request.error_detail {
-                warn!(node = %node, r#type = ty.short_name(),
-                    version = version.as_deref().unwrap_or("unknown"),
-                    nonce = %request.response_nonce, stale, kept = %request.version_info,
-                    error = %error.message, "Envoy rejected an xDS response (NACK)");
-                self.metrics
-                    .nacks
-                    .get_or_create(&TypeLabel {
-                        r#type: ty.short_name(),
-                    })
-                    .inc();
-                if let Some(version) = &version {
-                    self.connections
-                        .nacked(self.id, ty, version, &error.message);
-                }
-                if ty == ResourceType::Endpoint {
-                    state.eds_rejected(&answered);
-                } else if version.is_some() {
-                    state.nacked = version;
-                }
-            } else if let Some(version) = version {
-                debug!(node = %node, r#type = ty.short_name(), %version, stale, "ACK");
-                state.eds_accepted(&answered);
-                self.connections.acked(self.id, ty, &version);
-                state.acked = Some(version);
-            } else {
-                debug!(node = %node, r#type = ty.short_name(), nonce = %request.response_nonce,
-                    "answer to a response not kept (answered already); ignored");
-            }
-        }
         if stale {
-            debug!(node = %node, r#type = ty.short_name(), nonce = %request.response_nonce,
+            debug!(r#type = ty.short_name(), nonce = %request.response_nonce,
                 "stale request: its subscription is ignored");
         } else {
             state.subscription = Subscription::from_request(ty, &request.resource_names);
         }
+    }
 
+    fn accepted(&mut self, ty: ResourceType, answered: &[Unanswered<u64>]) {
+        if let Some(state) = self.types.get_mut(&ty) {
+            state.eds_accepted(answered);
+        }
+    }
+
+    fn rejected(&mut self, ty: ResourceType, answered: &[Unanswered<u64>]) {
+        let Some(state) = self.types.get_mut(&ty) else {
+            return;
+        };
+        if ty == ResourceType::Endpoint {
+            state.eds_rejected(answered);
+        } else if let Some(response) = answered.last() {
+            state.nacked = Some(response.version.clone());
+        }
+    }
+
+    /// Answers the request if the Envoy lacks something.
+    async fn answer(
+        &mut self,
+        envoy: &mut Envoy<Sotw>,
+        ty: ResourceType,
+        request: &DiscoveryRequest,
+        stale: bool,
+        view: Option<&CacheSnapshot>,
+    ) -> Result<(), Closed> {
         let Some(current) = view.and_then(|v| v.get(ty)) else {
             // Not ready, or a type not built yet (ECDS): answered by the push that brings it.
+            return Ok(());
+        };
+        let Some(state) = self.types.get(&ty) else {
             return Ok(());
         };
         let answer = if ty == ResourceType::Endpoint {
             // By assignment, not by version: a NACK (stale or not) may have taken back
             // assignments Envoy must get again, while a version it rejected must not be
             // resent just because Envoy still reports the one before.
-            match &state.sent {
+            match &state.sent_for {
                 None => !stale,
-                Some(sent) => {
-                    !state.eds_wanted(current, false, &self.node).is_empty()
-                        || (!stale
-                            && (state.answer_next
-                                || !sent.subscription.covers(&state.subscription)))
+                Some(sent_for) => {
+                    !state.eds_wanted(current, false, &envoy.node).is_empty()
+                        || (!stale && (state.answer_next || !sent_for.covers(&state.subscription)))
                 }
             }
         } else if stale || state.nacked.as_deref() == Some(current.version.as_str()) {
             false
         } else {
-            match &state.sent {
+            match &state.sent_for {
                 // Nothing sent on this stream yet: Envoy waits for a first answer.
                 None => true,
-                Some(sent) => {
+                Some(sent_for) => {
                     request.version_info != current.version
-                        || !sent.subscription.covers(&state.subscription)
+                        || !sent_for.covers(&state.subscription)
                         || state.answer_next
                 }
             }
         };
         if answer {
             let current = Arc::clone(current);
-            self.send(ty, &current).await?;
+            self.send_owed(envoy, ty, &current).await?;
         }
         Ok(())
     }
 
     /// A new cache view: sends every type whose version this Envoy lacks, in push order (CDS,
     /// EDS, RDS). Types the Envoy never asked for are not pushed.
-    async fn push(&mut self, view: &CacheSnapshot) -> Result<(), Closed> {
+    async fn push(&mut self, envoy: &mut Envoy<Sotw>, view: &CacheSnapshot) -> Result<(), Closed> {
         for ty in ResourceType::ALL {
             let Some(state) = self.types.get(&ty) else {
                 continue;
@@ -579,30 +264,36 @@ impl AdsStream {
             let Some(current) = view.get(ty) else {
                 continue;
             };
-            let lacks = match &state.sent {
+            let lacks = match envoy.sent_version(ty) {
                 None => true,
                 Some(sent) if ty == ResourceType::Endpoint => {
-                    sent.version != current.version
+                    sent != current.version
                         || state.answer_next
-                        || !state.eds_wanted(current, false, &self.node).is_empty()
+                        || !state.eds_wanted(current, false, &envoy.node).is_empty()
                 }
                 Some(_) if state.nacked.as_deref() == Some(current.version.as_str()) => false,
-                Some(sent) => sent.version != current.version || state.answer_next,
+                Some(sent) => sent != current.version || state.answer_next,
             };
             if lacks {
                 let current = Arc::clone(current);
-                self.send(ty, &current).await?;
+                self.send_owed(envoy, ty, &current).await?;
             }
         }
         Ok(())
     }
+}
 
+impl Sotw {
     /// Sends `current` for the names this Envoy subscribed and records it. EDS sends only what
     /// this Envoy lacks (everything after CDS), in one response, except that each suspect of
     /// an earlier rejection goes in a response of its own.
-    async fn send(&mut self, ty: ResourceType, current: &Arc<TypeSnapshot>) -> Result<(), Closed> {
-        if ty == ResourceType::ExtensionConfig && self.node.filter.is_none() {
-            warn!(node = %self.node, "Envoy asked for the filter configuration but its bootstrap names no filter path (node metadata toolgate.filter_path); not answering");
+    async fn send_owed(
+        &mut self,
+        envoy: &mut Envoy<Sotw>,
+        ty: ResourceType,
+        current: &Arc<TypeSnapshot>,
+    ) -> Result<(), Closed> {
+        if envoy.lacks_filter_path(ty) {
             return Ok(());
         }
         let Some(state) = self.types.get_mut(&ty) else {
@@ -613,27 +304,27 @@ impl AdsStream {
                 Subscription::Wildcard => current.names().collect(),
                 Subscription::Names(names) => names.iter().collect(),
             };
-            let node = &self.node;
-            let token = self.report_token.as_deref();
-            let guard = &mut self.guard;
-            let metrics = &self.metrics;
-            let resources = names
-                .into_iter()
-                .filter(|name| node.serves(ty, name))
-                .filter_map(|name| {
-                    let (any, hash) = current.entry(name)?;
-                    match guard.tailor(node, ty, name, any, hash, token, metrics) {
-                        Tailored::Made(made) => Some(made),
-                        Tailored::AsIs => Some(any.clone()),
-                        Tailored::Nothing => None,
-                    }
-                })
-                .collect();
-            return self.send_response(ty, current, resources, Vec::new()).await;
+            let mut resources = Vec::new();
+            for name in names {
+                if !envoy.node.serves(ty, name) {
+                    continue;
+                }
+                let Some((any, hash)) = current.entry(name) else {
+                    continue;
+                };
+                match envoy.tailor(ty, name, any, hash) {
+                    Tailored::Made(made) => resources.push(made),
+                    Tailored::AsIs => resources.push(any.clone()),
+                    Tailored::Nothing => {}
+                }
+            }
+            return self
+                .send_response(envoy, ty, current, resources, Vec::new())
+                .await;
         }
         // After CDS, re-created clusters warm until they get an assignment, changed or not:
         // then (and on a fresh stream, where `delivered` is empty) EDS goes out in full.
-        let wanted = state.eds_wanted(current, state.answer_next, &self.node);
+        let wanted = state.eds_wanted(current, state.answer_next, &envoy.node);
         state.eds_forget_unsubscribed(current);
         let (alone, together): (Vec<_>, Vec<_>) = wanted
             .into_iter()
@@ -647,7 +338,8 @@ impl AdsStream {
         responses.extend(alone.into_iter().map(|one| vec![one]));
         for carried in responses {
             let resources = current.select(carried.iter().map(|(name, _)| name));
-            self.send_response(ty, current, resources, carried).await?;
+            self.send_response(envoy, ty, current, resources, carried)
+                .await?;
         }
         Ok(())
     }
@@ -656,257 +348,57 @@ impl AdsStream {
     /// names (EDS) the assignments among them, with their hashes.
     async fn send_response(
         &mut self,
+        envoy: &mut Envoy<Sotw>,
         ty: ResourceType,
         current: &Arc<TypeSnapshot>,
-        resources: Vec<envoy_types::pb::google::protobuf::Any>,
+        resources: Vec<Any>,
         carried: Vec<(String, u64)>,
     ) -> Result<(), Closed> {
         let Some(state) = self.types.get_mut(&ty) else {
             return Ok(());
         };
-        self.nonce += 1;
-        let nonce = self.nonce.to_string();
+        let nonce = envoy.next_nonce();
         let count = resources.len();
         let response = DiscoveryResponse {
             version_info: current.version.clone(),
             resources,
             type_url: ty.type_url().to_string(),
-            nonce: nonce.clone(),
-            control_plane: Some(ControlPlane {
-                identifier: CONTROL_PLANE_ID.to_string(),
-            }),
+            nonce: nonce.to_string(),
+            control_plane: control_plane(),
             ..Default::default()
         };
-        let first_of_version = state
-            .sent
-            .as_ref()
-            .is_none_or(|s| s.version != current.version);
-        state.sent = Some(Sent {
-            version: current.version.clone(),
-            nonce: nonce.clone(),
-            subscription: state.subscription.clone(),
-        });
+        state.sent_for = Some(state.subscription.clone());
         for (name, hash) in &carried {
             state.delivered.insert(name.clone(), *hash);
         }
-        if state.unanswered.len() == UNANSWERED_KEPT {
-            state.unanswered.pop_front();
-        }
-        state.unanswered.push_back(Unanswered {
-            nonce: nonce.clone(),
-            version: current.version.clone(),
-            carried,
-        });
         state.answer_next = false;
         if ty == ResourceType::Cluster {
             if let Some(eds) = self.types.get_mut(&ResourceType::Endpoint) {
                 eds.answer_next = true;
             }
         }
-        tokio::select! {
-            sent = self.tx.send(Ok(response)) => sent.map_err(|_| Closed)?,
-            () = self.shutdown.cancelled() => return Err(Closed),
-        }
-
-        record_push(
-            &self.metrics,
-            &self.connections,
-            self.id,
-            &self.node.id,
-            self.started,
-            ty,
-            current,
-            count,
-            first_of_version,
-        );
-        debug!(node = %self.node, r#type = ty.short_name(), version = %current.version,
-            nonce = %nonce, resources = count, "xDS response sent");
+        envoy
+            .send(ty, current, nonce, response, carried, count)
+            .await?;
+        debug!(node = %envoy.node, r#type = ty.short_name(), version = %current.version,
+            %nonce, resources = count, "xDS response sent");
         Ok(())
     }
 }
 
-/// Logs how a stream ended and what its Envoy kept (`acked`, per type).
-pub(super) fn log_end(end: End, node: &str, id: u64, peer: Option<SocketAddr>, acked: &str) {
-    match end {
-        End::EnvoyClosed | End::ResponseDropped => {
-            info!(node = %node, stream = id, peer = ?peer, %acked, "Envoy disconnected")
-        }
-        End::EnvoyError(status) => {
-            info!(node = %node, stream = id, peer = ?peer, %acked,
-            code = ?status.code(), error = %status.message(), "Envoy disconnected")
-        }
-        End::Shutdown => {
-            info!(node = %node, stream = id, %acked, "ADS stream closed for shutdown")
-        }
-    }
-}
-
-/// Records that one response of `current` (`count` resources) went to an Envoy: the push span
-/// (a child of every etcd change folded into the version), the metrics, `/v1/envoys`.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn record_push(
-    metrics: &Metrics,
-    connections: &Connections,
-    stream: u64,
-    node: &str,
-    stream_started: Instant,
-    ty: ResourceType,
-    current: &TypeSnapshot,
-    count: usize,
-    first_of_version: bool,
-) {
-    let label = TypeLabel {
-        r#type: ty.short_name(),
-    };
-    // A version whose changes carried no trace (the first read) is still recorded, as a root
-    // span.
-    let untraced = [crate::trace::TraceParent::default()];
-    let traces = if current.traces.is_empty() {
-        &untraced[..]
-    } else {
-        &current.traces[..]
-    };
-    for trace in traces {
-        let span = tracing::info_span!(target: crate::trace::TARGET, "xds.push",
-            node = %node, r#type = ty.short_name(), version = %current.version,
-            resources = count);
-        trace.adopt(&span);
-    }
-    metrics.pushes.get_or_create(&label).inc();
-    connections.sent(stream, ty, &current.version);
-    // Latency of propagating a change, not of catching up: only a version that became current
-    // while this Envoy was connected, measured once per version.
-    if first_of_version && current.current_since >= stream_started {
-        metrics
-            .push_latency
-            .get_or_create(&label)
-            .observe(current.changed_at.elapsed().as_secs_f64());
-    }
-}
-
 #[cfg(test)]
-pub(super) mod tests {
+mod tests {
     use super::*;
-    use crate::routing::{Bulkhead, EndpointHealth, RouteEndpoint, ServiceRoute};
+    use crate::xds::stream::tests::routing;
     use envoy_types::pb::envoy::config::core::v3::Node;
     use envoy_types::pb::google::rpc::Status as RpcStatus;
-    use std::net::IpAddr;
 
     const CDS: ResourceType = ResourceType::Cluster;
     const EDS: ResourceType = ResourceType::Endpoint;
     const RDS: ResourceType = ResourceType::Route;
 
-    /// Services named in `services`, each with one instance per entry of its list.
-    pub(in crate::xds) fn routing(generation: u64, services: &[(&str, &[u8])]) -> RoutingSnapshot {
-        RoutingSnapshot {
-            generation,
-            changed_at: Instant::now(),
-            traces: Default::default(),
-            recent: std::sync::Arc::from([]),
-            services: services
-                .iter()
-                .map(|(name, octets)| {
-                    (
-                        name.to_string(),
-                        ServiceRoute {
-                            mcp_path: "/mcp".into(),
-                            limits: Bulkhead::default(),
-                            timeout_ms: 60_000,
-                            endpoints: octets
-                                .iter()
-                                .map(|o| RouteEndpoint {
-                                    instance_id: format!("{name}-{o}"),
-                                    ip: IpAddr::from([10, 0, 0, *o]),
-                                    port: 80,
-                                    weight: 1,
-                                    health: EndpointHealth::Healthy,
-                                })
-                                .collect(),
-                        },
-                    )
-                })
-                .collect(),
-            filter_config: Arc::from("{}"),
-            filter_urgency: 0,
-            virtual_servers: Vec::new(),
-            max_body_bytes: 1024 * 1024,
-            default_timeout_ms: 60_000,
-            auth: None,
-            control: Default::default(),
-        }
-    }
-
-    /// A stream under test, its response queue, and the cache that feeds it.
-    struct Harness {
-        stream: AdsStream,
-        rx: mpsc::Receiver<Result<DiscoveryResponse, Status>>,
-        cache: SnapshotCache,
-        metrics: Arc<Metrics>,
-    }
-
-    impl Harness {
-        fn new() -> Harness {
-            let metrics = Arc::new(Metrics::new());
-            let (tx, rx) = mpsc::channel(64);
-            Harness {
-                stream: AdsStream {
-                    connections: Arc::default(),
-                    id: 1,
-                    peer: None,
-                    node: NodeView::default(),
-                    report_token: None,
-                    started: Instant::now(),
-                    nonce: 0,
-                    types: BTreeMap::new(),
-                    guard: FilterGuard::default(),
-                    metrics: Arc::clone(&metrics),
-                    tx,
-                    shutdown: CancellationToken::new(),
-                },
-                rx,
-                cache: SnapshotCache::new(),
-                metrics,
-            }
-        }
-
-        fn view(&self) -> Option<Arc<CacheSnapshot>> {
-            self.cache.current()
-        }
-
-        /// Applies a routing snapshot and pushes the new view, as the stream task does.
-        async fn publish(&mut self, snapshot: RoutingSnapshot) {
-            self.cache.update(&snapshot);
-            let view = self.view().expect("a view after an update");
-            assert!(self.stream.push(&view).await.is_ok());
-        }
-
-        async fn request(&mut self, request: DiscoveryRequest) {
-            let view = self.view();
-            assert!(self
-                .stream
-                .on_request(request, view.as_deref())
-                .await
-                .is_ok());
-        }
-
-        /// The responses sent since the last call.
-        fn sent(&mut self) -> Vec<DiscoveryResponse> {
-            let mut out = Vec::new();
-            while let Ok(r) = self.rx.try_recv() {
-                out.push(r.expect("no error responses"));
-            }
-            out
-        }
-
-        fn nacks(&self, ty: ResourceType) -> u64 {
-            self.metrics
-                .nacks
-                .get_or_create(&TypeLabel {
-                    r#type: ty.short_name(),
-                })
-                .get()
-        }
-    }
+    /// A state of the world stream under test.
+    type Harness = crate::xds::stream::tests::Harness<Sotw>;
 
     fn request(ty: ResourceType, names: &[&str], version: &str, nonce: &str) -> DiscoveryRequest {
         DiscoveryRequest {
@@ -958,7 +450,7 @@ pub(super) mod tests {
         assert_eq!(sent.len(), 1);
         assert_eq!(sent[0].type_url, CDS.type_url());
         assert_eq!(resource_count(&sent[0]), 1);
-        assert_eq!(h.stream.node.id, "envoy-1");
+        assert_eq!(h.stream.envoy.node.id, "envoy-1");
 
         h.request(ack(&sent[0], &[])).await;
         assert!(

@@ -1,10 +1,11 @@
 //! Serves the routing snapshot to Envoys over ADS (CDS, EDS, RDS; ECDS later).
 //!
 //! Split as in go-control-plane: `resources` builds Envoy resources from a snapshot (what),
-//! `cache` versions them per type (which version), `ads` speaks the xDS protocol on each stream
-//! (when). Only `ads` and this file know tonic.
+//! `cache` versions them per type (which version), `service` serves ADS, one `stream` per
+//! Envoy, which speaks state of the world (`ads`) or incremental (`delta`) xDS (when). Only
+//! those and this file know tonic.
 
-pub mod ads;
+mod ads;
 pub mod any;
 pub mod auth;
 pub mod cache;
@@ -14,7 +15,9 @@ pub mod ecds;
 mod node;
 pub mod resources;
 mod route_table;
+mod service;
 pub mod shard;
+mod stream;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -32,9 +35,9 @@ use tracing::info;
 use crate::metrics::Metrics;
 use crate::routing::RoutingSnapshot;
 
-pub use ads::AdsService;
 pub use connections::Connections;
 pub use resources::ResourceOptions;
+pub use service::AdsService;
 
 /// HTTP/2 PING interval on each connection: finds an Envoy that vanished without closing its
 /// TCP connection (host crash, network partition), so its stream task and the
