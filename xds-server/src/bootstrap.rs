@@ -9,6 +9,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use toolgate_model::envoy::CONTROL_CLUSTER;
 
 use crate::xds::resources::{LISTENER_BUFFER_BYTES, ROUTE_CONFIG_NAME, SHARED_ROUTE_CONFIG_NAME};
 use crate::xds::{auth, ecds};
@@ -39,9 +40,6 @@ pub const SERVICE_TAG_REGEX: &str =
 /// segment and has no dot, so a tool name with dots is taken whole.
 pub const TOOL_TAG_REGEX: &str = r"^wasmcustom\.toolgate\.service=[^=]+\.(tool=([^=]+)\.)[a-z_]+$";
 
-// Defined in the model, with the names the filter and the xDS resources share; named here too
-// as the cluster this bootstrap defines.
-pub use toolgate_model::envoy::CONTROL_CLUSTER;
 /// toolgate-xds's liveness path, which Envoy's health checks of the control cluster ask.
 pub const CONTROL_HEALTH_PATH: &str = "/healthz";
 

@@ -600,7 +600,7 @@ mod tests {
     async fn a_shard_gets_the_control_assignment_and_a_member_change_sends_only_it() {
         use crate::routing::ControlMembers;
         use envoy_types::pb::google::protobuf::{value::Kind, ListValue, Struct, Value};
-        const CONTROL: &str = crate::bootstrap::CONTROL_CLUSTER;
+        const CONTROL: &str = toolgate_model::envoy::CONTROL_CLUSTER;
         let members = |peers: &[&str]| {
             Arc::new(ControlMembers {
                 local: Some("127.0.0.1:19000".parse().expect("addr")),

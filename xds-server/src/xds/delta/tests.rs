@@ -132,7 +132,7 @@ async fn subscribed(services: &[(&str, &[u8])]) -> Harness {
 #[tokio::test]
 async fn the_control_assignment_is_sent_once_and_again_only_when_the_members_change() {
     use crate::routing::ControlMembers;
-    const CONTROL: &str = crate::bootstrap::CONTROL_CLUSTER;
+    const CONTROL: &str = toolgate_model::envoy::CONTROL_CLUSTER;
     let members = |peers: &[&str]| {
         Arc::new(ControlMembers {
             local: Some("127.0.0.1:19000".parse().expect("addr")),
