@@ -72,7 +72,7 @@ pub struct Options {
     /// The do-nothing wasm filter for the breakdown; `None`: no breakdown.
     pub noop_filter: Option<PathBuf>,
     /// Sets the auth configuration's `cache_verified_tokens` (Envoy skips the signature
-    /// check of a token it verified before; off by default, see `model/src/auth.rs`).
+    /// check of a token it verified before; on by default, see `model/src/auth.rs`).
     pub token_cache: bool,
 }
 

@@ -100,10 +100,10 @@ struct Args {
     /// for wasm32-wasip1).
     #[arg(long)]
     noop_filter: Option<PathBuf>,
-    /// Auth suite: with the auth configuration's `cache_verified_tokens` on (Envoy skips the
-    /// signature check of a token it verified before).
+    /// Auth suite: with the auth configuration's `cache_verified_tokens` off (Envoy checks
+    /// every token's signature; the default configuration caches verified tokens).
     #[arg(long)]
-    auth_token_cache: bool,
+    auth_no_token_cache: bool,
     /// Data plane: skip the profile of the toolgate filter (the probe filter levels; never run
     /// in quick mode).
     #[arg(long)]
@@ -327,7 +327,7 @@ async fn main() -> anyhow::Result<()> {
             quiet_wait: Duration::from_secs(if args.quick { 3 } else { 30 }),
             attempts: if args.quick { 2 } else { 3 },
             extra_budget: Duration::from_secs(if args.quick { 10 } else { 180 }),
-            token_cache: args.auth_token_cache,
+            token_cache: !args.auth_no_token_cache,
             // Where the difference goes: the same pair with the no-op wasm filter (full mode).
             noop_filter: (!args.quick).then(|| {
                 args.noop_filter.clone().unwrap_or_else(|| {

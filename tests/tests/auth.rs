@@ -210,6 +210,31 @@ async fn tokens_are_verified_by_envoy_and_refused_callers_never_reach_the_server
     )
     .await;
 
+    // Envoy fetches nothing from the issuer: toolgate-xds does, and hands the keys over
+    // inline, with Envoy's cache of verified tokens on (the default configuration).
+    let dump: Value = reqwest::get(format!("{}/config_dump", gw.envoy.admin_url()))
+        .await
+        .expect("config_dump")
+        .json()
+        .await
+        .expect("json");
+    let dump_text = dump.to_string();
+    assert!(
+        !dump_text.contains("toolgate-jwks"),
+        "a JWKS cluster in Envoy"
+    );
+    assert!(!dump_text.contains("remote_jwks"), "Envoy fetches a JWKS");
+    assert!(dump_text.contains("local_jwks"), "keys inline");
+    assert!(dump_text.contains("jwt_cache_config"), "token cache on");
+    assert!(
+        gw.xds
+            .metrics_text()
+            .await
+            .lines()
+            .any(|l| l.starts_with("toolgate_jwks_fetches_total{result=\"ok\"}")),
+        "toolgate-xds counts its fetches"
+    );
+
     // Key rotation: a key published later is accepted after the refresh (1 s)...
     let kid = issuer.rotate_in_new(Alg::Es256);
     let rotated = issuer
@@ -226,16 +251,29 @@ async fn tokens_are_verified_by_envoy_and_refused_callers_never_reach_the_server
     )
     .await;
     println!("new key accepted after {took:?}");
-    // ...a removed one is refused...
+    // ...a removed one is refused within a refresh, although Envoy verified (and cached)
+    // this very token a moment ago...
+    for _ in 0..3 {
+        assert_eq!(
+            call(&url, Some(&rotated), "read_order").await.status,
+            StatusCode::OK
+        );
+    }
     issuer.remove(&kid);
-    wait_until(
-        "the removed key is refused",
+    let took = wait_until(
+        "the removed key is refused, the token cached",
         Duration::from_secs(10),
         || async {
             call(&url, Some(&rotated), "read_order").await.status == StatusCode::UNAUTHORIZED
         },
     )
     .await;
+    println!("withdrawn key refused after {took:?}");
+    // ...while the tokens of the keys still published verify (a fresh cache).
+    assert_eq!(
+        call(&url, Some(&token), "read_order").await.status,
+        StatusCode::OK
+    );
     // ...and with the JWKS server down, the keys held still verify.
     issuer.stop().await;
     tokio::time::sleep(Duration::from_secs(4)).await;

@@ -12,6 +12,8 @@ pub mod etcd;
 pub mod failpoint;
 pub mod fleet;
 pub mod health;
+pub mod idp;
+pub mod jwks;
 pub mod membership;
 pub mod metrics;
 pub mod registry;

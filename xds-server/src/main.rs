@@ -89,6 +89,10 @@ struct ServeArgs {
     /// The CA whose certificates Envoys must present on the ADS connection.
     #[arg(long, value_name = "PEM", requires = "xds_tls_cert")]
     xds_tls_client_ca: Option<PathBuf>,
+    /// The CAs (PEM) an `https://` identity provider's certificate is checked with when
+    /// toolgate-xds fetches its JWKS (a private CA's bundle, for an in-house provider).
+    #[arg(long, value_name = "PEM", default_value = toolgate_xds::idp::SYSTEM_CA_FILE)]
+    idp_ca_file: PathBuf,
     /// Where Envoys connect for ADS (gRPC).
     #[arg(long, default_value = "127.0.0.1:18000")]
     xds_listen: SocketAddr,
@@ -703,6 +707,15 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             health_config.probe_timeout,
         ));
     }
+    let idp = toolgate_xds::idp::IdpClient::new(&args.idp_ca_file)
+        .context("setting up TLS toward identity providers")?;
+    tokio::spawn(toolgate_xds::jwks::run(
+        registry.clone(),
+        snapshots.clone(),
+        publisher.clone(),
+        idp,
+        metrics.clone(),
+    ));
     let aggregate = toolgate_xds::aggregate::Aggregate::new(
         registry.clone(),
         catalog.clone(),

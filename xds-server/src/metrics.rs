@@ -43,6 +43,12 @@ pub struct RoutingErrorLabel {
     pub kind: &'static str,
 }
 
+/// A JWKS fetch's outcome: `ok`, `failed`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct JwksLabel {
+    pub result: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
     pub result: &'static str,
@@ -138,6 +144,8 @@ pub struct Metrics {
     pub upstream_sessions_ended: Family<ServiceLabel, Counter>,
     pub upstream_sessions_evicted: Family<ServiceLabel, Counter>,
     pub upstream_sessions_refused: Family<BoundLabel, Counter>,
+    pub jwks_fetches: Family<JwksLabel, Counter>,
+    pub jwks_failing: Gauge,
 }
 
 impl Default for Metrics {
@@ -394,6 +402,18 @@ impl Metrics {
             "Idle sessions held for clients deleted to make room under a bound, by service",
             upstream_sessions_evicted.clone(),
         );
+        let jwks_fetches = Family::<JwksLabel, Counter>::default();
+        registry.register(
+            "toolgate_jwks_fetches",
+            "Fetches of the issuers' remote JWKS by toolgate-xds, by result (ok, failed)",
+            jwks_fetches.clone(),
+        );
+        let jwks_failing = Gauge::default();
+        registry.register(
+            "toolgate_jwks_failing",
+            "Remote JWKS whose last fetch failed (the keys fetched before, if any, stay in use)",
+            jwks_failing.clone(),
+        );
         let upstream_sessions_refused = Family::<BoundLabel, Counter>::default();
         registry.register(
             "toolgate_upstream_sessions_refused",
@@ -408,6 +428,8 @@ impl Metrics {
             upstream_sessions_ended,
             upstream_sessions_evicted,
             upstream_sessions_refused,
+            jwks_fetches,
+            jwks_failing,
             aggregate_requests,
             aggregate_sessions,
             aggregate_streams,

@@ -1,6 +1,7 @@
 //! The routing snapshot: what the registry hands to the xDS side. It is the only type the two
 //! share, so the etcd/registry side never sees protobuf and the xDS side never sees etcd.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Instant;
@@ -44,13 +45,27 @@ pub struct RoutingSnapshot {
     /// The default policy's response timeout: the services with it (and the default MCP path)
     /// share their routes in the shared route configuration.
     pub default_timeout_ms: u64,
-    /// The auth configuration (issue 20), when `<prefix>auth/config` holds one: Envoy's
-    /// `jwt_authn` (over ECDS), the JWKS clusters and the Protected Resource Metadata routes
-    /// are made from it.
+    /// The auth configuration, when `<prefix>auth/config` holds one: Envoy's `jwt_authn`
+    /// (over ECDS) and the Protected Resource Metadata routes are made from it.
     pub auth: Option<Arc<toolgate_model::auth::AuthConfig>>,
+    /// The remote JWKS toolgate-xds fetched for `auth`'s issuers (see `jwks.rs`), delivered
+    /// inline in `jwt_authn`'s configuration.
+    pub jwks: Arc<FetchedKeys>,
     /// The toolgate-xds processes Envoy's control cluster holds (the aggregate endpoint, the
     /// filters' reports and held sessions): this one first, the fleet's others after it.
     pub control: Arc<ControlMembers>,
+}
+
+/// The issuers' keys as toolgate-xds last fetched them, by JWKS URL.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FetchedKeys {
+    /// The last good set of each URL (canonical JSON text); absent until a fetch succeeded.
+    pub sets: BTreeMap<String, Arc<str>>,
+    /// URLs fetched at least once, whether the fetch succeeded or not. While the auth
+    /// configuration names one not in here, `jwt_authn`'s configuration is held back: a
+    /// toolgate-xds that just started does not replace the keys its Envoys verify with by
+    /// an empty set before its first fetch.
+    pub tried: BTreeSet<String>,
 }
 
 /// Where Envoy reaches the fleet's toolgate-xds admin listeners.
@@ -162,6 +177,7 @@ impl RoutingSnapshot {
             max_body_bytes: toolgate_model::RequestLimits::default().max_body_bytes,
             default_timeout_ms: toolgate_model::BreakerPolicy::default().timeout_ms,
             auth: None,
+            jwks: Arc::default(),
             control: Arc::default(),
         }
     }

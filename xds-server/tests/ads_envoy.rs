@@ -249,6 +249,7 @@ fn snapshot(
         max_body_bytes: 1024 * 1024,
         default_timeout_ms: 60_000,
         auth: None,
+        jwks: Default::default(),
         control: Default::default(),
     })
 }
@@ -865,6 +866,7 @@ async fn follows_snapshots(protocol: XdsProtocol) {
         max_body_bytes: 1024 * 1024,
         default_timeout_ms: 60_000,
         auth: None,
+        jwks: Default::default(),
         control: Default::default(),
     }));
     tokio::time::sleep(Duration::from_millis(500)).await;

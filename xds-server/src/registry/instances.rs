@@ -340,6 +340,7 @@ impl Registry {
             max_body_bytes: self.request_limits.max_body_bytes,
             default_timeout_ms: filter.defaults.timeout_ms,
             auth: self.auth.config().cloned(),
+            jwks: self.fetched_keys.clone(),
             control: self.members.control(),
         }
     }

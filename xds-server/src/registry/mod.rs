@@ -196,6 +196,8 @@ pub struct Registry {
     virtuals: BTreeMap<String, (VirtualServer, String)>,
     /// The auth configuration and rule sets from `<prefix>auth/`, as last admitted.
     auth: auth::AuthStore,
+    /// The issuers' keys toolgate-xds fetched (not from etcd: see `jwks.rs`).
+    fetched_keys: Arc<crate::routing::FetchedKeys>,
     /// The fleet's toolgate-xds (`<prefix>xds/`), and this one's own address: what Envoy's
     /// control cluster holds.
     members: members::Members,
@@ -246,9 +248,19 @@ impl Registry {
             ages: ServiceAges::default(),
             virtuals: BTreeMap::new(),
             auth: auth::AuthStore::default(),
+            fetched_keys: Arc::default(),
             members: members::Members::default(),
             memo: PublishMemo::default(),
         }
+    }
+
+    /// The issuers' keys as last fetched; whether they differ from those held.
+    pub fn set_fetched_keys(&mut self, keys: crate::routing::FetchedKeys) -> bool {
+        if *self.fetched_keys == keys {
+            return false;
+        }
+        self.fetched_keys = Arc::new(keys);
+        true
     }
 
     /// Where this process's Envoys reach its admin listener, and its key id under

@@ -1,6 +1,6 @@
-//! What Envoy needs to be an OAuth 2.1 resource server (issue 20), built from the auth
-//! configuration: `jwt_authn`'s configuration (an ECDS resource), a cluster per remote JWKS,
-//! and the Protected Resource Metadata routes (RFC 9728).
+//! What Envoy needs to be an OAuth 2.1 resource server, built from the auth configuration
+//! and the keys toolgate-xds fetched for it: `jwt_authn`'s configuration (an ECDS resource,
+//! every issuer's keys inline) and the Protected Resource Metadata routes (RFC 9728).
 //!
 //! Envoy verifies tokens (signature, `iss`, `aud` when configured, `exp`/`nbf`) and writes
 //! the verified payload into a request header; it never refuses by itself
@@ -10,100 +10,82 @@
 //! payload header: the listener removes it from every request before any filter runs
 //! (bootstrap: early header mutation).
 
-use std::collections::{BTreeMap, HashMap};
-use std::net::IpAddr;
+use std::collections::HashMap;
 
-use envoy_types::pb::envoy::config::cluster::v3::{
-    cluster::{ClusterDiscoveryType, DiscoveryType},
-    Cluster,
-};
 use envoy_types::pb::envoy::config::core::v3::{
-    address, data_source, header_value_option::HeaderAppendAction, http_uri,
-    socket_address::PortSpecifier, transport_socket, Address, DataSource, HeaderValue,
-    HeaderValueOption, HttpUri, SocketAddress, TransportSocket, TypedExtensionConfig,
-};
-use envoy_types::pb::envoy::config::endpoint::v3::{
-    lb_endpoint::HostIdentifier, ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints,
+    data_source, header_value_option::HeaderAppendAction, DataSource, HeaderValue,
+    HeaderValueOption, TypedExtensionConfig,
 };
 use envoy_types::pb::envoy::config::route::v3::{
     route, route_match::PathSpecifier, DirectResponseAction, Route, RouteMatch,
 };
 use envoy_types::pb::envoy::extensions::filters::http::jwt_authn::v3::{
     jwt_provider::JwksSourceSpecifier, jwt_requirement::RequiresType,
-    requirement_rule::RequirementType, JwksAsyncFetch, JwtAuthentication, JwtCacheConfig,
-    JwtProvider, JwtRequirement, JwtRequirementOrList, RemoteJwks, RequirementRule,
+    requirement_rule::RequirementType, JwtAuthentication, JwtCacheConfig, JwtProvider,
+    JwtRequirement, JwtRequirementOrList, RequirementRule,
 };
-use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
-    common_tls_context::ValidationContextType, CertificateValidationContext, CommonTlsContext,
-    UpstreamTlsContext,
-};
-use envoy_types::pb::google::protobuf::{Any, Duration, Empty};
+use envoy_types::pb::google::protobuf::{Any, Empty};
 use toolgate_model::auth::{
-    parse_url, resource_metadata, AuthConfig, Jwks, FAILURE_METADATA_KEY, METADATA_PATH,
-    PAYLOAD_HEADER,
+    resource_metadata, AuthConfig, Jwks, FAILURE_METADATA_KEY, METADATA_PATH, PAYLOAD_HEADER,
 };
 use toolgate_model::envoy::{AGGREGATE_PATH, SERVICE_PATH_PREFIX, VIRTUAL_PATH_PREFIX};
 
 use super::any::to_any;
-use crate::routing::RoutingSnapshot;
+use crate::routing::{FetchedKeys, RoutingSnapshot};
 
 /// Name of `jwt_authn` in the bootstrap's HTTP filter chain and of its ECDS resource.
 pub const JWT_CONFIG_NAME: &str = "toolgate.jwt_authn";
 pub const JWT_TYPE_URL: &str =
     "type.googleapis.com/envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication";
-/// Prefix of the clusters the JWKS are fetched through.
-pub const JWKS_CLUSTER_PREFIX: &str = "toolgate-jwks.";
-/// Where Envoy finds the CAs it checks an `https://` JWKS server's certificate with.
-pub const SYSTEM_CA_FILE: &str = "/etc/ssl/certs/ca-certificates.crt";
+/// What an issuer whose keys were never fetched verifies with: nothing (Envoy logs the set
+/// as invalid and refuses its tokens), until a fetch succeeds.
+const NO_KEYS: &str = r#"{"keys":[]}"#;
 /// Verified tokens Envoy keeps per worker, so a token used again costs no signature check.
 const JWT_CACHE_SIZE: u32 = 4096;
 
 /// `jwt_authn`'s configuration: without an auth configuration, one that does nothing (no
 /// provider, no rule), so the chain is the same either way and turning auth on or off is an
-/// ECDS update, never a listener change.
-pub fn jwt_extension_config(auth: Option<&AuthConfig>) -> Any {
-    let config = auth.map(jwt_authentication).unwrap_or_default();
-    to_any(&TypedExtensionConfig {
+/// ECDS update, never a listener change. `None` while a remote JWKS has not been tried yet
+/// (see [`FetchedKeys::tried`]): the configuration Envoy holds stays until then.
+pub fn jwt_extension_config(auth: Option<&AuthConfig>, keys: &FetchedKeys) -> Option<Any> {
+    let untried = auth.iter().flat_map(|a| &a.issuers).any(|i| match &i.jwks {
+        Jwks::Remote(r) => !keys.tried.contains(&r.uri),
+        Jwks::Inline(_) => false,
+    });
+    if untried {
+        return None;
+    }
+    let config = auth
+        .map(|a| jwt_authentication(a, keys))
+        .unwrap_or_default();
+    Some(to_any(&TypedExtensionConfig {
         name: JWT_CONFIG_NAME.to_string(),
         typed_config: Some(to_any(&config)),
-    })
+    }))
 }
 
 fn provider_name(i: usize) -> String {
     format!("issuer-{i}")
 }
 
-fn jwt_authentication(auth: &AuthConfig) -> JwtAuthentication {
+fn jwt_authentication(auth: &AuthConfig, keys: &FetchedKeys) -> JwtAuthentication {
     let providers: HashMap<String, JwtProvider> = auth
         .issuers
         .iter()
         .enumerate()
         .map(|(i, issuer)| {
-            let jwks = match &issuer.jwks {
-                Jwks::Remote(r) => JwksSourceSpecifier::RemoteJwks(RemoteJwks {
-                    http_uri: Some(HttpUri {
-                        uri: r.uri.clone(),
-                        timeout: Some(millis(u64::from(r.timeout_ms))),
-                        http_upstream_type: Some(http_uri::HttpUpstreamType::Cluster(
-                            jwks_cluster_name(&r.uri).unwrap_or_default(),
-                        )),
-                    }),
-                    cache_duration: Some(millis(u64::from(r.cache_secs) * 1000)),
-                    // Fetched on the main thread for every worker, refreshed before expiry;
-                    // a failed refresh keeps the keys held and is retried every second. The
-                    // listener does not wait for an identity provider that is down: calls
-                    // to protected services get 401 until the keys come, the rest flow.
-                    async_fetch: Some(JwksAsyncFetch {
-                        fast_listener: true,
-                        failed_refetch_duration: Some(millis(1000)),
-                    }),
-                    retry_policy: None,
-                }),
-                Jwks::Inline(keys) => JwksSourceSpecifier::LocalJwks(DataSource {
-                    specifier: Some(data_source::Specifier::InlineString(keys.to_string())),
-                    ..Default::default()
-                }),
+            // Inline either way: Envoy fetches nothing from identity providers.
+            let set = match &issuer.jwks {
+                Jwks::Remote(r) => keys
+                    .sets
+                    .get(&r.uri)
+                    .map_or(NO_KEYS.to_string(), |k| k.to_string()),
+                Jwks::Inline(keys) => keys.to_string(),
             };
+            let jwks = JwksSourceSpecifier::LocalJwks(DataSource {
+                specifier: Some(data_source::Specifier::InlineString(set)),
+                ..Default::default()
+            });
             let provider = JwtProvider {
                 issuer: issuer.issuer.clone(),
                 audiences: issuer.audiences.clone(),
@@ -159,98 +141,6 @@ fn jwt_authentication(auth: &AuthConfig) -> JwtAuthentication {
         }],
         ..Default::default()
     }
-}
-
-fn millis(ms: u64) -> Duration {
-    Duration {
-        seconds: (ms / 1000) as i64,
-        nanos: ((ms % 1000) * 1_000_000) as i32,
-    }
-}
-
-/// The cluster a JWKS URL is fetched through: one per (scheme, host, port).
-pub fn jwks_cluster_name(uri: &str) -> Option<String> {
-    let url = parse_url(uri).ok()?;
-    let scheme = if url.tls { "https" } else { "http" };
-    Some(format!(
-        "{JWKS_CLUSTER_PREFIX}{scheme}.{}.{}",
-        url.host, url.port
-    ))
-}
-
-/// The clusters of every remote JWKS, by name.
-pub fn jwks_clusters(auth: &AuthConfig) -> BTreeMap<String, Cluster> {
-    auth.issuers
-        .iter()
-        .filter_map(|i| match &i.jwks {
-            Jwks::Remote(r) => Some(r.uri.as_str()),
-            Jwks::Inline(_) => None,
-        })
-        .filter_map(|uri| Some((jwks_cluster_name(uri)?, parse_url(uri).ok()?)))
-        .map(|(name, url)| {
-            let ip = url.host.parse::<IpAddr>().ok();
-            let endpoint = LbEndpoint {
-                host_identifier: Some(HostIdentifier::Endpoint(Endpoint {
-                    address: Some(Address {
-                        address: Some(address::Address::SocketAddress(SocketAddress {
-                            address: url.host.clone(),
-                            port_specifier: Some(PortSpecifier::PortValue(u32::from(url.port))),
-                            ..Default::default()
-                        })),
-                    }),
-                    ..Default::default()
-                })),
-                ..Default::default()
-            };
-            let transport_socket = url.tls.then(|| TransportSocket {
-                name: "envoy.transport_sockets.tls".to_string(),
-                config_type: Some(transport_socket::ConfigType::TypedConfig(to_any(
-                    &UpstreamTlsContext {
-                        sni: url.host.clone(),
-                        common_tls_context: Some(CommonTlsContext {
-                            validation_context_type: Some(
-                                ValidationContextType::ValidationContext(
-                                    CertificateValidationContext {
-                                        trusted_ca: Some(DataSource {
-                                            specifier: Some(data_source::Specifier::Filename(
-                                                SYSTEM_CA_FILE.to_string(),
-                                            )),
-                                            ..Default::default()
-                                        }),
-                                        ..Default::default()
-                                    },
-                                ),
-                            ),
-                            ..Default::default()
-                        }),
-                        ..Default::default()
-                    },
-                ))),
-            });
-            let cluster = Cluster {
-                name: name.clone(),
-                // An address needs no resolver; a name is resolved by Envoy, and again as
-                // its records say.
-                cluster_discovery_type: Some(ClusterDiscoveryType::Type(if ip.is_some() {
-                    DiscoveryType::Static as i32
-                } else {
-                    DiscoveryType::StrictDns as i32
-                })),
-                connect_timeout: Some(millis(2000)),
-                load_assignment: Some(ClusterLoadAssignment {
-                    cluster_name: name.clone(),
-                    endpoints: vec![LocalityLbEndpoints {
-                        lb_endpoints: vec![endpoint],
-                        ..Default::default()
-                    }],
-                    ..Default::default()
-                }),
-                transport_socket,
-                ..Default::default()
-            };
-            (name, cluster)
-        })
-        .collect()
 }
 
 /// The Protected Resource Metadata routes: the gateway's own document at
@@ -341,48 +231,54 @@ mod tests {
         .expect("valid")
     }
 
-    #[test]
-    fn a_remote_jwks_gets_a_cluster_and_a_provider_that_verifies_without_refusing() {
-        let auth = config(
-            serde_json::json!({"remote": {"uri": "https://idp.example.com/jwks", "cache_secs": 2}}),
-        );
-        let any = jwt_extension_config(Some(&auth));
+    fn decode(any: Any) -> JwtAuthentication {
         let tec = TypedExtensionConfig::decode(any.value.as_slice()).expect("decodes");
         assert_eq!(tec.name, JWT_CONFIG_NAME);
         let typed = tec.typed_config.expect("typed");
         assert_eq!(typed.type_url, JWT_TYPE_URL);
-        let jwt = JwtAuthentication::decode(typed.value.as_slice()).expect("decodes");
+        JwtAuthentication::decode(typed.value.as_slice()).expect("decodes")
+    }
+
+    fn inline_set(p: &JwtProvider) -> &str {
+        let Some(JwksSourceSpecifier::LocalJwks(DataSource {
+            specifier: Some(data_source::Specifier::InlineString(set)),
+            ..
+        })) = &p.jwks_source_specifier
+        else {
+            panic!("inline keys")
+        };
+        set
+    }
+
+    #[test]
+    fn a_remote_jwks_is_delivered_inline_once_fetched_and_verified_tokens_are_cached() {
+        let uri = "https://idp.example.com/jwks";
+        let auth = config(serde_json::json!({"remote": {"uri": uri, "cache_secs": 2}}));
+        // Not tried yet: Envoy keeps what it holds.
+        assert!(jwt_extension_config(Some(&auth), &FetchedKeys::default()).is_none());
+        // Tried and failed: no keys, its tokens refused.
+        let failed = FetchedKeys {
+            tried: [uri.to_string()].into(),
+            ..Default::default()
+        };
+        let none = decode(jwt_extension_config(Some(&auth), &failed).expect("built"));
+        assert_eq!(inline_set(&none.providers["issuer-0"]), NO_KEYS);
+        let fetched = FetchedKeys {
+            sets: [(
+                uri.to_string(),
+                std::sync::Arc::from(r#"{"keys":[{"kid":"k1"}]}"#),
+            )]
+            .into(),
+            tried: [uri.to_string()].into(),
+        };
+        let jwt = decode(jwt_extension_config(Some(&auth), &fetched).expect("built"));
         let p = &jwt.providers["issuer-0"];
+        assert_eq!(inline_set(p), r#"{"keys":[{"kid":"k1"}]}"#);
         assert!(!p.forward);
         assert_eq!(p.forward_payload_header, PAYLOAD_HEADER);
-        let Some(JwksSourceSpecifier::RemoteJwks(r)) = &p.jwks_source_specifier else {
-            panic!("remote")
-        };
-        let uri = r.http_uri.as_ref().expect("uri");
-        assert_eq!(
-            uri.http_upstream_type,
-            Some(http_uri::HttpUpstreamType::Cluster(
-                "toolgate-jwks.https.idp.example.com.443".into()
-            ))
-        );
-        assert_eq!(r.cache_duration, Some(millis(2000)));
-        assert!(matches!(
-            jwt.rules[0].requirement_type,
-            Some(RequirementType::Requires(JwtRequirement {
-                requires_type: Some(RequiresType::AllowMissingOrFailed(_))
-            }))
-        ));
-        assert!(
-            p.jwt_cache_config.is_none(),
-            "a withdrawn key must stop verifying at once"
-        );
-        // With the token cache asked for, the providers are named (Envoy's cache needs it).
-        let cached = AuthConfig {
-            cache_verified_tokens: true,
-            ..auth.clone()
-        };
-        let jwt = jwt_authentication(&cached);
-        assert!(jwt.providers["issuer-0"].jwt_cache_config.is_some());
+        // The token cache is on by default, with the providers named (Envoy's cache needs it)
+        // and none refusing by itself.
+        assert!(p.jwt_cache_config.is_some());
         let Some(RequirementType::Requires(JwtRequirement {
             requires_type: Some(RequiresType::RequiresAny(any)),
         })) = &jwt.rules[0].requirement_type
@@ -397,28 +293,40 @@ mod tests {
             any.requirements[1].requires_type,
             Some(RequiresType::AllowMissingOrFailed(_))
         ));
-        let clusters = jwks_clusters(&auth);
-        let c = &clusters["toolgate-jwks.https.idp.example.com.443"];
+        // Turned off: every token's signature is checked.
+        let uncached = AuthConfig {
+            cache_verified_tokens: false,
+            ..auth.clone()
+        };
+        let jwt = jwt_authentication(&uncached, &fetched);
+        assert!(jwt.providers["issuer-0"].jwt_cache_config.is_none());
+        assert!(matches!(
+            jwt.rules[0].requirement_type,
+            Some(RequirementType::Requires(JwtRequirement {
+                requires_type: Some(RequiresType::AllowMissingOrFailed(_))
+            }))
+        ));
+        // Same keys, same bytes: the cache Envoy holds stays warm.
         assert_eq!(
-            c.cluster_discovery_type,
-            Some(ClusterDiscoveryType::Type(DiscoveryType::StrictDns as i32))
+            jwt_extension_config(Some(&auth), &fetched),
+            jwt_extension_config(Some(&auth), &fetched.clone())
         );
-        assert!(c.transport_socket.is_some());
     }
 
     #[test]
     fn without_a_configuration_jwt_authn_does_nothing() {
-        let any = jwt_extension_config(None);
-        let tec = TypedExtensionConfig::decode(any.value.as_slice()).expect("decodes");
-        let jwt = JwtAuthentication::decode(tec.typed_config.expect("typed").value.as_slice())
-            .expect("decodes");
+        let jwt = decode(jwt_extension_config(None, &FetchedKeys::default()).expect("built"));
         assert!(jwt.providers.is_empty() && jwt.rules.is_empty());
     }
 
     #[test]
     fn every_service_and_virtual_server_has_its_metadata_document() {
         let auth = config(serde_json::json!({"inline": {"keys": [{"kty": "EC"}]}}));
-        assert!(jwks_clusters(&auth).is_empty());
+        let jwt = jwt_authentication(&auth, &FetchedKeys::default());
+        assert_eq!(
+            inline_set(&jwt.providers["issuer-0"]),
+            r#"{"keys":[{"kty":"EC"}]}"#
+        );
         let mut snapshot = RoutingSnapshot::empty();
         snapshot.services.insert(
             "orders".into(),

@@ -19,7 +19,7 @@ use super::any::to_any;
 use super::resources::{self, ResourceOptions, ResourceType};
 use super::route_table::{self, EncodedRoutes};
 use crate::bootstrap::RouteTable;
-use crate::routing::{ControlMembers, RoutingSnapshot, ServiceRoute, ServiceRoutes};
+use crate::routing::{ControlMembers, FetchedKeys, RoutingSnapshot, ServiceRoute, ServiceRoutes};
 
 /// The traces one version keeps, the oldest changes' first: each costs an `xds.push` span per
 /// Envoy that gets the version, and a burst of skipped snapshots holds up to 16 traces each.
@@ -178,9 +178,11 @@ pub struct SnapshotCache {
     services: Option<(ServiceRoutes, Arc<str>)>,
     /// The virtual servers of the last applied snapshot (each has its route).
     virtual_servers: Vec<String>,
-    /// The auth configuration of the last applied snapshot (`jwt_authn`, JWKS clusters and
-    /// metadata routes are made from it).
+    /// The auth configuration of the last applied snapshot (`jwt_authn` and the metadata
+    /// routes are made from it).
     auth: Option<Arc<toolgate_model::auth::AuthConfig>>,
+    /// The fetched keys of the last applied snapshot (in `jwt_authn`'s configuration).
+    jwks: Option<Arc<FetchedKeys>>,
     /// The default timeout of the last applied snapshot (the shared routes wait it).
     default_timeout_ms: Option<u64>,
     /// The control cluster's members of the last applied snapshot.
@@ -255,6 +257,7 @@ impl SnapshotCache {
         self.services = Some((snapshot.services.clone(), snapshot.filter_config.clone()));
         self.virtual_servers.clone_from(&snapshot.virtual_servers);
         self.auth.clone_from(&snapshot.auth);
+        self.jwks = Some(Arc::clone(&snapshot.jwks));
         self.default_timeout_ms = Some(snapshot.default_timeout_ms);
         self.control = Some(Arc::clone(&snapshot.control));
         self.current = Some(Arc::new(CacheSnapshot {
@@ -287,18 +290,6 @@ impl SnapshotCache {
         let auth_changed = first || self.auth != snapshot.auth;
         let mut route_table_changed =
             first || auth_changed || self.virtual_servers != snapshot.virtual_servers;
-        if auth_changed {
-            let old = self.auth.as_deref().map(super::auth::jwks_clusters);
-            let new = snapshot.auth.as_deref().map(super::auth::jwks_clusters);
-            for name in old.iter().flat_map(|o| o.keys()) {
-                if !new.as_ref().is_some_and(|n| n.contains_key(name)) {
-                    clusters.remove(name);
-                }
-            }
-            for (name, cluster) in new.iter().flatten() {
-                clusters.put(name.clone(), cluster);
-            }
-        }
         let mut encoded_routes = self.encoded_routes.clone();
         for change in diff(previous_routes, &snapshot.services) {
             match change {
@@ -362,11 +353,17 @@ impl SnapshotCache {
                 super::ecds::extension_config(&snapshot.filter_config),
             );
         }
-        if auth_changed {
-            extension.put_any(
-                super::auth::JWT_CONFIG_NAME.to_string(),
-                super::auth::jwt_extension_config(snapshot.auth.as_deref()),
-            );
+        let keys_changed = self
+            .jwks
+            .as_ref()
+            .is_none_or(|k| !Arc::ptr_eq(k, &snapshot.jwks) && **k != *snapshot.jwks);
+        if auth_changed || keys_changed {
+            // Held back (the previous one stays) while a JWKS is still being fetched.
+            if let Some(jwt) =
+                super::auth::jwt_extension_config(snapshot.auth.as_deref(), &snapshot.jwks)
+            {
+                extension.put_any(super::auth::JWT_CONFIG_NAME.to_string(), jwt);
+            }
         }
         let types = BTreeMap::from([
             (ResourceType::Cluster, clusters.finish()),
@@ -784,6 +781,7 @@ mod tests {
             max_body_bytes: 1024 * 1024,
             default_timeout_ms: 60_000,
             auth: None,
+            jwks: Default::default(),
             control: Default::default(),
         }
     }

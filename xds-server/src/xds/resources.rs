@@ -189,23 +189,14 @@ pub(crate) fn build(snapshot: &RoutingSnapshot) -> BTreeMap<ResourceType, NamedR
         SHARED_ROUTE_CONFIG_NAME.to_string(),
         Arc::new(to_any(&shared_route_configuration(snapshot))),
     );
-    for (name, cluster) in snapshot
-        .auth
-        .as_deref()
-        .map(super::auth::jwks_clusters)
-        .unwrap_or_default()
-    {
-        clusters.insert(name, Arc::new(to_any(&cluster)));
-    }
     let mut extension = NamedResources::new();
     extension.insert(
         super::ecds::FILTER_CONFIG_NAME.to_string(),
         Arc::new(super::ecds::extension_config(&snapshot.filter_config)),
     );
-    extension.insert(
-        super::auth::JWT_CONFIG_NAME.to_string(),
-        Arc::new(super::auth::jwt_extension_config(snapshot.auth.as_deref())),
-    );
+    if let Some(jwt) = super::auth::jwt_extension_config(snapshot.auth.as_deref(), &snapshot.jwks) {
+        extension.insert(super::auth::JWT_CONFIG_NAME.to_string(), Arc::new(jwt));
+    }
     BTreeMap::from([
         (ResourceType::Cluster, clusters),
         (ResourceType::Endpoint, assignments),
@@ -893,6 +884,7 @@ mod tests {
             max_body_bytes: 1024 * 1024,
             default_timeout_ms: 60_000,
             auth: None,
+            jwks: Default::default(),
             control: Default::default(),
         }
     }

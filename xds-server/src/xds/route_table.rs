@@ -132,6 +132,7 @@ mod tests {
             max_body_bytes: 4096,
             default_timeout_ms: 60_000,
             auth: None,
+            jwks: Default::default(),
             control: Default::default(),
         }
     }

@@ -620,6 +620,7 @@ pub(super) mod tests {
             max_body_bytes: 1024 * 1024,
             default_timeout_ms: 60_000,
             auth: None,
+            jwks: Default::default(),
             control: Default::default(),
         }
     }
