@@ -2,7 +2,8 @@
 
 usage: server.py PORT [--stateless] [--json-response] [--no-health] [--notes] [--legacy-only]
                       [--session-idle-timeout SECONDS] [--max-sessions N] [--gzip]
-                      [--any-method] [--links] [--mrtr]
+                      [--any-method] [--links] [--mrtr] [--require-authorization VALUE]
+                      [--require-bearer-jwt-aud AUD]
 
 It is the server a hostile client would aim at: pydantic's JSON reader is lenient (duplicate keys,
 the last one wins; NaN and Infinity accepted), so whatever the gateway lets through, this server
@@ -35,11 +36,26 @@ rejects an altered one), and that round answers "(... after input_required)". Ea
 call of the tool, counted, so a test sees two. On earlier revisions it asks with an
 `elicitation/create` request during the call, one call, and answers "(... after
 elicitation/create)". A declined or missing answer gives an `isError` result.
+
+What credentials reach it, for a gateway that adds, swaps or strips them: every request to the
+MCP endpoint (`/mcp`, any method) has its `Authorization` header recorded, and `GET /calls` has
+`"authorizations"`, each distinct value (literal; several header lines joined by ", "; "" for
+none) with the number of requests that carried it. Of the `Bearer` credentials that are JWTs,
+whose payloads it reads without verifying them, `"bearer_subjects"` maps each `sub` ("" for
+none) to the distinct `aud` values (as sent: a string or a list) seen with it, and
+`"bearer_tokens"` counts the distinct token strings (a gateway reusing one exchanged token, or
+getting one per call). `--require-authorization VALUE` answers HTTP 401 to an MCP request whose
+`Authorization` is not exactly VALUE, and `--require-bearer-jwt-aud AUD` to one without a
+`Bearer` JWT whose `aud` is AUD or a list holding it: the request is not executed (`/health` and
+`/calls` stay open).
 """
 
 import argparse
 import asyncio
+import base64
+import binascii
 import collections
+import json
 
 import uvicorn
 from starlette.requests import Request
@@ -146,9 +162,26 @@ async def ask_colour(ctx: Context, who: str = "you") -> str | InputRequiredResul
     return f"favourite colour of {who}: {content['answer']} (after input_required)"
 
 
+# The MCP endpoint's path (the SDK's default, passed to it explicitly).
+MCP_PATH = "/mcp"
+
+# The `Authorization` values requests to the MCP endpoint carried ("" for none), counted.
+AUTHORIZATIONS: collections.Counter = collections.Counter()
+# Of the Bearer JWTs among them: the `aud` values seen for each `sub`, and the tokens.
+BEARER_SUBJECTS: dict[str, list] = {}
+BEARER_TOKENS: set[str] = set()
+
+
 @server.custom_route("/calls", methods=["GET"])
 async def calls(_: Request) -> JSONResponse:
-    return JSONResponse(dict(CALLS))
+    return JSONResponse(
+        {
+            **CALLS,
+            "authorizations": dict(AUTHORIZATIONS),
+            "bearer_subjects": BEARER_SUBJECTS,
+            "bearer_tokens": len(BEARER_TOKENS),
+        }
+    )
 
 
 # What each MCP session keeps, by its session id (`--notes`).
@@ -227,6 +260,75 @@ class LegacyOnly:
         return await self.app(scope, receive, send)
 
 
+def bearer_jwt_claims(authorization: str) -> tuple[str, dict] | None:
+    """The token and payload of `Bearer <JWT>`, the payload unverified (the gateway is what
+    verifies: this server only reports what it was sent); None if it is anything else."""
+    scheme, _, token = authorization.partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or token.count(".") != 2:
+        return None
+    part = token.split(".")[1]
+    try:
+        payload = json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
+    except (binascii.Error, ValueError):
+        return None
+    return (token, payload) if isinstance(payload, dict) else None
+
+
+class Credentials:
+    """Records the `Authorization` of every request to the MCP endpoint, then refuses it with
+    HTTP 401, unexecuted, if it is not the one required (`--require-authorization`) or not a
+    Bearer JWT for the required audience (`--require-bearer-jwt-aud`). Outermost, so that
+    nothing of a refused request runs."""
+
+    def __init__(self, app, required: str | None, audience: str | None):
+        self.app = app
+        self.required = required
+        self.audience = audience
+
+    async def __call__(self, scope, receive, send):
+        path = scope.get("path", "")
+        if scope["type"] != "http" or not (path == MCP_PATH or path.startswith(MCP_PATH + "/")):
+            return await self.app(scope, receive, send)
+        # Header bytes as sent (latin-1 maps each byte to one character).
+        values = [v.decode("latin-1") for k, v in scope["headers"] if k.lower() == b"authorization"]
+        authorization = ", ".join(values)
+        AUTHORIZATIONS[authorization] += 1
+        bearer = bearer_jwt_claims(authorization) if len(values) == 1 else None
+        if bearer is not None:
+            token, claims = bearer
+            BEARER_TOKENS.add(token)
+            sub = claims.get("sub")
+            seen = BEARER_SUBJECTS.setdefault(sub if isinstance(sub, str) else "", [])
+            if claims.get("aud") not in seen:
+                seen.append(claims.get("aud"))
+
+        refusal = None
+        if self.required is not None and (len(values) != 1 or values[0] != self.required):
+            refusal = "missing or wrong Authorization"
+        elif self.audience is not None:
+            aud = bearer[1].get("aud") if bearer is not None else None
+            if bearer is None:
+                refusal = "no Bearer JWT"
+            elif not (aud == self.audience or (isinstance(aud, list) and self.audience in aud)):
+                refusal = f"the token's aud is not {self.audience}"
+        if refusal is None:
+            return await self.app(scope, receive, send)
+        body = json.dumps({"error": "unauthorized", "error_description": refusal}).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"www-authenticate", b"Bearer"),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
 # Registered in main(), not by decorator, so that --no-health can leave it out.
 async def health(_: Request) -> PlainTextResponse:
     return PlainTextResponse("ok")
@@ -261,6 +363,8 @@ def main() -> None:
     parser.add_argument("--any-method", action="store_true")
     parser.add_argument("--links", action="store_true")
     parser.add_argument("--mrtr", action="store_true")
+    parser.add_argument("--require-authorization", metavar="VALUE", default=None)
+    parser.add_argument("--require-bearer-jwt-aud", metavar="AUD", default=None)
     args = parser.parse_args()
     if not args.no_health:
         server.custom_route("/health", methods=["GET"])(health)
@@ -277,6 +381,7 @@ def main() -> None:
     if args.max_sessions is not None:
         options["max_sessions"] = args.max_sessions
     app = server.streamable_http_app(
+        streamable_http_path=MCP_PATH,
         stateless_http=args.stateless,
         json_response=args.json_response,
         # Behind the gateway the Host header is Envoy's listener, not this server's address.
@@ -292,6 +397,7 @@ def main() -> None:
         app = GZipMiddleware(app, minimum_size=0)
     if args.any_method:
         app = any_method_as_post(app)
+    app = Credentials(app, args.require_authorization, args.require_bearer_jwt_aud)
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
 
 

@@ -8,13 +8,20 @@
 //! port (a JWKS endpoint that is down), keys can be published and withdrawn (rotation), and
 //! it counts the fetches it answered.
 //!
+//! Beside the JWKS, the same server has a token endpoint ([`TOKEN_PATH`]) that does OAuth 2.0
+//! Token Exchange (RFC 8693) and nothing else: a gateway that trades a client's token for one
+//! aimed at an upstream (its audience) is tested against it. Clients are registered by the
+//! test; the endpoint refuses targets the test names, and counts what it issued and refused.
+//!
 //! ```ignore
 //! let issuer = Issuer::start().await;
 //! let token = issuer.token().sub("alice").aud("http://127.0.0.1:1/mcp").roles(["reader"]).sign();
 //! let expired = issuer.token().sub("alice").aud("http://127.0.0.1:1/mcp").expired().sign();
+//! issuer.register_client("toolgate-gateway", "s3cret");
+//! issuer.refuse_target("http://127.0.0.1:2/mcp"); // an exchange for it: invalid_target
 //! ```
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -23,7 +30,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::Router;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
@@ -32,8 +39,31 @@ use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde_json::{json, Map, Value};
 use tokio::sync::oneshot;
 
+mod exchange;
+
 /// The path the JWKS is served at.
 pub const JWKS_PATH: &str = "/jwks.json";
+
+/// The path of the token endpoint (token exchange only).
+pub const TOKEN_PATH: &str = "/token";
+
+/// The `grant_type` of RFC 8693, the only one the token endpoint grants.
+pub const TOKEN_EXCHANGE_GRANT: &str = "urn:ietf:params:oauth:grant-type:token-exchange";
+
+/// RFC 8693's token type of an access token: what the endpoint issues, and a subject token
+/// type it takes.
+pub const ACCESS_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:access_token";
+
+/// RFC 8693's token type of a JWT: the other subject token type the endpoint takes (every
+/// token it can verify is one).
+pub const JWT_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:jwt";
+
+/// The realm of the token endpoint's `WWW-Authenticate` challenge.
+pub const CLIENT_REALM: &str = "toolgate-dev-issuer";
+
+/// How long an exchanged token lives unless [`Issuer::set_exchange_lifetime`] says otherwise
+/// (and never past its subject token).
+pub const DEFAULT_EXCHANGE_LIFETIME: Duration = Duration::from_secs(300);
 
 /// An `iss` no test issuer uses (for [`TokenBuilder::wrong_issuer`]).
 pub const WRONG_ISSUER: &str = "https://wrong-issuer.invalid";
@@ -143,12 +173,28 @@ impl SigningKey {
     }
 }
 
-/// What the JWKS handler reads; shared with the server thread.
+/// What the handlers read; shared with the server thread.
 struct Shared {
-    /// The keys the JWKS publishes, in publication order.
+    /// The keys the JWKS publishes, in publication order. A subject token must verify
+    /// against one of them: what a gateway would trust is what the exchange trusts.
     published: Mutex<Vec<Arc<SigningKey>>>,
     /// Requests answered at [`JWKS_PATH`].
     fetches: AtomicU64,
+    /// `iss` of every token, the subject tokens' included.
+    issuer: String,
+    /// Signs exchanged tokens: the primary RS256 key, which stays in the JWKS unless a test
+    /// withdraws it, so a gateway verifying with the JWKS accepts them.
+    exchange_key: Arc<SigningKey>,
+    /// Registered clients, secret by id.
+    clients: Mutex<HashMap<String, String>>,
+    /// Audiences and resources the token endpoint will not issue tokens for.
+    refused_targets: Mutex<HashSet<String>>,
+    /// The longest an exchanged token lives, in seconds.
+    exchange_lifetime: AtomicU64,
+    /// Tokens issued at [`TOKEN_PATH`].
+    exchanges: AtomicU64,
+    /// Error answers at [`TOKEN_PATH`], whatever the error.
+    exchange_refusals: AtomicU64,
 }
 
 impl Shared {
@@ -193,10 +239,6 @@ impl Issuer {
         .await
         .expect("generating the issuer's keys");
         let (rsa, ec) = (Arc::new(rsa), Arc::new(ec));
-        let shared = Arc::new(Shared {
-            published: Mutex::new(vec![rsa.clone(), ec.clone()]),
-            fetches: AtomicU64::new(0),
-        });
 
         let (handle_tx, handle_rx) = oneshot::channel();
         let (thread_stop, thread_stop_rx) = oneshot::channel::<()>();
@@ -228,6 +270,17 @@ impl Issuer {
             }
         }
         let listener = listener.expect("binding the issuer's JWKS port");
+        let shared = Arc::new(Shared {
+            published: Mutex::new(vec![rsa.clone(), ec.clone()]),
+            fetches: AtomicU64::new(0),
+            issuer: format!("http://127.0.0.1:{port}"),
+            exchange_key: rsa.clone(),
+            clients: Mutex::new(HashMap::new()),
+            refused_targets: Mutex::new(HashSet::new()),
+            exchange_lifetime: AtomicU64::new(DEFAULT_EXCHANGE_LIFETIME.as_secs()),
+            exchanges: AtomicU64::new(0),
+            exchange_refusals: AtomicU64::new(0),
+        });
 
         let primary = HashMap::from([(Alg::Rs256, rsa.clone()), (Alg::Es256, ec.clone())]);
         let keys = HashMap::from([(rsa.kid.clone(), rsa.clone()), (ec.kid.clone(), ec.clone())]);
@@ -248,12 +301,51 @@ impl Issuer {
 
     /// `http://127.0.0.1:<port>`: the `iss` claim of the tokens.
     pub fn issuer(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        self.shared.issuer.clone()
     }
 
     /// `http://127.0.0.1:<port>/jwks.json`.
     pub fn jwks_uri(&self) -> String {
         format!("{}{}", self.issuer(), JWKS_PATH)
+    }
+
+    /// `http://127.0.0.1:<port>/token`: where a client exchanges a token (RFC 8693).
+    pub fn token_endpoint(&self) -> String {
+        format!("{}{}", self.issuer(), TOKEN_PATH)
+    }
+
+    /// Lets a client authenticate at the token endpoint with this id and secret
+    /// (`client_secret_basic` or `client_secret_post`); registering an id again replaces its
+    /// secret.
+    pub fn register_client(&self, id: impl Into<String>, secret: impl Into<String>) {
+        lock(&self.shared.clients).insert(id.into(), secret.into());
+    }
+
+    /// Makes an exchange asking for `target` as its `audience` or `resource` fail with
+    /// `invalid_target`, as an authorization server does for a service it does not know or
+    /// will not let the client reach.
+    pub fn refuse_target(&self, target: impl Into<String>) {
+        lock(&self.shared.refused_targets).insert(target.into());
+    }
+
+    /// The longest an exchanged token lives ([`DEFAULT_EXCHANGE_LIFETIME`] unless set): a
+    /// short one lets a test watch a gateway exchange again once it expired. An exchanged
+    /// token never outlives its subject token, whatever this says.
+    pub fn set_exchange_lifetime(&self, lifetime: Duration) {
+        self.shared
+            .exchange_lifetime
+            .store(lifetime.as_secs(), Ordering::SeqCst);
+    }
+
+    /// Tokens the token endpoint issued so far.
+    pub fn exchanges(&self) -> u64 {
+        self.shared.exchanges.load(Ordering::SeqCst)
+    }
+
+    /// Error answers of the token endpoint so far (any error: a client's, a grant's, a
+    /// target's).
+    pub fn exchange_refusals(&self) -> u64 {
+        self.shared.exchange_refusals.load(Ordering::SeqCst)
     }
 
     /// toolgate-xds's auth configuration (`PUT /v1/auth/config`) trusting this issuer, its
@@ -334,8 +426,9 @@ impl Issuer {
         lock(&self.server).is_some()
     }
 
-    /// Stops the JWKS server: the port refuses connections and idle keep-alive connections
-    /// are closed (a request in flight is answered first). No-op if already stopped.
+    /// Stops the JWKS server (and the token endpoint with it): the port refuses connections
+    /// and idle keep-alive connections are closed (a request in flight is answered first).
+    /// No-op if already stopped.
     pub async fn stop(&self) {
         let running = lock(&self.server).take();
         if let Some((stop, task)) = running {
@@ -370,6 +463,7 @@ impl Issuer {
         let (stop, stop_rx) = oneshot::channel::<()>();
         let app = Router::new()
             .route(JWKS_PATH, get(jwks_handler))
+            .route(TOKEN_PATH, post(exchange::token_handler))
             .with_state(self.shared.clone());
         let task = self.runtime.spawn(async move {
             let _ = axum::serve(listener, app)

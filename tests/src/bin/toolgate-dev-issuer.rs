@@ -3,6 +3,8 @@
 //! asked). It serves a JWKS on 127.0.0.1, turns the gateway's auth on through toolgate-xds's
 //! admin API (every service requires a token; `finance`'s `tax_calc` is for role
 //! `accountant` alone), prints tokens to try, and serves until Ctrl-C, then turns auth off.
+//! Its token endpoint exchanges tokens (RFC 8693) for one client, `toolgate-gateway`, whose
+//! secret it writes to a file for the gateway to read.
 
 use std::time::Duration;
 
@@ -23,7 +25,14 @@ struct Args {
     /// The gateway's public base URL: the resource tokens are issued for.
     #[arg(long, default_value = "http://127.0.0.1:10000")]
     gateway: String,
+    /// Where to write the secret of the token endpoint's client `toolgate-gateway`, fresh at
+    /// every start [default: dev-issuer-client-secret beside the admin token file].
+    #[arg(long)]
+    client_secret_file: Option<std::path::PathBuf>,
 }
+
+/// The client the demo's gateway exchanges tokens as.
+const CLIENT_ID: &str = "toolgate-gateway";
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -32,6 +41,17 @@ async fn main() -> anyhow::Result<()> {
         .with_context(|| format!("reading {}", args.admin_token_file.display()))?;
     let token = token.trim();
     let issuer = Issuer::start().await;
+    let secret_file = args.client_secret_file.clone().unwrap_or_else(|| {
+        let dir = args
+            .admin_token_file
+            .parent()
+            .unwrap_or(std::path::Path::new(""));
+        dir.join("dev-issuer-client-secret")
+    });
+    let secret = format!("{:032x}", rand::random::<u128>());
+    write_secret(&secret_file, &secret)
+        .with_context(|| format!("writing {}", secret_file.display()))?;
+    issuer.register_client(CLIENT_ID, &secret);
     let gateway = args.gateway.trim_end_matches('/');
     let http = reqwest::Client::new();
     let put = |path: &str, body: serde_json::Value| {
@@ -76,7 +96,8 @@ async fn main() -> anyhow::Result<()> {
         .expires_in(week)
         .sign();
     println!(
-        "issuer {} (JWKS {}); auth is on for every service of {gateway}.\n\n\
+        "issuer {} (JWKS {}); auth is on for every service of {gateway}.\n\
+         Token exchange (RFC 8693) at {}: client {CLIENT_ID}, its secret in {}.\n\n\
          No token: 401 naming the metadata\n  \
          curl -si {gateway}/mcp/finance -d '{{}}' | grep -i www-authenticate\n  \
          curl -s {gateway}/.well-known/oauth-protected-resource/mcp/finance\n\n\
@@ -89,7 +110,9 @@ async fn main() -> anyhow::Result<()> {
          scripts/mcp-call.sh {gateway}/mcp/finance tax_calc '{{\"amount\":100,\"region\":\"de\"}}'\n\n\
          Ctrl-C turns auth off again.",
         issuer.issuer(),
-        issuer.jwks_uri()
+        issuer.jwks_uri(),
+        issuer.token_endpoint(),
+        secret_file.display()
     );
     tokio::signal::ctrl_c().await?;
     for path in ["/v1/auth/rules/finance", "/v1/auth/config"] {
@@ -101,4 +124,20 @@ async fn main() -> anyhow::Result<()> {
     }
     println!("auth is off again");
     Ok(())
+}
+
+/// Writes the client secret readable by its owner alone (it lets anyone who has it mint
+/// tokens for the gateway's upstreams).
+fn write_secret(path: &std::path::Path, secret: &str) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    // A file left by an earlier run keeps its mode: set it.
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    file.write_all(secret.as_bytes())
 }
