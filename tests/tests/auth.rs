@@ -303,6 +303,43 @@ async fn tokens_are_verified_by_envoy_and_refused_callers_never_reach_the_server
         "{without}"
     );
 
+    // A second issuer whose JWKS cannot be fetched: Envoy takes the configuration with an
+    // empty key set for it (no rejection), and the first issuer's tokens still verify.
+    let mut two = auth_config(&base, &issuer);
+    two["issuers"]
+        .as_array_mut()
+        .expect("issuers")
+        .push(json!({"issuer": "https://down.invalid",
+                     "jwks": {"remote": {"uri": "http://127.0.0.1:1/jwks.json", "timeout_ms": 200}}}));
+    let (status, body) = gw.admin(Method::PUT, "/v1/auth/config", Some(&two)).await;
+    assert!(status.is_success(), "{status}: {body}");
+    wait_until(
+        "Envoy applies a configuration with an issuer that has no keys",
+        Duration::from_secs(20),
+        || async {
+            reqwest::get(format!("{}/config_dump", gw.envoy.admin_url()))
+                .await
+                .expect("config_dump")
+                .text()
+                .await
+                .expect("text")
+                .contains("https://down.invalid")
+        },
+    )
+    .await;
+    assert_eq!(
+        call(&url, Some(&token), "read_order").await.status,
+        StatusCode::OK
+    );
+    assert!(
+        gw.xds
+            .metrics_text()
+            .await
+            .lines()
+            .any(|l| l == "toolgate_jwks_failing 1"),
+        "the failing JWKS is counted"
+    );
+
     // Turned off again: open as before.
     let (status, _) = gw.admin(Method::DELETE, "/v1/auth/config", None).await;
     assert!(status.is_success());

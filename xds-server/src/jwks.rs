@@ -62,6 +62,7 @@ pub async fn run(
             auth = latest;
             reconcile(&mut sources, auth.as_deref(), Instant::now());
             publish(&registry, &publisher, &sources);
+            metrics.jwks_failing.set(failing(&sources));
         }
         let next = sources.values().map(|s| s.due).min();
         tokio::select! {
@@ -95,13 +96,15 @@ pub async fn run(
             };
             changed |= source.settle(&uri, result, &metrics);
         }
-        metrics
-            .jwks_failing
-            .set(sources.values().filter(|s| s.failing.is_some()).count() as i64);
+        metrics.jwks_failing.set(failing(&sources));
         if changed {
             publish(&registry, &publisher, &sources);
         }
     }
+}
+
+fn failing(sources: &BTreeMap<String, Source>) -> i64 {
+    sources.values().filter(|s| s.failing.is_some()).count() as i64
 }
 
 async fn sleep_until(at: Option<Instant>) {
@@ -189,7 +192,11 @@ impl Source {
                 if self.keys.as_deref() == Some(&*text) {
                     return first;
                 }
-                info!(%uri, kids = ?kids(&set), "JWKS keys changed: Envoy verifies with these now");
+                if kids(&set).is_empty() {
+                    warn!(%uri, "the JWKS holds no key now: tokens of its issuers are refused");
+                } else {
+                    info!(%uri, kids = ?kids(&set), "JWKS keys changed: Envoy verifies with these now");
+                }
                 self.keys = Some(text);
                 true
             }
@@ -237,7 +244,8 @@ async fn fetch(client: &IdpClient, remote: &RemoteJwks) -> Result<Value, String>
 
 /// A JWKS as RFC 7517 §5 has it: an object whose `keys` is an array of key objects. Envoy
 /// checks each key further (and skips those it cannot use); an answer that is no JWKS at
-/// all is a failed fetch, so the last good set stays.
+/// all is a failed fetch, so the last good set stays. An empty set is a set: a provider that
+/// withdrew every key wants its tokens refused, not the old keys kept.
 pub fn parse_set(body: &[u8]) -> Result<Value, String> {
     let set: Value =
         serde_json::from_slice(body).map_err(|e| format!("the answer is not JSON: {e}"))?;
@@ -245,9 +253,6 @@ pub fn parse_set(body: &[u8]) -> Result<Value, String> {
         .get("keys")
         .and_then(Value::as_array)
         .ok_or("the answer is no JWKS: no `keys` array")?;
-    if keys.is_empty() {
-        return Err("the JWKS holds no key".to_string());
-    }
     if keys.len() > MAX_KEYS {
         return Err(format!(
             "the JWKS holds {} keys (at most {MAX_KEYS})",
@@ -302,10 +307,11 @@ mod tests {
     #[test]
     fn a_set_must_be_a_jwks() {
         assert!(parse_set(br#"{"keys":[{"kty":"EC"}]}"#).is_ok());
+        // Every key withdrawn: applied, so their tokens stop verifying.
+        assert!(parse_set(br#"{"keys":[]}"#).is_ok());
         for (body, why) in [
             (&b"<html>"[..], "not JSON"),
             (br#"{"key":[]}"#, "no `keys`"),
-            (br#"{"keys":[]}"#, "no key"),
             (br#"{"keys":[1]}"#, "keys[0]"),
         ] {
             let e = parse_set(body).expect_err("refused");
