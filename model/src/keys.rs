@@ -26,6 +26,8 @@ pub enum AuthKey {
     Service(String),
     /// `<prefix>auth/virtual/<name>`
     Virtual(String),
+    /// `<prefix>auth/upstream/<service>`: the credential toward the service's servers.
+    Upstream(String),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -135,6 +137,10 @@ impl KeyLayout {
         format!("{}auth/virtual/{name}", self.prefix)
     }
 
+    pub fn auth_upstream_key(&self, service: &str) -> String {
+        format!("{}auth/upstream/{service}", self.prefix)
+    }
+
     /// What a key under `<prefix>auth/` holds.
     pub fn parse_auth_key(&self, key: &str) -> Result<AuthKey, KeyError> {
         let rest = key
@@ -154,6 +160,10 @@ impl KeyLayout {
         if let Some(name) = rest.strip_prefix("virtual/") {
             validate_name("virtual server", name).map_err(name_err)?;
             return Ok(AuthKey::Virtual(name.to_string()));
+        }
+        if let Some(service) = rest.strip_prefix("upstream/") {
+            validate_name("service", service).map_err(name_err)?;
+            return Ok(AuthKey::Upstream(service.to_string()));
         }
         Err(KeyError::Shape {
             key: key.to_string(),
@@ -275,6 +285,10 @@ mod tests {
         assert_eq!(
             k.parse_auth_key(&k.auth_virtual_key("ops")),
             Ok(AuthKey::Virtual("ops".into()))
+        );
+        assert_eq!(
+            k.parse_auth_key(&k.auth_upstream_key("orders")),
+            Ok(AuthKey::Upstream("orders".into()))
         );
         for bad in [
             "/mcp/auth/rules/",

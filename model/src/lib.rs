@@ -15,6 +15,7 @@ pub mod names;
 pub mod policy;
 pub mod session_loss;
 pub mod session_owner;
+pub mod upstream_auth;
 pub mod virtual_server;
 
 pub use backoff::Backoff;

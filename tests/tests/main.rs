@@ -41,5 +41,6 @@ mod stdio_bridge;
 mod tracing;
 mod typescript_sdk;
 mod upstream;
+mod upstream_credentials;
 mod upstream_sessions;
 mod virtual_servers;

@@ -24,13 +24,14 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::watch;
 use toolgate_probe::mcp::tools::ListLimits;
-use toolgate_probe::mcp::{McpClient, STATELESS_REVISION};
+use toolgate_probe::mcp::{ExtraHeader, McpClient, STATELESS_REVISION};
 use tracing::{info, warn};
 
 use crate::health::machine::State;
 use crate::registry::publish::Publisher;
 use crate::registry::Registry;
 use crate::routing::RoutingSnapshot;
+use crate::upstream_credentials::Credentials;
 
 /// The name the catalog builder gives itself in `clientInfo`.
 const CLIENT_NAME: &str = "toolgate-catalog";
@@ -251,7 +252,8 @@ struct Wanted {
 /// Keeps the catalog in step with the registry until the process ends: a pass on every state
 /// the registry publishes (`snapshots`), and one a second for the retries. What a read learns
 /// of a server's revision goes back to the registry (`Registry::set_legacy_revision`), and a
-/// change of it to the filters through `publisher`.
+/// change of it to the filters through `publisher`. A read carries the service's credential
+/// from `credentials`.
 pub async fn run(
     registry: Arc<RwLock<Registry>>,
     catalog: Arc<Catalog>,
@@ -259,6 +261,7 @@ pub async fn run(
     publisher: Publisher,
     http: reqwest::Client,
     timeout: Duration,
+    credentials: Credentials,
 ) {
     let mut every = tokio::time::interval(Duration::from_secs(1));
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -320,7 +323,8 @@ pub async fn run(
             }
         }
         for w in due {
-            let read = read_tools(&http, &w, timeout).await;
+            let header = ExtraHeader::of(credentials.header(&w.service));
+            let read = read_tools(&http, &w, timeout, header).await;
             let mut services = catalog.services.write().unwrap_or_else(|p| p.into_inner());
             // Read from an UP instance: serving, unless the registry said otherwise since (the
             // next pass corrects it).
@@ -554,14 +558,16 @@ async fn read_surface(client: &mut McpClient, warnings: &mut Vec<String>) -> Sur
 }
 
 /// Lists the tools of one instance and keeps the definitions of the registered ones, with
-/// what it offers besides tools.
+/// what it offers besides tools. Every request carries `header` (the service's credential).
 async fn read_tools(
     http: &reqwest::Client,
     w: &Wanted,
     timeout: Duration,
+    header: Option<ExtraHeader>,
 ) -> Result<(Vec<Value>, Surface, String, Vec<String>), String> {
     let mut client = McpClient::new(http.clone(), w.url.clone(), timeout, CLIENT_NAME)
         .offering(toolgate_probe::mcp::offered_for_listing());
+    client.set_header(header);
     let listed = client.list_tools(ListLimits::default()).await;
     let mut surface_warnings = Vec::new();
     let surface = if listed.is_ok() {

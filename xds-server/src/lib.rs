@@ -23,4 +23,5 @@ pub mod session_key;
 pub mod status;
 pub mod trace;
 pub mod upstream;
+pub mod upstream_credentials;
 pub mod xds;

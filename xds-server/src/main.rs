@@ -89,6 +89,10 @@ struct ServeArgs {
     /// The CA whose certificates Envoys must present on the ADS connection.
     #[arg(long, value_name = "PEM", requires = "xds_tls_cert")]
     xds_tls_client_ca: Option<PathBuf>,
+    /// How often the secrets the credentials toward servers reference
+    /// (`<prefix>auth/upstream/<service>`) are read again: a rotated file is in use within it.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    secret_refresh: Duration,
     /// The CAs (PEM) an `https://` identity provider's certificate is checked with when
     /// toolgate-xds fetches its JWKS (a private CA's bundle, for an in-house provider).
     #[arg(long, value_name = "PEM", default_value = toolgate_xds::idp::SYSTEM_CA_FILE)]
@@ -695,7 +699,14 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         probed: probed.clone(),
     };
     let etcd_access = etcd_config.access.describe();
-    let probe_sessions = health::monitor::spawn(hub.clone(), etcd_config, probed, resync);
+    let credentials = toolgate_xds::upstream_credentials::Credentials::default();
+    let probe_sessions = health::monitor::spawn(
+        hub.clone(),
+        etcd_config,
+        probed,
+        resync,
+        credentials.clone(),
+    );
     let catalog = Arc::new(toolgate_xds::catalog::Catalog::default());
     if health_config.probes {
         tokio::spawn(toolgate_xds::catalog::run(
@@ -705,8 +716,19 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             publisher.clone(),
             toolgate_probe::http::client(health_config.probe_timeout),
             health_config.probe_timeout,
+            credentials.clone(),
         ));
     }
+    if args.secret_refresh.is_zero() {
+        anyhow::bail!("--secret-refresh must be longer than 0 s");
+    }
+    tokio::spawn(toolgate_xds::upstream_credentials::run(
+        registry.clone(),
+        snapshots.clone(),
+        publisher.clone(),
+        credentials.clone(),
+        args.secret_refresh,
+    ));
     let idp = toolgate_xds::idp::IdpClient::new(&args.idp_ca_file)
         .context("setting up TLS toward identity providers")?;
     tokio::spawn(toolgate_xds::jwks::run(
@@ -722,11 +744,14 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         metrics.clone(),
         &session_key,
     );
-    let upstream = Arc::new(toolgate_xds::upstream::UpstreamSessions::with_limits(
-        registry.clone(),
-        metrics.clone(),
-        args.held.limits(),
-    ));
+    let upstream = Arc::new(
+        toolgate_xds::upstream::UpstreamSessions::with_limits(
+            registry.clone(),
+            metrics.clone(),
+            args.held.limits(),
+        )
+        .with_credentials(credentials.clone()),
+    );
     aggregate.hold_upstream_in(upstream.clone());
     tokio::spawn(toolgate_xds::aggregate::run(
         aggregate.clone(),

@@ -51,6 +51,9 @@ pub struct RoutingSnapshot {
     /// The remote JWKS toolgate-xds fetched for `auth`'s issuers (see `jwks.rs`), delivered
     /// inline in `jwt_authn`'s configuration.
     pub jwks: Arc<FetchedKeys>,
+    /// The credentials toward servers, by service, delivered as SDS secrets; a service's
+    /// cluster injects its own (see [`ServiceRoute::credential_header`]).
+    pub credentials: Arc<crate::upstream_credentials::InjectedByService>,
     /// The toolgate-xds processes Envoy's control cluster holds (the aggregate endpoint, the
     /// filters' reports and held sessions): this one first, the fleet's others after it.
     pub control: Arc<ControlMembers>,
@@ -87,6 +90,10 @@ pub struct ServiceRoute {
     pub timeout_ms: u64,
     /// May be empty: a known service with no instances gets an empty assignment.
     pub endpoints: Vec<RouteEndpoint>,
+    /// The header a credential toward the servers goes in, when the service has one
+    /// configured (its value comes as an SDS secret, never here).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub credential_header: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -178,6 +185,7 @@ impl RoutingSnapshot {
             default_timeout_ms: toolgate_model::BreakerPolicy::default().timeout_ms,
             auth: None,
             jwks: Arc::default(),
+            credentials: Arc::default(),
             control: Arc::default(),
         }
     }

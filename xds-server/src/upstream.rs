@@ -45,12 +45,13 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use toolgate_model::session_loss::{self, Fate, Holder, HolderFacts};
-use toolgate_probe::mcp::{Failure, Forwarded, McpClient, Negotiated, OpenSession};
+use toolgate_probe::mcp::{ExtraHeader, Failure, Forwarded, McpClient, Negotiated, OpenSession};
 use tracing::{info, warn};
 
 use crate::health::machine::State;
 use crate::metrics::{BoundLabel, HeldLabel, Metrics, ServiceLabel};
 use crate::registry::Registry;
+use crate::upstream_credentials::Credentials;
 use toolgate_model::session_owner::{is_owner_of, OwnerKind};
 
 /// Each request to open or delete a session on a client's behalf.
@@ -346,6 +347,7 @@ fn now_ms() -> u64 {
 }
 
 struct Held {
+    service: String,
     addr: SocketAddr,
     instance: String,
     opened: Opened,
@@ -439,6 +441,9 @@ pub struct UpstreamSessions {
     /// By client session with a relay of server notifications (`crate::aggregate::relay`):
     /// changes each time a session is held for it, so that its relay looks for the new one.
     openings: Mutex<HashMap<String, tokio::sync::watch::Sender<u64>>>,
+    /// The credentials toward the services' servers: every request to an instance carries
+    /// its service's, as last read.
+    credentials: Credentials,
 }
 
 /// Cancellations passed on at once: each goes to every session held for its client, so a
@@ -498,7 +503,31 @@ impl UpstreamSessions {
             levels: Mutex::new(HashMap::new()),
             cancellations: Arc::new(Semaphore::new(MAX_CANCELLATIONS_IN_FLIGHT)),
             openings: Mutex::new(HashMap::new()),
+            credentials: Credentials::default(),
         }
+    }
+
+    /// Sends each service's credential from `credentials` with every request to its instances.
+    pub fn with_credentials(mut self, credentials: Credentials) -> Self {
+        self.credentials = credentials;
+        self
+    }
+
+    /// The credentials toward the services' servers (for the relay of their streams).
+    pub fn credentials(&self) -> &Credentials {
+        &self.credentials
+    }
+
+    /// `service`'s credential as a header, as last read.
+    fn header(&self, service: &str) -> Option<ExtraHeader> {
+        ExtraHeader::of(self.credentials.header(service))
+    }
+
+    /// A client of an instance of `service` at `url`, carrying the service's credential.
+    fn client(&self, service: &str, url: String, timeout: Duration) -> McpClient {
+        let mut client = McpClient::new(self.http.clone(), url, timeout, "toolgate");
+        client.set_header(self.header(service));
+        client
     }
 
     /// The sessions `owner` holds (one user's of one client session), with their services.
@@ -856,11 +885,10 @@ impl UpstreamSessions {
                 "the session with {service} was closed while the request was replayed"
             )));
         };
-        let mut client = McpClient::new(
-            self.http.clone(),
+        let mut client = self.client(
+            service,
             self.url_of(service, addr).unwrap_or_default(),
             timeout,
-            "toolgate",
         );
         client.assume(match session {
             Some(s) => Negotiated::Session {
@@ -987,7 +1015,7 @@ impl UpstreamSessions {
 
     /// `logging/setLevel` on one held session; whether the server took it.
     async fn send_level(&self, service: &str, session: &OpenSession, level: &str) -> bool {
-        let answer = self.send_on(session, level_request(level)).await;
+        let answer = self.send_on(service, session, level_request(level)).await;
         level_taken(service, level, &answer)
     }
 
@@ -1032,7 +1060,7 @@ impl UpstreamSessions {
     ) -> usize {
         let held = self.sessions_of(owner);
         let sent = held.iter().map(|(service, session)| async move {
-            (service, self.send_on(session, body.to_vec()).await)
+            (service, self.send_on(service, session, body.to_vec()).await)
         });
         futures::future::join_all(sent)
             .await
@@ -1042,9 +1070,13 @@ impl UpstreamSessions {
     }
 
     /// One message on a held session, as its client would send it.
-    async fn send_on(&self, session: &OpenSession, body: Vec<u8>) -> Result<Forwarded, Failure> {
-        let mut client =
-            McpClient::new(self.http.clone(), session.url.clone(), TIMEOUT, "toolgate");
+    async fn send_on(
+        &self,
+        service: &str,
+        session: &OpenSession,
+        body: Vec<u8>,
+    ) -> Result<Forwarded, Failure> {
+        let mut client = self.client(service, session.url.clone(), TIMEOUT);
         client.assume(Negotiated::Session {
             version: session.version.clone(),
             session: Some(session.id.clone()),
@@ -1164,7 +1196,7 @@ impl UpstreamSessions {
         }
         let mut last = None;
         for c in candidates.into_iter().take(3) {
-            let mut client = McpClient::new(self.http.clone(), c.url.clone(), TIMEOUT, "toolgate");
+            let mut client = self.client(service, c.url.clone(), TIMEOUT);
             match client.initialize_as(value.clone()).await {
                 Ok(_) => return Ok((client, c)),
                 Err(e) => {
@@ -1207,6 +1239,7 @@ impl UpstreamSessions {
             let replaced = table.insert(
                 key,
                 Held {
+                    service: service.clone(),
                     addr: c.addr,
                     instance: c.instance,
                     opened: opened.clone(),
@@ -1232,9 +1265,10 @@ impl UpstreamSessions {
     /// Deletes a session on its server in the background (a gone server would hold up the
     /// client's call for the whole timeout).
     fn delete_later(&self, h: Held) {
-        let Some(session) = h.session else {
+        let Some(mut session) = h.session else {
             return;
         };
+        session.header = self.header(&h.service);
         let http = self.http.clone();
         let instance = h.instance;
         tokio::spawn(async move {
@@ -1246,7 +1280,8 @@ impl UpstreamSessions {
     }
 
     async fn delete(&self, h: Held) {
-        if let Some(s) = h.session {
+        if let Some(mut s) = h.session {
+            s.header = self.header(&h.service);
             if let Err(e) = s.delete(&self.http, TIMEOUT).await {
                 info!(instance = %h.instance, error = %e,
                     "deleting a client's session failed; the server expires it");
@@ -1342,6 +1377,7 @@ mod tests {
     fn held(caller: &str, idle_for: Duration) -> Held {
         let addr: SocketAddr = "127.0.0.1:1".parse().expect("addr");
         Held {
+            service: "svc".into(),
             addr,
             instance: "i".into(),
             opened: Opened {

@@ -238,6 +238,7 @@ fn snapshot(
                         mcp_path: mcp_path.to_string(),
                         limits: LIMITS,
                         timeout_ms: 60_000,
+                        credential_header: None,
                         endpoints: endpoints.clone(),
                     },
                 )
@@ -250,6 +251,7 @@ fn snapshot(
         default_timeout_ms: 60_000,
         auth: None,
         jwks: Default::default(),
+        credentials: Default::default(),
         control: Default::default(),
     })
 }
@@ -867,6 +869,7 @@ async fn follows_snapshots(protocol: XdsProtocol) {
         default_timeout_ms: 60_000,
         auth: None,
         jwks: Default::default(),
+        credentials: Default::default(),
         control: Default::default(),
     }));
     tokio::time::sleep(Duration::from_millis(500)).await;

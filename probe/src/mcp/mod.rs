@@ -11,6 +11,7 @@
 mod sse;
 pub mod tools;
 
+pub use crate::http::ExtraHeader;
 pub use sse::SseScanner;
 
 use std::fmt;
@@ -172,16 +173,28 @@ pub struct OpenSession {
     pub url: String,
     pub id: String,
     pub version: String,
+    /// The extra header of the client that holds it (a credential toward the server), sent
+    /// with every request on it made from here; its value never shows in `Debug`.
+    pub header: Option<ExtraHeader>,
 }
 
 impl OpenSession {
+    /// `req` with this session's extra header, if any.
+    pub fn apply_header(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.header {
+            Some(h) => h.apply(req),
+            None => req,
+        }
+    }
+
     /// `DELETE` the session; the server may refuse (405: it does not let clients end sessions),
     /// which leaves it to expire there.
     pub async fn delete(&self, http: &reqwest::Client, timeout: Duration) -> Result<(), String> {
-        let req = http
-            .delete(&self.url)
-            .header(SESSION_HEADER, &self.id)
-            .header(VERSION_HEADER, &self.version);
+        let req = self.apply_header(
+            http.delete(&self.url)
+                .header(SESSION_HEADER, &self.id)
+                .header(VERSION_HEADER, &self.version),
+        );
         match tokio::time::timeout(timeout, req.send()).await {
             Err(_) => Err(format!("no answer within {}ms", timeout.as_millis())),
             Ok(Err(e)) => Err(crate::describe_reqwest(&e, timeout)),
@@ -205,6 +218,8 @@ pub struct McpClient {
     next_id: u64,
     /// The server forgot the session this client kept (see [`McpClient::take_session_lost`]).
     session_lost: bool,
+    /// Added to every request (see [`McpClient::with_header`]).
+    header: Option<ExtraHeader>,
 }
 
 /// The client capabilities a reader of what a server offers states: those of a client of the
@@ -236,7 +251,21 @@ impl McpClient {
             offered: json!({}),
             next_id: 1,
             session_lost: false,
+            header: None,
         }
+    }
+
+    /// Adds `name: value` to every request this client makes (and to the `DELETE` of its
+    /// session): a credential the server requires. A header invalid in HTTP is ignored.
+    pub fn with_header(mut self, name: &str, value: &str) -> Self {
+        self.set_header(ExtraHeader::new(name, value));
+        self
+    }
+
+    /// Replaces the header added to every request (`None`: none), for a credential that
+    /// changed since the client was made.
+    pub fn set_header(&mut self, header: Option<ExtraHeader>) {
+        self.header = header;
     }
 
     /// States client `capabilities` (in `initialize`, or in every 2026-07-28 request). The
@@ -275,6 +304,7 @@ impl McpClient {
                 url: self.url.clone(),
                 id: id.clone(),
                 version: version.clone(),
+                header: self.header.clone(),
             }),
             _ => None,
         }
@@ -672,11 +702,17 @@ impl McpClient {
         self.http.post(&self.url).headers(headers)
     }
 
+    /// Sends one request, with the client's extra header (last: it replaces any other value of
+    /// that header, such as one a forwarded request carried).
     async fn send(
         &self,
         req: reqwest::RequestBuilder,
         request: &str,
     ) -> Result<reqwest::Response, Failure> {
+        let req = match &self.header {
+            Some(h) => h.apply(req),
+            None => req,
+        };
         match tokio::time::timeout(self.timeout, req.send()).await {
             Err(_) => Err(Failure::Timeout(self.timeout)),
             Ok(Err(e)) if e.is_timeout() => Err(Failure::Timeout(self.timeout)),
@@ -838,5 +874,122 @@ fn snippet(text: &str) -> String {
         format!("{}…", trimmed.chars().take(200).collect::<String>())
     } else {
         trimmed.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    /// Every request a test server saw: method (HTTP, then JSON-RPC) and its `authorization`
+    /// values. It answers as a legacy server with sessions, and 401 without the credential.
+    type Seen = Arc<Mutex<Vec<(String, Vec<String>)>>>;
+
+    async fn serve(seen: Seen) -> String {
+        use axum::http::{HeaderMap as Headers, Method, StatusCode};
+        use axum::response::IntoResponse;
+        let app = axum::Router::new().route(
+            "/mcp",
+            axum::routing::any(move |method: Method, h: Headers, body: String| {
+                let seen = seen.clone();
+                async move {
+                    let auth: Vec<String> = h
+                        .get_all("authorization")
+                        .iter()
+                        .map(|v| v.to_str().unwrap_or("?").to_string())
+                        .collect();
+                    let req: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+                    let rpc = req["method"].as_str().unwrap_or("").to_string();
+                    seen.lock()
+                        .unwrap()
+                        .push((format!("{method} {rpc}"), auth.clone()));
+                    if auth != ["Bearer s3cret"] {
+                        return StatusCode::UNAUTHORIZED.into_response();
+                    }
+                    let id = req["id"].clone();
+                    match (method, rpc.as_str()) {
+                        (Method::DELETE, _) => StatusCode::OK.into_response(),
+                        (Method::GET, _) => (
+                            [("content-type", "text/event-stream")],
+                            ": open\n\n".to_string(),
+                        )
+                            .into_response(),
+                        (_, "initialize") => (
+                            [("mcp-session-id", "s1")],
+                            axum::Json(json!({"jsonrpc": "2.0", "id": id, "result": {
+                                "protocolVersion": SESSION_REVISION, "capabilities": {}}})),
+                        )
+                            .into_response(),
+                        (_, "notifications/initialized") => StatusCode::ACCEPTED.into_response(),
+                        (_, "ping") => {
+                            axum::Json(json!({"jsonrpc": "2.0", "id": id, "result": {}}))
+                                .into_response()
+                        }
+                        _ => (
+                            StatusCode::BAD_REQUEST,
+                            axum::Json(json!({"jsonrpc": "2.0", "id": id,
+                                "error": {"code": -32601, "message": "Method not found"}})),
+                        )
+                            .into_response(),
+                    }
+                }
+            }),
+        );
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(l, app).await });
+        format!("http://{addr}/mcp")
+    }
+
+    #[tokio::test]
+    async fn the_extra_header_goes_with_every_request_once_and_never_shows() {
+        let seen = Seen::default();
+        let url = serve(seen.clone()).await;
+        let t = Duration::from_secs(2);
+        let http = crate::http::client(t);
+        let mut c = McpClient::new(http.clone(), &url, t, "test")
+            .with_header("Authorization", "Bearer s3cret");
+        c.probe().await.expect("probe");
+        assert!(c.probe().await.expect("probe").contains("session kept"));
+        // A forwarded request's own value of the header is replaced, not doubled.
+        let other = [(
+            reqwest::header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer theirs"),
+        )];
+        let body = json!({"jsonrpc": "2.0", "id": 9, "method": "ping"}).to_string();
+        let answer = c
+            .forward_with(body.into_bytes(), &other)
+            .await
+            .expect("forwarded");
+        assert_eq!(answer.status, 200);
+        assert!(c.open_stream(&http).await.is_ok());
+        let open = c.open_session().expect("a session");
+        assert!(!format!("{open:?}").contains("s3cret"), "{open:?}");
+        c.close().await.expect("deleted");
+        let seen = seen.lock().unwrap().clone();
+        let methods: Vec<&str> = seen.iter().map(|(m, _)| m.as_str()).collect();
+        assert_eq!(
+            methods,
+            [
+                "POST server/discover",
+                "POST initialize",
+                "POST notifications/initialized",
+                "POST ping",
+                "POST ping",
+                "POST ping",
+                "GET ",
+                "DELETE "
+            ]
+        );
+        assert!(
+            seen.iter().all(|(_, auth)| auth == &["Bearer s3cret"]),
+            "{seen:?}"
+        );
+
+        // Without it the server refuses; an invalid header is ignored (none is sent).
+        let mut bare = McpClient::new(http.clone(), &url, t, "test").with_header("bad name", "x");
+        let refused = bare.probe().await.expect_err("refused");
+        assert!(refused.to_string().contains("HTTP 401"), "{refused}");
     }
 }

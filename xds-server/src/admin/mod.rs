@@ -112,6 +112,12 @@ pub fn router(state: AdminState) -> Router {
             "/v1/auth/virtual/{name}",
             put(auth_config::put_virtual_rules).delete(auth_config::delete_virtual_rules),
         )
+        .route(
+            "/v1/auth/upstream/{service}",
+            get(auth_config::get_upstream)
+                .put(auth_config::put_upstream)
+                .delete(auth_config::delete_upstream),
+        )
         .route("/v1/policies", get(policies))
         .route(
             "/v1/policies/{service}",

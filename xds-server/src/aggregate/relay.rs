@@ -18,10 +18,11 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
-use toolgate_probe::mcp::{OpenSession, SseScanner};
+use toolgate_probe::mcp::{ExtraHeader, OpenSession, SseScanner};
 use tracing::{debug, info, warn};
 
 use crate::upstream::UpstreamSessions;
+use crate::upstream_credentials::Credentials;
 
 pub const RESOURCE_UPDATED: &str = "notifications/resources/updated";
 pub const LOG_MESSAGE: &str = "notifications/message";
@@ -135,6 +136,7 @@ async fn supervise(
             let id = session.id.clone();
             let reader = readers.spawn(read(
                 http.clone(),
+                upstream.credentials().clone(),
                 service,
                 session,
                 Arc::clone(&show_uri),
@@ -164,15 +166,19 @@ enum Ended {
     Again,
 }
 
-/// Reads one session's stream, opening it again while it ends for now.
+/// Reads one session's stream, opening it again while it ends for now. Each opening carries
+/// the service's credential from `credentials`, as last read.
 async fn read(
     http: reqwest::Client,
+    credentials: Credentials,
     service: String,
     session: OpenSession,
     show_uri: ShowUri,
     tx: mpsc::Sender<Value>,
 ) {
-    while let Ended::Again = read_once(&http, &service, &session, &show_uri, &tx).await {
+    while let Ended::Again =
+        read_once(&http, &credentials, &service, &session, &show_uri, &tx).await
+    {
         tokio::select! {
             _ = tx.closed() => return,
             _ = tokio::time::sleep(RETRY) => {}
@@ -182,17 +188,21 @@ async fn read(
 
 async fn read_once(
     http: &reqwest::Client,
+    credentials: &Credentials,
     service: &str,
     session: &OpenSession,
     show_uri: &ShowUri,
     tx: &mpsc::Sender<Value>,
 ) -> Ended {
-    let request = http
+    let mut request = http
         .get(&session.url)
         .header("accept", "text/event-stream")
         .header("mcp-session-id", &session.id)
-        .header("mcp-protocol-version", &session.version)
-        .send();
+        .header("mcp-protocol-version", &session.version);
+    if let Some(h) = ExtraHeader::of(credentials.header(service)) {
+        request = h.apply(request);
+    }
+    let request = request.send();
     let mut response = tokio::select! {
         _ = tx.closed() => return Ended::Done,
         r = request => match r {

@@ -12,11 +12,12 @@ use tracing::{debug, error, info, warn};
 
 use super::crash_watch::{self, Ended};
 use super::machine::State;
-use super::probe::{self, ProbeSessions, Prober};
+use super::probe::{self, Credential, ProbeSessions, Prober};
 use super::Hub;
 use crate::etcd::EtcdConfig;
 use crate::metrics::{ResultLabel, WatchEndLabel};
 use crate::registry::{ProbeTarget, Rejected};
+use crate::upstream_credentials::Credentials;
 
 /// Where and how an instance is probed, and what wakes its probe task early.
 type Target = (ProbeTarget, Arc<Notify>);
@@ -39,12 +40,14 @@ impl Drop for ProbeTask {
 
 /// Starts every health task. `probed` is notified after each applied probe (the cold-start
 /// warm-up waits on it); `resync` asks the watcher for a full re-read of etcd. The returned
-/// sessions are the MCP sessions the probers hold, for closing when toolgate-xds stops.
+/// sessions are the MCP sessions the probers hold, for closing when toolgate-xds stops. The
+/// HTTP and MCP probes carry their service's credential from `credentials`.
 pub fn spawn(
     hub: Hub,
     etcd: EtcdConfig,
     probed: Arc<Notify>,
     resync: Arc<Notify>,
+    credentials: Credentials,
 ) -> ProbeSessions {
     let client = probe::client(hub.config.probe_timeout);
     let sessions = ProbeSessions::new(client.clone(), hub.config.probe_timeout);
@@ -53,6 +56,7 @@ pub fn spawn(
         probed,
         client,
         sessions.clone(),
+        credentials,
     ));
     tokio::spawn(age_call_failures(hub.clone()));
     tokio::spawn(inspect(hub.clone(), etcd.clone(), resync));
@@ -66,6 +70,7 @@ async fn supervise_probes(
     probed: Arc<Notify>,
     client: reqwest::Client,
     sessions: ProbeSessions,
+    credentials: Credentials,
 ) {
     let membership = hub
         .registry
@@ -120,7 +125,8 @@ async fn supervise_probes(
             // The old task (and its session) goes first, so the server never holds two.
             tasks.remove(&key);
             let id = sessions.task_id();
-            let prober = Prober::new(&target, &client, hub.config.probe_timeout);
+            let credential = Credential::of(&key.service, &credentials);
+            let prober = Prober::new(&target, &client, hub.config.probe_timeout, credential);
             let handle = tokio::spawn(probe_loop(
                 hub.clone(),
                 key.clone(),

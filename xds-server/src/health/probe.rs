@@ -11,33 +11,64 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use toolgate_model::ProbeKind;
-use toolgate_probe::mcp::{McpClient, OpenSession};
+use toolgate_probe::mcp::{ExtraHeader, McpClient, OpenSession};
 use tracing::{debug, info};
 
 use super::machine::ProbeResult;
 use crate::registry::ProbeTarget;
+use crate::upstream_credentials::Credentials;
 
 pub use toolgate_probe::http::client;
 
 /// The name the prober gives itself in `clientInfo`, so a server's logs say who initialized.
 pub const CLIENT_NAME: &str = "toolgate-prober";
 
-/// One instance's prober: what it asks, and for MCP the client holding the session.
+/// The credential an instance's server may require (`<prefix>auth/upstream/<service>`): its
+/// service's, looked up before each probe, so that a rotated one is in use at the next.
+#[derive(Debug, Clone, Default)]
+pub struct Credential {
+    service: String,
+    credentials: Credentials,
+}
+
+impl Credential {
+    /// `service`'s credential, as `credentials` last read it.
+    pub fn of(service: &str, credentials: &Credentials) -> Credential {
+        Credential {
+            service: service.to_string(),
+            credentials: credentials.clone(),
+        }
+    }
+
+    fn header(&self) -> Option<ExtraHeader> {
+        ExtraHeader::of(self.credentials.header(&self.service))
+    }
+}
+
+/// One instance's prober: what it asks, and for MCP the client holding the session. The HTTP
+/// and MCP probes carry the service's credential.
 pub enum Prober {
     Http {
         url: String,
         addr: std::net::SocketAddr,
+        credential: Credential,
     },
-    Mcp(Box<McpClient>, std::net::SocketAddr),
+    Mcp(Box<McpClient>, std::net::SocketAddr, Credential),
     Tcp(std::net::SocketAddr),
 }
 
 impl Prober {
-    pub fn new(target: &ProbeTarget, http: &reqwest::Client, timeout: Duration) -> Prober {
+    pub fn new(
+        target: &ProbeTarget,
+        http: &reqwest::Client,
+        timeout: Duration,
+        credential: Credential,
+    ) -> Prober {
         match target.kind {
             ProbeKind::Http => Prober::Http {
                 url: toolgate_probe::http::url(target.addr, &target.path),
                 addr: target.addr,
+                credential,
             },
             ProbeKind::Mcp => Prober::Mcp(
                 Box::new(McpClient::new(
@@ -47,6 +78,7 @@ impl Prober {
                     CLIENT_NAME,
                 )),
                 target.addr,
+                credential,
             ),
             ProbeKind::Tcp => Prober::Tcp(target.addr),
         }
@@ -59,8 +91,14 @@ impl Prober {
         let started = Instant::now();
         let mut session_lost = false;
         let outcome = match self {
-            Prober::Http { url, .. } => toolgate_probe::http::get(http, url, timeout).await,
-            Prober::Mcp(c, _) => {
+            Prober::Http {
+                url, credential, ..
+            } => {
+                let header = credential.header();
+                toolgate_probe::http::get_with(http, url, timeout, header.as_ref()).await
+            }
+            Prober::Mcp(c, _, credential) => {
+                c.set_header(credential.header());
                 let outcome = c
                     .probe()
                     .await
@@ -90,7 +128,7 @@ impl Prober {
 
     pub fn addr(&self) -> std::net::SocketAddr {
         match self {
-            Prober::Http { addr, .. } | Prober::Mcp(_, addr) | Prober::Tcp(addr) => *addr,
+            Prober::Http { addr, .. } | Prober::Mcp(_, addr, _) | Prober::Tcp(addr) => *addr,
         }
     }
 
@@ -105,7 +143,7 @@ impl Prober {
     /// The server session this prober holds, if any.
     pub fn session(&self) -> Option<OpenSession> {
         match self {
-            Prober::Mcp(c, _) => c.open_session(),
+            Prober::Mcp(c, ..) => c.open_session(),
             _ => None,
         }
     }
@@ -210,7 +248,9 @@ mod tests {
         let c = client(t);
         for kind in ProbeKind::ALL {
             let target = target(addr, kind);
-            let r = Prober::new(&target, &c, t).probe(&c, t).await;
+            let r = Prober::new(&target, &c, t, Credential::default())
+                .probe(&c, t)
+                .await;
             assert!(!r.ok);
             assert!(r.detail.contains("connect failed"), "{kind}: {}", r.detail);
             assert!(r.refused, "{kind}: a closed port is a refusal");
@@ -227,7 +267,9 @@ mod tests {
         });
         for kind in [ProbeKind::Http, ProbeKind::Mcp] {
             let target = target(addr, kind);
-            let r = Prober::new(&target, &c, t).probe(&c, t).await;
+            let r = Prober::new(&target, &c, t, Credential::default())
+                .probe(&c, t)
+                .await;
             assert!(!r.ok);
             assert!(r.detail.ends_with("no answer within 300ms"), "{}", r.detail);
             assert!(r.latency_ms >= 290.0);
@@ -235,6 +277,11 @@ mod tests {
         }
         // TCP alone cannot tell: the kernel accepts for the frozen process.
         let target = target(addr, ProbeKind::Tcp);
-        assert!(Prober::new(&target, &c, t).probe(&c, t).await.ok);
+        assert!(
+            Prober::new(&target, &c, t, Credential::default())
+                .probe(&c, t)
+                .await
+                .ok
+        );
     }
 }

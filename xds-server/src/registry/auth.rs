@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use toolgate_model::auth::{AuthConfig, FilterAuth, ToolRules};
 use toolgate_model::keys::AuthKey;
+use toolgate_model::upstream_auth::UpstreamCredential;
 use toolgate_model::KeyLayout;
 
 use super::Rejected;
@@ -23,6 +24,7 @@ pub enum Admitted {
     Config(AuthConfig),
     Service(String, ToolRules),
     Virtual(String, ToolRules),
+    Upstream(String, UpstreamCredential),
 }
 
 #[derive(Debug, Clone, Default)]
@@ -32,6 +34,8 @@ pub struct AuthStore {
     config: Option<(Arc<AuthConfig>, String)>,
     services: BTreeMap<String, (ToolRules, String)>,
     virtuals: BTreeMap<String, (ToolRules, String)>,
+    /// The credential toward each service's servers (a reference to a secret, no value).
+    upstreams: BTreeMap<String, (UpstreamCredential, String)>,
 }
 
 /// Parses a PUT under `<prefix>auth/` as the watch admits it, or says why not (the field the
@@ -50,6 +54,9 @@ pub fn admit(layout: &KeyLayout, key: &str, value: &[u8]) -> Result<Admitted, Re
         AuthKey::Config => Admitted::Config(AuthConfig::parse(value).map_err(bad)?),
         AuthKey::Service(name) => Admitted::Service(name, ToolRules::parse(value).map_err(bad)?),
         AuthKey::Virtual(name) => Admitted::Virtual(name, ToolRules::parse(value).map_err(bad)?),
+        AuthKey::Upstream(name) => {
+            Admitted::Upstream(name, UpstreamCredential::parse(value).map_err(bad)?)
+        }
     })
 }
 
@@ -72,6 +79,9 @@ impl AuthStore {
             },
             Admitted::Service(name, rules) => insert_rules(&mut self.services, name, rules, raw),
             Admitted::Virtual(name, rules) => insert_rules(&mut self.virtuals, name, rules, raw),
+            Admitted::Upstream(name, credential) => {
+                insert_rules(&mut self.upstreams, name, credential, raw)
+            }
         }
     }
 
@@ -81,6 +91,7 @@ impl AuthStore {
             AuthKey::Config => self.config.take().is_some(),
             AuthKey::Service(name) => self.services.remove(name).is_some(),
             AuthKey::Virtual(name) => self.virtuals.remove(name).is_some(),
+            AuthKey::Upstream(name) => self.upstreams.remove(name).is_some(),
         }
     }
 
@@ -97,6 +108,7 @@ impl AuthStore {
             }
             AuthKey::Service(name) => restore_rules(&mut self.services, &mut old.services, name),
             AuthKey::Virtual(name) => restore_rules(&mut self.virtuals, &mut old.virtuals, name),
+            AuthKey::Upstream(name) => restore_rules(&mut self.upstreams, &mut old.upstreams, name),
         }
     }
 
@@ -120,6 +132,15 @@ impl AuthStore {
 
     pub fn virtual_rules(&self) -> impl Iterator<Item = (&String, &ToolRules)> {
         self.virtuals.iter().map(|(n, (r, _))| (n, r))
+    }
+
+    /// The credential toward `service`'s servers, if one is configured.
+    pub fn upstream(&self, service: &str) -> Option<&UpstreamCredential> {
+        self.upstreams.get(service).map(|(c, _)| c)
+    }
+
+    pub fn upstreams(&self) -> impl Iterator<Item = (&String, &UpstreamCredential)> {
+        self.upstreams.iter().map(|(n, (c, _))| (n, c))
     }
 
     pub fn has_rules(&self) -> bool {
@@ -167,14 +188,22 @@ impl AuthStore {
             .virtuals
             .iter()
             .map(|(n, (_, raw))| (layout.auth_virtual_key(n), raw.clone()));
-        config.chain(services).chain(virtuals).collect()
+        let upstreams = self
+            .upstreams
+            .iter()
+            .map(|(n, (_, raw))| (layout.auth_upstream_key(n), raw.clone()));
+        config
+            .chain(services)
+            .chain(virtuals)
+            .chain(upstreams)
+            .collect()
     }
 }
 
-fn insert_rules(
-    map: &mut BTreeMap<String, (ToolRules, String)>,
+fn insert_rules<T: PartialEq>(
+    map: &mut BTreeMap<String, (T, String)>,
     name: String,
-    rules: ToolRules,
+    rules: T,
     raw: String,
 ) -> bool {
     let changed = map.get(&name).is_none_or(|(old, _)| *old != rules);
@@ -182,9 +211,9 @@ fn insert_rules(
     changed
 }
 
-fn restore_rules(
-    map: &mut BTreeMap<String, (ToolRules, String)>,
-    old: &mut BTreeMap<String, (ToolRules, String)>,
+fn restore_rules<T>(
+    map: &mut BTreeMap<String, (T, String)>,
+    old: &mut BTreeMap<String, (T, String)>,
     name: &str,
 ) -> bool {
     if map.contains_key(name) {

@@ -22,12 +22,28 @@ impl Registry {
             _ => {}
         }
         let raw = String::from_utf8_lossy(value).into_owned();
-        Ok(self.auth.insert(admitted, raw))
+        // A credential changes the service's cluster (the injector is there or not).
+        let service = match &admitted {
+            auth::Admitted::Upstream(name, _) => Some(name.clone()),
+            _ => None,
+        };
+        let changed = self.auth.insert(admitted, raw);
+        if let Some(service) = service.filter(|_| changed) {
+            self.mark_stale(&service);
+        }
+        Ok(changed)
     }
 
     /// The auth configuration (`<prefix>auth/config`), when one is admitted.
     pub fn auth_config(&self) -> Option<&AuthConfig> {
         self.auth.config().map(|c| &**c)
+    }
+
+    /// The credentials toward servers (`<prefix>auth/upstream/<service>`), by service.
+    pub fn auth_upstreams(
+        &self,
+    ) -> impl Iterator<Item = (&String, &toolgate_model::upstream_auth::UpstreamCredential)> {
+        self.auth.upstreams()
     }
 
     /// The rule sets of services (`<prefix>auth/rules/<service>`), by service.

@@ -341,6 +341,7 @@ impl Registry {
             default_timeout_ms: filter.defaults.timeout_ms,
             auth: self.auth.config().cloned(),
             jwks: self.fetched_keys.clone(),
+            credentials: self.upstream_credentials.clone(),
             control: self.members.control(),
         }
     }
@@ -374,6 +375,7 @@ impl Registry {
             },
             timeout_ms: policy.timeout_ms,
             endpoints: Vec::new(),
+            credential_header: self.auth.upstream(service).map(|c| c.header.clone()),
         };
         for (sk, inst) in self.service_instances(service) {
             // Instances of one service share the MCP path; the first one (by id) decides.

@@ -198,6 +198,8 @@ pub struct Registry {
     auth: auth::AuthStore,
     /// The issuers' keys toolgate-xds fetched (not from etcd: see `jwks.rs`).
     fetched_keys: Arc<crate::routing::FetchedKeys>,
+    /// The credentials toward servers as last read (see `upstream_credentials.rs`).
+    upstream_credentials: Arc<crate::upstream_credentials::InjectedByService>,
     /// The fleet's toolgate-xds (`<prefix>xds/`), and this one's own address: what Envoy's
     /// control cluster holds.
     members: members::Members,
@@ -249,6 +251,7 @@ impl Registry {
             virtuals: BTreeMap::new(),
             auth: auth::AuthStore::default(),
             fetched_keys: Arc::default(),
+            upstream_credentials: Arc::default(),
             members: members::Members::default(),
             memo: PublishMemo::default(),
         }
@@ -260,6 +263,18 @@ impl Registry {
             return false;
         }
         self.fetched_keys = Arc::new(keys);
+        true
+    }
+
+    /// The credentials toward servers as last read; whether they differ from those held.
+    pub fn set_upstream_credentials(
+        &mut self,
+        credentials: Arc<crate::upstream_credentials::InjectedByService>,
+    ) -> bool {
+        if *self.upstream_credentials == *credentials {
+            return false;
+        }
+        self.upstream_credentials = credentials;
         true
     }
 
@@ -612,7 +627,11 @@ impl Registry {
             return Ok(self.service_age(&service) != before);
         }
         if let Ok(which) = self.layout.parse_auth_key(key) {
-            return Ok(self.auth.remove(&which));
+            let removed = self.auth.remove(&which);
+            if let (true, toolgate_model::keys::AuthKey::Upstream(service)) = (removed, &which) {
+                self.mark_stale(service);
+            }
+            return Ok(removed);
         }
         if let Ok(id) = self.layout.parse_xds_key(key) {
             return Ok(self.members.remove(&id));

@@ -334,6 +334,7 @@ mod tests {
                 mcp_path: "/mcp".into(),
                 limits: Default::default(),
                 timeout_ms: 1000,
+                credential_header: None,
                 endpoints: Vec::new(),
             }),
         );

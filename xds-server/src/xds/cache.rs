@@ -20,6 +20,7 @@ use super::resources::{self, ResourceOptions, ResourceType};
 use super::route_table::{self, EncodedRoutes};
 use crate::bootstrap::RouteTable;
 use crate::routing::{ControlMembers, FetchedKeys, RoutingSnapshot, ServiceRoute, ServiceRoutes};
+use crate::upstream_credentials::InjectedByService;
 
 /// The traces one version keeps, the oldest changes' first: each costs an `xds.push` span per
 /// Envoy that gets the version, and a burst of skipped snapshots holds up to 16 traces each.
@@ -183,6 +184,8 @@ pub struct SnapshotCache {
     auth: Option<Arc<toolgate_model::auth::AuthConfig>>,
     /// The fetched keys of the last applied snapshot (in `jwt_authn`'s configuration).
     jwks: Option<Arc<FetchedKeys>>,
+    /// The credentials toward servers of the last applied snapshot (the SDS secrets).
+    credentials: Option<Arc<InjectedByService>>,
     /// The default timeout of the last applied snapshot (the shared routes wait it).
     default_timeout_ms: Option<u64>,
     /// The control cluster's members of the last applied snapshot.
@@ -258,6 +261,7 @@ impl SnapshotCache {
         self.virtual_servers.clone_from(&snapshot.virtual_servers);
         self.auth.clone_from(&snapshot.auth);
         self.jwks = Some(Arc::clone(&snapshot.jwks));
+        self.credentials = Some(Arc::clone(&snapshot.credentials));
         self.default_timeout_ms = Some(snapshot.default_timeout_ms);
         self.control = Some(Arc::clone(&snapshot.control));
         self.current = Some(Arc::new(CacheSnapshot {
@@ -284,6 +288,24 @@ impl SnapshotCache {
         let empty = ServiceRoutes::new();
         let previous_routes = self.services.as_ref().map_or(&empty, |(s, _)| s);
         let previous = |ty| self.current.as_ref().and_then(|c| c.types.get(&ty));
+        let mut secrets = Patch::new(previous(ResourceType::Secret));
+        let same_credentials = self
+            .credentials
+            .as_ref()
+            .is_some_and(|c| Arc::ptr_eq(c, &snapshot.credentials) || **c == *snapshot.credentials);
+        if !same_credentials {
+            for service in self.credentials.iter().flat_map(|c| c.keys()) {
+                if !snapshot.credentials.contains_key(service) {
+                    secrets.remove(&resources::secret_name(service));
+                }
+            }
+            for (service, injected) in snapshot.credentials.iter() {
+                secrets.put(
+                    resources::secret_name(service),
+                    &resources::secret(service, injected),
+                );
+            }
+        }
         let mut clusters = Patch::new(previous(ResourceType::Cluster));
         let mut assignments = Patch::new(previous(ResourceType::Endpoint));
         let first = previous(ResourceType::Route).is_none();
@@ -366,6 +388,7 @@ impl SnapshotCache {
             }
         }
         let types = BTreeMap::from([
+            (ResourceType::Secret, secrets.finish()),
             (ResourceType::Cluster, clusters.finish()),
             (ResourceType::Endpoint, assignments.finish()),
             (ResourceType::Route, routes.finish()),
@@ -761,6 +784,7 @@ mod tests {
                             mcp_path: "/mcp".into(),
                             limits: Bulkhead::default(),
                             timeout_ms: 60_000,
+                            credential_header: None,
                             endpoints: endpoints
                                 .iter()
                                 .map(|(id, octet)| RouteEndpoint {
@@ -782,6 +806,7 @@ mod tests {
             default_timeout_ms: 60_000,
             auth: None,
             jwks: Default::default(),
+            credentials: Default::default(),
             control: Default::default(),
         }
     }
@@ -806,12 +831,54 @@ mod tests {
         assert_eq!(
             changed,
             [
+                ResourceType::Secret,
                 ResourceType::Cluster,
                 ResourceType::Endpoint,
                 ResourceType::Route,
                 ResourceType::ExtensionConfig
             ]
         );
+    }
+
+    #[test]
+    fn a_credential_is_a_secret_and_its_rotation_changes_only_sds() {
+        use crate::upstream_credentials::{Injected, SecretValue};
+        let mut cache = SnapshotCache::new();
+        let mut snap = snapshot(1, &[("inventory", &[("a", 1)])]);
+        cache.update(&snap);
+        let credential = |value: &str| {
+            Arc::new(InjectedByService::from([(
+                "inventory".to_string(),
+                Injected {
+                    header: "authorization".into(),
+                    value: SecretValue::new(value),
+                },
+            )]))
+        };
+        snap.generation = 2;
+        snap.credentials = credential("Bearer one");
+        assert_eq!(cache.update(&snap), [ResourceType::Secret]);
+        let view = cache.current().expect("view");
+        let secrets = &view.get(ResourceType::Secret).expect("SDS").entries;
+        assert!(secrets.contains_key("toolgate.upstream.inventory"));
+        snap.generation = 3;
+        snap.credentials = credential("Bearer one");
+        assert!(
+            cache.update(&snap).is_empty(),
+            "the same value is no change"
+        );
+        snap.generation = 4;
+        snap.credentials = credential("Bearer two");
+        assert_eq!(cache.update(&snap), [ResourceType::Secret]);
+        snap.generation = 5;
+        snap.credentials = Arc::default();
+        assert_eq!(cache.update(&snap), [ResourceType::Secret]);
+        let view = cache.current().expect("view");
+        assert!(view
+            .get(ResourceType::Secret)
+            .expect("SDS")
+            .entries
+            .is_empty());
     }
 
     #[test]

@@ -21,6 +21,7 @@ use envoy_types::pb::envoy::config::core::v3::{
     DataSource, HeaderValue, HeaderValueOption, HealthStatus, Http1ProtocolOptions,
     RoutingPriority, SocketAddress,
 };
+use envoy_types::pb::envoy::config::core::v3::{data_source, TypedExtensionConfig};
 use envoy_types::pb::envoy::config::endpoint::v3::{
     lb_endpoint::HostIdentifier, ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints,
 };
@@ -32,8 +33,17 @@ use envoy_types::pb::envoy::config::route::v3::{
     DirectResponseAction, HeaderMatcher, RetryPolicy, Route, RouteAction, RouteConfiguration,
     RouteMatch, VirtualHost,
 };
+use envoy_types::pb::envoy::extensions::filters::http::credential_injector::v3::CredentialInjector;
 use envoy_types::pb::envoy::extensions::filters::http::stateful_session::v3::{
     stateful_session_per_route, StatefulSessionPerRoute,
+};
+use envoy_types::pb::envoy::extensions::filters::http::upstream_codec::v3::UpstreamCodec;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+    http_filter, HttpFilter,
+};
+use envoy_types::pb::envoy::extensions::http::injected_credentials::generic::v3::Generic;
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
+    secret, GenericSecret, SdsSecretConfig, Secret,
 };
 use envoy_types::pb::envoy::extensions::upstreams::http::v3::{
     http_protocol_options::{
@@ -55,6 +65,7 @@ use super::any::to_any;
 use crate::routing::{
     ControlMembers, EndpointHealth, RouteEndpoint, RoutingSnapshot, ServiceRoute,
 };
+use crate::upstream_credentials::Injected;
 
 /// The route configuration with two routes per service, for an Envoy without the toolgate
 /// filter; the bootstrap's HTTP connection manager asks for it by this name.
@@ -98,6 +109,9 @@ const HTTP_PROTOCOL_OPTIONS_KEY: &str = "envoy.extensions.upstreams.http.v3.Http
 /// Envoy does not have yet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ResourceType {
+    /// SDS: `envoy.extensions.transport_sockets.tls.v3.Secret`, the credentials toward the
+    /// servers. First: a cluster that injects one warms until its secret is there.
+    Secret,
     /// CDS: `envoy.config.cluster.v3.Cluster`.
     Cluster,
     /// EDS: `envoy.config.endpoint.v3.ClusterLoadAssignment`.
@@ -110,7 +124,8 @@ pub enum ResourceType {
 
 impl ResourceType {
     /// Every type, in push order.
-    pub const ALL: [ResourceType; 4] = [
+    pub const ALL: [ResourceType; 5] = [
+        ResourceType::Secret,
         ResourceType::Cluster,
         ResourceType::Endpoint,
         ResourceType::Route,
@@ -119,6 +134,9 @@ impl ResourceType {
 
     pub const fn type_url(self) -> &'static str {
         match self {
+            ResourceType::Secret => {
+                "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
+            }
             ResourceType::Cluster => "type.googleapis.com/envoy.config.cluster.v3.Cluster",
             ResourceType::Endpoint => {
                 "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
@@ -130,7 +148,7 @@ impl ResourceType {
         }
     }
 
-    /// `None` for a type toolgate does not serve (LDS, SDS, …).
+    /// `None` for a type toolgate does not serve (LDS, …).
     pub fn from_type_url(url: &str) -> Option<ResourceType> {
         ResourceType::ALL.into_iter().find(|t| t.type_url() == url)
     }
@@ -138,6 +156,7 @@ impl ResourceType {
     /// The short name used in logs and as the `type` metrics label.
     pub const fn short_name(self) -> &'static str {
         match self {
+            ResourceType::Secret => "sds",
             ResourceType::Cluster => "cds",
             ResourceType::Endpoint => "eds",
             ResourceType::Route => "rds",
@@ -189,6 +208,13 @@ pub(crate) fn build(snapshot: &RoutingSnapshot) -> BTreeMap<ResourceType, NamedR
         SHARED_ROUTE_CONFIG_NAME.to_string(),
         Arc::new(to_any(&shared_route_configuration(snapshot))),
     );
+    let mut secrets = NamedResources::new();
+    for (service, injected) in snapshot.credentials.iter() {
+        secrets.insert(
+            secret_name(service),
+            Arc::new(to_any(&secret(service, injected))),
+        );
+    }
     let mut extension = NamedResources::new();
     extension.insert(
         super::ecds::FILTER_CONFIG_NAME.to_string(),
@@ -198,6 +224,7 @@ pub(crate) fn build(snapshot: &RoutingSnapshot) -> BTreeMap<ResourceType, NamedR
         extension.insert(super::auth::JWT_CONFIG_NAME.to_string(), Arc::new(jwt));
     }
     BTreeMap::from([
+        (ResourceType::Secret, secrets),
         (ResourceType::Cluster, clusters),
         (ResourceType::Endpoint, assignments),
         (ResourceType::Route, routes),
@@ -261,8 +288,68 @@ fn u32_value(value: u32) -> Option<UInt32Value> {
     Some(UInt32Value { value })
 }
 
+/// `toolgate.upstream.<service>`: the SDS secret holding a service's credential.
+pub fn secret_name(service: &str) -> String {
+    format!("toolgate.upstream.{service}")
+}
+
+/// The SDS secret of a service's credential: the header's whole value (`Bearer <token>`).
+/// Envoy shows it as `[redacted]` in `config_dump`.
+pub fn secret(service: &str, injected: &Injected) -> Secret {
+    Secret {
+        name: secret_name(service),
+        r#type: Some(secret::Type::GenericSecret(GenericSecret {
+            secret: Some(DataSource {
+                specifier: Some(data_source::Specifier::InlineString(
+                    injected.value.expose().to_string(),
+                )),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })),
+    }
+}
+
+/// The upstream filters of a service with a credential: Envoy's credential injector, then the
+/// codec every upstream filter chain ends with. The injector overwrites whatever the client
+/// sent under that header, and refuses a call with a local 401 while the secret is missing
+/// (never sends it without).
+fn credential_filters(service: &str, header: &str) -> Vec<HttpFilter> {
+    let generic = Generic {
+        credential: Some(SdsSecretConfig {
+            name: secret_name(service),
+            sds_config: Some(ads_config_source()),
+        }),
+        header: header.to_string(),
+        ..Default::default()
+    };
+    let injector = CredentialInjector {
+        overwrite: true,
+        allow_request_without_credential: false,
+        credential: Some(TypedExtensionConfig {
+            name: "envoy.http.injected_credentials.generic".to_string(),
+            typed_config: Some(to_any(&generic)),
+        }),
+    };
+    vec![
+        HttpFilter {
+            name: "envoy.filters.http.credential_injector".to_string(),
+            config_type: Some(http_filter::ConfigType::TypedConfig(to_any(&injector))),
+            ..Default::default()
+        },
+        HttpFilter {
+            name: "envoy.filters.http.upstream_codec".to_string(),
+            config_type: Some(http_filter::ConfigType::TypedConfig(to_any(
+                &UpstreamCodec::default(),
+            ))),
+            ..Default::default()
+        },
+    ]
+}
+
 /// The cluster of one service: EDS over ADS, plain HTTP/1.1 to the MCP servers, no panic mode,
-/// the service's own connection-pool limits.
+/// the service's own connection-pool limits, and its credential toward the servers if it has
+/// one.
 pub fn cluster(service: &str, route: &ServiceRoute, options: &ResourceOptions) -> Cluster {
     let limits = route.limits;
     // MCP servers speak plain HTTP/1.1; saying so explicitly keeps a future Envoy default from
@@ -275,6 +362,11 @@ pub fn cluster(service: &str, route: &ServiceRoute, options: &ResourceOptions) -
                 )),
             },
         )),
+        http_filters: route
+            .credential_header
+            .as_deref()
+            .map(|header| credential_filters(service, header))
+            .unwrap_or_default(),
         ..Default::default()
     };
     Cluster {
@@ -859,6 +951,7 @@ mod tests {
                         mcp_path: "/rpc".to_string(),
                         limits,
                         timeout_ms: 60_000,
+                        credential_header: None,
                         endpoints: vec![
                             endpoint("inv-c", 3, 1, EndpointHealth::Unhealthy),
                             endpoint("inv-a", 1, 10, EndpointHealth::Healthy),
@@ -872,6 +965,7 @@ mod tests {
                         mcp_path: "/mcp".to_string(),
                         limits: Bulkhead::default(),
                         timeout_ms: 60_000,
+                        credential_header: None,
                         endpoints: Vec::new(),
                     },
                 ),
@@ -885,6 +979,7 @@ mod tests {
             default_timeout_ms: 60_000,
             auth: None,
             jwks: Default::default(),
+            credentials: Default::default(),
             control: Default::default(),
         }
     }
@@ -1530,6 +1625,7 @@ mod tests {
                 mcp_path: "/mcp".to_string(),
                 limits: Bulkhead::default(),
                 timeout_ms: 1_000,
+                credential_header: None,
                 endpoints: Vec::new(),
             };
             snapshot.services.insert(name.to_string(), route.into());

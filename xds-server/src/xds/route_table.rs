@@ -116,6 +116,7 @@ mod tests {
             limits: Bulkhead::default(),
             timeout_ms,
             endpoints: Vec::new(),
+            credential_header: None,
         }
     }
 
@@ -133,6 +134,7 @@ mod tests {
             default_timeout_ms: 60_000,
             auth: None,
             jwks: Default::default(),
+            credentials: Default::default(),
             control: Default::default(),
         }
     }

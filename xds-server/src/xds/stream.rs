@@ -600,6 +600,7 @@ pub(super) mod tests {
                             mcp_path: "/mcp".into(),
                             limits: Bulkhead::default(),
                             timeout_ms: 60_000,
+                            credential_header: None,
                             endpoints: octets
                                 .iter()
                                 .map(|o| RouteEndpoint {
@@ -621,6 +622,7 @@ pub(super) mod tests {
             default_timeout_ms: 60_000,
             auth: None,
             jwks: Default::default(),
+            credentials: Default::default(),
             control: Default::default(),
         }
     }
