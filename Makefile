@@ -25,9 +25,9 @@ lint: setup
 # next `make build`).
 test: build lint
 	$(CARGO) test $(PROFILE) --workspace -- --test-threads=$${TEST_THREADS:-2}
-	@echo "make test: discovery, fleet and security again, Envoy speaking state-of-the-world ADS"
+	@echo "make test: discovery, fleet, security and upstream credentials (SDS) again, Envoy speaking state-of-the-world ADS"
 	TOOLGATE_TEST_XDS_PROTOCOL=sotw $(CARGO) test $(PROFILE) --workspace \
-		--test gateway -- discovery:: fleet:: security:: --test-threads=$${TEST_THREADS:-2}
+		--test gateway -- discovery:: fleet:: security:: upstream_credentials:: --test-threads=$${TEST_THREADS:-2}
 
 demo: build
 	@bash scripts/demo.sh
