@@ -402,6 +402,11 @@ pub struct FilterConfig {
     /// MCP path, so that no client can write what a server takes for a verified claim.
     #[serde(skip_serializing_if = "BTreeSet::is_empty")]
     pub claim_header_names: BTreeSet<String>,
+    /// Services whose credential toward their servers is each caller's own token exchanged
+    /// (RFC 8693) by toolgate-xds: the filter asks for it (`/v1/token-exchange`) and sends
+    /// no request to them without it.
+    #[serde(skip_serializing_if = "BTreeSet::is_empty")]
+    pub exchanged: BTreeSet<String>,
     /// What each virtual server lists (by name), for the filter to answer `tools/list` on its
     /// own while no toolgate-xds of the fleet answers: each tool under the name shown there
     /// with the definition toolgate-xds last read (`title`, `description`, `inputSchema`,
@@ -451,6 +456,7 @@ impl Default for FilterConfig {
             legacy_revisions: BTreeMap::new(),
             auth: None,
             claim_header_names: BTreeSet::new(),
+            exchanged: BTreeSet::new(),
             offline_listings: BTreeMap::new(),
         }
     }

@@ -11,6 +11,13 @@
 //! toolgate-xds reads the secret (a file, or an environment variable of its own process),
 //! hands the header's value to Envoy as an SDS secret (redacted in `config_dump`) and adds it
 //! to its own requests to the service's instances.
+//!
+//! Or the credential is each caller's own, exchanged (RFC 8693) for one meant for the server:
+//!
+//! ```json
+//! {"exchange": {"token_endpoint": "https://idp.example/token", "audience": "https://orders.example/mcp",
+//!               "scopes": ["orders:read"], "client": {"id": "toolgate", "secret": "file:/run/s/toolgate-client"}}}
+//! ```
 
 use std::path::PathBuf;
 
@@ -56,7 +63,35 @@ pub struct UpstreamCredential {
     /// The header's value, `{secret}` standing for the secret.
     #[serde(default = "bearer")]
     pub format: String,
-    /// Where the secret is: `file:<absolute path>` or `env:<variable>`.
+    /// Where the secret is: `file:<absolute path>` or `env:<variable>` (a static credential).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<SecretRef>,
+    /// Or each caller's verified token exchanged for one meant for the server; `format`'s
+    /// `{secret}` then stands for the exchanged access token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exchange: Option<TokenExchange>,
+}
+
+/// An OAuth 2.0 token exchange (RFC 8693) with the identity provider, per caller.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenExchange {
+    /// The provider's token endpoint: an `https://` URL (`http://` only on loopback).
+    pub token_endpoint: String,
+    /// What the exchanged token is for: the server's resource (its `aud`).
+    pub audience: String,
+    /// The scopes asked for, if any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub scopes: Vec<String>,
+    /// How the gateway authenticates to the provider (`client_secret_basic`).
+    pub client: ExchangeClient,
+}
+
+/// The gateway's own client at the identity provider; its secret by reference.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExchangeClient {
+    pub id: String,
     pub secret: SecretRef,
 }
 
@@ -217,6 +252,23 @@ impl UpstreamCredential {
                 ),
             ));
         }
+        match (&self.secret, &self.exchange) {
+            (Some(_), Some(_)) => {
+                return Err(bad(
+                    "exchange",
+                    "a credential is a static secret or a token exchange, not both".to_string(),
+                ))
+            }
+            (None, None) => {
+                return Err(bad(
+                    "secret",
+                    "missing: a secret reference (file:<path>, env:<variable>) or an exchange"
+                        .to_string(),
+                ))
+            }
+            (None, Some(x)) => x.validate()?,
+            (Some(_), None) => {}
+        }
         if self.format.matches(PLACEHOLDER).count() != 1 {
             return Err(bad(
                 "format",
@@ -238,6 +290,51 @@ impl UpstreamCredential {
     }
 }
 
+impl TokenExchange {
+    fn validate(&self) -> Result<(), AuthError> {
+        let bad = |field: &str, message: String| AuthError {
+            field: format!("exchange.{field}"),
+            message,
+        };
+        let url = &self.token_endpoint;
+        let loopback = [
+            "http://127.0.0.1:",
+            "http://127.0.0.1/",
+            "http://[::1]",
+            "http://localhost",
+        ];
+        let secure = url.starts_with("https://") || loopback.iter().any(|p| url.starts_with(p));
+        if !secure || url.len() > 2048 || url.chars().any(|c| c.is_control() || c == ' ') {
+            return Err(bad(
+                "token_endpoint",
+                format!("{url:?}: an https:// URL (http:// only on loopback)"),
+            ));
+        }
+        if self.audience.is_empty()
+            || self.audience.len() > 1024
+            || self.audience.chars().any(char::is_control)
+        {
+            return Err(bad("audience", "1 to 1024 characters".to_string()));
+        }
+        if let Some(s) = self.scopes.iter().find(|s| {
+            s.is_empty()
+                || !s
+                    .bytes()
+                    .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\')
+        }) {
+            return Err(bad(
+                "scopes",
+                format!("{s:?} is not a scope token (RFC 6749 §3.3)"),
+            ));
+        }
+        let id = &self.client.id;
+        if id.is_empty() || id.len() > 256 || id.chars().any(char::is_control) {
+            return Err(bad("client.id", "1 to 256 characters".to_string()));
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -249,7 +346,7 @@ mod tests {
         )
         .expect("valid");
         assert_eq!(c.header, "authorization");
-        assert_eq!(c.secret, SecretRef::File("/run/s/orders".into()));
+        assert_eq!(c.secret, Some(SecretRef::File("/run/s/orders".into())));
         assert_eq!(c.value("s3cret"), "Bearer s3cret");
         let defaults = UpstreamCredential::parse(br#"{"secret": "env:ORDERS_TOKEN"}"#).expect("ok");
         assert_eq!(defaults.header, "authorization");
@@ -287,6 +384,66 @@ mod tests {
                 "{value}: {e}"
             );
         }
+    }
+
+    #[test]
+    fn an_exchange_names_its_provider_and_its_client_secret_by_reference() {
+        let c = UpstreamCredential::parse(
+            br#"{"exchange": {"token_endpoint": "https://idp.example/token",
+                 "audience": "https://orders.example/mcp", "scopes": ["orders:read"],
+                 "client": {"id": "toolgate", "secret": "env:TOOLGATE_CLIENT_SECRET"}}}"#,
+        )
+        .expect("valid");
+        let x = c.exchange.as_ref().expect("an exchange");
+        assert_eq!(
+            x.client.secret,
+            SecretRef::Env("TOOLGATE_CLIENT_SECRET".into())
+        );
+        assert_eq!(c.value("tok"), "Bearer tok");
+        assert!(c.secret.is_none());
+        let exchange = |inner: &str| format!(r#"{{"exchange": {inner}}}"#);
+        let client = r#""client": {"id": "toolgate", "secret": "env:S"}"#;
+        for (value, field) in [
+            (r#"{}"#.to_string(), "secret"),
+            (
+                format!(
+                    r#"{{"secret": "env:A", "exchange": {{"token_endpoint": "https://i/t", "audience": "a", {client}}}}}"#
+                ),
+                "exchange",
+            ),
+            (
+                exchange(&format!(
+                    r#"{{"token_endpoint": "http://idp.example/t", "audience": "a", {client}}}"#
+                )),
+                "exchange.token_endpoint",
+            ),
+            (
+                exchange(&format!(
+                    r#"{{"token_endpoint": "https://i/t", "audience": "", {client}}}"#
+                )),
+                "exchange.audience",
+            ),
+            (
+                exchange(&format!(
+                    r#"{{"token_endpoint": "https://i/t", "audience": "a", "scopes": ["a b"], {client}}}"#
+                )),
+                "exchange.scopes",
+            ),
+            (
+                exchange(
+                    r#"{"token_endpoint": "https://i/t", "audience": "a", "client": {"id": "t", "secret": "s3cret"}}"#,
+                ),
+                "exchange.client.secret",
+            ),
+        ] {
+            let e = UpstreamCredential::parse(value.as_bytes()).expect_err(&value);
+            assert_eq!(e.field, field, "{value}: {e}");
+            assert!(!e.to_string().contains("s3cret"), "{e}");
+        }
+        let loopback = exchange(&format!(
+            r#"{{"token_endpoint": "http://127.0.0.1:8080/token", "audience": "a", {client}}}"#
+        ));
+        assert!(UpstreamCredential::parse(loopback.as_bytes()).is_ok());
     }
 
     #[test]
