@@ -19,7 +19,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             Target::Service(service) => aggregate::service_path(service, ""),
             Target::Virtual { server, .. } => aggregate::endpoint_path(server),
         };
-        let (required, verified) = {
+        let (required, verified, authorization) = {
             let mut guard = self.shared.borrow_mut();
             let Shared {
                 config, callers, ..
@@ -49,9 +49,10 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 Target::Service(s) => auth.requires_service(s),
                 Target::Virtual { server, .. } => auth.requires_virtual(server),
             };
-            (required, verified)
+            (required, verified, authorization)
         };
         self.auth.path = path;
+        self.auth.authorization = authorization;
         if let Some(v) = &verified {
             if !v.caller.subject.is_empty() {
                 self.log_field(host, log_field::SUBJECT, &v.caller.subject);

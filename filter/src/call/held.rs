@@ -347,9 +347,13 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
     pub fn on_dispatch_response(
         &mut self,
         host: &impl CallHost,
+        callout: u32,
         status: Option<u16>,
         body: &[u8],
     ) -> Action {
+        if self.is_credential_answer(callout) {
+            return self.on_credential(host, status, body);
+        }
         let Some(held) = self.held.as_mut() else {
             return Action::Continue;
         };
@@ -375,8 +379,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                         held.store(&self.shared, &old, host.now_ms());
                         held.use_answer(host, &old);
                         held.phase = HeldPhase::Sent;
-                        host.resume_request();
-                        return Action::Continue;
+                        return self.go_on(host);
                     }
                     (None, None)
                         if held_session::unopened(status, body)
@@ -402,8 +405,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 held.store(&self.shared, &answer, host.now_ms());
                 held.use_answer(host, &answer);
                 held.phase = HeldPhase::Sent;
-                host.resume_request();
-                Action::Continue
+                self.go_on(host)
             }
             HeldPhase::Replaying => {
                 let replayed = match status {
@@ -469,8 +471,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
     /// and the client gets a tool result saying so ([`CallFilter::unsessioned_refused`]).
     pub(super) fn go_unsessioned(&mut self, host: &impl CallHost) -> Action {
         self.mark_unsessioned();
-        host.resume_request();
-        Action::Continue
+        self.go_on(host)
     }
 
     pub(super) fn mark_unsessioned(&mut self) {
@@ -556,11 +557,14 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         let request =
             held_session::replay_request(&held.question(&caller), &lost, &held.body, &claims);
         held.phase = HeldPhase::Replaying;
-        if host.dispatch(
-            held_session::REPLAY_PATH,
-            &request,
-            &self.report_authorization(),
-        ) {
+        if host
+            .dispatch(
+                held_session::REPLAY_PATH,
+                &request,
+                &self.report_authorization(),
+            )
+            .is_some()
+        {
             Some(Action::Pause)
         } else {
             if let Some(h) = self.held.as_mut() {

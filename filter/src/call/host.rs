@@ -44,8 +44,9 @@ pub trait CallHost {
     fn set_property(&self, name: &str, value: &[u8]);
     fn log(&self, level: Level, message: &str);
     /// Asks toolgate-xds (the control cluster) at `path`; its answer comes to
-    /// [`Call::on_dispatch_response`]. `false`: the question could not be sent.
-    fn dispatch(&self, path: &str, body: &[u8], authorization: &str) -> bool;
+    /// [`Call::on_dispatch_response`] with the token returned. `None`: the question could not
+    /// be sent.
+    fn dispatch(&self, path: &str, body: &[u8], authorization: &str) -> Option<u32>;
     /// Lets a request paused for a question go on.
     fn resume_request(&self);
     /// Lets a response paused for a question go on.

@@ -85,6 +85,7 @@ use toolgate_model::virtual_server::{unprefixed_uri, VirtualRoutes, VirtualTool}
 mod admission;
 mod answer_edit;
 mod authorization;
+mod credential;
 mod held;
 mod host;
 mod life;
@@ -99,6 +100,8 @@ mod virtual_route;
 
 use admission::*;
 use answer_edit::*;
+pub use credential::CredentialCache;
+use credential::CredentialState;
 use held::*;
 pub use host::{log_field, Action, CallHost, Level, SESSION_HEADER};
 use life::*;
@@ -250,6 +253,10 @@ pub struct Call<S, M> {
     /// `Mcp-Session-Id` as the client sent it (before unsealing): what its cancellations
     /// name.
     client_session: Option<String>,
+    /// The credential of a service whose servers take each caller's own (see `credential`).
+    credential: CredentialState,
+    /// What was asked for it: the service and the caller's token.
+    asked_credential: Option<(String, String)>,
 }
 
 impl AuthState {
@@ -267,6 +274,9 @@ struct AuthState {
     refused: bool,
     /// The path of the resource addressed (`/mcp/orders`, `/mcp`, `/virtual/ops`).
     path: String,
+    /// The client's `Authorization` (removed from the request): the token a service's
+    /// credential is exchanged for.
+    authorization: Option<String>,
 }
 
 impl<S: SharedStore, M: MetricHost> Call<S, M> {
@@ -285,6 +295,8 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             init_params: None,
             auth: AuthState::default(),
             client_session: None,
+            credential: CredentialState::None,
+            asked_credential: None,
         }
     }
 

@@ -6,6 +6,11 @@ use super::*;
 
 impl<S: SharedStore, M: MetricHost> Call<S, M> {
     pub fn on_request_headers(&mut self, host: &impl CallHost, end_of_stream: bool) -> Action {
+        let action = self.request_headers(host, end_of_stream);
+        self.gate(host, action)
+    }
+
+    fn request_headers(&mut self, host: &impl CallHost, end_of_stream: bool) -> Action {
         // Headers only this filter writes: the shared routes go to the cluster the first one
         // names (from the path it judges), the local-reply mapping reads the second. Removed
         // by name, whatever the value holds: one that is not UTF-8 is invisible to a lookup.
@@ -32,6 +37,11 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         }
         if let Some(refused) = self.authenticate(host, target) {
             return refused;
+        }
+        if let Target::Service(service) = target {
+            if let Some(refused) = self.credential_for(host, service) {
+                return refused;
+            }
         }
         // The session as the client names it: what its cancellations are keyed by.
         self.client_session = host.request_header(SESSION_HEADER);
@@ -201,6 +211,16 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         body_size: usize,
         end_of_stream: bool,
     ) -> Action {
+        let action = self.request_body(host, body_size, end_of_stream);
+        self.gate(host, action)
+    }
+
+    fn request_body(
+        &mut self,
+        host: &impl CallHost,
+        body_size: usize,
+        end_of_stream: bool,
+    ) -> Action {
         let read = match &mut self.life {
             Life::AwaitingEmptyBody { stream } => {
                 let stream = *stream;
@@ -227,13 +247,14 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
     /// HTTP/2 trailers end the request without an end-of-stream body callback: the body is
     /// complete now, and must be judged before Envoy forwards it.
     pub fn on_request_trailers(&mut self, host: &impl CallHost) -> Action {
-        match &self.life {
+        let action = match &self.life {
             // Trailers end the request: whatever body came was seen by the body callbacks.
             Life::AwaitingEmptyBody { stream } => self.empty_body_ended(*stream),
             Life::Unconfigured { body_len } => self.unconfigured_body(host, *body_len, true),
             Life::Reading(_) => self.judge(host),
             _ => Action::Continue,
-        }
+        };
+        self.gate(host, action)
     }
 
     /// Sends a local reply and stops the request there.

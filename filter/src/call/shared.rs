@@ -35,6 +35,8 @@ pub struct Shared<S, M> {
     /// The reply for a held answer cut off upstream, by (tool as the agent sees it, its
     /// fallback, revision): set on every call whose answer is held.
     pub(super) cut_replies: reply::ById<(String, Option<String>, ProtocolVersion)>,
+    /// Credentials toolgate-xds exchanged for callers (see `credential`).
+    pub(super) credentials: super::CredentialCache,
 }
 
 impl<S: SharedStore, M: MetricHost> Shared<S, M> {
@@ -50,6 +52,7 @@ impl<S: SharedStore, M: MetricHost> Shared<S, M> {
             unconfigured: false,
             callers: auth::CallerCache::default(),
             cut_replies: reply::ById::default(),
+            credentials: super::CredentialCache::default(),
         }
     }
 
@@ -60,6 +63,8 @@ impl<S: SharedStore, M: MetricHost> Shared<S, M> {
         // The roles claim may have changed, and so may fallbacks.
         self.callers = auth::CallerCache::default();
         self.cut_replies = reply::ById::default();
+        // An exchange's audience or scopes may have changed.
+        self.credentials = super::CredentialCache::default();
         self.config = config;
         self.unconfigured = false;
         if key.is_empty() {

@@ -466,6 +466,9 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             Some(r) => (r.body_len, r.declared_length, r.header_name.is_some()),
             None => (0, false, false),
         };
+        if let Some(refused) = self.credential_for(host, service) {
+            return refused;
+        }
         let Some(on) = &mut self.on_virtual else {
             return Action::Continue;
         };
@@ -578,11 +581,14 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         let request = held_session::open_request(&held.question(&caller));
         held.phase = HeldPhase::Opening;
         self.held = Some(held);
-        if host.dispatch(
-            held_session::OPEN_PATH,
-            &request,
-            &self.report_authorization(),
-        ) {
+        if host
+            .dispatch(
+                held_session::OPEN_PATH,
+                &request,
+                &self.report_authorization(),
+            )
+            .is_some()
+        {
             return Action::Pause;
         }
         // Not even asked (Envoy knows no control cluster to send to): as if unanswered.

@@ -182,7 +182,7 @@ impl CallHost for Envoy {
         let _ = hostcalls::set_property(vec![name], Some(value));
     }
 
-    fn dispatch(&self, path: &str, body: &[u8], authorization: &str) -> bool {
+    fn dispatch(&self, path: &str, body: &[u8], authorization: &str) -> Option<u32> {
         hostcalls::dispatch_http_call(
             crate::feedback::CLUSTER,
             crate::feedback::report_headers(path, authorization),
@@ -190,7 +190,7 @@ impl CallHost for Envoy {
             vec![],
             SESSION_QUESTION_TIMEOUT,
         )
-        .is_ok()
+        .ok()
     }
 
     fn resume_request(&self) {
@@ -252,7 +252,7 @@ impl Stream {
 impl Context for Stream {
     fn on_http_call_response(
         &mut self,
-        _token_id: u32,
+        token_id: u32,
         num_headers: usize,
         body_size: usize,
         _num_trailers: usize,
@@ -271,7 +271,7 @@ impl Context for Stream {
             .flatten()
             .unwrap_or_default();
         self.call
-            .on_dispatch_response(&Envoy::default(), status, &body);
+            .on_dispatch_response(&Envoy::default(), token_id, status, &body);
         self.report();
     }
 }

@@ -426,8 +426,12 @@ fn a_servers_question_on_mcp_names_the_server_and_its_answer_goes_back_under_its
     let mut f = gateway_call(&mut w);
     let held =
         r#"{"envelope":"MTI3LjAuMC4xOjE=;UV:YQ==","protocol_version":"2025-06-18","instance":"a"}"#;
-    f.call
-        .on_dispatch_response(&f.stream, Some(200), held.as_bytes());
+    f.call.on_dispatch_response(
+        &f.stream,
+        f.stream.dispatched.borrow().len() as u32,
+        Some(200),
+        held.as_bytes(),
+    );
     {
         let mut h = f.stream.response_headers.borrow_mut();
         h.insert(":status".into(), "200".into());

@@ -18,8 +18,12 @@ fn a_gateway_session_gets_the_session_held_for_it_asked_once_per_envoy() {
     let mut f = f;
     let answer =
         r#"{"envelope":"MTI3LjAuMC4xOjE=;UV:YQ==","protocol_version":"2025-06-18","instance":"a"}"#;
-    f.call
-        .on_dispatch_response(&f.stream, Some(200), answer.as_bytes());
+    f.call.on_dispatch_response(
+        &f.stream,
+        f.stream.dispatched.borrow().len() as u32,
+        Some(200),
+        answer.as_bytes(),
+    );
     assert_eq!(f.stream.resumed.get(), 1);
     {
         let h = f.stream.request_headers.borrow();
@@ -44,8 +48,12 @@ fn a_held_session_the_server_lost_is_replayed_and_the_client_sees_the_answer() {
     let mut f = gateway_call(&mut w);
     let answer =
         r#"{"envelope":"ZW52LTE=;UV:YQ==","protocol_version":"2025-06-18","instance":"a"}"#;
-    f.call
-        .on_dispatch_response(&f.stream, Some(200), answer.as_bytes());
+    f.call.on_dispatch_response(
+        &f.stream,
+        f.stream.dispatched.borrow().len() as u32,
+        Some(200),
+        answer.as_bytes(),
+    );
     // The server restarted: 404 for the session.
     f.stream
         .response_headers
@@ -61,8 +69,12 @@ fn a_held_session_the_server_lost_is_replayed_and_the_client_sees_the_answer() {
         "envelope": "ZW52LTI=;UV:Yg==", "protocol_version": "2025-06-18", "instance": "b",
         "status": 200, "content_type": "application/json", "body": RESULT,
     });
-    f.call
-        .on_dispatch_response(&f.stream, Some(200), replayed.to_string().as_bytes());
+    f.call.on_dispatch_response(
+        &f.stream,
+        f.stream.dispatched.borrow().len() as u32,
+        Some(200),
+        replayed.to_string().as_bytes(),
+    );
     let raw = f.stream.raw_replies.borrow();
     assert_eq!(raw.len(), 1);
     assert_eq!(raw[0].0, 200);
@@ -87,6 +99,7 @@ fn no_healthy_instance_for_a_session_is_a_semantic_reply() {
     let mut f = gateway_call(&mut w);
     f.call.on_dispatch_response(
         &f.stream,
+        f.stream.dispatched.borrow().len() as u32,
         Some(503),
         br#"{"error":"service \"orders\" has no healthy instance"}"#,
     );
@@ -141,8 +154,12 @@ fn a_route_session_whose_instance_is_gone_is_reopened_with_the_clients_parameter
         "envelope": "ZW52LTI=;UV:Yg==", "protocol_version": "2025-06-18", "instance": "b",
         "status": 200, "content_type": "application/json", "body": RESULT,
     });
-    f.call
-        .on_dispatch_response(&f.stream, Some(200), replayed.to_string().as_bytes());
+    f.call.on_dispatch_response(
+        &f.stream,
+        f.stream.dispatched.borrow().len() as u32,
+        Some(200),
+        replayed.to_string().as_bytes(),
+    );
     assert_eq!(f.stream.raw_replies.borrow()[0].2, RESULT.as_bytes());
 
     // The client keeps sending its old id: it now goes to the new session.
@@ -158,8 +175,12 @@ fn held_gateway_call(w: &mut Worker, envelope: &str) -> Flight {
     let mut f = gateway_call(w);
     let answer = serde_json::json!({"envelope": envelope, "protocol_version": "2025-06-18",
         "instance": "a", "opened_ms": 1234});
-    f.call
-        .on_dispatch_response(&f.stream, Some(200), answer.to_string().as_bytes());
+    f.call.on_dispatch_response(
+        &f.stream,
+        f.stream.dispatched.borrow().len() as u32,
+        Some(200),
+        answer.to_string().as_bytes(),
+    );
     f
 }
 
@@ -222,8 +243,12 @@ fn a_held_answer_is_used_still_while_toolgate_xds_does_not_answer() {
     w.now += crate::held_session::REFRESH_MS + 1;
     let mut f = gateway_call(&mut w);
     assert_eq!(f.stream.dispatched.borrow().len(), 1, "asked again");
-    f.call
-        .on_dispatch_response(&f.stream, Some(503), b"no healthy upstream");
+    f.call.on_dispatch_response(
+        &f.stream,
+        f.stream.dispatched.borrow().len() as u32,
+        Some(503),
+        b"no healthy upstream",
+    );
     assert_eq!(f.stream.resumed.get(), 1, "the call goes on");
     assert_eq!(
         f.stream.request_headers.borrow()[SESSION_HEADER],
@@ -256,6 +281,7 @@ fn a_session_the_client_or_its_live_server_ended_stays_ended() {
     // toolgate-xds: the instance is live and unchanged, so the server ended it.
     f.call.on_dispatch_response(
         &f.stream,
+        f.stream.dispatched.borrow().len() as u32,
         Some(410),
         br#"{"error":"ended","failure":"ended"}"#,
     );
@@ -286,8 +312,12 @@ fn a_replayed_call_that_fails_counts_as_a_failure() {
         "envelope": "ZW52LTI=;UV:Yg==", "protocol_version": "2025-06-18", "instance": "b",
         "opened_ms": 99, "status": 500, "content_type": "text/plain", "body": "boom",
     });
-    f.call
-        .on_dispatch_response(&f.stream, Some(200), replayed.to_string().as_bytes());
+    f.call.on_dispatch_response(
+        &f.stream,
+        f.stream.dispatched.borrow().len() as u32,
+        Some(200),
+        replayed.to_string().as_bytes(),
+    );
     let (status, reply) = f.reply();
     assert_eq!(status, 200);
     assert_eq!(
@@ -309,6 +339,7 @@ fn a_replayed_call_that_fails_counts_as_a_failure() {
     f.call.on_response_headers(&f.stream, false);
     f.call.on_dispatch_response(
         &f.stream,
+        f.stream.dispatched.borrow().len() as u32,
         Some(504),
         br#"{"failure":"timeout","in_call":true}"#,
     );
@@ -325,6 +356,7 @@ fn a_session_refused_or_at_the_bound_says_so() {
     let mut f = gateway_call(&mut w);
     f.call.on_dispatch_response(
         &f.stream,
+        f.stream.dispatched.borrow().len() as u32,
         Some(502),
         br#"{"error":"initialize: HTTP 503","failure":"refused","status":503}"#,
     );
@@ -343,6 +375,7 @@ fn a_session_refused_or_at_the_bound_says_so() {
     let mut f = gateway_call(&mut w);
     f.call.on_dispatch_response(
         &f.stream,
+        f.stream.dispatched.borrow().len() as u32,
         Some(429),
         br#"{"failure":"at_bound","bound":"caller","limit":2}"#,
     );
@@ -384,8 +417,12 @@ fn a_route_session_the_server_ended_is_not_reopened() {
         question["opened_ms"].is_u64(),
         "the sealed id says when: {question}"
     );
-    f.call
-        .on_dispatch_response(&f.stream, Some(410), br#"{"failure":"ended"}"#);
+    f.call.on_dispatch_response(
+        &f.stream,
+        f.stream.dispatched.borrow().len() as u32,
+        Some(410),
+        br#"{"failure":"ended"}"#,
+    );
     assert_eq!(f.stream.resumed.get(), 1);
     // The same id again: not routed to any session (the server says 404), nobody asked.
     let f = w.request("orders", &[(SESSION_HEADER, &sealed)], call);
@@ -441,8 +478,12 @@ fn a_stateless_call_to_a_server_that_speaks_sessions_goes_on_one_held_for_its_id
     assert!(owner.starts_with('m'), "{owner}");
     let answer =
         r#"{"envelope":"MTI3LjAuMC4xOjE=;UV:YQ==","protocol_version":"2025-06-18","instance":"a"}"#;
-    f.call
-        .on_dispatch_response(&f.stream, Some(200), answer.as_bytes());
+    f.call.on_dispatch_response(
+        &f.stream,
+        f.stream.dispatched.borrow().len() as u32,
+        Some(200),
+        answer.as_bytes(),
+    );
     assert_eq!(f.stream.resumed.get(), 1);
     {
         let h = f.stream.request_headers.borrow();
@@ -486,8 +527,12 @@ fn a_stateless_clients_session_the_server_lost_is_replayed() {
     let mut f = stateless_call(&mut w, "py");
     let answer =
         r#"{"envelope":"ZW52LTE=;UV:YQ==","protocol_version":"2025-06-18","instance":"a"}"#;
-    f.call
-        .on_dispatch_response(&f.stream, Some(200), answer.as_bytes());
+    f.call.on_dispatch_response(
+        &f.stream,
+        f.stream.dispatched.borrow().len() as u32,
+        Some(200),
+        answer.as_bytes(),
+    );
     f.stream
         .response_headers
         .borrow_mut()
@@ -502,8 +547,12 @@ fn a_stateless_clients_session_the_server_lost_is_replayed() {
         "envelope": "ZW52LTI=;UV:Yg==", "protocol_version": "2025-06-18", "instance": "b",
         "status": 200, "content_type": "application/json", "body": RESULT,
     });
-    f.call
-        .on_dispatch_response(&f.stream, Some(200), replayed.to_string().as_bytes());
+    f.call.on_dispatch_response(
+        &f.stream,
+        f.stream.dispatched.borrow().len() as u32,
+        Some(200),
+        replayed.to_string().as_bytes(),
+    );
     {
         let raw = f.stream.raw_replies.borrow();
         assert_eq!(raw.len(), 1);

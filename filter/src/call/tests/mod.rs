@@ -18,6 +18,7 @@ use crate::stats::MetricKind;
 mod aggregate;
 mod auth;
 mod breakers;
+mod credential;
 mod held;
 mod judging;
 mod listings;
@@ -146,11 +147,10 @@ impl CallHost for Stream {
     fn log(&self, _level: Level, message: &str) {
         self.logs.borrow_mut().push(message.to_string());
     }
-    fn dispatch(&self, path: &str, body: &[u8], _authorization: &str) -> bool {
-        self.dispatched
-            .borrow_mut()
-            .push((path.to_string(), body.to_vec()));
-        true
+    fn dispatch(&self, path: &str, body: &[u8], _authorization: &str) -> Option<u32> {
+        let mut dispatched = self.dispatched.borrow_mut();
+        dispatched.push((path.to_string(), body.to_vec()));
+        Some(dispatched.len() as u32)
     }
     fn resume_request(&self) {
         self.resumed.set(self.resumed.get() + 1);

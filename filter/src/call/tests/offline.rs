@@ -118,8 +118,12 @@ fn with_no_control_plane_a_call_goes_without_a_session_and_a_server_that_needs_o
     let mut f = gateway_call(&mut w);
     assert_eq!(f.stream.dispatched.borrow().len(), 1);
     // Nothing held, and toolgate-xds away (Envoy's own 503): the call goes without a session.
-    f.call
-        .on_dispatch_response(&f.stream, Some(503), b"no healthy upstream");
+    f.call.on_dispatch_response(
+        &f.stream,
+        f.stream.dispatched.borrow().len() as u32,
+        Some(503),
+        b"no healthy upstream",
+    );
     assert_eq!(f.stream.resumed.get(), 1, "the call goes on");
     assert!(!f
         .stream
@@ -148,8 +152,12 @@ fn with_no_control_plane_a_call_goes_without_a_session_and_a_server_that_needs_o
 
     // A server that needs none answers: its answer is the client's.
     let mut f = gateway_call(&mut w);
-    f.call
-        .on_dispatch_response(&f.stream, Some(503), b"no healthy upstream");
+    f.call.on_dispatch_response(
+        &f.stream,
+        f.stream.dispatched.borrow().len() as u32,
+        Some(503),
+        b"no healthy upstream",
+    );
     f.json(RESULT);
     assert!(f.stream.replies.borrow().is_empty());
 }

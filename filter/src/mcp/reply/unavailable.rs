@@ -37,6 +37,11 @@ pub enum UnavailableKind<'a> {
     /// error, as the reference servers answer an unknown tool: the model reads it and lists
     /// the tools again, where a client library would raise.
     NotOffered { endpoint: &'a str },
+    /// The server takes each caller's own credential, exchanged by the gateway, and none
+    /// could be had: `why` is toolgate-xds's sentence ("the identity provider refused to
+    /// issue a token for orders: invalid_target"); `lasting`: another try fails alike until
+    /// the configuration or the caller's rights change.
+    NoCredential { why: &'a str, lasting: bool },
 }
 
 /// Why a breaker opened, with the figures that tripped it.
@@ -226,7 +231,7 @@ pub(super) fn duration_words(ms: u64) -> String {
 
 /// The operator's reason as it may appear in a sentence: bounded, on one line, without a final
 /// period (the sentence adds its own).
-pub(super) fn clean_reason(reason: &str) -> Cow<'_, str> {
+pub fn clean_reason(reason: &str) -> Cow<'_, str> {
     let mut end = reason.len().min(MAX_REASON_BYTES);
     while !reason.is_char_boundary(end) {
         end -= 1;
@@ -255,6 +260,7 @@ impl UnavailableKind<'_> {
             UnavailableKind::Overloaded => "overloaded",
             UnavailableKind::Unconfigured => "unconfigured",
             UnavailableKind::NotOffered { .. } => "not_offered",
+            UnavailableKind::NoCredential { .. } => "no_credential",
         }
     }
 
@@ -270,6 +276,7 @@ impl UnavailableKind<'_> {
             UnavailableKind::NotOffered { .. } => {
                 "this endpoint offers no tool of this name".into()
             }
+            UnavailableKind::NoCredential { why, .. } => clean_reason(why),
         }
     }
 }
@@ -347,6 +354,24 @@ impl Unavailable<'_> {
                     endpoint,
                     self.tool.unwrap_or_default(),
                 ));
+            }
+            UnavailableKind::NoCredential { why, lasting } => {
+                let call = match self.tool {
+                    Some(tool) => format!("The call to the tool `{tool}`"),
+                    None => "The request".to_string(),
+                };
+                let _ = write!(
+                    text,
+                    "{call} was not made: its server takes a credential issued for each \
+                     caller, and {}.",
+                    clean_reason(why)
+                );
+                text.push_str(if lasting {
+                    " Do not retry it: another try is refused alike until an operator or the \
+                     identity provider changes this."
+                } else {
+                    " Another try may succeed in a few seconds."
+                });
             }
         }
         if let Some(n) = self.retry_after_secs {
