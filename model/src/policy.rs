@@ -403,10 +403,11 @@ pub struct FilterConfig {
     #[serde(skip_serializing_if = "BTreeSet::is_empty")]
     pub claim_header_names: BTreeSet<String>,
     /// Services whose credential toward their servers is each caller's own token exchanged
-    /// (RFC 8693) by toolgate-xds: the filter asks for it (`/v1/token-exchange`) and sends
-    /// no request to them without it.
-    #[serde(skip_serializing_if = "BTreeSet::is_empty")]
-    pub exchanged: BTreeSet<String>,
+    /// (RFC 8693) by toolgate-xds, with a fingerprint of the exchange's configuration: the
+    /// filter asks for it (`/v1/token-exchange`), sends no request to them without it, and
+    /// forgets what it cached when a fingerprint changes.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub exchanged: BTreeMap<String, String>,
     /// What each virtual server lists (by name), for the filter to answer `tools/list` on its
     /// own while no toolgate-xds of the fleet answers: each tool under the name shown there
     /// with the definition toolgate-xds last read (`title`, `description`, `inputSchema`,
@@ -456,7 +457,7 @@ impl Default for FilterConfig {
             legacy_revisions: BTreeMap::new(),
             auth: None,
             claim_header_names: BTreeSet::new(),
-            exchanged: BTreeSet::new(),
+            exchanged: BTreeMap::new(),
             offline_listings: BTreeMap::new(),
         }
     }

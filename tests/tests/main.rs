@@ -38,6 +38,7 @@ mod security;
 mod service_listing;
 mod session_rescue;
 mod stdio_bridge;
+mod token_exchange;
 mod tracing;
 mod typescript_sdk;
 mod upstream;

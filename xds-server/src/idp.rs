@@ -1,4 +1,5 @@
-//! HTTP(S) toward identity providers: the JWKS toolgate-xds fetches for Envoy.
+//! HTTP(S) toward identity providers: the JWKS toolgate-xds fetches for Envoy, and the token
+//! exchanges (RFC 8693) it makes for the filters (`crate::token_exchange`).
 //!
 //! Its own client rather than the probes' reqwest one: the probes talk plain HTTP to MCP
 //! servers on the pod network, an identity provider is usually `https://` on the internet.
@@ -11,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty, Limited};
+use http_body_util::{BodyExt, Full, Limited};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -39,10 +40,18 @@ pub enum FetchError {
     Body(String),
 }
 
+/// A token endpoint's answer, whatever its status: an OAuth error (RFC 6749 §5.2) is a JSON
+/// body too, and says why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    pub status: u16,
+    pub body: Bytes,
+}
+
 /// One client for every identity provider: connections are kept and reused between fetches.
 #[derive(Clone)]
 pub struct IdpClient {
-    client: Client<HttpsConnector<HttpConnector>, Empty<Bytes>>,
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
 }
 
 impl std::fmt::Debug for IdpClient {
@@ -91,34 +100,81 @@ impl IdpClient {
 
     /// `GET uri`, the answer's body when it is a 200 within `timeout`.
     pub async fn get(&self, uri: &str, timeout: Duration) -> Result<Bytes, FetchError> {
-        let uri: hyper::Uri = uri
-            .parse()
-            .map_err(|e: hyper::http::uri::InvalidUri| FetchError::Url(e.to_string()))?;
-        let request = hyper::Request::get(uri)
+        let request = hyper::Request::get(parse_uri(uri)?)
             .header(hyper::header::ACCEPT, "application/json")
             .header(hyper::header::USER_AGENT, "toolgate-xds")
-            .body(Empty::new())
+            .body(Full::new(Bytes::new()))
             .map_err(|e| FetchError::Url(e.to_string()))?;
+        Ok(self.send(request, timeout, true).await?.body)
+    }
+
+    /// `POST uri` of an `application/x-www-form-urlencoded` body (a token request), with
+    /// `authorization` (the client's credentials) if given: the answer whatever its status,
+    /// within `timeout`, its body bounded like a fetch's.
+    pub async fn post_form(
+        &self,
+        uri: &str,
+        authorization: Option<&str>,
+        form: String,
+        timeout: Duration,
+    ) -> Result<Answer, FetchError> {
+        let mut request = hyper::Request::post(parse_uri(uri)?)
+            .header(
+                hyper::header::CONTENT_TYPE,
+                "application/x-www-form-urlencoded",
+            )
+            .header(hyper::header::ACCEPT, "application/json")
+            .header(hyper::header::USER_AGENT, "toolgate-xds");
+        if let Some(credentials) = authorization {
+            // The error would be the same whatever the value: it never quotes it.
+            let mut value = hyper::header::HeaderValue::from_str(credentials).map_err(|_| {
+                FetchError::Url("the client credentials are not a header value".to_string())
+            })?;
+            // Shown as `Sensitive` by any `Debug` of the request (a trace of hyper's, a panic).
+            value.set_sensitive(true);
+            request = request.header(hyper::header::AUTHORIZATION, value);
+        }
+        let request = request
+            .body(Full::new(Bytes::from(form)))
+            .map_err(|e| FetchError::Url(e.to_string()))?;
+        self.send(request, timeout, false).await
+    }
+
+    /// Sends `request` and reads the whole answer, both within `timeout`; with `only_ok`, an
+    /// answer other than 200 is `FetchError::Status` and its body is not read (a fetch has no
+    /// use for an error page, however large).
+    async fn send(
+        &self,
+        request: hyper::Request<Full<Bytes>>,
+        timeout: Duration,
+        only_ok: bool,
+    ) -> Result<Answer, FetchError> {
         let fetch = async {
             let response = self
                 .client
                 .request(request)
                 .await
                 .map_err(|e| FetchError::Transport(describe(&e)))?;
-            let status = response.status();
-            if status != hyper::StatusCode::OK {
-                return Err(FetchError::Status(status.as_u16()));
+            let status = response.status().as_u16();
+            if only_ok && status != hyper::StatusCode::OK.as_u16() {
+                return Err(FetchError::Status(status));
             }
-            Limited::new(response.into_body(), MAX_BODY_BYTES)
+            let body = Limited::new(response.into_body(), MAX_BODY_BYTES)
                 .collect()
                 .await
                 .map(|b| b.to_bytes())
-                .map_err(|e| FetchError::Body(e.to_string()))
+                .map_err(|e| FetchError::Body(e.to_string()))?;
+            Ok(Answer { status, body })
         };
         tokio::time::timeout(timeout, fetch)
             .await
             .map_err(|_| FetchError::Timeout(timeout.as_millis() as u64))?
     }
+}
+
+fn parse_uri(uri: &str) -> Result<hyper::Uri, FetchError> {
+    uri.parse()
+        .map_err(|e: hyper::http::uri::InvalidUri| FetchError::Url(e.to_string()))
 }
 
 /// The error with its causes (`client error (Connect): tcp connect error: Connection

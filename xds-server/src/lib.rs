@@ -21,6 +21,7 @@ pub mod routing;
 pub mod service_ages;
 pub mod session_key;
 pub mod status;
+pub mod token_exchange;
 pub mod trace;
 pub mod upstream;
 pub mod upstream_credentials;

@@ -731,6 +731,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     ));
     let idp = toolgate_xds::idp::IdpClient::new(&args.idp_ca_file)
         .context("setting up TLS toward identity providers")?;
+    // One client, so one CA bundle and one connection pool, toward every identity provider:
+    // the JWKS fetches and the token exchanges.
+    let exchanger = toolgate_xds::token_exchange::Exchanger::new(
+        idp.clone(),
+        registry.clone(),
+        metrics.clone(),
+    );
     tokio::spawn(toolgate_xds::jwks::run(
         registry.clone(),
         snapshots.clone(),
@@ -807,6 +814,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             catalog,
             upstream: upstream.clone(),
             aggregate,
+            exchanger,
         },
         stopped(stop_rx),
     ));

@@ -99,6 +99,14 @@ pub struct BoundLabel {
     pub bound: &'static str,
 }
 
+/// A token exchange asked for by a filter (`/v1/token-exchange`), by its service (bounded by
+/// the registry) and how it ended: `issued`, `cached`, `refused` or `failed`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ExchangeLabel {
+    pub service: String,
+    pub result: &'static str,
+}
+
 pub type Ratio = Gauge<f64, AtomicU64>;
 
 pub struct Metrics {
@@ -146,6 +154,7 @@ pub struct Metrics {
     pub upstream_sessions_refused: Family<BoundLabel, Counter>,
     pub jwks_fetches: Family<JwksLabel, Counter>,
     pub jwks_failing: Gauge,
+    pub token_exchanges: Family<ExchangeLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -414,6 +423,14 @@ impl Metrics {
             "Remote JWKS whose last fetch failed (the keys fetched before, if any, stay in use)",
             jwks_failing.clone(),
         );
+        let token_exchanges = Family::<ExchangeLabel, Counter>::default();
+        registry.register(
+            "toolgate_token_exchanges",
+            "Callers' tokens exchanged (RFC 8693) for the filters, by service and result: issued \
+             (by the identity provider), cached, refused (an OAuth error) or failed \
+             (unreachable, timeout, unusable answer, unreadable client secret)",
+            token_exchanges.clone(),
+        );
         let upstream_sessions_refused = Family::<BoundLabel, Counter>::default();
         registry.register(
             "toolgate_upstream_sessions_refused",
@@ -430,6 +447,7 @@ impl Metrics {
             upstream_sessions_refused,
             jwks_fetches,
             jwks_failing,
+            token_exchanges,
             aggregate_requests,
             aggregate_sessions,
             aggregate_streams,

@@ -51,6 +51,10 @@ pub struct RoutingSnapshot {
     /// The remote JWKS toolgate-xds fetched for `auth`'s issuers (see `jwks.rs`), delivered
     /// inline in `jwt_authn`'s configuration.
     pub jwks: Arc<FetchedKeys>,
+    /// Envoy keeps a verified token on the request (`forward`), for the filter to exchange
+    /// for a service's credential (and then remove): only while some service's credential
+    /// is an exchange, so that otherwise Envoy drops it itself.
+    pub keep_caller_tokens: bool,
     /// The credentials toward servers, by service, delivered as SDS secrets; a service's
     /// cluster injects its own (see [`ServiceRoute::credential_header`]).
     pub credentials: Arc<crate::upstream_credentials::InjectedByService>,
@@ -185,6 +189,7 @@ impl RoutingSnapshot {
             default_timeout_ms: toolgate_model::BreakerPolicy::default().timeout_ms,
             auth: None,
             jwks: Arc::default(),
+            keep_caller_tokens: false,
             credentials: Arc::default(),
             control: Arc::default(),
         }

@@ -110,7 +110,10 @@ pub async fn run(
     loop {
         let configured: BTreeMap<String, UpstreamCredential> = {
             let reg = registry.read().unwrap_or_else(|p| p.into_inner());
+            // An exchanged credential is each caller's, asked for per call
+            // (`token_exchange.rs`): there is nothing to read ahead nor to hand to Envoy.
             reg.auth_upstreams()
+                .filter(|(_, c)| c.secret.is_some())
                 .map(|(s, c)| (s.clone(), c.clone()))
                 .collect()
         };
@@ -193,7 +196,10 @@ fn reconcile(
 impl Read {
     /// Reads the secret again; a failure keeps the last good value.
     fn again(&mut self, service: &str) {
-        let secret = &self.credential.secret;
+        // `run` keeps only static credentials; an exchange has no secret of its own to read.
+        let Some(secret) = &self.credential.secret else {
+            return;
+        };
         match secret.read() {
             Ok(text) => {
                 let value = SecretValue::new(self.credential.value(&text));

@@ -251,6 +251,7 @@ fn snapshot(
         default_timeout_ms: 60_000,
         auth: None,
         jwks: Default::default(),
+        keep_caller_tokens: false,
         credentials: Default::default(),
         control: Default::default(),
     })
@@ -869,6 +870,7 @@ async fn follows_snapshots(protocol: XdsProtocol) {
         default_timeout_ms: 60_000,
         auth: None,
         jwks: Default::default(),
+        keep_caller_tokens: false,
         credentials: Default::default(),
         control: Default::default(),
     }));

@@ -99,7 +99,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
     /// For a service whose servers take each caller's own credential: puts it on the request
     /// or asks for it. `Some`: the request is refused.
     pub(super) fn credential_for(&mut self, host: &impl CallHost, service: &str) -> Option<Action> {
-        if !self.shared.borrow().config.exchanged.contains(service) {
+        if !self.shared.borrow().config.exchanged.contains_key(service) {
             return None;
         }
         let authorization = self.auth.authorization.take();

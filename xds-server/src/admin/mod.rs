@@ -4,12 +4,14 @@
 //! a configuration they refused (shown per Envoy in `/v1/envoys`), and the operator's `/v1/breakers`,
 //! `/v1/overrides`, `/v1/policies`, `/v1/virtual` and `/v1/auth` (changes need the bearer
 //! token), the aggregate MCP endpoint `/v1/aggregate/{name}` (agent traffic, see
-//! `crate::aggregate`), and `/v1/upstream-sessions`, where the filters ask for sessions held
-//! for their clients.
+//! `crate::aggregate`), `/v1/upstream-sessions`, where the filters ask for sessions held
+//! for their clients, and `/v1/token-exchange`, where they ask for a caller's token exchanged
+//! for one meant for a service's servers.
 
 pub mod auth;
 mod auth_config;
 mod console;
+mod token_exchange;
 mod upstream;
 mod virtual_servers;
 
@@ -59,6 +61,8 @@ pub struct AdminState {
     pub upstream: Arc<crate::upstream::UpstreamSessions>,
     /// The aggregate MCP endpoint, `/v1/aggregate/{name}`.
     pub aggregate: Arc<crate::aggregate::Aggregate>,
+    /// Callers' tokens exchanged for the filters (`/v1/token-exchange`).
+    pub exchanger: crate::token_exchange::Exchanger,
 }
 
 /// The aggregate endpoint's handlers are routed here but take only their part of the state
@@ -129,6 +133,7 @@ pub fn router(state: AdminState) -> Router {
         )
         .merge(console::routes())
         .merge(upstream::routes())
+        .merge(token_exchange::routes())
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             guard_reads,

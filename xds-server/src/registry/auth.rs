@@ -174,6 +174,23 @@ impl AuthStore {
             .collect()
     }
 
+    /// The services whose credential is each caller's token exchanged (RFC 8693): the
+    /// filters ask toolgate-xds for it per caller and send those services nothing without it.
+    pub fn exchanged(&self) -> BTreeMap<String, String> {
+        use sha2::Digest as _;
+        self.upstreams()
+            .filter(|(_, c)| c.exchange.is_some())
+            .map(|(service, c)| {
+                // Serializing a parsed credential cannot fail; its fingerprint changes with
+                // any field (audience, scopes, client, header, format).
+                let json = serde_json::to_vec(c).unwrap_or_default();
+                let digest = sha2::Sha256::digest(&json);
+                let fingerprint: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+                (service.clone(), fingerprint)
+            })
+            .collect()
+    }
+
     /// (key, raw value) of everything stored.
     pub fn raw_values(&self, layout: &KeyLayout) -> Vec<(String, String)> {
         let config = self

@@ -46,6 +46,14 @@ impl Registry {
         self.auth.upstreams()
     }
 
+    /// `service`'s credential toward its servers, if one is admitted.
+    pub fn auth_upstream(
+        &self,
+        service: &str,
+    ) -> Option<&toolgate_model::upstream_auth::UpstreamCredential> {
+        self.auth.upstream(service)
+    }
+
     /// The rule sets of services (`<prefix>auth/rules/<service>`), by service.
     pub fn auth_service_rules(&self) -> impl Iterator<Item = (&String, &ToolRules)> {
         self.auth.service_rules()

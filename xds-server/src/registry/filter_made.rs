@@ -150,6 +150,7 @@ impl Registry {
                 .collect(),
             auth: self.auth.filter_auth(),
             claim_header_names: self.auth.claim_header_names(),
+            exchanged: self.auth.exchanged(),
             ..FilterConfig::default()
         };
         for ((service, tool), e) in &self.controls.fleet {

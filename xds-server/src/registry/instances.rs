@@ -341,6 +341,7 @@ impl Registry {
             default_timeout_ms: filter.defaults.timeout_ms,
             auth: self.auth.config().cloned(),
             jwks: self.fetched_keys.clone(),
+            keep_caller_tokens: self.auth.upstreams().any(|(_, c)| c.exchange.is_some()),
             credentials: self.upstream_credentials.clone(),
             control: self.members.control(),
         }
@@ -375,7 +376,13 @@ impl Registry {
             },
             timeout_ms: policy.timeout_ms,
             endpoints: Vec::new(),
-            credential_header: self.auth.upstream(service).map(|c| c.header.clone()),
+            // Only a static credential is Envoy's to inject: an exchanged one is each caller's,
+            // added by the filter, and an injector without a secret would answer 401 to all.
+            credential_header: self
+                .auth
+                .upstream(service)
+                .filter(|c| c.secret.is_some())
+                .map(|c| c.header.clone()),
         };
         for (sk, inst) in self.service_instances(service) {
             // Instances of one service share the MCP path; the first one (by id) decides.

@@ -1233,6 +1233,62 @@ fn claim_header_names_reach_the_filter_with_or_without_a_configuration() {
 }
 
 #[test]
+fn exchanged_services_reach_the_filter_and_get_no_injector() {
+    let mut r = reg();
+    r.put("/mcp/services/inv/i-1", V1, 7, 2, 2).unwrap();
+    let exchange = br#"{"exchange": {"token_endpoint": "https://idp.example/token",
+        "audience": "https://inv.example/mcp",
+        "client": {"id": "toolgate", "secret": "env:TOOLGATE_CLIENT_SECRET"}}}"#;
+    let fixed = br#"{"header": "X-Api-Key", "format": "{secret}", "secret": "env:ORDERS_KEY"}"#;
+    assert_eq!(r.put("/mcp/auth/upstream/inv", exchange, 0, 3, 3), Ok(true));
+    // A service not registered (yet) is named too: the filter must not call it without one.
+    assert_eq!(
+        r.put("/mcp/auth/upstream/later", exchange, 0, 4, 4),
+        Ok(true)
+    );
+    assert_eq!(r.put("/mcp/auth/upstream/orders", fixed, 0, 5, 5), Ok(true));
+    let config = published(&mut r);
+    assert!(
+        config.auth.is_none(),
+        "with or without an auth configuration"
+    );
+    let names: Vec<&str> = config.exchanged.keys().map(String::as_str).collect();
+    assert_eq!(names, ["inv", "later"]);
+    assert_eq!(
+        config.exchanged["inv"], config.exchanged["later"],
+        "same configuration"
+    );
+
+    // Each caller's token is the filter's to add: an Envoy injector would have no secret
+    // and answer 401 to every call.
+    let route = |r: &mut Registry| {
+        r.routing(1, Instant::now()).services["inv"]
+            .credential_header
+            .clone()
+    };
+    assert_eq!(route(&mut r), None);
+    // The same service with a static credential: Envoy injects it, the filter asks nothing.
+    let inv_fixed = br#"{"secret": "env:INV_TOKEN"}"#;
+    assert_eq!(
+        r.put("/mcp/auth/upstream/inv", inv_fixed, 0, 6, 6),
+        Ok(true)
+    );
+    assert_eq!(route(&mut r).as_deref(), Some("authorization"));
+    assert_eq!(published(&mut r).exchanged.len(), 1);
+    let other = br#"{"exchange": {"token_endpoint": "https://idp.example/token",
+        "audience": "https://elsewhere.example/mcp",
+        "client": {"id": "toolgate", "secret": "env:TOOLGATE_CLIENT_SECRET"}}}"#;
+    assert_eq!(r.put("/mcp/auth/upstream/later", other, 0, 7, 7), Ok(true));
+    let changed = published(&mut r);
+    assert_ne!(
+        changed.exchanged["later"], config.exchanged["later"],
+        "a new audience"
+    );
+    assert_eq!(r.delete("/mcp/auth/upstream/later"), Ok(true));
+    assert!(published(&mut r).exchanged.is_empty());
+}
+
+#[test]
 fn the_state_snapshot_keeps_the_auth_values() {
     let mut r = reg();
     r.put("/mcp/services/inv/i-1", V1, 7, 2, 2).unwrap();

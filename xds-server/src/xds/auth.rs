@@ -47,7 +47,11 @@ const JWT_CACHE_SIZE: u32 = 4096;
 /// provider, no rule), so the chain is the same either way and turning auth on or off is an
 /// ECDS update, never a listener change. `None` while a remote JWKS has not been tried yet
 /// (see [`FetchedKeys::tried`]): the configuration Envoy holds stays until then.
-pub fn jwt_extension_config(auth: Option<&AuthConfig>, keys: &FetchedKeys) -> Option<Any> {
+pub fn jwt_extension_config(
+    auth: Option<&AuthConfig>,
+    keys: &FetchedKeys,
+    keep_tokens: bool,
+) -> Option<Any> {
     let untried = auth.iter().flat_map(|a| &a.issuers).any(|i| match &i.jwks {
         Jwks::Remote(r) => !keys.tried.contains(&r.uri),
         Jwks::Inline(_) => false,
@@ -56,7 +60,7 @@ pub fn jwt_extension_config(auth: Option<&AuthConfig>, keys: &FetchedKeys) -> Op
         return None;
     }
     let config = auth
-        .map(|a| jwt_authentication(a, keys))
+        .map(|a| jwt_authentication(a, keys, keep_tokens))
         .unwrap_or_default();
     Some(to_any(&TypedExtensionConfig {
         name: JWT_CONFIG_NAME.to_string(),
@@ -68,7 +72,11 @@ fn provider_name(i: usize) -> String {
     format!("issuer-{i}")
 }
 
-fn jwt_authentication(auth: &AuthConfig, keys: &FetchedKeys) -> JwtAuthentication {
+fn jwt_authentication(
+    auth: &AuthConfig,
+    keys: &FetchedKeys,
+    keep_tokens: bool,
+) -> JwtAuthentication {
     let providers: HashMap<String, JwtProvider> = auth
         .issuers
         .iter()
@@ -90,8 +98,9 @@ fn jwt_authentication(auth: &AuthConfig, keys: &FetchedKeys) -> JwtAuthenticatio
                 issuer: issuer.issuer.clone(),
                 audiences: issuer.audiences.clone(),
                 // No token passthrough: Envoy drops the Authorization header of a verified
-                // request (the filter drops any other on protected routes).
-                forward: false,
+                // request (the filter drops any other on protected routes), unless a service's
+                // credential is exchanged for it: then the filter reads it and drops it.
+                forward: keep_tokens,
                 forward_payload_header: PAYLOAD_HEADER.to_string(),
                 failed_status_in_metadata: FAILURE_METADATA_KEY.to_string(),
                 clock_skew_seconds: auth.clock_skew_secs,
@@ -255,13 +264,13 @@ mod tests {
         let uri = "https://idp.example.com/jwks";
         let auth = config(serde_json::json!({"remote": {"uri": uri, "cache_secs": 2}}));
         // Not tried yet: Envoy keeps what it holds.
-        assert!(jwt_extension_config(Some(&auth), &FetchedKeys::default()).is_none());
+        assert!(jwt_extension_config(Some(&auth), &FetchedKeys::default(), false).is_none());
         // Tried and failed: no keys, its tokens refused.
         let failed = FetchedKeys {
             tried: [uri.to_string()].into(),
             ..Default::default()
         };
-        let none = decode(jwt_extension_config(Some(&auth), &failed).expect("built"));
+        let none = decode(jwt_extension_config(Some(&auth), &failed, false).expect("built"));
         assert_eq!(inline_set(&none.providers["issuer-0"]), NO_KEYS);
         let fetched = FetchedKeys {
             sets: [(
@@ -271,11 +280,14 @@ mod tests {
             .into(),
             tried: [uri.to_string()].into(),
         };
-        let jwt = decode(jwt_extension_config(Some(&auth), &fetched).expect("built"));
+        let jwt = decode(jwt_extension_config(Some(&auth), &fetched, false).expect("built"));
         let p = &jwt.providers["issuer-0"];
         assert_eq!(inline_set(p), r#"{"keys":[{"kid":"k1"}]}"#);
         assert!(!p.forward);
         assert_eq!(p.forward_payload_header, PAYLOAD_HEADER);
+        // Kept for the filter only while a service's credential is exchanged for it.
+        let kept = decode(jwt_extension_config(Some(&auth), &fetched, true).expect("built"));
+        assert!(kept.providers["issuer-0"].forward);
         // The token cache is on by default, with the providers named (Envoy's cache needs it)
         // and none refusing by itself.
         assert!(p.jwt_cache_config.is_some());
@@ -298,7 +310,7 @@ mod tests {
             cache_verified_tokens: false,
             ..auth.clone()
         };
-        let jwt = jwt_authentication(&uncached, &fetched);
+        let jwt = jwt_authentication(&uncached, &fetched, false);
         assert!(jwt.providers["issuer-0"].jwt_cache_config.is_none());
         assert!(matches!(
             jwt.rules[0].requirement_type,
@@ -308,21 +320,22 @@ mod tests {
         ));
         // Same keys, same bytes: the cache Envoy holds stays warm.
         assert_eq!(
-            jwt_extension_config(Some(&auth), &fetched),
-            jwt_extension_config(Some(&auth), &fetched.clone())
+            jwt_extension_config(Some(&auth), &fetched, false),
+            jwt_extension_config(Some(&auth), &fetched.clone(), false)
         );
     }
 
     #[test]
     fn without_a_configuration_jwt_authn_does_nothing() {
-        let jwt = decode(jwt_extension_config(None, &FetchedKeys::default()).expect("built"));
+        let jwt =
+            decode(jwt_extension_config(None, &FetchedKeys::default(), false).expect("built"));
         assert!(jwt.providers.is_empty() && jwt.rules.is_empty());
     }
 
     #[test]
     fn every_service_and_virtual_server_has_its_metadata_document() {
         let auth = config(serde_json::json!({"inline": {"keys": [{"kty": "EC"}]}}));
-        let jwt = jwt_authentication(&auth, &FetchedKeys::default());
+        let jwt = jwt_authentication(&auth, &FetchedKeys::default(), false);
         assert_eq!(
             inline_set(&jwt.providers["issuer-0"]),
             r#"{"keys":[{"kty":"EC"}]}"#

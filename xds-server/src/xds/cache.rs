@@ -184,6 +184,7 @@ pub struct SnapshotCache {
     auth: Option<Arc<toolgate_model::auth::AuthConfig>>,
     /// The fetched keys of the last applied snapshot (in `jwt_authn`'s configuration).
     jwks: Option<Arc<FetchedKeys>>,
+    keep_caller_tokens: Option<bool>,
     /// The credentials toward servers of the last applied snapshot (the SDS secrets).
     credentials: Option<Arc<InjectedByService>>,
     /// The default timeout of the last applied snapshot (the shared routes wait it).
@@ -261,6 +262,7 @@ impl SnapshotCache {
         self.virtual_servers.clone_from(&snapshot.virtual_servers);
         self.auth.clone_from(&snapshot.auth);
         self.jwks = Some(Arc::clone(&snapshot.jwks));
+        self.keep_caller_tokens = Some(snapshot.keep_caller_tokens);
         self.credentials = Some(Arc::clone(&snapshot.credentials));
         self.default_timeout_ms = Some(snapshot.default_timeout_ms);
         self.control = Some(Arc::clone(&snapshot.control));
@@ -379,11 +381,14 @@ impl SnapshotCache {
             .jwks
             .as_ref()
             .is_none_or(|k| !Arc::ptr_eq(k, &snapshot.jwks) && **k != *snapshot.jwks);
-        if auth_changed || keys_changed {
+        let keeping_changed = self.keep_caller_tokens != Some(snapshot.keep_caller_tokens);
+        if auth_changed || keys_changed || keeping_changed {
             // Held back (the previous one stays) while a JWKS is still being fetched.
-            if let Some(jwt) =
-                super::auth::jwt_extension_config(snapshot.auth.as_deref(), &snapshot.jwks)
-            {
+            if let Some(jwt) = super::auth::jwt_extension_config(
+                snapshot.auth.as_deref(),
+                &snapshot.jwks,
+                snapshot.keep_caller_tokens,
+            ) {
                 extension.put_any(super::auth::JWT_CONFIG_NAME.to_string(), jwt);
             }
         }
@@ -806,6 +811,7 @@ mod tests {
             default_timeout_ms: 60_000,
             auth: None,
             jwks: Default::default(),
+            keep_caller_tokens: false,
             credentials: Default::default(),
             control: Default::default(),
         }

@@ -347,7 +347,8 @@ pub(crate) mod tests {
         );
         assert!(for_node(&extension_config("[]"), &node("/f.wasm"), "e", None, None).is_err());
         // Another filter's resource passes as it is.
-        let jwt = crate::xds::auth::jwt_extension_config(None, &Default::default()).expect("built");
+        let jwt = crate::xds::auth::jwt_extension_config(None, &Default::default(), false)
+            .expect("built");
         assert_eq!(
             for_node(&jwt, &node("/f.wasm"), "e", None, None).unwrap(),
             jwt

@@ -220,7 +220,11 @@ pub(crate) fn build(snapshot: &RoutingSnapshot) -> BTreeMap<ResourceType, NamedR
         super::ecds::FILTER_CONFIG_NAME.to_string(),
         Arc::new(super::ecds::extension_config(&snapshot.filter_config)),
     );
-    if let Some(jwt) = super::auth::jwt_extension_config(snapshot.auth.as_deref(), &snapshot.jwks) {
+    if let Some(jwt) = super::auth::jwt_extension_config(
+        snapshot.auth.as_deref(),
+        &snapshot.jwks,
+        snapshot.keep_caller_tokens,
+    ) {
         extension.insert(super::auth::JWT_CONFIG_NAME.to_string(), Arc::new(jwt));
     }
     BTreeMap::from([
@@ -979,6 +983,7 @@ mod tests {
             default_timeout_ms: 60_000,
             auth: None,
             jwks: Default::default(),
+            keep_caller_tokens: false,
             credentials: Default::default(),
             control: Default::default(),
         }

@@ -622,6 +622,7 @@ pub(super) mod tests {
             default_timeout_ms: 60_000,
             auth: None,
             jwks: Default::default(),
+            keep_caller_tokens: false,
             credentials: Default::default(),
             control: Default::default(),
         }

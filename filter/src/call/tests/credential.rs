@@ -22,7 +22,7 @@ fn exchanged_worker() -> Worker {
     {
         let mut s = w.shared.borrow_mut();
         s.config.auth = Some(FilterAuth::new(&config, BTreeMap::new(), BTreeMap::new()));
-        s.config.exchanged = BTreeSet::from(["orders".to_string()]);
+        s.config.exchanged = BTreeMap::from([("orders".to_string(), "f1".to_string())]);
     }
     w
 }
