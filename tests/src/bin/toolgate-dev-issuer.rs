@@ -31,6 +31,8 @@ struct Args {
     client_secret_file: Option<std::path::PathBuf>,
 }
 
+/// The audience inventory's exchanged tokens are issued for.
+const EXCHANGE_AUDIENCE: &str = "urn:toolgate:demo:inventory";
 /// The client the demo's gateway exchanges tokens as.
 const CLIENT_ID: &str = "toolgate-gateway";
 
@@ -80,6 +82,17 @@ async fn main() -> anyhow::Result<()> {
     if !resp.status().is_success() {
         bail!("toolgate-xds refused the rules: {}", resp.text().await?);
     }
+    // inventory's servers get each caller's own token, exchanged here for their audience.
+    let exchange = json!({"exchange": {
+        "token_endpoint": issuer.token_endpoint(),
+        "audience": EXCHANGE_AUDIENCE,
+        "scopes": ["tools:call"],
+        "client": {"id": CLIENT_ID, "secret": format!("file:{}", secret_file.display())}
+    }});
+    let resp = put("/v1/auth/upstream/inventory", exchange).await?;
+    if !resp.status().is_success() {
+        bail!("toolgate-xds refused the token exchange: {}", resp.text().await?);
+    }
     let week = Duration::from_secs(7 * 24 * 3600);
     let agent = issuer
         .token()
@@ -97,7 +110,8 @@ async fn main() -> anyhow::Result<()> {
         .sign();
     println!(
         "issuer {} (JWKS {}); auth is on for every service of {gateway}.\n\
-         Token exchange (RFC 8693) at {}: client {CLIENT_ID}, its secret in {}.\n\n\
+         Token exchange (RFC 8693) at {}: client {CLIENT_ID}, its secret in {}; inventory's\n\
+         servers get each caller's token exchanged for {EXCHANGE_AUDIENCE}.\n\n\
          No token: 401 naming the metadata\n  \
          curl -si {gateway}/mcp/finance -d '{{}}' | grep -i www-authenticate\n  \
          curl -s {gateway}/.well-known/oauth-protected-resource/mcp/finance\n\n\
@@ -115,7 +129,11 @@ async fn main() -> anyhow::Result<()> {
         secret_file.display()
     );
     tokio::signal::ctrl_c().await?;
-    for path in ["/v1/auth/rules/finance", "/v1/auth/config"] {
+    for path in [
+        "/v1/auth/upstream/inventory",
+        "/v1/auth/rules/finance",
+        "/v1/auth/config",
+    ] {
         let _ = http
             .delete(format!("{}{path}", args.admin))
             .bearer_auth(token)
