@@ -54,6 +54,11 @@ const TOOLS: [&str; 3] = ["read_order", "write_order", "echo"];
 const ROLE: &str = "bench";
 /// The key prefix of the control plane whose Envoy requires a token.
 const AUTH_PREFIX: &str = "/bench-auth/";
+/// The key prefix of the control plane whose Envoy also exchanges each caller's token for
+/// the server's credential (RFC 8693).
+const EXCHANGE_PREFIX: &str = "/bench-exchange/";
+/// The gateway's client at the issuer's token endpoint.
+const EXCHANGE_CLIENT: &str = "bench-gateway";
 /// The default key prefix, of the control plane whose Envoy has no auth configuration.
 const OPEN_PREFIX: &str = "/mcp/";
 
@@ -106,6 +111,8 @@ pub struct AuthBench {
     pub goal_met: bool,
     /// Where the difference goes (full mode), from the same pair with the no-op wasm filter.
     pub breakdown: Option<Breakdown>,
+    /// The same call with the service's credential exchanged per caller, its cache warm.
+    pub exchange: Option<ExchangeCost>,
     /// The auth Envoy's `jwt_authn` counters after the runs (token cache hits and misses,
     /// JWKS fetches, allowed and denied).
     pub jwt_authn_stats: BTreeMap<String, u64>,
@@ -125,6 +132,19 @@ pub struct Breakdown {
     /// Envoy CPU µs per call of the toolgate filter's auth work: the toolgate pair's
     /// difference minus the no-op pair's, per repetition.
     pub filter_auth_us: Spread,
+}
+
+/// What a service whose credential is each caller's token exchanged costs per call once the
+/// exchanged token is cached, against the same auth configuration without it (paired).
+#[derive(Debug, Serialize)]
+pub struct ExchangeCost {
+    pub variant: VariantResult,
+    /// Requests/s with the exchange over `with_auth`, per repetition.
+    pub ratio_to_with_auth: Spread,
+    /// Envoy CPU µs per call with the exchange minus `with_auth`, per repetition.
+    pub envoy_cpu_delta_us: Spread,
+    /// Exchanges the issuer performed in the whole suite (warm: one per caller and cache).
+    pub exchanges: u64,
 }
 
 pub async fn run(env: &TestEnv, cores: usize, opts: &Options) -> anyhow::Result<AuthBench> {
@@ -169,6 +189,13 @@ async fn measure(
         &["--prefix", AUTH_PREFIX],
     )
     .await;
+    let xds_exchange = Xds::start(
+        env,
+        "xds-exchange",
+        &etcd.endpoint(),
+        &["--prefix", EXCHANGE_PREFIX],
+    )
+    .await;
     let lab = McpServer::lab(env, "lab-json", &["--stateless", "--json-response"]).await;
     let mut client = etcd.client().await;
     let registration = json!({
@@ -177,7 +204,7 @@ async fn measure(
         "tools": TOOLS,
     })
     .to_string();
-    for prefix in [OPEN_PREFIX, AUTH_PREFIX] {
+    for prefix in [OPEN_PREFIX, AUTH_PREFIX, EXCHANGE_PREFIX] {
         client
             .put(
                 format!("{prefix}services/{SERVICE}/{}", lab.instance_id),
@@ -189,6 +216,14 @@ async fn measure(
     let wasm = wasm.to_string_lossy().into_owned();
     let open = Envoy::start_with(env, "envoy-open", &xds_open, 1, &["--filter", &wasm]).await;
     let authd = Envoy::start_with(env, "envoy-auth", &xds_auth, 1, &["--filter", &wasm]).await;
+    let exchanging = Envoy::start_with(
+        env,
+        "envoy-exchange",
+        &xds_exchange,
+        1,
+        &["--filter", &wasm],
+    )
+    .await;
     let noop = match &opts.noop_filter {
         Some(p) => {
             let p = p.to_string_lossy().into_owned();
@@ -201,7 +236,7 @@ async fn measure(
         }
         None => None,
     };
-    let mut envoys = vec![&open, &authd];
+    let mut envoys = vec![&open, &authd, &exchanging];
     if let Some((a, b)) = &noop {
         envoys.extend([a, b]);
     }
@@ -218,6 +253,7 @@ async fn measure(
         .build()?;
     let body = request_body(1024);
     let (open_url, auth_url) = (open.url(SERVICE), authd.url(SERVICE));
+    let exchange_url = exchanging.url(SERVICE);
     // Before any auth configuration, both serve the call alike.
     for url in [&open_url, &auth_url] {
         wait_for_answer(&http, url, &body, None, Expect::Served)
@@ -256,6 +292,41 @@ async fn measure(
             None,
         )
         .await?;
+    // The exchanging Envoy: the same configuration for its own resource, and the service's
+    // credential exchanged per caller at the issuer.
+    let exchange_resource = exchange_url
+        .strip_suffix(&format!("/mcp/{SERVICE}"))
+        .context("an Envoy service URL ends with /mcp/<service>")?
+        .to_string();
+    let client_secret = format!("{:032x}", rand::random::<u128>());
+    issuer.register_client(EXCHANGE_CLIENT, &client_secret);
+    // Valid as long as the caller's token: one exchange per cache for the whole suite.
+    issuer.set_exchange_lifetime(Duration::from_secs(4 * 3600));
+    let secret_file = env.path("bench-exchange-client-secret");
+    std::fs::write(&secret_file, &client_secret)?;
+    let mut exchange_config = config.clone();
+    exchange_config["resource"] = json!(exchange_resource);
+    let exchange = json!({"exchange": {
+        "token_endpoint": issuer.token_endpoint(),
+        "audience": "urn:toolgate:bench:lab",
+        "client": {"id": EXCHANGE_CLIENT, "secret": format!("file:{}", secret_file.display())}
+    }});
+    for (key, value) in [
+        ("auth/config".to_string(), exchange_config),
+        (format!("auth/rules/{SERVICE}"), rules.clone()),
+        (format!("auth/upstream/{SERVICE}"), exchange),
+    ] {
+        client
+            .put(format!("{EXCHANGE_PREFIX}{key}"), value.to_string(), None)
+            .await?;
+    }
+    let exchange_token = issuer
+        .token()
+        .sub("bench-agent")
+        .aud(format!("{exchange_resource}/mcp/{SERVICE}"))
+        .roles([ROLE])
+        .expires_in(Duration::from_secs(4 * 3600))
+        .sign();
     let audience = format!("{resource}/mcp/{SERVICE}");
     // Valid for the whole suite, reused for every call.
     let token = issuer
@@ -285,6 +356,18 @@ async fn measure(
     wait_for_answer(&http, &open_url, &body, None, Expect::Served)
         .await
         .context("the Envoy without auth, after the auth configuration is written")?;
+    wait_for_answer(
+        &http,
+        &exchange_url,
+        &body,
+        Some(&exchange_token),
+        Expect::Served,
+    )
+    .await
+    .context("a valid token at the exchanging Envoy")?;
+    if issuer.exchanges() == 0 {
+        bail!("the exchanging Envoy's call was served without an exchange");
+    }
     if let Some((noop_open, noop_auth)) = &noop {
         wait_for_answer(&http, &noop_open.url(SERVICE), &body, None, Expect::Served)
             .await
@@ -323,6 +406,14 @@ async fn measure(
         &auth_script,
         lua_script(&body, &[("Authorization", &format!("Bearer {token}"))]),
     )?;
+    let exchange_script = env.path("wrk-auth-exchange.lua");
+    std::fs::write(
+        &exchange_script,
+        lua_script(
+            &body,
+            &[("Authorization", &format!("Bearer {exchange_token}"))],
+        ),
+    )?;
     let mut targets = vec![
         Target {
             key: "without".into(),
@@ -359,6 +450,15 @@ async fn measure(
         });
     }
 
+    let exchange_index = targets.len();
+    targets.push(Target {
+        key: "exchange".into(),
+        label: "toolgate filter, jwt_authn + rules, the credential exchanged per caller (cached)"
+            .into(),
+        url: exchange_url.clone(),
+        script: exchange_script,
+        envoy: Some(&exchanging),
+    });
     let dp = dataplane::Options {
         reps: opts.reps,
         secs: opts.secs,
@@ -436,7 +536,11 @@ async fn measure(
     let ratio = spread(&rps_ratio(1, 0));
     let toolgate_delta = cpu_delta(1, 0);
     let envoy_cpu_delta_us = spread(&toolgate_delta);
-    let breakdown_figures = (targets.len() == 4).then(|| {
+    let exchange_figures = (
+        spread(&rps_ratio(exchange_index, 1)),
+        spread(&cpu_delta(exchange_index, 1)),
+    );
+    let breakdown_figures = noop.is_some().then(|| {
         let noop_delta = cpu_delta(3, 2);
         let filter: Vec<f64> = toolgate_delta
             .iter()
@@ -450,7 +554,13 @@ async fn measure(
         )
     });
     let jwt_authn_stats = jwt_stats(&http, &authd).await;
-    let mut results = targets.iter().zip(runs).map(|(t, r)| variant_result(t, r));
+    let mut results: Vec<Option<VariantResult>> = targets
+        .iter()
+        .zip(runs)
+        .map(|(t, r)| Some(variant_result(t, r)))
+        .collect();
+    let exchange_result = results.get_mut(exchange_index).and_then(Option::take);
+    let mut results = results.into_iter().flatten();
     let (Some(without_auth), Some(with_auth)) = (results.next(), results.next()) else {
         bail!("two variants measured");
     };
@@ -464,13 +574,19 @@ async fn measure(
         }),
         _ => None,
     };
-    let _ = (&xds_open, &xds_auth, &issuer);
+    let exchange = exchange_result.map(|variant| ExchangeCost {
+        variant,
+        ratio_to_with_auth: exchange_figures.0,
+        envoy_cpu_delta_us: exchange_figures.1,
+        exchanges: issuer.exchanges(),
+    });
+    let _ = (&xds_open, &xds_auth, &xds_exchange, &issuer);
     Ok(AuthBench {
         token_cache: opts.token_cache,
         pinning: if pinned {
             format!(
-                "both Envoys (--concurrency 1, all threads) on core {ENVOY_CORE}; wrk, the lab, etcd, \
-                 both toolgate-xds, the issuer and the bench driver on core {CLIENT_CORE}"
+                "the Envoys (--concurrency 1, all threads) on core {ENVOY_CORE}; wrk, the lab, etcd, \
+                 the toolgate-xds, the issuer and the bench driver on core {CLIENT_CORE}"
             )
         } else {
             "not pinned: fewer than 2 cores".into()
@@ -492,6 +608,7 @@ async fn measure(
         ratio,
         envoy_cpu_delta_us,
         breakdown,
+        exchange,
         goal: format!(
             "with auth / without >= {GOAL_RATIO:.2} (calls/s, median of back-to-back pairs)"
         ),
@@ -599,6 +716,7 @@ impl AuthBench {
         for v in [&self.without_auth, &self.with_auth]
             .into_iter()
             .chain(noop.into_iter().flatten())
+            .chain(self.exchange.iter().map(|x| &x.variant))
         {
             out.push_str(&format!(
                 "| ({}) {} | {} | {} | {} | {} | {:.0} |\n",
@@ -625,6 +743,14 @@ impl AuthBench {
                 f(&b.noop_ratio, 3),
                 f(&b.jwt_authn_us, 1),
                 f(&b.filter_auth_us, 1),
+            ));
+        }
+        if let Some(x) = &self.exchange {
+            out.push_str(&format!(
+                "\nThe credential exchanged per caller (RFC 8693), its cache warm: calls/s {} of the same auth configuration without it (paired), Δ {} µs Envoy CPU per call; {} exchanges at the issuer in the whole suite.\n",
+                f(&x.ratio_to_with_auth, 3),
+                f(&x.envoy_cpu_delta_us, 1),
+                x.exchanges,
             ));
         }
         let stat = |k: &str| self.jwt_authn_stats.get(k).copied().unwrap_or(0);
