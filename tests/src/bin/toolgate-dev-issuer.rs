@@ -91,7 +91,10 @@ async fn main() -> anyhow::Result<()> {
     }});
     let resp = put("/v1/auth/upstream/inventory", exchange).await?;
     if !resp.status().is_success() {
-        bail!("toolgate-xds refused the token exchange: {}", resp.text().await?);
+        bail!(
+            "toolgate-xds refused the token exchange: {}",
+            resp.text().await?
+        );
     }
     let week = Duration::from_secs(7 * 24 * 3600);
     let agent = issuer
