@@ -24,7 +24,17 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             let Shared {
                 config, callers, ..
             } = &mut *guard;
-            let auth = config.auth.as_ref()?;
+            let Some(auth) = config.auth.as_ref() else {
+                // Envoy verified a token although this filter has no auth configuration: its
+                // `jwt_authn` is ahead of this filter's configuration (one it refused, or not
+                // yet here), and may keep tokens on requests for an exchange. Neither the
+                // token nor its payload goes on (a lookup in the headers read already).
+                if host.request_header_present(PAYLOAD_HEADER) {
+                    host.set_request_header(PAYLOAD_HEADER, None);
+                    host.set_request_header("authorization", None);
+                }
+                return None;
+            };
             let payload = host.request_header(PAYLOAD_HEADER);
             if payload.is_some() {
                 host.set_request_header(PAYLOAD_HEADER, None);

@@ -200,3 +200,39 @@ fn a_service_without_an_exchange_asks_nothing() {
     assert!(f.went_upstream());
     assert!(f.stream.dispatched.borrow().is_empty());
 }
+
+#[test]
+fn a_token_envoy_verified_goes_no_further_when_this_filter_has_no_auth_configuration() {
+    // jwt_authn keeps verified tokens for an exchange, and this filter's configuration
+    // (with auth) was refused or is not here yet.
+    let mut w = Worker::new();
+    let payload = alice();
+    let f = w.request(
+        "orders",
+        &[
+            ("authorization", "Bearer alice-token"),
+            (PAYLOAD_HEADER, &payload),
+        ],
+        r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"read_order","arguments":{}}}"#,
+    );
+    assert!(f.went_upstream());
+    let headers = f.stream.request_headers.borrow();
+    assert!(headers.get("authorization").is_none(), "{headers:?}");
+    assert!(headers.get(PAYLOAD_HEADER).is_none(), "{headers:?}");
+    drop(headers);
+    // Without a verified token, the client's own Authorization goes on as it always did
+    // where the gateway checks no tokens.
+    let g = w.request(
+        "orders",
+        &[("authorization", "Bearer for-the-server")],
+        r#"{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"read_order","arguments":{}}}"#,
+    );
+    assert_eq!(
+        g.stream
+            .request_headers
+            .borrow()
+            .get("authorization")
+            .map(String::as_str),
+        Some("Bearer for-the-server")
+    );
+}
