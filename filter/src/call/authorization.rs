@@ -19,7 +19,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             Target::Service(service) => aggregate::service_path(service, ""),
             Target::Virtual { server, .. } => aggregate::endpoint_path(server),
         };
-        let (required, verified, authorization) = {
+        let (required, verified, authorization, payload_seen) = {
             let mut guard = self.shared.borrow_mut();
             let Shared {
                 config, callers, ..
@@ -47,6 +47,12 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             // Envoy drops the token of a request it verified: a payload refused here (a token
             // for another resource) is a refused token too.
             let came = payload.is_some();
+            // Kept only where a token may be exchanged: that token must be the one verified.
+            let payload_seen = if config.exchanged.is_empty() {
+                None
+            } else {
+                payload.clone()
+            };
             let verified = payload
                 // An Envoy whose bootstrap does not verify tokens first: the header could be
                 // the client's own, so nothing is verified there (fail closed).
@@ -59,10 +65,11 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 Target::Service(s) => auth.requires_service(s),
                 Target::Virtual { server, .. } => auth.requires_virtual(server),
             };
-            (required, verified, authorization)
+            (required, verified, authorization, payload_seen)
         };
         self.auth.path = path;
         self.auth.authorization = authorization;
+        self.auth.payload = payload_seen;
         if let Some(v) = &verified {
             if !v.caller.subject.is_empty() {
                 self.log_field(host, log_field::SUBJECT, &v.caller.subject);

@@ -118,10 +118,22 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             let a = a.trim();
             auth::is_bearer(a).then(|| a[7..].trim())
         });
-        let token = match (self.auth.verified.is_some(), token) {
-            (true, Some(t)) if !t.is_empty() => t.to_string(),
-            // No token to exchange (none, refused, or not in the Authorization header): the
-            // 401 that starts the client's OAuth flow.
+        // The token in `Authorization` must be the one Envoy verified (its payload segment is
+        // the payload forwarded): one verified from elsewhere (the `access_token` query
+        // parameter) beside another in the header would otherwise lend one caller's rules to
+        // another's credential.
+        let verified_here = |t: &str| {
+            self.auth.verified.is_some()
+                && self
+                    .auth
+                    .payload
+                    .as_deref()
+                    .is_some_and(|p| t.split('.').nth(1) == Some(p))
+        };
+        let token = match token {
+            Some(t) if !t.is_empty() && verified_here(t) => t.to_string(),
+            // No token to exchange (none, refused, or not the verified one in the
+            // Authorization header): the 401 that starts the client's OAuth flow.
             _ => {
                 let label = self.denial_label(Target::Service(service));
                 let what = format!("the MCP service `{service}`");

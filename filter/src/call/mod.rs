@@ -277,6 +277,9 @@ struct AuthState {
     /// The client's `Authorization` (removed from the request): the token a service's
     /// credential is exchanged for.
     authorization: Option<String>,
+    /// The verified payload as Envoy forwarded it (base64url), while some service's
+    /// credential is exchanged: the exchanged token must be the verified one.
+    payload: Option<String>,
 }
 
 impl<S: SharedStore, M: MetricHost> Call<S, M> {

@@ -34,7 +34,13 @@ fn alice() -> String {
     )
 }
 
+/// A token whose payload segment is what Envoy forwarded (`tag` tells tokens apart).
+fn jwt(tag: &str) -> String {
+    format!("h.{}.{tag}", alice())
+}
+
 fn call_as(w: &mut Worker, token: &str) -> Flight {
+    let token = jwt(token);
     let bearer = format!("Bearer {token}");
     let payload = alice();
     w.request(
@@ -60,7 +66,7 @@ fn the_call_waits_for_its_credential_then_goes_with_it_and_the_next_finds_it_cac
         assert_eq!(asked[0].0, EXCHANGE_PATH);
         let question: Value = serde_json::from_slice(&asked[0].1).expect("json");
         assert_eq!(question["service"], "orders");
-        assert_eq!(question["subject_token"], "alice-token");
+        assert_eq!(question["subject_token"], jwt("alice-token"));
     }
     // Judged, but held until the answer.
     assert_eq!(f.body_action, Some(Action::Pause));
@@ -114,7 +120,10 @@ fn an_answer_before_the_body_is_whole_lets_the_call_go_without_waiting() {
             "accept".into(),
             "application/json, text/event-stream".into(),
         );
-        h.insert("authorization".into(), "Bearer alice-token".into());
+        h.insert(
+            "authorization".into(),
+            format!("Bearer {}", jwt("alice-token")),
+        );
         h.insert(PAYLOAD_HEADER.into(), alice());
     }
     let body = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"read_order","arguments":{}}}"#;
@@ -188,6 +197,25 @@ fn without_a_verified_token_there_is_nothing_to_exchange_401() {
         r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"read_order","arguments":{}}}"#,
     );
     assert!(f.stream.dispatched.borrow().is_empty());
+    let (status, _) = f.reply();
+    assert_eq!(status, 401);
+}
+
+#[test]
+fn a_token_other_than_the_verified_one_is_not_exchanged() {
+    let mut w = exchanged_worker();
+    // Envoy verified alice's token from elsewhere (the query parameter); the header holds
+    // another one.
+    let other = URL_SAFE_NO_PAD.encode(r#"{"sub":"bob"}"#);
+    let f = w.request(
+        "orders",
+        &[
+            ("authorization", &format!("Bearer h.{other}.s")),
+            (PAYLOAD_HEADER, &alice()),
+        ],
+        r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"read_order","arguments":{}}}"#,
+    );
+    assert!(f.stream.dispatched.borrow().is_empty(), "nothing asked");
     let (status, _) = f.reply();
     assert_eq!(status, 401);
 }
