@@ -115,13 +115,42 @@ impl Target {
             return Err(Attempts { http, mcp: None });
         }
         match mcp.probe().await {
-            Ok(detail) => Ok(Chosen {
-                kind: ProbeKind::Mcp,
-                why: format!(
-                    "GET {}: {http}; MCP at {}: {detail}",
-                    self.health_path, self.mcp_path
-                ),
-            }),
+            Ok(detail) => {
+                // The health endpoint was not reached at all (nothing listened yet, the
+                // server was starting while MCP was asked): it is asked again now that the
+                // server answers, or a server with one would be probed the costlier way.
+                let http = if http.starts_with("HTTP ") {
+                    http
+                } else {
+                    match toolgate_probe::http::get(&self.http, &self.health_url(), self.timeout)
+                        .await
+                    {
+                        Ok(detail) => {
+                            return Ok(Chosen {
+                                kind: ProbeKind::Http,
+                                why: format!(
+                                    "GET {} answered {detail} (once the server was up)",
+                                    self.health_path
+                                ),
+                            })
+                        }
+                        Err(why) if says_unhealthy(&why) => {
+                            return Err(Attempts {
+                                http: why,
+                                mcp: None,
+                            })
+                        }
+                        Err(why) => why,
+                    }
+                };
+                Ok(Chosen {
+                    kind: ProbeKind::Mcp,
+                    why: format!(
+                        "GET {}: {http}; MCP at {}: {detail}",
+                        self.health_path, self.mcp_path
+                    ),
+                })
+            }
             Err(e) => Err(Attempts {
                 http,
                 mcp: Some(e.to_string()),
