@@ -280,35 +280,29 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         // A breaker's trial call that was not made counts for nothing.
         self.record(host, Outcome::Ignored, None);
         let kind = UnavailableKind::NoCredential { why: &why, lasting };
-        let service = self.service.clone().unwrap_or_default();
-        let reply = match self.judged() {
-            Some(judged) if judged.tool.is_some() => self.tool_reply(kind, self.framing),
-            Some(judged) => reply::error(
-                self.version,
-                Some(&judged.id),
-                reply::INTERNAL_ERROR,
-                &format!(
-                    "The gateway could not get a credential for this caller toward the MCP \
-                     service `{service}`: {}.",
-                    reply::clean_reason(&why)
-                ),
-                None::<()>,
-                self.framing,
-            ),
-            None => reply::error(
-                self.version,
-                None,
-                reply::INTERNAL_ERROR,
-                &format!(
-                    "The gateway could not get a credential for this caller toward the MCP \
-                     service `{service}`: {}.",
-                    reply::clean_reason(&why)
-                ),
-                None::<()>,
-                Framing::Json,
-            ),
+        if self.judged().is_some_and(|j| j.tool.is_some()) {
+            let reply = self.tool_reply(kind, self.framing);
+            return self.send_local(host, 200, &reply, &[]);
+        }
+        // Another method: a JSON-RPC error with its id; a GET stream (no id): a 502.
+        let (id, framing, status) = match self.judged() {
+            Some(judged) => (Some(&judged.id), self.framing, 200),
+            None => (None, Framing::Json, 502),
         };
-        let status = if self.judged().is_some() { 200 } else { 502 };
+        let service = self.service.as_deref().unwrap_or_default();
+        let message = format!(
+            "The gateway could not get a credential for this caller toward the MCP service \
+             `{service}`: {}.",
+            reply::clean_reason(&why)
+        );
+        let reply = reply::error(
+            self.version,
+            id,
+            reply::INTERNAL_ERROR,
+            &message,
+            None::<()>,
+            framing,
+        );
         self.send_local(host, status, &reply, &[])
     }
 }
