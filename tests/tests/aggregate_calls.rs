@@ -472,6 +472,12 @@ async fn a_service_that_leaves_is_annotated_and_its_calls_name_the_fallback() {
         ("mcp-session-id", fresh.as_str()),
         ("mcp-protocol-version", "2025-06-18"),
     ];
+    // list_changed comes from toolgate-xds as soon as its registry changes; Envoy learns of
+    // the departure by its own EDS update, which under load can come a little later.
+    gw.stack
+        .envoy
+        .wait_addresses("stock", &[], Duration::from_secs(10))
+        .await;
     let ran = stock.server.calls("write_order").await;
     for headers in [&with_session[..], &fresh_session[..], &[]] {
         let (status, body) = gw.call("/mcp", WRITE, json!({}), headers).await;
