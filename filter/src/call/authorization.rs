@@ -27,18 +27,16 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             let Some(auth) = config.auth.as_ref() else {
                 // Envoy verified a token although this filter has no auth configuration: its
                 // `jwt_authn` is ahead of this filter's configuration (one it refused, or not
-                // yet here), and may keep tokens on requests for an exchange. Neither the
-                // token nor its payload goes on (a lookup in the headers read already).
+                // yet here), and may keep tokens on requests for an exchange. The token does
+                // not go on (a lookup in the headers read already); the payload header never
+                // does, the route configuration removes it.
                 if host.request_header_present(PAYLOAD_HEADER) {
-                    host.set_request_header(PAYLOAD_HEADER, None);
                     host.set_request_header("authorization", None);
                 }
                 return None;
             };
+            // Left in place: the route configuration removes it as the request goes upstream.
             let payload = host.request_header(PAYLOAD_HEADER);
-            if payload.is_some() {
-                host.set_request_header(PAYLOAD_HEADER, None);
-            }
             let authorization = host.request_header("authorization");
             if authorization.is_some() {
                 // No token passthrough: the client's token is for the gateway alone.

@@ -643,8 +643,13 @@ pub(crate) fn virtual_host(snapshot: &RoutingSnapshot) -> VirtualHost {
         // host predicate) per route, on every new route configuration, which is one per new
         // service. The other routes are direct responses, which never retry.
         retry_policy: Some(connect_failure_retry()),
-        // The filter's word for Envoy (see [`shared_service_routes`]), not for the server.
-        request_headers_to_remove: vec![CLUSTER_HEADER.to_string()],
+        // The filter's word for Envoy (see [`shared_service_routes`]), and the payload
+        // `jwt_authn` verified (the filter reads it before routing), are not for the server.
+        // Removed here by the router, not by a host call of the filter on every request.
+        request_headers_to_remove: vec![
+            CLUSTER_HEADER.to_string(),
+            toolgate_model::auth::PAYLOAD_HEADER.to_string(),
+        ],
         ..Default::default()
     }
 }
@@ -1240,8 +1245,12 @@ mod tests {
         let rc: RouteConfiguration = decode(&built[&ResourceType::Route][SHARED_ROUTE_CONFIG_NAME]);
         assert_eq!(rc.name, SHARED_ROUTE_CONFIG_NAME);
         let vh = &rc.virtual_hosts[0];
-        // The filter's header is for Envoy: taken off before any request goes upstream.
-        assert_eq!(vh.request_headers_to_remove, [CLUSTER_HEADER]);
+        // The filter's header is for Envoy and the verified payload for the filter: both
+        // taken off before any request goes upstream.
+        assert_eq!(
+            vh.request_headers_to_remove,
+            [CLUSTER_HEADER, toolgate_model::auth::PAYLOAD_HEADER]
+        );
         let names: Vec<&str> = vh
             .routes
             .iter()
