@@ -23,6 +23,7 @@ pub mod fleet;
 pub mod header_map;
 pub mod held_session;
 pub mod keeper;
+pub mod limits;
 pub mod mcp;
 pub mod offline;
 pub mod session;

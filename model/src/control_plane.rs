@@ -16,6 +16,10 @@ pub struct XdsMember {
     /// The toolgate version that registered, for operators.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub version: String,
+    /// How many Envoys its ADS streams serve now: the fleet's size, summed over its
+    /// toolgate-xds, is what each call limit's budget is split by.
+    #[serde(default)]
+    pub envoys: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -33,6 +37,7 @@ impl XdsMember {
         XdsMember {
             admin: admin.to_string(),
             version: version.to_string(),
+            envoys: 0,
         }
     }
 

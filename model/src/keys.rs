@@ -100,6 +100,41 @@ impl KeyLayout {
         }
     }
 
+    /// `<prefix>limits/`: call limits, per service or per (service, tool).
+    pub fn limits_prefix(&self) -> String {
+        format!("{}limits/", self.prefix)
+    }
+
+    /// The limits key of a service, or of one of its tools.
+    pub fn limit_key(&self, service: &str, tool: Option<&str>) -> String {
+        match tool {
+            Some(t) => format!("{}limits/{service}/{t}", self.prefix),
+            None => format!("{}limits/{service}", self.prefix),
+        }
+    }
+
+    /// Splits `<prefix>limits/<service>[/<tool>]` into the service and the tool, if any.
+    pub fn parse_limit_key(&self, key: &str) -> Result<(String, Option<String>), KeyError> {
+        let rest = key
+            .strip_prefix(self.limits_prefix().as_str())
+            .ok_or_else(|| KeyError::NotAService(key.to_string()))?;
+        let name_err = |source| KeyError::Name {
+            key: key.to_string(),
+            source,
+        };
+        match rest.split_once('/') {
+            None => {
+                validate_name("service", rest).map_err(name_err)?;
+                Ok((rest.to_string(), None))
+            }
+            Some((service, tool)) => {
+                validate_name("service", service).map_err(name_err)?;
+                validate_name("tool", tool).map_err(name_err)?;
+                Ok((service.to_string(), Some(tool.to_string())))
+            }
+        }
+    }
+
     /// `<prefix>virtual/`: virtual servers, one key per name (issue 19).
     pub fn virtual_prefix(&self) -> String {
         format!("{}virtual/", self.prefix)

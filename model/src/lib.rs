@@ -11,6 +11,7 @@ pub mod envoy;
 pub mod fleet;
 pub mod instance;
 pub mod keys;
+pub mod limits;
 pub mod names;
 pub mod policy;
 pub mod session_loss;

@@ -415,6 +415,10 @@ pub struct FilterConfig {
     /// only names with `{"type": "object"}` schemas (the description says so), or none.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub offline_listings: BTreeMap<String, Vec<serde_json::Value>>,
+    /// The call limits in force (`<prefix>limits/...`), and the fleet's size they are split
+    /// by.
+    #[serde(skip_serializing_if = "crate::limits::FilterLimits::is_empty")]
+    pub limits: crate::limits::FilterLimits,
 }
 
 /// A secret that never shows in a `Debug` print (configurations are logged and asserted on):
@@ -459,6 +463,7 @@ impl Default for FilterConfig {
             claim_header_names: BTreeSet::new(),
             exchanged: BTreeMap::new(),
             offline_listings: BTreeMap::new(),
+            limits: crate::limits::FilterLimits::default(),
         }
     }
 }

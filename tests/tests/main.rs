@@ -14,6 +14,7 @@ mod aggregate_surface;
 mod auth;
 mod auth_surface;
 mod breaker;
+mod call_limits;
 mod cluster;
 mod conformance;
 mod console;

@@ -38,7 +38,15 @@ pub const SERVICE_TAG_REGEX: &str =
     r"^wasmcustom\.toolgate\.(?:auth\.)?(service=([^=]+)\.)(?:tool|reason)=";
 /// Takes `tool=<name>.` out as the tag `tool`; the kind (`calls`, `state`, ...) is the last
 /// segment and has no dot, so a tool name with dots is taken whole.
-pub const TOOL_TAG_REGEX: &str = r"^wasmcustom\.toolgate\.service=[^=]+\.(tool=([^=]+)\.)[a-z_]+$";
+/// The call-limit counters (`...tool=<name>.rule=<rule>.limited_total`) carry a rule after
+/// the tool.
+pub const TOOL_TAG_REGEX: &str =
+    r"^wasmcustom\.toolgate\.service=[^=]+\.(tool=([^=]+)\.)(?:rule=[^=]+\.)?[a-z_]+$";
+pub const RULE_TAG: &str = "rule";
+/// Takes `rule=<name>.` out of a call-limit counter's name as the tag `rule` (rule names
+/// have no dots).
+pub const RULE_TAG_REGEX: &str =
+    r"^wasmcustom\.toolgate\.service=[^=]+\.tool=[^=]+\.(rule=([^=.]+)\.)limited_total$";
 
 /// toolgate-xds's liveness path, which Envoy's health checks of the control cluster ask.
 pub const CONTROL_HEALTH_PATH: &str = "/healthz";
@@ -179,6 +187,11 @@ pub fn access_log_format() -> Value {
         "mcp.breaker": "%FILTER_STATE(wasm.mcp_breaker:PLAIN)%",
         "auth.subject": "%FILTER_STATE(wasm.mcp_subject:PLAIN)%",
         "auth.denied": "%FILTER_STATE(wasm.mcp_denied:PLAIN)%",
+        "mcp.limit": "%FILTER_STATE(wasm.mcp_limit:PLAIN)%",
+        "mcp.service": "%FILTER_STATE(wasm.mcp_service:PLAIN)%",
+        "mcp.decision": "%FILTER_STATE(wasm.mcp_decision:PLAIN)%",
+        "mcp.reason": "%FILTER_STATE(wasm.mcp_reason:PLAIN)%",
+        "client": "%DOWNSTREAM_REMOTE_ADDRESS_WITHOUT_PORT%",
         "mcp.session": "%REQ(MCP-SESSION-ID)%",
         "upstream_cluster": "%UPSTREAM_CLUSTER%",
         "upstream_host": "%UPSTREAM_HOST%",
@@ -453,7 +466,8 @@ fn stats_config() -> Value {
         "stats_tags": [
             { "tag_name": SERVICE_TAG, "regex": SERVICE_TAG_REGEX },
             { "tag_name": TOOL_TAG, "regex": TOOL_TAG_REGEX },
-            { "tag_name": REASON_TAG, "regex": REASON_TAG_REGEX }
+            { "tag_name": REASON_TAG, "regex": REASON_TAG_REGEX },
+            { "tag_name": RULE_TAG, "regex": RULE_TAG_REGEX }
         ]
     })
 }
@@ -1144,7 +1158,7 @@ mod tests {
             .as_array()
             .expect("stats_tags");
         let names: Vec<&str> = tags.iter().filter_map(|t| t["tag_name"].as_str()).collect();
-        assert_eq!(names, [SERVICE_TAG, TOOL_TAG, REASON_TAG]);
+        assert_eq!(names, [SERVICE_TAG, TOOL_TAG, REASON_TAG, RULE_TAG]);
         for t in tags {
             let regex = t["regex"].as_str().expect("regex");
             // Anchored on the wasm namespace, so Envoy runs them on the filter's stats only.

@@ -366,6 +366,47 @@ impl FleetWriter {
         Ok(deleted)
     }
 
+    /// Writes call limits after checking them exactly as the watch will: a bad value answers
+    /// 400 naming the field (`rules[0].per_seconds: ...`), and nothing is written.
+    pub async fn put_limits(
+        &self,
+        service: &str,
+        tool: Option<&str>,
+        raw: &[u8],
+    ) -> Result<(), AdminError> {
+        let key = limit_key(&self.layout(), service, tool)?;
+        self.registry
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .check(&key, raw)
+            .map_err(|r| AdminError::bad_request(r.detail))?;
+        let mut client = self
+            .client
+            .get()
+            .await
+            .map_err(|e| AdminError::etcd("limits", e))?;
+        let resp = tokio::time::timeout(self.timeout, client.put(key.as_str(), raw.to_vec(), None))
+            .await
+            .map_err(|_| AdminError::etcd("limits", "timed out"))?
+            .map_err(|e| AdminError::etcd("limits", e))?;
+        info!(key, "limits set");
+        // A `GET /v1/limits` right after the answer shows them.
+        if let Some(header) = resp.header() {
+            self.applied(header.revision()).await;
+        }
+        Ok(())
+    }
+
+    /// Lifts call limits. `Ok(false)` when there were none.
+    pub async fn delete_limits(
+        &self,
+        service: &str,
+        tool: Option<&str>,
+    ) -> Result<bool, AdminError> {
+        let key = limit_key(&self.layout(), service, tool)?;
+        self.delete(&key, "limits").await
+    }
+
     /// Writes a value the caller has checked exactly as the watch will (a virtual server).
     pub async fn put_raw(&self, key: &str, raw: &[u8], what: &str) -> Result<(), AdminError> {
         let mut client = self
@@ -402,6 +443,19 @@ impl FleetWriter {
 fn names(service: &str, tool: &str) -> Result<(), AdminError> {
     validate_name("service", service).map_err(|e| AdminError::bad_request(e.to_string()))?;
     validate_name("tool", tool).map_err(|e| AdminError::bad_request(e.to_string()))
+}
+
+/// `<prefix>limits/<service>[/<tool>]`, the names checked: a bad one answers 400 naming it.
+fn limit_key(
+    layout: &toolgate_model::KeyLayout,
+    service: &str,
+    tool: Option<&str>,
+) -> Result<String, AdminError> {
+    validate_name("service", service).map_err(|e| AdminError::bad_request(e.to_string()))?;
+    if let Some(t) = tool {
+        validate_name("tool", t).map_err(|e| AdminError::bad_request(e.to_string()))?;
+    }
+    Ok(layout.limit_key(service, tool))
 }
 
 fn policy_key(

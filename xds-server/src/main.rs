@@ -676,7 +676,19 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let admin_listener = tokio::net::TcpListener::bind(args.admin_listen)
         .await
         .with_context(|| format!("binding the admin listener on {}", args.admin_listen))?;
-    let membership = join_fleet(&args, &admin_listener, &registry, &etcd_config)?;
+    let envoys = Arc::new(xds::Connections::default());
+    let membership = join_fleet(
+        &args,
+        &admin_listener,
+        &registry,
+        &etcd_config,
+        envoys.envoys(),
+    )?;
+    tokio::spawn(count_envoys(
+        envoys.envoys(),
+        registry.clone(),
+        publisher.clone(),
+    ));
 
     let persisted = match &args.state_dir {
         Some(dir) => match persist::load(dir) {
@@ -780,7 +792,6 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         probes = health_config.probes, probe_interval = ?health_config.probe_interval,
         probe_timeout = ?health_config.probe_timeout, down_window = ?health_config.down_window,
         "toolgate-xds serving");
-    let envoys = Arc::new(xds::Connections::default());
     // The table the aggregate endpoint closes sessions in when its gateway sessions end is
     // the one the admin API opens them in and the expiry sweeps (a second table here once
     // left every gateway session's held sessions to the idle expiry).
@@ -855,6 +866,7 @@ fn join_fleet(
     admin: &tokio::net::TcpListener,
     registry: &RwLock<Registry>,
     etcd: &EtcdConfig,
+    mut envoys: tokio::sync::watch::Receiver<u32>,
 ) -> anyhow::Result<Option<toolgate_xds::membership::Membership>> {
     use toolgate_model::control_plane::XdsMember;
     let bound = admin
@@ -883,11 +895,48 @@ fn join_fleet(
     };
     let key = KeyLayout::new(&args.prefix).xds_key(&id);
     info!(%key, admin = %addr, "joining the fleet's toolgate-xds");
-    Ok(Some(toolgate_xds::membership::Membership::spawn(
+    // The registration says how many Envoys this process serves, as that changes: the
+    // fleet's size, which every toolgate-xds splits call limits by.
+    let member = XdsMember::new(addr, env!("CARGO_PKG_VERSION"));
+    let (value, values) = tokio::sync::watch::channel(member.to_json());
+    tokio::spawn(async move {
+        while envoys.changed().await.is_ok() {
+            let n = *envoys.borrow_and_update();
+            let _ = value.send(
+                XdsMember {
+                    envoys: n,
+                    ..member.clone()
+                }
+                .to_json(),
+            );
+        }
+    });
+    Ok(Some(toolgate_xds::membership::Membership::spawn_changing(
         etcd.clone(),
         key,
-        XdsMember::new(addr, env!("CARGO_PKG_VERSION")).to_json(),
+        values,
     )))
+}
+
+/// Gives the registry the number of Envoys this process serves as it changes, and publishes
+/// when what the filters get changes with it (only while some call limit splits by it).
+async fn count_envoys(
+    mut envoys: tokio::sync::watch::Receiver<u32>,
+    registry: Arc<RwLock<Registry>>,
+    publisher: Publisher,
+) {
+    while envoys.changed().await.is_ok() {
+        let n = *envoys.borrow_and_update();
+        let mut r = registry.write().unwrap_or_else(|p| p.into_inner());
+        if r.set_local_envoys(n) {
+            info!(
+                envoys = n,
+                gateways = r.gateways(),
+                "the fleet's size changed: call limits are split anew"
+            );
+            publisher.changed(std::time::Instant::now());
+        }
+    }
 }
 
 /// A secret from `--<what>-token-file` or the variable `--<what>-token-env` names (never a

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use etcd_client::{Client, PutOptions};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use toolgate_model::Backoff;
 use tracing::{info, warn};
@@ -30,6 +30,16 @@ impl Membership {
     /// Registers `value` at `key` from now on, retrying while etcd is away (serving does not
     /// wait for it).
     pub fn spawn(config: EtcdConfig, key: String, value: String) -> Membership {
+        Membership::spawn_changing(config, key, watch::channel(value).1)
+    }
+
+    /// As [`spawn`](Self::spawn), with a value that changes: each change is put under the
+    /// same lease (the value names how many Envoys this toolgate-xds serves).
+    pub fn spawn_changing(
+        config: EtcdConfig,
+        key: String,
+        value: watch::Receiver<String>,
+    ) -> Membership {
         let (stop, stopped) = oneshot::channel();
         let task = tokio::spawn(keep(config, key.clone(), value, stopped));
         Membership {
@@ -69,7 +79,12 @@ enum End {
     LeaseLost,
 }
 
-async fn keep(config: EtcdConfig, key: String, value: String, mut stop: oneshot::Receiver<()>) {
+async fn keep(
+    config: EtcdConfig,
+    key: String,
+    mut value: watch::Receiver<String>,
+    mut stop: oneshot::Receiver<()>,
+) {
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
     let mut client: Option<Client> = None;
     let mut lease: Option<i64> = None;
@@ -106,9 +121,10 @@ async fn keep(config: EtcdConfig, key: String, value: String, mut stop: oneshot:
         let id = match lease {
             Some(id) => id,
             None => {
+                let current = value.borrow_and_update().clone();
                 let granted = tokio::select! {
                     _ = &mut stop => break,
-                    g = grant_and_put(&c, &key, &value, config.request_timeout) => g,
+                    g = grant_and_put(&c, &key, &current, config.request_timeout) => g,
                 };
                 match granted {
                     Ok(id) => {
@@ -137,7 +153,7 @@ async fn keep(config: EtcdConfig, key: String, value: String, mut stop: oneshot:
         };
         let end = tokio::select! {
             _ = &mut stop => break,
-            end = keep_alive(&c, id, config.request_timeout) => end,
+            end = keep_alive(&c, id, config.request_timeout, &key, &mut value) => end,
         };
         match end {
             End::LeaseLost => {
@@ -193,8 +209,16 @@ async fn grant_and_put(
 }
 
 /// Keeps lease `id` alive over one stream, every TTL/3 as etcd's own clients do, until the
-/// stream breaks or etcd says the lease is gone.
-async fn keep_alive(client: &Client, id: i64, timeout: Duration) -> End {
+/// stream breaks or etcd says the lease is gone; puts each new `value` under it meanwhile.
+async fn keep_alive(
+    client: &Client,
+    id: i64,
+    timeout: Duration,
+    key: &str,
+    value: &mut watch::Receiver<String>,
+) -> End {
+    // A value that can no longer change is simply kept.
+    let mut changing = true;
     let mut leases = client.lease_client();
     let opened = tokio::time::timeout(timeout, leases.keep_alive(id)).await;
     let (mut keeper, mut stream) = match opened {
@@ -214,6 +238,23 @@ async fn keep_alive(client: &Client, id: i64, timeout: Duration) -> End {
                 if let Err(e) = keeper.keep_alive().await {
                     return End::Broken(e.to_string());
                 }
+            }
+            changed = value.changed(), if changing => {
+                if changed.is_err() {
+                    changing = false;
+                    continue;
+                }
+                let current = value.borrow_and_update().clone();
+                let mut kv = client.kv_client();
+                let put = kv.put(key.to_string(), current, Some(PutOptions::new().with_lease(id)));
+                let failed = match tokio::time::timeout(timeout, put).await {
+                    Ok(Ok(_)) => continue,
+                    Ok(Err(e)) => format!("putting {key}: {e}"),
+                    Err(_) => format!("putting {key} timed out"),
+                };
+                // Put again once the stream is back.
+                value.mark_changed();
+                return End::Broken(failed);
             }
             msg = stream.message() => match msg {
                 Ok(Some(resp)) if resp.ttl() <= 0 => return End::LeaseLost,

@@ -452,6 +452,15 @@ impl MemStore {
         self.lock().stats
     }
 
+    /// Keys set so far (Envoy never frees one).
+    pub fn len(&self) -> usize {
+        self.lock().map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// Refuses the next `n` sets as CAS mismatches, as if other workers kept winning.
     pub fn fail_next_sets(&self, n: u32) {
         self.lock().fail_sets = n;

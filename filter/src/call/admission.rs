@@ -87,6 +87,12 @@ pub(super) enum Refused {
         retry_after_secs: u64,
         fallback: Option<String>,
     },
+    /// Over a call limit: `tool` for a `tools/call`, `None` for any other request.
+    Limited {
+        tool: Option<String>,
+        over: OverLimit,
+        fallback: Option<String>,
+    },
 }
 
 impl Refused {
@@ -125,7 +131,22 @@ impl Refused {
                 retry_after_secs: None,
                 fallback_tool: None,
             }),
-            Refused::Plain(_) | Refused::NoVirtualServer(_) | Refused::NotPermitted { .. } => None,
+            Refused::Limited {
+                tool: Some(tool),
+                over,
+                fallback,
+            } => Some(Unavailable {
+                kind: UnavailableKind::Limited {
+                    limit: over.limit(),
+                },
+                tool: Some(tool),
+                retry_after_secs: Some(over.retry_after_secs),
+                fallback_tool: fallback.as_deref(),
+            }),
+            Refused::Plain(_)
+            | Refused::NoVirtualServer(_)
+            | Refused::NotPermitted { .. }
+            | Refused::Limited { tool: None, .. } => None,
         }
     }
 
@@ -175,7 +196,33 @@ impl Refused {
                 retry_after_secs,
                 fallback: seen(fallback),
             },
+            Refused::Limited {
+                tool: Some(_),
+                over,
+                fallback,
+            } => Refused::Limited {
+                tool: Some(visible.to_string()),
+                over,
+                fallback: seen(fallback),
+            },
             other => other,
+        }
+    }
+
+    /// The audit trail's decision and reason for this refusal.
+    pub(super) fn decision(&self) -> (&'static str, &str) {
+        match self {
+            Refused::Limited { over, .. } => ("limited", &over.rule),
+            Refused::NotPermitted { .. } => ("denied", "not_permitted"),
+            Refused::ForcedOpen { .. } => ("refused", "forced_open"),
+            Refused::Breaker {
+                state: State::HalfOpen,
+                ..
+            } => ("refused", "half_open"),
+            Refused::Breaker { .. } => ("refused", "open"),
+            Refused::NotOffered { .. } => ("refused", "not_offered"),
+            Refused::NoVirtualServer(_) => ("refused", "no_virtual_server"),
+            Refused::Plain(_) => ("refused", "bad_request"),
         }
     }
 
@@ -194,6 +241,15 @@ impl Refused {
             } => (
                 auth::NOT_AUTHORIZED,
                 auth::not_permitted_message(*item, name, &format!("the MCP service `{service}`")),
+            ),
+            Refused::Limited { over, .. } => (
+                LIMITED_CODE,
+                format!(
+                    "The request was not made: {} at this gateway. Do not retry it before {} \
+                     seconds.",
+                    over.limit().describe(),
+                    over.retry_after_secs
+                ),
             ),
             _ => (reply::INTERNAL_ERROR, String::new()),
         }
@@ -309,15 +365,23 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                         return refused;
                     }
                 }
+                if self.has_limits(service) {
+                    if let Some(over) = self.over_limit(host, service, None) {
+                        return self.refuse_over_limit(host, &request.id, &over);
+                    }
+                }
                 return Action::Continue;
             }
             Err(answered) => return answered,
         };
         self.log_field(host, log_field::TOOL, tool);
+        self.log_field(host, log_field::SERVICE, service);
         if let Some(refused) = self.authorize(host, Item::Tool, service, tool, None, &request.id) {
             return refused;
         }
-        match self.verdict_on(host, service, tool) {
+        let judgement = self.verdict_on(host, service, tool);
+        self.record_decision(host, &judgement);
+        match judgement {
             Judgement::Refuse(refused) => {
                 let reply = refused.reply(self.version, &request.id, self.framing);
                 self.reply_locally(host, 200, &reply)
@@ -338,6 +402,22 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         service: &str,
         tool: &str,
     ) -> Judgement {
+        // A tool an operator forced open takes no token: the override answers first, below.
+        if self.has_limits(service) && !self.forced_open(service, tool) {
+            if let Some(over) = self.over_limit(host, service, Some(tool)) {
+                let fallback = self
+                    .shared
+                    .borrow()
+                    .config
+                    .policy_for(service, tool)
+                    .fallback_tool;
+                return Judgement::Refuse(Refused::Limited {
+                    tool: Some(tool.to_string()),
+                    over,
+                    fallback,
+                });
+            }
+        }
         let now = host.now_ms();
         let mut guard = self.shared.borrow_mut();
         let Shared {
@@ -454,6 +534,24 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         }
     }
 
+    /// The audit trail's line for a judged `tools/call`: what was decided, and why.
+    pub(super) fn record_decision(&self, host: &impl CallHost, judgement: &Judgement) {
+        match judgement {
+            Judgement::Refuse(refused) => {
+                let (decision, reason) = refused.decision();
+                self.log_field(host, log_field::DECISION, decision);
+                self.log_field(host, log_field::REASON, reason);
+            }
+            Judgement::Pass | Judgement::Admit(_) => {
+                self.log_field(host, log_field::DECISION, "allowed")
+            }
+        }
+    }
+
+    fn forced_open(&self, service: &str, tool: &str) -> bool {
+        fleet::forced_open(&self.shared.borrow().config.overrides, service, tool).is_some()
+    }
+
     /// A 2025-03-26 batch: every element is judged; if any call in it would be refused, none
     /// of it runs and every request gets an answer. Calls of an admitted batch go upstream
     /// without a breaker outcome (one response then carries several tools' results), and a
@@ -475,11 +573,31 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             let Body::Request(request) = element else {
                 continue;
             };
-            let refused = if request.method == TOOLS_CALL {
+            let mut refused = if request.method == TOOLS_CALL {
                 self.peek_call(service, request, now)
             } else {
                 self.peek_surface(service, request)
             };
+            // Each request of a batch counts against the limits as if it came alone.
+            if refused.is_none() && self.has_limits(service) {
+                let tool = match request.tool() {
+                    Some(ToolName::Valid(tool)) if request.method == TOOLS_CALL => Some(tool),
+                    _ => None,
+                };
+                refused = self
+                    .over_limit(host, service, tool)
+                    .map(|over| Refused::Limited {
+                        tool: tool.map(str::to_string),
+                        over,
+                        fallback: tool.and_then(|t| {
+                            self.shared
+                                .borrow()
+                                .config
+                                .policy_for(service, t)
+                                .fallback_tool
+                        }),
+                    });
+            }
             any_refused |= refused.is_some();
             answers.push((request.id.clone(), refused));
         }

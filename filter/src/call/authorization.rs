@@ -109,6 +109,8 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             .stats
             .count_named(auth::metric_name(label, denial));
         self.log_field(host, log_field::DENIED, denial.as_str());
+        self.log_field(host, log_field::DECISION, "denied");
+        self.log_field(host, log_field::REASON, denial.as_str());
     }
 
     /// The gateway's public base URL, for the metadata URL a challenge names.

@@ -67,4 +67,12 @@ pub mod log_field {
     pub const DENIED: &str = "mcp_denied";
     pub const TOOL: &str = "mcp_tool";
     pub const BREAKER: &str = "mcp_breaker";
+    /// The call limit (its rule's name) that refused a request.
+    pub const LIMIT: &str = "mcp_limit";
+    /// The service a request was judged for (on `/mcp` too, where the path does not say).
+    pub const SERVICE: &str = "mcp_service";
+    /// The audit trail's verdict on a `tools/call` (`allowed`, `limited`, `denied`,
+    /// `refused`) and its reason (a rule, a denial, a breaker state).
+    pub const DECISION: &str = "mcp_decision";
+    pub const REASON: &str = "mcp_reason";
 }

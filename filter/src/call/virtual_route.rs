@@ -256,6 +256,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         let (service, tool) = match found {
             Ok(found) => found,
             Err(refused) => {
+                self.record_decision(host, &Judgement::Refuse(refused.clone()));
                 let reply = refused.reply(self.version, &request.id, self.framing);
                 return self.reply_locally(host, 200, &reply);
             }
@@ -270,6 +271,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             return self.refuse(host, 200, Some(&request.id), Refusal::ToolNameAbsent);
         };
         self.log_field(host, log_field::TOOL, &tool);
+        self.log_field(host, log_field::SERVICE, &service);
         if let Some(refused) = self.authorize(
             host,
             Item::Tool,
@@ -283,7 +285,9 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
         self.forward_claims(host, &service);
         self.service = Some(service.clone());
         self.watch_links(&server, &service);
-        match self.verdict_on(host, &service, &tool) {
+        let judgement = self.verdict_on(host, &service, &tool);
+        self.record_decision(host, &judgement);
+        match judgement {
             Judgement::Refuse(refused) => {
                 let refused =
                     refused.seen_on(&server, visible, &service, &self.shared.borrow().visible);
@@ -438,6 +442,12 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
             &request.id,
         ) {
             return refused;
+        }
+        // The service's limits count it as on the service's own route.
+        if self.has_limits(&service) {
+            if let Some(over) = self.over_limit(host, &service, None) {
+                return self.refuse_over_limit(host, &request.id, &over);
+            }
         }
         self.forward_claims(host, &service);
         self.service = Some(service.clone());

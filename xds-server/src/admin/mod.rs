@@ -2,8 +2,8 @@
 //! `/v1/feedback`, where the filters report call outcomes per instance, `/v1/breaker-events`,
 //! where they report their breaker transitions, `/v1/filter-config-status`, where they report
 //! a configuration they refused (shown per Envoy in `/v1/envoys`), and the operator's `/v1/breakers`,
-//! `/v1/overrides`, `/v1/policies`, `/v1/virtual` and `/v1/auth` (changes need the bearer
-//! token), the aggregate MCP endpoint `/v1/aggregate/{name}` (agent traffic, see
+//! `/v1/overrides`, `/v1/policies`, `/v1/limits`, `/v1/virtual` and `/v1/auth` (changes need
+//! the bearer token), the aggregate MCP endpoint `/v1/aggregate/{name}` (agent traffic, see
 //! `crate::aggregate`), `/v1/upstream-sessions`, where the filters ask for sessions held
 //! for their clients, and `/v1/token-exchange`, where they ask for a caller's token exchanged
 //! for one meant for a service's servers.
@@ -11,6 +11,7 @@
 pub mod auth;
 mod auth_config;
 mod console;
+mod limits;
 mod token_exchange;
 mod upstream;
 mod virtual_servers;
@@ -130,6 +131,15 @@ pub fn router(state: AdminState) -> Router {
         .route(
             "/v1/policies/{service}/{tool}",
             put(put_tool_policy).delete(delete_tool_policy),
+        )
+        .route("/v1/limits", get(limits::list))
+        .route(
+            "/v1/limits/{service}",
+            put(limits::put_service).delete(limits::delete_service),
+        )
+        .route(
+            "/v1/limits/{service}/{tool}",
+            put(limits::put_tool).delete(limits::delete_tool),
         )
         .merge(console::routes())
         .merge(upstream::routes())

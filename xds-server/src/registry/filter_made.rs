@@ -1,5 +1,5 @@
 //! The filter's configuration, made from every part of the registry (policies, overrides,
-//! fleet openings, virtual routes, auth, catalog) and kept until one of them changes.
+//! fleet openings, virtual routes, auth, limits, catalog) and kept until one of them changes.
 
 use super::*;
 
@@ -151,6 +151,7 @@ impl Registry {
             auth: self.auth.filter_auth(),
             claim_header_names: self.auth.claim_header_names(),
             exchanged: self.auth.exchanged(),
+            limits: self.filter_limits(),
             ..FilterConfig::default()
         };
         for ((service, tool), e) in &self.controls.fleet {

@@ -22,6 +22,8 @@ pub struct Member {
     /// The value as stored, for the state-dir snapshot and the inspection.
     pub raw: String,
     pub lease: i64,
+    /// How many Envoys it serves now.
+    pub envoys: u32,
 }
 
 /// Every admitted member by id, and where this process's own Envoys reach it.
@@ -61,7 +63,7 @@ impl Members {
         let id = layout
             .parse_xds_key(key)
             .map_err(|e| reject("bad_key", e.to_string()))?;
-        let (_, admin) =
+        let (parsed, admin) =
             XdsMember::parse(value).map_err(|e| reject("bad_xds_member", e.to_string()))?;
         policy.check(admin.ip()).map_err(|why| {
             reject(
@@ -73,8 +75,13 @@ impl Members {
             admin,
             raw: String::from_utf8_lossy(value).into_owned(),
             lease,
+            envoys: parsed.envoys,
         };
-        let changed = self.members.get(&id).is_none_or(|m| m.admin != admin);
+        // The fleet's size (call limits are split by it) changes with its Envoys.
+        let changed = self
+            .members
+            .get(&id)
+            .is_none_or(|m| m.admin != admin || m.envoys != parsed.envoys);
         self.members.insert(id, member);
         Ok(changed)
     }
@@ -97,6 +104,15 @@ impl Members {
             Some(m) => self.members.insert(id.to_string(), m).is_none(),
             None => false,
         }
+    }
+
+    /// The Envoys the fleet's other toolgate-xds serve (this process counts its own).
+    pub fn others_envoys(&self) -> u32 {
+        self.members
+            .iter()
+            .filter(|(id, _)| Some(*id) != self.own_id.as_ref())
+            .filter(|(_, m)| Some(m.admin) != self.local)
+            .fold(0u32, |n, (_, m)| n.saturating_add(m.envoys))
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&String, &Member)> {

@@ -7,8 +7,8 @@
 //! [`Registry`] is the one facade: [`Registry::put`], [`Registry::delete`] and
 //! [`Registry::reset`] (here) send each key to the part it belongs to: `instances` (and the
 //! routing snapshot), `policy_keys`, `fleet_keys` (openings and overrides), `virtual_keys`,
-//! `auth_keys`, `service_ages`; `filter_made` makes the filters' configuration from all of
-//! them, `snapshot` shows the whole for the state file, the admin API and the console.
+//! `auth_keys`, `service_ages`, `limits`; `filter_made` makes the filters' configuration from
+//! all of them, `snapshot` shows the whole for the state file, the admin API and the console.
 
 pub mod admission;
 pub mod ages;
@@ -18,6 +18,7 @@ mod controls;
 mod filter_made;
 mod fleet_keys;
 mod instances;
+mod limits;
 mod members;
 mod memo;
 pub mod offline;
@@ -51,6 +52,7 @@ use controls::Controls;
 use filter_made::*;
 pub use fleet_keys::parse_override;
 use instances::{InstanceTable, StaleRoutes};
+pub use limits::BAD_LIMITS;
 use memo::{Memo, Versioned};
 use policies::{PolicyKey, PolicyStore, Refusal};
 use server_catalog::ServerCatalog;
@@ -196,6 +198,8 @@ pub struct Registry {
     virtuals: BTreeMap<String, (VirtualServer, String)>,
     /// The auth configuration and rule sets from `<prefix>auth/`, as last admitted.
     auth: auth::AuthStore,
+    /// Call limits from `<prefix>limits/`, as last admitted.
+    limits: limits::LimitStore,
     /// The issuers' keys toolgate-xds fetched (not from etcd: see `jwks.rs`).
     fetched_keys: Arc<crate::routing::FetchedKeys>,
     /// The credentials toward servers as last read (see `upstream_credentials.rs`).
@@ -203,6 +207,9 @@ pub struct Registry {
     /// The fleet's toolgate-xds (`<prefix>xds/`), and this one's own address: what Envoy's
     /// control cluster holds.
     members: members::Members,
+    /// How many Envoys this process serves now (the other toolgate-xds say theirs in
+    /// `members`): the fleet's size, which call limits are split by.
+    local_envoys: u32,
     /// What the last publish made from the whole, kept until an input changes.
     memo: PublishMemo,
 }
@@ -250,9 +257,11 @@ impl Registry {
             ages: ServiceAges::default(),
             virtuals: BTreeMap::new(),
             auth: auth::AuthStore::default(),
+            limits: limits::LimitStore::default(),
             fetched_keys: Arc::default(),
             upstream_credentials: Arc::default(),
             members: members::Members::default(),
+            local_envoys: 0,
             memo: PublishMemo::default(),
         }
     }
@@ -369,6 +378,7 @@ impl Registry {
         let mut old_virtuals = std::mem::take(&mut self.virtuals);
         let mut old_ages = std::mem::take(&mut self.ages.recorded);
         let mut old_auth = std::mem::take(&mut self.auth);
+        let mut old_limits = std::mem::take(&mut self.limits);
         let mut old_members = self.members.take();
         self.routes.all_stale = true;
         let mut rejected = Vec::new();
@@ -478,6 +488,8 @@ impl Registry {
             }
             let restored = if let Ok(id) = self.layout.parse_xds_key(&r.key) {
                 self.members.restore(&id, &mut old_members)
+            } else if r.key.starts_with(&self.layout.limits_prefix()) {
+                self.restore_limits(&r.key, &mut old_limits)
             } else {
                 match self.layout.parse_auth_key(&r.key) {
                     Ok(which) => self.auth.restore(&which, &mut old_auth),
@@ -563,6 +575,8 @@ impl Registry {
             self.put_auth(key, value)
         } else if key.starts_with(&self.layout.policies_prefix()) {
             self.put_policy(key, value)
+        } else if key.starts_with(&self.layout.limits_prefix()) {
+            self.put_limits(key, value)
         } else if key.starts_with(&self.layout.breakers_prefix()) {
             self.put_fleet(key, value, lease, mod_revision)
         } else if key.starts_with(&self.layout.overrides_prefix()) {
@@ -578,14 +592,17 @@ impl Registry {
     }
 
     /// Whether `value` would be admitted at `key` (a policy, an override, a virtual server,
-    /// an auth value), without changing anything: the admin API refuses with the same reason
-    /// the watch would log.
+    /// an auth value, limits), without changing anything: the admin API refuses with the same
+    /// reason the watch would log.
     pub fn check(&self, key: &str, value: &[u8]) -> Result<(), Rejected> {
         if key.starts_with(&self.layout.virtual_prefix()) {
             return self.admit_virtual(key, value).map(|_| ());
         }
         if key.starts_with(&self.layout.auth_prefix()) {
             return auth::admit(&self.layout, key, value).map(|_| ());
+        }
+        if key.starts_with(&self.layout.limits_prefix()) {
+            return self.admit_limits(key, value).map(|_| ());
         }
         if key.starts_with(&self.layout.policies_prefix()) {
             let (k, (overrides, _)) = self.parse_policy(key, value).map_err(|(_, r)| r)?;
@@ -609,8 +626,9 @@ impl Registry {
         self.table.services.contains_key(service)
     }
 
-    /// Applies a DELETE. `Ok(true)` when an instance, a policy, a virtual server or an auth
-    /// value left; refused (the value stays in effect) when it is a policy another depends on.
+    /// Applies a DELETE. `Ok(true)` when an instance, a policy, a virtual server, an auth
+    /// value or limits left; refused (the value stays in effect) when it is a policy another
+    /// depends on.
     pub fn delete(&mut self, key: &str) -> Result<bool, Rejected> {
         if let Ok(sk) = self.layout.parse_instance_key(key) {
             return Ok(self.remove_instance(sk));
@@ -635,6 +653,9 @@ impl Registry {
         }
         if let Ok(id) = self.layout.parse_xds_key(key) {
             return Ok(self.members.remove(&id));
+        }
+        if key.starts_with(&self.layout.limits_prefix()) {
+            return Ok(self.delete_limits(key));
         }
         if let Ok(k) = self
             .layout

@@ -51,7 +51,7 @@ pub(super) fn is_zero(n: &u32) -> bool {
 
 impl Registry {
     /// The raw (key, value) pairs of every admitted instance, policy, fleet opening, override,
-    /// virtual server and auth value, for the state-dir snapshot.
+    /// virtual server, auth value and limits, for the state-dir snapshot.
     pub fn raw_values(&self) -> Vec<(String, String)> {
         let mut values: Vec<(String, String)> = self
             .raw_instances(None, usize::MAX)
@@ -88,7 +88,7 @@ impl Registry {
     }
 
     /// [`raw_values`](Self::raw_values) without the instances: policies, fleet openings,
-    /// overrides, virtual servers and auth values (a few hundred at most) and the recorded
+    /// overrides, virtual servers, auth values and limits (a few hundred at most) and the recorded
     /// service ages (one per service).
     pub fn raw_values_but_instances(&self) -> Vec<(String, String)> {
         let policies = self
@@ -134,6 +134,7 @@ impl Registry {
             .chain(virtuals)
             .chain(ages)
             .chain(self.auth.raw_values(&self.layout))
+            .chain(self.raw_limits())
             .chain(members)
             .collect()
     }

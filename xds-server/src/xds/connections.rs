@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use serde::Serialize;
+use tokio::sync::watch;
 use toolgate_model::fleet::FilterConfigStatus;
 
 use super::resources::ResourceType;
@@ -27,10 +28,23 @@ const FORGET_AFTER: Duration = Duration::from_secs(3600);
 const MAX_ERROR_CHARS: usize = 2048;
 
 /// Every open ADS stream, by stream id.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Connections {
     streams: Mutex<BTreeMap<u64, Connection>>,
     filters: Mutex<HashMap<String, Reported>>,
+    /// How many distinct Envoys (node ids) are connected: what this toolgate-xds adds to the
+    /// fleet's size, which call limits are split by.
+    envoys: watch::Sender<u32>,
+}
+
+impl Default for Connections {
+    fn default() -> Self {
+        Connections {
+            streams: Mutex::default(),
+            filters: Mutex::default(),
+            envoys: watch::Sender::new(0),
+        }
+    }
 }
 
 /// What a gateway's filter last reported of its configuration.
@@ -106,6 +120,27 @@ impl Connections {
         f(&mut self.streams.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
+    /// The number of distinct Envoys connected, as it changes.
+    pub fn envoys(&self) -> watch::Receiver<u32> {
+        self.envoys.subscribe()
+    }
+
+    /// Counts the distinct identified nodes of `streams` (an Envoy that reconnects may have
+    /// two streams for a moment; it is one gateway).
+    fn count_envoys(&self, streams: &BTreeMap<u64, Connection>) {
+        let nodes: std::collections::BTreeSet<&str> = streams
+            .values()
+            .map(|c| c.node.as_str())
+            .filter(|n| !n.is_empty())
+            .collect();
+        let n = u32::try_from(nodes.len()).unwrap_or(u32::MAX);
+        self.envoys.send_if_modified(|v| {
+            let changed = *v != n;
+            *v = n;
+            changed
+        });
+    }
+
     /// A stream opened; the returned guard removes it when dropped.
     pub fn open(self: &Arc<Self>, stream: u64, peer: Option<SocketAddr>) -> ConnectionGuard {
         self.with(|s| {
@@ -136,6 +171,7 @@ impl Connections {
                 c.cluster = cluster.to_string();
                 c.services = services;
             }
+            self.count_envoys(s);
         })
     }
 
@@ -268,7 +304,10 @@ pub struct ConnectionGuard {
 
 impl Drop for ConnectionGuard {
     fn drop(&mut self) {
-        self.table.with(|s| s.remove(&self.stream));
+        self.table.with(|s| {
+            s.remove(&self.stream);
+            self.table.count_envoys(s);
+        });
     }
 }
 
@@ -298,6 +337,27 @@ mod tests {
             .is_some_and(|t| t.ends_with('Z')));
         drop(guard);
         assert!(table.list().is_empty(), "removed when the stream ends");
+    }
+
+    #[test]
+    fn the_envoys_are_counted_once_each_while_connected() {
+        let table = Arc::new(Connections::default());
+        let count = table.envoys();
+        let a = table.open(1, None);
+        assert_eq!(*count.borrow(), 0, "not identified yet");
+        table.identified(1, "gw-1", "gateways", None);
+        let b = table.open(2, None);
+        table.identified(2, "gw-2", "gateways", None);
+        // gw-1 reconnecting: two streams for a moment, one gateway.
+        let a2 = table.open(3, None);
+        table.identified(3, "gw-1", "gateways", None);
+        assert_eq!(*count.borrow(), 2);
+        drop(a);
+        assert_eq!(*count.borrow(), 2);
+        drop(b);
+        assert_eq!(*count.borrow(), 1);
+        drop(a2);
+        assert_eq!(*count.borrow(), 0);
     }
 
     fn report(gateway: &str, accepted: bool) -> FilterConfigStatus {

@@ -21,6 +21,7 @@ mod breakers;
 mod credential;
 mod held;
 mod judging;
+mod limits;
 mod listings;
 mod offline;
 mod responses;
@@ -220,8 +221,20 @@ impl Worker {
 
     /// A new request on this worker: headers and body as the client sent them.
     fn request(&mut self, service: &str, headers: &[(&str, &str)], body: &str) -> Flight {
+        self.request_with(service, headers, body, |_| {})
+    }
+
+    /// As [`Worker::request`], with the stream set up by `setup` first (its properties).
+    fn request_with(
+        &mut self,
+        service: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+        setup: impl FnOnce(&Stream),
+    ) -> Flight {
         self.now += 10;
         let stream = Stream::default();
+        setup(&stream);
         stream.now.set(self.now);
         {
             let mut h = stream.request_headers.borrow_mut();

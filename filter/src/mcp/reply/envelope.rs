@@ -69,6 +69,18 @@ impl Serialize for Details<'_, '_> {
                 }
                 m.serialize_entry("mayHaveRun", &what.may_have_run())?;
             }
+            UnavailableKind::Limited { limit } => {
+                m.serialize_entry(
+                    "limit",
+                    &serde_json::json!({
+                        "rule": limit.rule,
+                        "per": limit.per,
+                        "calls": limit.calls,
+                        "perSeconds": limit.per_seconds,
+                        "burst": limit.burst,
+                    }),
+                )?;
+            }
             _ => {}
         }
         m.end()

@@ -42,6 +42,39 @@ pub enum UnavailableKind<'a> {
     /// issue a token for orders: invalid_target"); `lasting`: another try fails alike until
     /// the configuration or the caller's rights change.
     NoCredential { why: &'a str, lasting: bool },
+    /// The caller is over an operator's call limit; `limit` names the rule.
+    Limited { limit: Limit<'a> },
+}
+
+/// A call limit as the agent is told of it: the rule's name and figures (this gateway's
+/// share of them when a fleet splits the rule).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limit<'a> {
+    pub rule: &'a str,
+    /// Whose budget: `subject`, `client` or `gateway`.
+    pub per: &'static str,
+    pub calls: u64,
+    pub per_seconds: u64,
+    pub burst: u64,
+}
+
+impl Limit<'_> {
+    /// "this caller has used up its limit of 60 calls per 60 seconds (rule `r`)".
+    pub fn describe(&self) -> String {
+        let whose = match self.per {
+            "gateway" => "all callers together have used up the",
+            "client" => "this client has used up its",
+            _ => "this caller has used up its",
+        };
+        format!(
+            "{whose} limit of {} {} per {} {} (rule `{}`)",
+            self.calls,
+            plural(self.calls, "call", "calls"),
+            self.per_seconds,
+            plural(self.per_seconds, "second", "seconds"),
+            self.rule
+        )
+    }
 }
 
 /// Why a breaker opened, with the figures that tripped it.
@@ -261,6 +294,7 @@ impl UnavailableKind<'_> {
             UnavailableKind::Unconfigured => "unconfigured",
             UnavailableKind::NotOffered { .. } => "not_offered",
             UnavailableKind::NoCredential { .. } => "no_credential",
+            UnavailableKind::Limited { .. } => "limited",
         }
     }
 
@@ -277,6 +311,7 @@ impl UnavailableKind<'_> {
                 "this endpoint offers no tool of this name".into()
             }
             UnavailableKind::NoCredential { why, .. } => clean_reason(why),
+            UnavailableKind::Limited { limit } => limit.describe().into(),
         }
     }
 }
@@ -372,6 +407,17 @@ impl Unavailable<'_> {
                 } else {
                     " Another try may succeed in a few seconds."
                 });
+            }
+            UnavailableKind::Limited { limit } => {
+                let call = match self.tool {
+                    Some(tool) => format!("The call to the tool `{tool}`"),
+                    None => "The request".to_string(),
+                };
+                let _ = write!(
+                    text,
+                    "{call} was not made: {} at this gateway. The tool is not failing.",
+                    limit.describe()
+                );
             }
         }
         if let Some(n) = self.retry_after_secs {
