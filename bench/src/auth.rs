@@ -60,6 +60,10 @@ const EXCHANGE_PREFIX: &str = "/bench-exchange/";
 /// `jwt_authn`'s counter of the requests it verified (the listener's stat prefix is
 /// `toolgate`).
 const JWT_ALLOWED: &str = "http.toolgate.jwt_authn.allowed";
+/// The key prefix of the control plane whose Envoy keeps one call limit that never trips.
+const LIMITS_PREFIX: &str = "/bench-limits/";
+/// The goal of the limit's cost, never to be loosened: with it / without >= 0.97.
+pub const LIMITS_GOAL_RATIO: f64 = 0.97;
 /// The gateway's client at the issuer's token endpoint.
 const EXCHANGE_CLIENT: &str = "bench-gateway";
 /// The default key prefix, of the control plane whose Envoy has no auth configuration.
@@ -116,6 +120,8 @@ pub struct AuthBench {
     pub breakdown: Option<Breakdown>,
     /// The same call with the service's credential exchanged per caller, its cache warm.
     pub exchange: Option<ExchangeCost>,
+    /// The call without auth, with one call limit that never trips, against `without_auth`.
+    pub limits: Option<LimitsCost>,
     /// The auth Envoy's `jwt_authn` counters after the runs (token cache hits and misses,
     /// JWKS fetches, allowed and denied).
     pub jwt_authn_stats: BTreeMap<String, u64>,
@@ -135,6 +141,20 @@ pub struct Breakdown {
     /// Envoy CPU µs per call of the toolgate filter's auth work: the toolgate pair's
     /// difference minus the no-op pair's, per repetition.
     pub filter_auth_us: Spread,
+}
+
+/// What one call limit that never trips costs per call (a rule per client: the address read,
+/// one bucket taken in shared data), against the same filter without limits (paired).
+#[derive(Debug, Serialize)]
+pub struct LimitsCost {
+    pub variant: VariantResult,
+    pub rule: serde_json::Value,
+    /// Requests/s with the limit over `without_auth`, per repetition.
+    pub ratio_to_without: Spread,
+    /// Envoy CPU µs per call with the limit minus `without_auth`, per repetition.
+    pub envoy_cpu_delta_us: Spread,
+    pub goal: String,
+    pub goal_met: bool,
 }
 
 /// What a service whose credential is each caller's token exchanged costs per call once the
@@ -199,6 +219,13 @@ async fn measure(
         &["--prefix", EXCHANGE_PREFIX],
     )
     .await;
+    let xds_limits = Xds::start(
+        env,
+        "xds-limits",
+        &etcd.endpoint(),
+        &["--prefix", LIMITS_PREFIX],
+    )
+    .await;
     let lab = McpServer::lab(env, "lab-json", &["--stateless", "--json-response"]).await;
     let mut client = etcd.client().await;
     let registration = json!({
@@ -207,7 +234,7 @@ async fn measure(
         "tools": TOOLS,
     })
     .to_string();
-    for prefix in [OPEN_PREFIX, AUTH_PREFIX, EXCHANGE_PREFIX] {
+    for prefix in [OPEN_PREFIX, AUTH_PREFIX, EXCHANGE_PREFIX, LIMITS_PREFIX] {
         client
             .put(
                 format!("{prefix}services/{SERVICE}/{}", lab.instance_id),
@@ -227,6 +254,8 @@ async fn measure(
         &["--filter", &wasm],
     )
     .await;
+    let limited =
+        Envoy::start_with(env, "envoy-limits", &xds_limits, 1, &["--filter", &wasm]).await;
     let noop = match &opts.noop_filter {
         Some(p) => {
             let p = p.to_string_lossy().into_owned();
@@ -239,7 +268,7 @@ async fn measure(
         }
         None => None,
     };
-    let mut envoys = vec![&open, &authd, &exchanging];
+    let mut envoys = vec![&open, &authd, &exchanging, &limited];
     if let Some((a, b)) = &noop {
         envoys.extend([a, b]);
     }
@@ -371,6 +400,21 @@ async fn measure(
     if issuer.exchanges() == 0 {
         bail!("the exchanging Envoy's call was served without an exchange");
     }
+    // One rule on the called tool that never trips: counted by client (the address read
+    // and a bucket taken on every call, the costlier kind without auth).
+    let limit_rule = json!({"per": "client", "calls": 1_000_000_000u64, "per_seconds": 1});
+    client
+        .put(
+            format!("{LIMITS_PREFIX}limits/{SERVICE}/echo"),
+            limit_rule.to_string(),
+            None,
+        )
+        .await?;
+    let limits_url = limited.url(SERVICE);
+    wait_for_answer(&http, &limits_url, &body, None, Expect::Served)
+        .await
+        .context("the Envoy with a call limit")?;
+    let limit_config = wait_for_limit(&limited).await?;
     if let Some((noop_open, noop_auth)) = &noop {
         wait_for_answer(&http, &noop_open.url(SERVICE), &body, None, Expect::Served)
             .await
@@ -448,6 +492,14 @@ async fn measure(
         });
     }
 
+    let limits_index = targets.len();
+    targets.push(Target {
+        key: "limits".into(),
+        label: "toolgate filter, no auth, one call limit per client that never trips".into(),
+        url: limits_url.clone(),
+        script: env.path("wrk-auth-without.lua"),
+        envoy: Some(&limited),
+    });
     let exchange_index = targets.len();
     targets.push(Target {
         key: "exchange".into(),
@@ -534,6 +586,10 @@ async fn measure(
     let ratio = spread(&rps_ratio(1, 0));
     let toolgate_delta = cpu_delta(1, 0);
     let envoy_cpu_delta_us = spread(&toolgate_delta);
+    let limits_figures = (
+        spread(&rps_ratio(limits_index, 0)),
+        spread(&cpu_delta(limits_index, 0)),
+    );
     let exchange_figures = (
         spread(&rps_ratio(exchange_index, 1)),
         spread(&cpu_delta(exchange_index, 1)),
@@ -558,6 +614,7 @@ async fn measure(
         .map(|(t, r)| Some(variant_result(t, r)))
         .collect();
     let exchange_result = results.get_mut(exchange_index).and_then(Option::take);
+    let limits_result = results.get_mut(limits_index).and_then(Option::take);
     let mut results = results.into_iter().flatten();
     let (Some(without_auth), Some(with_auth)) = (results.next(), results.next()) else {
         bail!("two variants measured");
@@ -578,7 +635,17 @@ async fn measure(
         envoy_cpu_delta_us: exchange_figures.1,
         exchanges: issuer.exchanges(),
     });
-    let _ = (&xds_open, &xds_auth, &xds_exchange, &issuer);
+    let limits = limits_result.map(|variant| LimitsCost {
+        variant,
+        rule: limit_config,
+        goal_met: limits_figures.0.median >= LIMITS_GOAL_RATIO,
+        ratio_to_without: limits_figures.0,
+        envoy_cpu_delta_us: limits_figures.1,
+        goal: format!(
+            "with one limit / without >= {LIMITS_GOAL_RATIO:.2} (calls/s, median of back-to-back pairs)"
+        ),
+    });
+    let _ = (&xds_open, &xds_auth, &xds_exchange, &xds_limits, &issuer);
     Ok(AuthBench {
         token_cache: opts.token_cache,
         pinning: if pinned {
@@ -607,12 +674,33 @@ async fn measure(
         envoy_cpu_delta_us,
         breakdown,
         exchange,
+        limits,
         goal: format!(
             "with auth / without >= {GOAL_RATIO:.2} (calls/s, median of back-to-back pairs)"
         ),
         jwt_authn_stats,
         anomalies,
     })
+}
+
+/// The limits as the limit Envoy's filter has them: the suite measures nothing until the rule
+/// is in force.
+async fn wait_for_limit(envoy: &Envoy) -> anyhow::Result<serde_json::Value> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(limits) = envoy
+            .filter_config()
+            .await
+            .map(|c| c["limits"].clone())
+            .filter(|l| !l.is_null())
+        {
+            return Ok(limits);
+        }
+        if Instant::now() > deadline {
+            bail!("the limit Envoy's filter never got the call limit");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -715,6 +803,7 @@ impl AuthBench {
             .into_iter()
             .chain(noop.into_iter().flatten())
             .chain(self.exchange.iter().map(|x| &x.variant))
+            .chain(self.limits.iter().map(|l| &l.variant))
         {
             out.push_str(&format!(
                 "| ({}) {} | {} | {} | {} | {} | {:.0} |\n",
@@ -749,6 +838,15 @@ impl AuthBench {
                 f(&x.ratio_to_with_auth, 3),
                 f(&x.envoy_cpu_delta_us, 1),
                 x.exchanges,
+            ));
+        }
+        if let Some(l) = &self.limits {
+            out.push_str(&format!(
+                "\nOne call limit that never trips ({}): calls/s {} of the same filter without limits (paired), Δ {} µs Envoy CPU per call; goal >= {LIMITS_GOAL_RATIO:.2}: {}.\n",
+                l.rule,
+                f(&l.ratio_to_without, 3),
+                f(&l.envoy_cpu_delta_us, 1),
+                if l.goal_met { "met" } else { "MISSED" }
             ));
         }
         let stat = |k: &str| self.jwt_authn_stats.get(k).copied().unwrap_or(0);

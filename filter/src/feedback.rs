@@ -133,7 +133,28 @@ struct Report<'a> {
 #[derive(Serialize)]
 struct Body<'a> {
     reports: Vec<Report<'a>>,
+    /// Requests a call limit refused since the last report, by (service, tool, rule, caller):
+    /// toolgate-xds keeps who is limited most (never a metric: one series per caller would
+    /// be unbounded).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    limited: Vec<Limited<'a>>,
 }
+
+#[derive(Serialize)]
+struct Limited<'a> {
+    service: &'a str,
+    tool: &'a str,
+    rule: &'a str,
+    caller: &'a str,
+    count: u64,
+}
+
+/// (service, tool, rule, caller) of a refusal counted for the report.
+type LimitedKey = (String, String, String, String);
+
+/// Distinct refused (service, tool, rule, caller) counted per worker between reports; a
+/// flood of callers beyond is counted as dropped.
+pub const MAX_LIMITED: usize = 256;
 
 /// What one flush has to say.
 #[derive(Debug, PartialEq, Eq)]
@@ -152,6 +173,7 @@ pub struct Batch {
 pub struct Feedback {
     services: HashMap<String, HashMap<String, Counts>>,
     endpoints: usize,
+    limited: HashMap<LimitedKey, u64>,
     /// Something was counted since the last flush.
     pending: bool,
     dropped: u64,
@@ -188,6 +210,26 @@ impl Feedback {
             self.endpoints += 1;
             self.pending = true;
         }
+    }
+
+    /// Counts one request a call limit refused: `caller` as the rule counts it
+    /// (`subject:<sub>`, `client:<address>`, `gateway`).
+    pub fn record_limited(&mut self, service: &str, tool: &str, rule: &str, caller: &str) {
+        let key = (
+            service.to_owned(),
+            tool.to_owned(),
+            rule.to_owned(),
+            caller.to_owned(),
+        );
+        if let Some(n) = self.limited.get_mut(&key) {
+            *n = n.saturating_add(1);
+        } else if self.limited.len() < MAX_LIMITED {
+            self.limited.insert(key, 1);
+        } else {
+            self.dropped = self.dropped.saturating_add(1);
+            return;
+        }
+        self.pending = true;
     }
 
     /// (service, address) pairs held, counted or idle since the last flush.
@@ -229,8 +271,25 @@ impl Feedback {
             // Map order is random: a stable order makes bodies comparable in logs and tests.
             reports.sort_unstable_by(|a, b| (a.service, a.address).cmp(&(b.service, b.address)));
             let endpoints = reports.len();
+            let mut limited: Vec<Limited<'_>> = self
+                .limited
+                .iter()
+                .map(|((service, tool, rule, caller), &count)| Limited {
+                    service,
+                    tool,
+                    rule,
+                    caller,
+                    count,
+                })
+                .collect();
+            limited.sort_unstable_by(|a, b| {
+                (a.service, a.tool, a.rule, a.caller).cmp(&(b.service, b.tool, b.rule, b.caller))
+            });
             // Strings and integers always serialize; `ok()` only avoids a panic path.
-            (serde_json::to_vec(&Body { reports }).ok(), endpoints)
+            (
+                serde_json::to_vec(&Body { reports, limited }).ok(),
+                endpoints,
+            )
         } else {
             (None, 0)
         };
@@ -243,6 +302,7 @@ impl Feedback {
             !addresses.is_empty()
         });
         self.endpoints = self.services.values().map(HashMap::len).sum();
+        self.limited.clear();
         self.pending = false;
         self.flushed_at_ms = Some(now_ms);
         Some(Batch {
@@ -313,6 +373,32 @@ mod tests {
     fn body(batch: &Batch) -> Value {
         let bytes = batch.body.as_deref().expect("a body");
         serde_json::from_slice(bytes).expect("valid JSON")
+    }
+
+    #[test]
+    fn refusals_by_a_limit_are_reported_by_caller_and_bounded() {
+        let mut f = Feedback::new();
+        f.record_limited("orders", "*", "reads", "subject:alice");
+        f.record_limited("orders", "*", "reads", "subject:alice");
+        f.record_limited("orders", "pay", "daily", "client:10.0.0.1");
+        let batch = f.flush(1000).expect("a batch");
+        assert_eq!(
+            body(&batch)["limited"],
+            json!([
+                {"service": "orders", "tool": "*", "rule": "reads", "caller": "subject:alice", "count": 2},
+                {"service": "orders", "tool": "pay", "rule": "daily", "caller": "client:10.0.0.1", "count": 1},
+            ])
+        );
+        assert!(f.flush(2000).is_none(), "reported once");
+        for i in 0..MAX_LIMITED + 10 {
+            f.record_limited("orders", "*", "reads", &format!("subject:s{i}"));
+        }
+        let batch = f.flush(3000).expect("a batch");
+        assert_eq!(
+            body(&batch)["limited"].as_array().map(Vec::len),
+            Some(MAX_LIMITED)
+        );
+        assert_eq!(batch.dropped, 10);
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Envoy's access log names what the filter saw: the MCP method, the tool, the breaker's
-//! state, with the upstream instance and the agent's W3C trace context.
+//! state, the decision on a call and its reason (the audit trail), with the upstream instance
+//! and the agent's W3C trace context.
 
 use std::time::Duration;
 
@@ -69,6 +70,40 @@ async fn the_access_log_carries_method_tool_breaker_upstream_and_trace_context()
     assert_eq!(line["upstream_cluster"], "mcp.orders", "{line}");
     assert_eq!(line["traceparent"], traceparent, "{line}");
     assert_eq!(line["path"], "/mcp/orders", "{line}");
+    // The audit trail: the decision, the service and the client on every call.
+    assert_eq!(line["mcp.decision"], "allowed", "{line}");
+    assert_eq!(line["mcp.service"], "orders", "{line}");
+    assert_eq!(line["client"], "127.0.0.1", "{line}");
+
+    // A call over a limit: its line names the decision and the rule.
+    let (status, body) = stack
+        .admin(
+            reqwest::Method::PUT,
+            "/v1/limits/orders/write_order",
+            Some(&json!({"per": "gateway", "calls": 1, "per_seconds": 3600, "name": "once"})),
+        )
+        .await;
+    assert!(status.is_success(), "{status}: {body}");
+    stack
+        .wait_filter_config("the limit", |c| !c["limits"].is_null())
+        .await;
+    for _ in 0..2 {
+        agent.call_tool("write_order", json!({"order": 1})).await;
+    }
+    let (lines, _) = wait_for(
+        "the access log has the limited call",
+        FLUSHED_WITHIN,
+        || async {
+            let l: Vec<Value> = lines_for(&log, "write_order")
+                .into_iter()
+                .filter(|v| v["mcp.decision"] == "limited")
+                .collect();
+            (!l.is_empty()).then_some(l)
+        },
+    )
+    .await;
+    assert_eq!(lines[0]["mcp.limit"], "once", "{}", lines[0]);
+    assert_eq!(lines[0]["mcp.reason"], "once", "{}", lines[0]);
 
     // A request the filter does not judge has its method only.
     agent.list_tools().await;

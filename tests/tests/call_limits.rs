@@ -147,6 +147,20 @@ async fn a_subject_over_its_tool_limit_is_refused_in_mcp_and_the_server_never_se
     .await;
     let prometheus = gw.envoy.prometheus().await;
     assert!(!prometheus.contains("alice"), "a metric names a subject");
+    // Who is limited most is the admin API's to tell, from the filters' reports.
+    wait_until(
+        "GET /v1/limits names alice among the most limited",
+        Duration::from_secs(5),
+        || async {
+            let (_, body) = gw.admin(Method::GET, "/v1/limits", None).await;
+            body["top_limited"].as_array().is_some_and(|top| {
+                top.iter().any(|t| {
+                    t["caller"] == "subject:alice" && t["rule"] == "reads" && t["refused"] == 1
+                })
+            })
+        },
+    )
+    .await;
     assert_eq!(
         gw.envoy
             .tool_stat("rejected", "orders", "read_order")
@@ -326,4 +340,152 @@ async fn two_gateways_split_a_budget_and_the_survivor_takes_it_whole() {
     .await;
     assert_eq!(admitted(&gw.url("orders"), "read_order", 5).await, 0);
     assert_eq!(m.server.calls("read_order").await - before, 20);
+}
+
+/// The most Envoy's heap may grow while 90,000 subjects it never saw before each get a
+/// bucket, once the caches bounded by count are full (jwt_authn's 4,096 verified tokens per
+/// worker, about 3.5 KB each; the filter's 256 payloads per worker): the limits' table
+/// (4,096 keys of 96 bytes, about 0.6 MB with their keys) and the allocator's slack.
+const FLOOD_HEAP_BOUND: u64 = 8 * 1024 * 1024;
+/// Subjects that fill the caches bounded by count before the heap is measured: more than
+/// jwt_authn keeps on the test's two workers.
+const WARM_SUBJECTS: usize = 10_000;
+
+#[tokio::test]
+async fn a_hundred_thousand_subjects_leave_envoys_memory_within_its_bound() {
+    use futures::StreamExt;
+    const SUBJECTS: usize = 100_000;
+    let env = TestEnv::new("call_limits_flood");
+    let issuer = Issuer::start().await;
+    let gw = Stack::with(&env, Options::default().concurrency(2)).await;
+    let m = Member::start(
+        &env,
+        &gw.etcd.endpoint(),
+        "orders",
+        "orders-1",
+        &["--stateless", "--json-response"],
+        TTL,
+    )
+    .await;
+    gw.routes("orders", &[&m]).await;
+    let url = gw.url("orders");
+    let base = gw.base_url();
+    let aud = format!("{base}/mcp/orders");
+    let (status, body) = gw
+        .admin(
+            Method::PUT,
+            "/v1/auth/config",
+            Some(&issuer.auth_config(&base, json!(["*"]))),
+        )
+        .await;
+    assert!(status.is_success(), "{status}: {body}");
+    let (status, body) = gw
+        .admin(
+            Method::PUT,
+            "/v1/limits/orders/read_order",
+            Some(&json!({"per": "subject", "calls": 5, "per_seconds": 3600})),
+        )
+        .await;
+    assert!(status.is_success(), "{status}: {body}");
+    gw.wait_filter_config("auth and the limit", |c| {
+        c["auth"]["resource"] == base.as_str() && !c["limits"].is_null()
+    })
+    .await;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .pool_max_idle_per_host(64)
+        .build()
+        .expect("client");
+    let call = |token: String| {
+        let (http, url) = (http.clone(), url.clone());
+        async move {
+            let resp = http
+                .post(&url)
+                .bearer_auth(token)
+                .header("accept", "application/json, text/event-stream")
+                .header("mcp-protocol-version", "2025-06-18")
+                .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                    "params": {"name": "read_order", "arguments": {}}}))
+                .send()
+                .await
+                .expect("the gateway answers");
+            let status = resp.status();
+            let body: Value = resp.json().await.unwrap_or_default();
+            assert_eq!(status, StatusCode::OK, "{body}");
+            body["result"]["_meta"]["io.toolgate/breaker"]["state"] == "limited"
+        }
+    };
+    let token = |sub: String| {
+        issuer
+            .token()
+            .alg(toolgate_tests::issuer::Alg::Es256)
+            .sub(sub)
+            .aud(&aud)
+            .sign()
+    };
+    let warm = token("warm".into());
+    wait_until("tokens are accepted", Duration::from_secs(20), || {
+        let request = http
+            .post(&url)
+            .bearer_auth(&warm)
+            .header("accept", "application/json, text/event-stream")
+            .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}));
+        async move {
+            request
+                .send()
+                .await
+                .is_ok_and(|r| r.status() == StatusCode::OK)
+        }
+    })
+    .await;
+    // A heavy subject uses up its bucket before the flood.
+    let heavy = token("heavy".into());
+    let mut refused = false;
+    for _ in 0..6 {
+        refused = call(heavy.clone()).await;
+    }
+    assert!(refused, "the heavy subject's sixth call was admitted");
+
+    // Warm-up: the allocator, the table's first keys, the caches at their bounds.
+    let cold = gw.envoy.admin().heap_allocated().await;
+    let flood = |range: std::ops::Range<usize>| {
+        let tokens: Vec<String> = range.map(|i| token(format!("s{i}"))).collect();
+        let call = &call;
+        async move {
+            futures::stream::iter(tokens)
+                .map(call)
+                .buffer_unordered(32)
+                .filter(|limited| std::future::ready(*limited))
+                .count()
+                .await
+        }
+    };
+    let started = Instant::now();
+    let mut limited = 0;
+    for chunk in (0..WARM_SUBJECTS).step_by(4_000) {
+        limited += flood(chunk..(chunk + 4_000).min(WARM_SUBJECTS)).await;
+    }
+    let before = gw.envoy.admin().heap_allocated().await;
+    for chunk in (WARM_SUBJECTS..SUBJECTS).step_by(4_000) {
+        limited += flood(chunk..(chunk + 4_000).min(SUBJECTS)).await;
+    }
+    let took = started.elapsed();
+    let after = gw.envoy.admin().heap_allocated().await;
+    println!(
+        "{SUBJECTS} distinct subjects in {took:?}: Envoy's heap {cold} -> {before} bytes after \
+         the first {WARM_SUBJECTS} (the caches bounded by count filled), -> {after} after the \
+         rest ({:+} KiB)",
+        (after as i64 - before as i64) / 1024
+    );
+    assert_eq!(limited, 0, "a subject seen once was refused");
+    assert!(
+        after <= before + FLOOD_HEAP_BOUND,
+        "Envoy's heap grew from {before} to {after} bytes"
+    );
+    // The subject that used up its bucket is still refused: fresh buckets replace the least
+    // used ones, not it.
+    assert!(
+        call(heavy).await,
+        "the heavy subject's bucket was lost in the flood"
+    );
 }

@@ -14,6 +14,7 @@ pub mod fleet;
 pub mod health;
 pub mod idp;
 pub mod jwks;
+pub mod limited;
 pub mod membership;
 pub mod metrics;
 pub mod registry;

@@ -554,6 +554,10 @@ async fn status(admin: &str, token: Option<&str>) -> anyhow::Result<String> {
         Ok(auth) => out.push_str(&toolgate_xds::status::render_auth(&auth)),
         Err(e) => out.push_str(&format!("\nAUTH: unknown ({e:#})\n")),
     }
+    match get("/v1/limits").await {
+        Ok(limits) => out.push_str(&toolgate_xds::status::render_limits(&limits)),
+        Err(e) => out.push_str(&format!("\nLIMITS: unknown ({e:#})\n")),
+    }
     Ok(out)
 }
 
@@ -826,6 +830,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             upstream: upstream.clone(),
             aggregate,
             exchanger,
+            limited: Arc::default(),
         },
         stopped(stop_rx),
     ));

@@ -222,6 +222,65 @@ pub fn render_auth(auth: &Value) -> String {
     out
 }
 
+/// The limits section from `GET /v1/limits`: each rule in force, then the callers limits
+/// refused most in the last ten minutes.
+pub fn render_limits(limits: &Value) -> String {
+    let rows: Vec<Vec<String>> = limits["limits"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|l| {
+            let tool = l["tool"].as_str().unwrap_or("*").to_string();
+            let service = s(&l["service"]);
+            l["rules"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .map(move |r| {
+                    vec![
+                        service.clone(),
+                        tool.clone(),
+                        s(&r["label"]),
+                        s(&r["per"]),
+                        format!("{}/{}s", s(&r["calls"]), s(&r["per_seconds"])),
+                        r.get("burst").map(s).unwrap_or_else(|| s(&r["calls"])),
+                    ]
+                })
+        })
+        .collect();
+    let mut out = String::from("\nLIMITS\n");
+    if rows.is_empty() {
+        out.push_str("none\n");
+        return out;
+    }
+    out.push_str(&table(
+        &["SERVICE", "TOOL", "RULE", "PER", "RATE", "BURST"],
+        &rows,
+    ));
+    let top: Vec<Vec<String>> = limits["top_limited"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|t| {
+            vec![
+                s(&t["caller"]),
+                format!("{}/{}", s(&t["service"]), s(&t["tool"])),
+                s(&t["rule"]),
+                s(&t["refused"]),
+                format!("{}s ago", s(&t["last_ago_secs"])),
+            ]
+        })
+        .collect();
+    out.push_str("\nMOST LIMITED (last 10 minutes)\n");
+    if top.is_empty() {
+        out.push_str("nobody\n");
+    } else {
+        out.push_str(&table(&["CALLER", "TOOL", "RULE", "REFUSED", "LAST"], &top));
+    }
+    out
+}
+
 /// The probe kind and its last result: `mcp ok`, or `http failed: HTTP 404 on GET /health: …`.
 fn last_probe(instance: &Value) -> String {
     let kind = instance["probe"].as_str().unwrap_or("http");
@@ -261,6 +320,21 @@ mod tests {
         assert!(out.contains("1.5s"), "{out}");
         assert!(out.contains("OVERRIDES\nSERVICE"), "{out}");
         assert!(out.ends_with("(none)\n"), "{out}");
+    }
+
+    #[test]
+    fn renders_the_limits_and_who_they_refuse_most() {
+        let out = render_limits(&json!({
+            "limits": [{"service": "orders", "tool": null, "rules": [
+                {"per": "subject", "calls": 60, "per_seconds": 60, "burst": 10, "label": "subject-60-per-60s"}]}],
+            "top_limited": [{"service": "orders", "tool": "*", "rule": "subject-60-per-60s",
+                "caller": "subject:alice", "refused": 42, "last_ago_secs": 3}]
+        }));
+        assert!(out.contains("subject-60-per-60s"), "{out}");
+        assert!(out.contains("60/60s"), "{out}");
+        assert!(out.contains("subject:alice"), "{out}");
+        assert!(out.contains("42"), "{out}");
+        assert!(render_limits(&json!({"limits": []})).contains("none"));
     }
 
     #[test]

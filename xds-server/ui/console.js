@@ -16,6 +16,7 @@ const view = {
   envoys: [],
   virtuals: [],
   auth: null,
+  limits: null,
   lastOk: null,
   failure: null,
   sort: { instances: { key: "service", dir: 1 }, tools: { key: "service", dir: 1 } },
@@ -97,14 +98,16 @@ function clock(iso) {
 // One read of everything; the page keeps the last state when it fails.
 async function refresh() {
   try {
-    const [registry, breakers, overrides, envoys, virtuals, auth] = await Promise.all([
+    const [registry, breakers, overrides, envoys, virtuals, auth, limits] = await Promise.all([
       getJson("/v1/registry"),
       getJson("/v1/breakers"),
       getJson("/v1/overrides"),
       getJson("/v1/envoys"),
       getJson("/v1/virtual"),
       getJson("/v1/auth"),
+      getJson("/v1/limits"),
     ]);
+    view.limits = limits;
     view.virtuals = virtuals.virtual_servers || [];
     view.auth = auth;
     view.registry = registry;
@@ -139,6 +142,7 @@ function render() {
   renderInstances();
   renderVirtual();
   renderAuth();
+  renderLimits();
   renderEnvoys();
 }
 
@@ -390,6 +394,38 @@ function ruleLines(rules) {
 }
 
 // Per service and virtual server: whether it requires a token, and its rules.
+// The limits in force, then who they refused most in the last ten minutes.
+function renderLimits() {
+  const limits = view.limits;
+  const rows = [];
+  for (const l of (limits && limits.limits) || []) {
+    const tool = l.tool || "*";
+    for (const r of l.rules || []) {
+      if (!matches(l.service, tool, r.label)) continue;
+      rows.push(el("tr", { "data-key": "rule/" + l.service + "/" + tool + "/" + r.label },
+        el("td", {}, l.service + "/" + tool),
+        el("td", {}, r.label),
+        el("td", {}, r.per),
+        el("td", {}, r.calls + " per " + r.per_seconds + " s, burst " + (r.burst || r.calls)),
+      ));
+    }
+  }
+  patchRows($("limits").tBodies[0], rows.length ? rows
+    : [emptyRow(4, limits ? "No limit is set." : "Waiting for toolgate-xds…")]);
+  const top = [];
+  for (const t of (limits && limits.top_limited) || []) {
+    if (!matches(t.caller, t.service, t.tool, t.rule)) continue;
+    top.push(el("tr", { "data-key": "top/" + t.caller + "/" + t.service + "/" + t.tool + "/" + t.rule },
+      el("td", {}, t.caller),
+      el("td", {}, t.service + "/" + t.tool),
+      el("td", {}, t.rule),
+      el("td", {}, String(t.refused) + ", last " + t.last_ago_secs + " s ago"),
+    ));
+  }
+  patchRows($("limited").tBodies[0], top.length ? top
+    : [emptyRow(4, limits ? "Nobody was refused in the last ten minutes." : "Waiting for toolgate-xds…")]);
+}
+
 function renderAuth() {
   const auth = view.auth;
   const state = !auth ? "–"

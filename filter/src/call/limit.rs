@@ -90,7 +90,7 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 .flat_map(|(t, rules)| rules.iter().map(move |r| (t, r)))
                 .chain(service_limits.rules.iter().map(|r| (SERVICE_WIDE, r)));
             let store = shared.breakers.store();
-            let mut refused: Option<(&str, &LimitRule, u64)> = None;
+            let mut refused: Option<(&str, &LimitRule, u64, String)> = None;
             for (scope, rule) in scoped {
                 let caller = match (rule.per, &subject) {
                     (Per::Gateway, _) => String::new(),
@@ -110,13 +110,14 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 if let Take::Refused { retry_after_ms } =
                     limits::take(store, id, Share::of(rule, limits.gateways), now)
                 {
-                    refused = Some((scope, rule, retry_after_ms));
+                    refused = Some((scope, rule, retry_after_ms, caller));
                     break;
                 }
             }
-            refused.map(|(scope, rule, retry_after_ms)| {
+            refused.map(|(scope, rule, retry_after_ms, caller)| {
                 (
                     scope.to_string(),
+                    caller,
                     OverLimit {
                         rule: rule.label(),
                         per: rule.per,
@@ -128,7 +129,19 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 )
             })
         };
-        let (scope, over) = refused?;
+        let (scope, caller, over) = refused?;
+        {
+            let shared = self.shared.borrow();
+            let shown = match caller.split_once(':') {
+                Some(("s", sub)) => format!("subject:{sub}"),
+                Some(("c", address)) => format!("client:{address}"),
+                _ => "gateway".to_string(),
+            };
+            shared
+                .feedback
+                .borrow_mut()
+                .record_limited(service, &scope, &over.rule, &shown);
+        }
         self.shared
             .borrow_mut()
             .stats

@@ -18,6 +18,10 @@ use super::virtual_servers::Refusal;
 use super::AdminState;
 use crate::registry::BAD_LIMITS;
 
+/// Callers shown in `top_limited`: the most refused over the last ten minutes, as this
+/// toolgate-xds's Envoys reported them.
+const TOP_LIMITED: usize = 20;
+
 impl From<LimitError> for Refusal {
     fn from(e: LimitError) -> Self {
         Refusal {
@@ -49,7 +53,14 @@ pub async fn list(State(s): State<AdminState>) -> impl IntoResponse {
             json!({"key": key, "reason": BAD_LIMITS, "detail": detail, "kept": kept})
         })
         .collect();
-    Json(json!({"etcd_up": s.etcd.is_up(), "limits": limits, "refused": refused}))
+    drop(reg);
+    let top = s.limited.top(TOP_LIMITED, std::time::Instant::now());
+    Json(json!({
+        "etcd_up": s.etcd.is_up(),
+        "limits": limits,
+        "refused": refused,
+        "top_limited": top,
+    }))
 }
 
 /// The rules as stored, each with its label.

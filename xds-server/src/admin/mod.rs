@@ -64,6 +64,8 @@ pub struct AdminState {
     pub aggregate: Arc<crate::aggregate::Aggregate>,
     /// Callers' tokens exchanged for the filters (`/v1/token-exchange`).
     pub exchanger: crate::token_exchange::Exchanger,
+    /// Who call limits refused most, from the filters' reports (`GET /v1/limits`).
+    pub limited: Arc<crate::limited::Limited>,
 }
 
 /// The aggregate endpoint's handlers are routed here but take only their part of the state
@@ -244,6 +246,7 @@ async fn report_calls(
     }
     match body {
         Ok(Json(body)) => {
+            s.limited.record(&body.limited, std::time::Instant::now());
             let hub = s.hub.clone();
             // Lock-taking work off the async workers.
             match tokio::task::spawn_blocking(move || feedback::apply(&hub, body)).await {

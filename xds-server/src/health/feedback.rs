@@ -12,6 +12,9 @@ use crate::metrics::RoutingErrorLabel;
 #[derive(Debug, Deserialize)]
 pub struct FeedbackBody {
     pub reports: Vec<Report>,
+    /// Requests call limits refused since the worker's last report, by caller.
+    #[serde(default)]
+    pub limited: Vec<crate::limited::LimitedReport>,
 }
 
 #[derive(Debug, Deserialize)]
