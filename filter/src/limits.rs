@@ -11,7 +11,12 @@
 //! active at once than a slot holds, a bucket evicted before it refilled starts full again.
 //! A depleted bucket, the one a limit is for, has the fewest tokens and is evicted last.
 //!
-//! A take is one get and one compare-and-swap set; a refusal writes nothing.
+//! A take from shared data is one get and one compare-and-swap set; a refusal writes
+//! nothing. A worker takes a bucket's tokens a batch at a time ([`Share::batch`]: a
+//! sixty-fourth of the bucket, at most 1,000, at least 1) and spends them from its own
+//! memory ([`Local`]) for up to [`LOCAL_MS`], so a bucket far from empty costs most calls no
+//! shared-data access at all. Tokens a worker took and did not spend are lost to the bucket:
+//! the batching can only admit less, by at most one batch per worker, never more.
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 
@@ -52,12 +57,67 @@ impl Share {
         (tokens + elapsed * self.per_ms).min(self.capacity)
     }
 
+    /// Tokens a worker takes at once: a sixty-fourth of the bucket (small buckets, which a
+    /// limit is likely to empty, go one token at a time), at most [`MAX_BATCH`].
+    pub fn batch(self) -> u64 {
+        ((self.capacity / 64.0).floor() as u64).clamp(1, MAX_BATCH)
+    }
+
     /// Milliseconds until a bucket with `tokens` has one.
     fn wait_ms(self, tokens: f64) -> u64 {
         if self.per_ms <= 0.0 {
             return u64::MAX;
         }
         ((1.0 - tokens).max(0.0) / self.per_ms).ceil() as u64
+    }
+}
+
+/// The most tokens a worker takes from a bucket at once.
+pub const MAX_BATCH: u64 = 1000;
+/// How long a worker spends tokens it took before it gives the rest up.
+pub const LOCAL_MS: u64 = 1000;
+/// Buckets a worker holds tokens of; emptied whole when full (the tokens are given up).
+pub const LOCAL_BUCKETS: usize = 1024;
+
+/// The tokens one worker took from shared buckets and has not spent yet.
+#[derive(Debug, Default)]
+pub struct Local {
+    held: std::collections::HashMap<u64, (u64, u64)>,
+}
+
+impl Local {
+    /// Takes one token of bucket `id`: from this worker's batch, else a new batch from
+    /// shared data.
+    pub fn take(&mut self, store: &impl SharedStore, id: u64, share: Share, now: u64) -> Take {
+        if let Some((tokens, until)) = self.held.get_mut(&id) {
+            if *tokens > 0 && now < *until {
+                *tokens -= 1;
+                return Take::Admitted;
+            }
+        }
+        let batch = share.batch();
+        match take_up_to(store, id, share, now, batch) {
+            Ok(granted) => {
+                if granted > 1 {
+                    if self.held.len() >= LOCAL_BUCKETS && !self.held.contains_key(&id) {
+                        self.held.clear();
+                    }
+                    self.held.insert(id, (granted - 1, now + LOCAL_MS));
+                } else {
+                    self.held.remove(&id);
+                }
+                Take::Admitted
+            }
+            Err(retry_after_ms) => {
+                self.held.remove(&id);
+                Take::Refused { retry_after_ms }
+            }
+        }
+    }
+
+    /// A new configuration: the shares may have changed, so every batch is given up.
+    pub fn clear(&mut self) {
+        self.held.clear();
     }
 }
 
@@ -71,12 +131,27 @@ pub enum Take {
     },
 }
 
-/// The bucket of `caller` under the rule `rule_id` (the rule's place: service, tool, label).
-pub fn bucket_id(rule_id: &str, caller: &str) -> u64 {
+/// The bucket named by `parts`: the rule's place (service, tool, rule) and the caller.
+pub fn bucket_id(parts: &[&str]) -> u64 {
     let mut h = DefaultHasher::new();
-    rule_id.hash(&mut h);
-    caller.hash(&mut h);
+    for part in parts {
+        part.hash(&mut h);
+    }
     // 0 marks an empty way.
+    h.finish() | 1
+}
+
+/// The bucket of `caller` under `rule` of (`service`, `scope`), found without allocating: a
+/// rule is its name, or (unnamed) the figures its default name is made of.
+pub fn rule_bucket(service: &str, scope: &str, rule: &LimitRule, caller: &str) -> u64 {
+    let mut h = DefaultHasher::new();
+    service.hash(&mut h);
+    scope.hash(&mut h);
+    match &rule.name {
+        Some(name) => name.hash(&mut h),
+        None => (rule.per.as_str(), rule.calls, rule.per_seconds).hash(&mut h),
+    }
+    caller.hash(&mut h);
     h.finish() | 1
 }
 
@@ -126,20 +201,33 @@ fn encode(ways: &[Way; WAYS]) -> [u8; WAYS * WAY_BYTES] {
 /// write lost to other workers [`CAS_ATTEMPTS`] times in a row, admits: the limit is a
 /// budget, and a host that cannot keep it must not stop every call.
 pub fn take(store: &impl SharedStore, id: u64, share: Share, now: u64) -> Take {
+    match take_up_to(store, id, share, now, 1) {
+        Ok(_) => Take::Admitted,
+        Err(retry_after_ms) => Take::Refused { retry_after_ms },
+    }
+}
+
+/// Takes up to `want` tokens (at least one) from bucket `id`: how many it got, or the
+/// milliseconds until it has one.
+fn take_up_to(
+    store: &impl SharedStore,
+    id: u64,
+    share: Share,
+    now: u64,
+    want: u64,
+) -> Result<u64, u64> {
     let key = slot_key(id);
     for _ in 0..CAS_ATTEMPTS {
         let (mut ways, cas) = match store.get(&key) {
             Ok(Some((bytes, cas))) => (decode(&bytes), Some(cas)),
             Ok(None) => ([Way::default(); WAYS], None),
-            Err(_) => return Take::Admitted,
+            Err(_) => return Ok(1),
         };
         let at = match ways.iter().position(|w| w.id == id) {
             Some(i) => {
                 let tokens = share.refilled(ways[i].tokens, ways[i].at_ms, now);
                 if tokens < 1.0 {
-                    return Take::Refused {
-                        retry_after_ms: share.wait_ms(tokens),
-                    };
+                    return Err(share.wait_ms(tokens));
                 }
                 ways[i].tokens = tokens;
                 i
@@ -167,14 +255,15 @@ pub fn take(store: &impl SharedStore, id: u64, share: Share, now: u64) -> Take {
                 i
             }
         };
-        ways[at].tokens -= 1.0;
+        let granted = (ways[at].tokens.floor() as u64).clamp(1, want.max(1));
+        ways[at].tokens -= granted as f64;
         ways[at].at_ms = now;
         let cas = cas.or(Some(CREATE_CAS));
         if store.set(&key, &encode(&ways), cas).is_ok() {
-            return Take::Admitted;
+            return Ok(granted);
         }
     }
-    Take::Admitted
+    Ok(1)
 }
 
 #[cfg(test)]
@@ -197,7 +286,7 @@ mod tests {
     fn a_bucket_admits_its_burst_then_refuses_until_it_refills() {
         let store = MemStore::new();
         let share = Share::of(&rule(60, 60, Some(3)), 1);
-        let id = bucket_id("orders/*/r", "alice");
+        let id = bucket_id(&["orders/*/r", "alice"]);
         for _ in 0..3 {
             assert_eq!(take(&store, id, share, 1_000), Take::Admitted);
         }
@@ -214,8 +303,36 @@ mod tests {
             Take::Refused { .. }
         ));
         // Another caller has its own bucket.
-        let bob = bucket_id("orders/*/r", "bob");
+        let bob = bucket_id(&["orders/*/r", "bob"]);
         assert_eq!(take(&store, bob, share, 2_000), Take::Admitted);
+    }
+
+    #[test]
+    fn a_worker_spends_a_batch_locally_and_small_buckets_go_one_by_one() {
+        let store = MemStore::new();
+        let big = Share::of(&rule(1_000_000, 1, None), 1);
+        assert_eq!(big.batch(), MAX_BATCH);
+        let mut local = Local::default();
+        let id = bucket_id(&["r", "c"]);
+        for _ in 0..500 {
+            assert_eq!(local.take(&store, id, big, 10), Take::Admitted);
+        }
+        assert_eq!(store.stats().sets, 1, "one batch from shared data");
+        // Past the lease, a new batch.
+        assert_eq!(local.take(&store, id, big, 10 + LOCAL_MS), Take::Admitted);
+        assert_eq!(store.stats().sets, 2);
+        // A bucket of 20: one token at a time, so the limit is exact across workers.
+        let small = Share::of(&rule(20, 3600, None), 1);
+        assert_eq!(small.batch(), 1);
+        let (mut a, mut b) = (Local::default(), Local::default());
+        let id = bucket_id(&["r", "small"]);
+        let admitted = (0..40)
+            .filter(|i| {
+                let w = if i % 2 == 0 { &mut a } else { &mut b };
+                w.take(&store, id, small, 100) == Take::Admitted
+            })
+            .count();
+        assert_eq!(admitted, 20);
     }
 
     #[test]
@@ -231,7 +348,7 @@ mod tests {
     fn the_table_stays_bounded_and_a_depleted_bucket_outlives_fresh_ones() {
         let store = MemStore::new();
         let share = Share::of(&rule(5, 3600, Some(5)), 1);
-        let heavy = bucket_id("r", "heavy");
+        let heavy = bucket_id(&["r", "heavy"]);
         for _ in 0..5 {
             assert_eq!(take(&store, heavy, share, 0), Take::Admitted);
         }
@@ -239,7 +356,7 @@ mod tests {
         for i in 0..200_000u64 {
             let _ = take(
                 &store,
-                bucket_id("r", &format!("s{i}")),
+                bucket_id(&["r", &format!("s{i}")]),
                 share,
                 1 + i / 1000,
             );

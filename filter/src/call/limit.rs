@@ -38,6 +38,27 @@ impl OverLimit {
     }
 }
 
+/// The client's address as Envoy sees it. The connection manager uses the remote address
+/// and appends it to `X-Forwarded-For` before any filter runs, so its last entry is that
+/// address, whatever a client wrote before it; it is read from the headers already at hand.
+/// Without it (a bootstrap that does not append), the stream's source address (a host call).
+pub(super) fn client_address(host: &impl CallHost) -> String {
+    if let Some(last) = host
+        .request_header("x-forwarded-for")
+        .as_deref()
+        .and_then(|xff| xff.rsplit(',').next())
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+    {
+        return without_port(last).to_string();
+    }
+    let address = host
+        .property(&["source", "address"])
+        .and_then(|b| String::from_utf8(b).ok())
+        .unwrap_or_default();
+    without_port(&address).to_string()
+}
+
 /// `address` without its port: `10.0.0.1:4242` → `10.0.0.1`, `[::1]:4242` → `::1`.
 pub(super) fn without_port(address: &str) -> &str {
     if let Some(rest) = address.strip_prefix('[') {
@@ -90,25 +111,19 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                 .flat_map(|(t, rules)| rules.iter().map(move |r| (t, r)))
                 .chain(service_limits.rules.iter().map(|r| (SERVICE_WIDE, r)));
             let store = shared.breakers.store();
+            let mut local = shared.limit_tokens.borrow_mut();
             let mut refused: Option<(&str, &LimitRule, u64, String)> = None;
             for (scope, rule) in scoped {
                 let caller = match (rule.per, &subject) {
                     (Per::Gateway, _) => String::new(),
                     (Per::Subject, Some(sub)) => format!("s:{sub}"),
                     (Per::Subject, None) | (Per::Client, _) => client
-                        .get_or_insert_with(|| {
-                            let address = host
-                                .property(&["source", "address"])
-                                .and_then(|b| String::from_utf8(b).ok())
-                                .unwrap_or_default();
-                            format!("c:{}", without_port(&address))
-                        })
+                        .get_or_insert_with(|| format!("c:{}", client_address(host)))
                         .clone(),
                 };
-                let label = rule.label();
-                let id = limits::bucket_id(&format!("{service}/{scope}/{label}"), &caller);
+                let id = limits::rule_bucket(service, scope, rule, &caller);
                 if let Take::Refused { retry_after_ms } =
-                    limits::take(store, id, Share::of(rule, limits.gateways), now)
+                    local.take(store, id, Share::of(rule, limits.gateways), now)
                 {
                     refused = Some((scope, rule, retry_after_ms, caller));
                     break;

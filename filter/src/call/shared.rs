@@ -37,6 +37,8 @@ pub struct Shared<S, M> {
     pub(super) cut_replies: reply::ById<(String, Option<String>, ProtocolVersion)>,
     /// Credentials toolgate-xds exchanged for callers (see `credential`).
     pub(super) credentials: super::CredentialCache,
+    /// Call-limit tokens this worker took in batches and has not spent yet.
+    pub(super) limit_tokens: RefCell<crate::limits::Local>,
 }
 
 impl<S: SharedStore, M: MetricHost> Shared<S, M> {
@@ -53,6 +55,7 @@ impl<S: SharedStore, M: MetricHost> Shared<S, M> {
             callers: auth::CallerCache::default(),
             cut_replies: reply::ById::default(),
             credentials: super::CredentialCache::default(),
+            limit_tokens: RefCell::default(),
         }
     }
 
@@ -65,6 +68,10 @@ impl<S: SharedStore, M: MetricHost> Shared<S, M> {
         self.cut_replies = reply::ById::default();
         // An exchange's audience or scopes may have changed.
         self.credentials = super::CredentialCache::default();
+        // A limit or the fleet's size changed: batches taken under the old shares go.
+        if self.config.limits != config.limits {
+            self.limit_tokens.borrow_mut().clear();
+        }
         self.config = config;
         self.unconfigured = false;
         if key.is_empty() {

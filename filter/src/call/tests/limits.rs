@@ -197,3 +197,27 @@ fn the_audit_trail_names_the_decision_and_its_reason() {
     assert_eq!(field(&forced, "mcp_decision").as_deref(), Some("refused"));
     assert_eq!(field(&forced, "mcp_reason").as_deref(), Some("forced_open"));
 }
+
+#[test]
+fn the_client_is_the_address_envoy_appended_not_what_the_client_wrote() {
+    let mut w = Worker::new();
+    with_limits(
+        &w,
+        None,
+        &[(
+            "read_order",
+            r#"{"per": "client", "calls": 1, "per_seconds": 60}"#,
+        )],
+    );
+    let body = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"read_order","arguments":{}}}"#;
+    // Envoy appends the connection's address last; a client can only write before it.
+    let first = w.request("orders", &[("x-forwarded-for", "1.1.1.1, 10.0.0.1")], body);
+    assert!(first.went_upstream());
+    let forged = w.request("orders", &[("x-forwarded-for", "2.2.2.2,10.0.0.1")], body);
+    assert_eq!(
+        forged.reply().1["result"]["_meta"]["io.toolgate/breaker"]["state"],
+        "limited"
+    );
+    let other = w.request("orders", &[("x-forwarded-for", "1.1.1.1, 10.0.0.2")], body);
+    assert!(other.went_upstream());
+}
