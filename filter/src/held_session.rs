@@ -159,8 +159,8 @@ pub fn caller_key(identity: Option<&str>, source: Option<&str>) -> String {
     }
 }
 
-/// `ip` of `ip:port` or `[ipv6]:port`.
-fn host_of(address: &str) -> &str {
+/// `ip` of `ip:port` or `[ipv6]:port` (an address without a port as it is).
+pub(crate) fn host_of(address: &str) -> &str {
     if let Some(rest) = address.strip_prefix('[') {
         return rest.split(']').next().unwrap_or(rest);
     }
@@ -504,6 +504,15 @@ pub fn unopened(status: Option<u16>, body: &[u8]) -> Unopened {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_port_is_taken_off_an_address_and_a_bare_one_kept() {
+        assert_eq!(host_of("10.0.0.1:4242"), "10.0.0.1");
+        assert_eq!(host_of("[::1]:4242"), "::1");
+        assert_eq!(host_of("::1"), "::1");
+        assert_eq!(host_of("10.0.0.1"), "10.0.0.1");
+        assert_eq!(host_of(""), "");
+    }
 
     #[test]
     fn a_slot_answers_only_its_owner_and_service() {

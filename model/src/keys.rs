@@ -40,6 +40,29 @@ pub enum KeyError {
     Name { key: String, source: NameError },
 }
 
+/// Splits `<prefix><service>[/<tool>]` into the service and the tool, if any, each checked
+/// as a name.
+fn service_and_tool(prefix: &str, key: &str) -> Result<(String, Option<String>), KeyError> {
+    let rest = key
+        .strip_prefix(prefix)
+        .ok_or_else(|| KeyError::NotAService(key.to_string()))?;
+    let name_err = |source| KeyError::Name {
+        key: key.to_string(),
+        source,
+    };
+    match rest.split_once('/') {
+        None => {
+            validate_name("service", rest).map_err(name_err)?;
+            Ok((rest.to_string(), None))
+        }
+        Some((service, tool)) => {
+            validate_name("service", service).map_err(name_err)?;
+            validate_name("tool", tool).map_err(name_err)?;
+            Ok((service.to_string(), Some(tool.to_string())))
+        }
+    }
+}
+
 impl Default for KeyLayout {
     fn default() -> Self {
         KeyLayout::new(DEFAULT_PREFIX)
@@ -79,25 +102,7 @@ impl KeyLayout {
 
     /// Splits `<prefix>policies/<service>[/<tool>]` into the service and the tool, if any.
     pub fn parse_policy_key(&self, key: &str) -> Result<(String, Option<String>), KeyError> {
-        let policies = self.policies_prefix();
-        let rest = key
-            .strip_prefix(policies.as_str())
-            .ok_or_else(|| KeyError::NotAService(key.to_string()))?;
-        let name_err = |source| KeyError::Name {
-            key: key.to_string(),
-            source,
-        };
-        match rest.split_once('/') {
-            None => {
-                validate_name("service", rest).map_err(name_err)?;
-                Ok((rest.to_string(), None))
-            }
-            Some((service, tool)) => {
-                validate_name("service", service).map_err(name_err)?;
-                validate_name("tool", tool).map_err(name_err)?;
-                Ok((service.to_string(), Some(tool.to_string())))
-            }
-        }
+        service_and_tool(&self.policies_prefix(), key)
     }
 
     /// `<prefix>limits/`: call limits, per service or per (service, tool).
@@ -115,24 +120,7 @@ impl KeyLayout {
 
     /// Splits `<prefix>limits/<service>[/<tool>]` into the service and the tool, if any.
     pub fn parse_limit_key(&self, key: &str) -> Result<(String, Option<String>), KeyError> {
-        let rest = key
-            .strip_prefix(self.limits_prefix().as_str())
-            .ok_or_else(|| KeyError::NotAService(key.to_string()))?;
-        let name_err = |source| KeyError::Name {
-            key: key.to_string(),
-            source,
-        };
-        match rest.split_once('/') {
-            None => {
-                validate_name("service", rest).map_err(name_err)?;
-                Ok((rest.to_string(), None))
-            }
-            Some((service, tool)) => {
-                validate_name("service", service).map_err(name_err)?;
-                validate_name("tool", tool).map_err(name_err)?;
-                Ok((service.to_string(), Some(tool.to_string())))
-            }
-        }
+        service_and_tool(&self.limits_prefix(), key)
     }
 
     /// `<prefix>virtual/`: virtual servers, one key per name (issue 19).

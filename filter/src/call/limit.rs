@@ -50,26 +50,13 @@ pub(super) fn client_address(host: &impl CallHost) -> String {
         .map(str::trim)
         .filter(|a| !a.is_empty())
     {
-        return without_port(last).to_string();
+        return crate::held_session::host_of(last).to_string();
     }
     let address = host
         .property(&["source", "address"])
         .and_then(|b| String::from_utf8(b).ok())
         .unwrap_or_default();
-    without_port(&address).to_string()
-}
-
-/// `address` without its port: `10.0.0.1:4242` → `10.0.0.1`, `[::1]:4242` → `::1`.
-pub(super) fn without_port(address: &str) -> &str {
-    if let Some(rest) = address.strip_prefix('[') {
-        return rest.split(']').next().unwrap_or(rest);
-    }
-    match address.rsplit_once(':') {
-        Some((host, port)) if !host.contains(':') && port.bytes().all(|b| b.is_ascii_digit()) => {
-            host
-        }
-        _ => address,
-    }
+    crate::held_session::host_of(&address).to_string()
 }
 
 impl<S: SharedStore, M: MetricHost> Call<S, M> {
@@ -211,18 +198,4 @@ pub fn limit_metric(service: &str, tool: &str, rule: &str) -> String {
         "{}.service={service}.tool={tool}.rule={rule}.limited_total",
         crate::stats::PREFIX
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_port_is_taken_off_an_address() {
-        assert_eq!(without_port("10.0.0.1:4242"), "10.0.0.1");
-        assert_eq!(without_port("[::1]:4242"), "::1");
-        assert_eq!(without_port("::1"), "::1");
-        assert_eq!(without_port("10.0.0.1"), "10.0.0.1");
-        assert_eq!(without_port(""), "");
-    }
 }
