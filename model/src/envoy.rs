@@ -2,17 +2,11 @@
 //! contract between `filter/` and `xds-server/`.
 
 /// Set on the request (Envoy's own copy: it already went upstream) while the filter holds a
-/// JSON answer until it is complete. If the upstream then resets, Envoy answers by itself, past
-/// every filter; the bootstrap's local-reply mapping sees this header and sends the filter's
-/// reply from [`CUT_REPLY_STATE`] instead of its plain-text 503.
+/// JSON answer until it is complete, to the MCP reply for that answer cut off. If the upstream
+/// then resets, Envoy answers by itself, past every filter; the bootstrap's local-reply mapping
+/// sees this header and sends its value instead of its plain-text 503. One header set, where a
+/// mark and a filter-state property took two host calls per held answer.
 pub const HELD_HEADER: &str = "x-toolgate-held";
-
-/// The wasm property (filter state `wasm.<name>`) holding the MCP reply for a held answer the
-/// upstream cuts off.
-pub const CUT_REPLY_PROPERTY: &str = "mcp_cut_reply";
-
-/// [`CUT_REPLY_PROPERTY`] as Envoy names the filter state.
-pub const CUT_REPLY_STATE: &str = "wasm.mcp_cut_reply";
 
 /// Prefix of every service's cluster name: service `inventory` is cluster `mcp.inventory`.
 pub const SERVICE_CLUSTER_PREFIX: &str = "mcp.";

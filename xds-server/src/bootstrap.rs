@@ -640,8 +640,9 @@ fn local_reply_config(edge: &EdgeLimits) -> Value {
     };
     // A JSON answer the filter held until complete, cut off by its upstream: Envoy answers by
     // itself, past every filter (the response headers were not sent yet). The filter marked
-    // the request and left the MCP reply for this case in its filter state. Only an upstream
-    // reset matches: a client sending the header itself changes none of Envoy's other replies.
+    // the request with the MCP reply for this case. Only an upstream reset matches: a client
+    // sending the header itself changes none of Envoy's other replies (and the filter removes
+    // it from every request).
     let cut_off = json!({
         "filter": { "and_filter": { "filters": [
             { "header_filter": { "header": {
@@ -653,7 +654,7 @@ fn local_reply_config(edge: &EdgeLimits) -> Value {
         "status_code": 200,
         "body_format_override": {
             "text_format_source": {
-                "inline_string": format!("%FILTER_STATE({}:PLAIN)%", toolgate_model::envoy::CUT_REPLY_STATE)
+                "inline_string": format!("%REQ({})%", toolgate_model::envoy::HELD_HEADER)
             },
             "content_type": "application/json"
         }

@@ -119,7 +119,7 @@ pub const HOLD_LIMIT: usize = 256 * 1024;
 /// A JSON response body larger than this is passed through unjudged rather than copied.
 pub const MAX_JSON_RESPONSE: usize = 4 * 1024 * 1024;
 
-pub use toolgate_model::envoy::{CUT_REPLY_PROPERTY, HELD_HEADER};
+pub use toolgate_model::envoy::HELD_HEADER;
 
 /// Whether Envoy's details for a stream that ended before its response was complete blame the
 /// upstream: a reset or a timeout on the upstream side. Everything else (the client reset,

@@ -149,8 +149,11 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                         self.watch = Watch::Sse(scanner);
                     }
                     // The stream may end without the response, and then gets one more event:
-                    // a declared length would cut it off.
-                    host.set_response_header("content-length", None);
+                    // a declared length would cut it off. Streams rarely declare one, and the
+                    // header map is read already: a removal is a host call only when needed.
+                    if host.response_header("content-length").is_some() {
+                        host.set_response_header("content-length", None);
+                    }
                     return Action::Continue;
                 }
                 let declared = host
@@ -161,10 +164,12 @@ impl<S: SharedStore, M: MetricHost> Call<S, M> {
                     return Action::Continue;
                 }
                 self.watch = Watch::Hold;
-                // Should the upstream reset now, Envoy's own reply must still be MCP.
+                // Should the upstream reset now, Envoy's own reply must still be MCP: the mark
+                // is that reply (JSON text: no line breaks, nothing a header cannot hold).
                 let cut = self.cut_reply();
-                host.set_property(CUT_REPLY_PROPERTY, &cut);
-                host.set_request_header(HELD_HEADER, Some("1"));
+                if let Ok(cut) = std::str::from_utf8(&cut) {
+                    host.set_request_header(HELD_HEADER, Some(cut));
+                }
                 Action::Pause
             }
             Verdict::ClientError => {
