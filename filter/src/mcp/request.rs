@@ -262,12 +262,12 @@ pub fn nests_deeper_than(body: &[u8], limit: u64) -> bool {
         i += 1;
         match b {
             b'"' => {
-                // A string is skipped to its closing quote in a tight search (most of a call's
-                // bytes are in its arguments' strings): only `"` and `\` stop it.
+                // A string is skipped to its closing quote in a vectorised search (most of a
+                // call's bytes are in its arguments' strings): only `"` and `\` stop it.
                 loop {
                     let Some(at) = body
                         .get(i..)
-                        .and_then(|rest| rest.iter().position(|&c| c == b'"' || c == b'\\'))
+                        .and_then(|rest| memchr::memchr2(b'"', b'\\', rest))
                     else {
                         // Unterminated: nothing after it nests.
                         return false;
