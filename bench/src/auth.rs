@@ -519,6 +519,7 @@ async fn measure(
         probe_filter: None,
         profile_reps: 0,
         profile_levels: Vec::new(),
+        profile_workloads: Vec::new(),
         workloads: Vec::new(),
         quiet_wait: opts.quiet_wait,
         attempts: opts.attempts,

@@ -111,9 +111,12 @@ struct Args {
     /// Data plane: repetitions of each profile variant [default: 3].
     #[arg(long)]
     profile_reps: Option<usize>,
-    /// Data plane: the probe levels the profile measures (0-7) [default: all].
+    /// Data plane: the probe levels the profile measures (0-9) [default: all].
     #[arg(long, value_delimiter = ',')]
     profile_levels: Vec<usize>,
+    /// Data plane: the workloads the profile measures (JSON answers only) [default: 1k-json].
+    #[arg(long, value_delimiter = ',', value_parser = ["1k-json", "1k-json-2026", "8k-json"])]
+    profile_workloads: Vec<String>,
     /// Data plane: workloads to run [default: all].
     #[arg(long, value_delimiter = ',', value_parser = ["1k-json", "1k-json-2026", "8k-json", "1k-sse"])]
     workloads: Vec<String>,
@@ -423,6 +426,11 @@ async fn main() -> anyhow::Result<()> {
                 .profile_reps
                 .unwrap_or_else(|| args.reps.map_or(3, |r| r.min(3))),
             profile_levels: args.profile_levels.clone(),
+            profile_workloads: if args.profile_workloads.is_empty() {
+                vec!["1k-json".to_string()]
+            } else {
+                args.profile_workloads.clone()
+            },
             quiet_wait: Duration::from_secs(if args.quick { 3 } else { 60 }),
             attempts: if args.quick { 2 } else { 4 },
             extra_budget: Cell::new(Duration::from_secs(if args.quick { 12 } else { 900 })),

@@ -11,9 +11,11 @@
 //! | 4 | one shared-data get (a 256-byte value) and the clock, as the breaker's admit does |
 //! | 5 | reading the response header map in one host call, and `upstream.address` (call feedback) |
 //! | 6 | holding the response body until complete, copying it and parsing its envelope, the clock |
-//! | 7 | holding the response headers too, with the reply for a cut-off answer set as a property and the request marked (a 400-byte property, one request header) |
+//! | 7 | holding the response headers too |
+//! | 8 | the request marked with the reply for a cut-off answer (a 400-byte request header set while the answer is read) |
+//! | 9 | one request header set while the request headers are read (the shared routes' cluster) |
 //!
-//! What the toolgate filter costs beyond level 7 is its own bookkeeping in the VM: the
+//! What the toolgate filter costs beyond level 9 is its own bookkeeping in the VM: the
 //! breaker's window, stats and call-feedback counts, the per-call state.
 //!
 //! Only the wasm32 build has code.
@@ -29,7 +31,6 @@ mod host {
     use serde_json::value::RawValue;
 
     const SHARED_KEY: &str = "toolgate-probe/svc/tool";
-    const CUT_PROPERTY: &str = "probe_cut_reply";
 
     /// The deepest nesting of arrays and objects outside strings, as the toolgate filter's
     /// scan reads it.
@@ -136,6 +137,9 @@ mod host {
             if self.level >= 1 {
                 black_box(self.get_http_request_headers_bytes());
             }
+            if self.level >= 9 {
+                self.set_http_request_header("x-probe-cluster", Some("mcp.bench-json"));
+            }
             if self.level >= 2 && !end_of_stream {
                 return Action::Pause;
             }
@@ -169,8 +173,10 @@ mod host {
                 black_box(self.get_property(vec!["upstream", "address"]));
             }
             if self.level >= 7 && !end_of_stream {
-                let _ = self.set_property(vec![CUT_PROPERTY], Some(&[b'x'; 400]));
-                self.set_http_request_header("x-probe-held", Some("1"));
+                if self.level >= 8 {
+                    let reply = "x".repeat(400);
+                    self.set_http_request_header("x-probe-held", Some(&reply));
+                }
                 return Action::Pause;
             }
             Action::Continue

@@ -18,6 +18,7 @@ use crate::stats::MetricKind;
 mod aggregate;
 mod auth;
 mod breakers;
+mod cost;
 mod credential;
 mod held;
 mod judging;
