@@ -90,6 +90,30 @@ fn an_sse_stream_that_ends_without_the_response_gets_one() {
 }
 
 #[test]
+fn an_sse_stream_that_declared_its_length_loses_it() {
+    // The reply for a stream that ends without the response is one more event: a declared
+    // length would cut it off. A stream without one is left alone (no host call).
+    let mut w = Worker::new();
+    let mut f = w.tools_call("write_order");
+    let event = "data: {\"jsonrpc\":\"2.0\",\"id\":7,\"result\":{\"content\":[]}}\n\n";
+    let len = event.len().to_string();
+    f.respond(
+        200,
+        &[
+            ("content-type", "text/event-stream"),
+            ("content-length", &len),
+        ],
+        Some(event),
+    );
+    assert!(!f
+        .stream
+        .response_headers
+        .borrow()
+        .contains_key("content-length"));
+    assert_eq!(w.window("write_order").failures, 0);
+}
+
+#[test]
 fn other_methods_get_a_json_rpc_error_when_no_server_is_left() {
     let mut w = Worker::new();
     let mut f = w.request(
